@@ -1,0 +1,20 @@
+"""Test set-up: eight simulated CPU devices, and the shared real data when present."""
+
+import os
+import pathlib
+
+# Must happen before jax is imported anywhere.
+os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+import pytest  # noqa: E402
+
+SHARED_DATA = pathlib.Path(__file__).resolve().parents[1].parent / 'shared' / 'data'
+
+
+@pytest.fixture
+def shared_data() -> pathlib.Path:
+  """../shared/data, or a skip when this checkout has none beside it."""
+  if not SHARED_DATA.is_dir():
+    pytest.skip(f'real data not found at {SHARED_DATA} (only the project machines have it)')
+  return SHARED_DATA

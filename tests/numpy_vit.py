@@ -1,0 +1,104 @@
+"""An independent NumPy ViT that reads the flat release layout, for cross-checks.
+
+Written from the paper's equations and the release file layout only (float64,
+no Flax): it makes release files of its own and computes their logits, so that
+vit_jax's loading and exporting can be checked against something it does not share
+code with.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def random_release_params(rng: np.random.Generator, *, width: int, depth: int, heads: int,
+                          mlp: int, patch: int, grid: tuple[int, int], classes: int,
+                          representation: int | None = None) -> dict[str, np.ndarray]:
+  """A flat release-layout dict of random float32 arrays."""
+  hd = width // heads
+
+  def normal(*shape, scale=None):
+    scale = scale if scale is not None else 1 / np.sqrt(shape[0] if len(shape) > 1 else 1)
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+  p = {
+      'embedding/kernel': normal(patch, patch, 3, width, scale=1 / np.sqrt(patch * patch * 3)),
+      'embedding/bias': normal(width, scale=0.1),
+      'cls': normal(1, 1, width, scale=0.5),
+      'Transformer/posembed_input/pos_embedding': normal(1, 1 + grid[0] * grid[1], width,
+                                                         scale=0.5),
+      'Transformer/encoder_norm/scale': 1 + normal(width, scale=0.1),
+      'Transformer/encoder_norm/bias': normal(width, scale=0.1),
+  }
+  for i in range(depth):
+    b = f'Transformer/encoderblock_{i}/'
+    for ln in ('LayerNorm_0', 'LayerNorm_2'):
+      p[b + ln + '/scale'] = 1 + normal(width, scale=0.1)
+      p[b + ln + '/bias'] = normal(width, scale=0.1)
+    att = b + 'MultiHeadDotProductAttention_1/'
+    for name in ('query', 'key', 'value'):
+      p[att + name + '/kernel'] = normal(width, heads, hd)
+      p[att + name + '/bias'] = normal(heads, hd, scale=0.1)
+    p[att + 'out/kernel'] = normal(heads, hd, width, scale=1 / np.sqrt(width))
+    p[att + 'out/bias'] = normal(width, scale=0.1)
+    p[b + 'MlpBlock_3/Dense_0/kernel'] = normal(width, mlp)
+    p[b + 'MlpBlock_3/Dense_0/bias'] = normal(mlp, scale=0.1)
+    p[b + 'MlpBlock_3/Dense_1/kernel'] = normal(mlp, width)
+    p[b + 'MlpBlock_3/Dense_1/bias'] = normal(width, scale=0.1)
+  out = width
+  if representation:
+    p['pre_logits/kernel'] = normal(width, representation)
+    p['pre_logits/bias'] = normal(representation, scale=0.1)
+    out = representation
+  p['head/kernel'] = normal(out, classes)
+  p['head/bias'] = normal(classes, scale=0.1)
+  return p
+
+
+def _layer_norm(x, scale, bias):
+  mean = x.mean(-1, keepdims=True)
+  var = ((x - mean) ** 2).mean(-1, keepdims=True)
+  return (x - mean) / np.sqrt(var + 1e-6) * scale + bias
+
+
+def _gelu_tanh(x):
+  return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def _softmax(x):
+  x = x - x.max(-1, keepdims=True)
+  e = np.exp(x)
+  return e / e.sum(-1, keepdims=True)
+
+
+def forward(params: dict[str, np.ndarray], images: np.ndarray) -> np.ndarray:
+  """Logits of a class-token ViT given flat release-layout params and NHWC images."""
+  p = {k: np.asarray(v, np.float64) for k, v in params.items()}
+  kernel = p['embedding/kernel']
+  ph, pw, c, width = kernel.shape
+  b, h, w, _ = images.shape
+  x = images.astype(np.float64).reshape(b, h // ph, ph, w // pw, pw, c)
+  x = np.einsum('byixjc,ijcd->byxd', x, kernel) + p['embedding/bias']
+  x = x.reshape(b, -1, width)
+  x = np.concatenate([np.broadcast_to(p['cls'], (b, 1, width)), x], axis=1)
+  x = x + p['Transformer/posembed_input/pos_embedding']
+
+  depth = len({k.split('/')[1] for k in p if k.startswith('Transformer/encoderblock_')})
+  for i in range(depth):
+    g = lambda name, i=i: p[f'Transformer/encoderblock_{i}/{name}']
+    y = _layer_norm(x, g('LayerNorm_0/scale'), g('LayerNorm_0/bias'))
+    att = 'MultiHeadDotProductAttention_1/'
+    q, k, v = (np.einsum('bnd,dhk->bnhk', y, g(att + n + '/kernel')) + g(att + n + '/bias')
+               for n in ('query', 'key', 'value'))
+    logits = np.einsum('bqhk,bshk->bhqs', q, k) / np.sqrt(q.shape[-1])
+    o = np.einsum('bhqs,bshk->bqhk', _softmax(logits), v)
+    x = x + np.einsum('bqhk,hkd->bqd', o, g(att + 'out/kernel')) + g(att + 'out/bias')
+    y = _layer_norm(x, g('LayerNorm_2/scale'), g('LayerNorm_2/bias'))
+    y = _gelu_tanh(y @ g('MlpBlock_3/Dense_0/kernel') + g('MlpBlock_3/Dense_0/bias'))
+    x = x + y @ g('MlpBlock_3/Dense_1/kernel') + g('MlpBlock_3/Dense_1/bias')
+
+  x = _layer_norm(x, p['Transformer/encoder_norm/scale'], p['Transformer/encoder_norm/bias'])
+  x = x[:, 0]
+  if 'pre_logits/kernel' in p:
+    x = np.tanh(x @ p['pre_logits/kernel'] + p['pre_logits/bias'])
+  return x @ p['head/kernel'] + p['head/bias']

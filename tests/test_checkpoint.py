@@ -1,0 +1,298 @@
+"""Tests of vit_jax.checkpoint: the release .npz layout, both ways, and adaptation."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpy_vit
+import pytest
+import scipy.ndimage
+
+from vit_jax import checkpoint
+from vit_jax.models import get_model
+
+SMALL = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2, patch_size=8)
+
+
+def small(image_size=32, **kw):
+  return get_model('ti16', num_classes=kw.pop('num_classes', 5), image_size=image_size,
+                   **{**SMALL, **kw})
+
+
+def init(model, seed=0):
+  images = jnp.zeros((1, *model.image_size, 3))
+  return model.init(jax.random.key(seed), images)['params']
+
+
+def randomise(params, seed=1):
+  """Non-trivial values everywhere (the zero head would hide mistakes)."""
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  return jax.tree.unflatten(tree, [jax.random.normal(k, x.shape, x.dtype) * 0.1
+                                   for k, x in zip(keys, leaves, strict=True)])
+
+
+def images(model, batch=2, seed=3):
+  return np.asarray(jax.random.uniform(jax.random.key(seed), (batch, *model.image_size, 3),
+                                       minval=-1, maxval=1))
+
+
+def bilinear_reference(posemb, old_grid, new_grid, prefix):
+  """The releases' resize: scipy.ndimage.zoom with order=1 on the patch grid."""
+  grid = posemb[0, prefix:].reshape(*old_grid, -1)
+  zoom = (new_grid[0] / old_grid[0], new_grid[1] / old_grid[1], 1)
+  grid = scipy.ndimage.zoom(grid.astype(np.float64), zoom, order=1)
+  assert grid.shape[:2] == tuple(new_grid)
+  return np.concatenate([posemb[:, :prefix], grid.reshape(1, -1, grid.shape[-1])], axis=1)
+
+
+def test_release_layout_of_b16():
+  model = get_model('b16', num_classes=1000, representation_size=768)
+  x = jax.ShapeDtypeStruct((1, 224, 224, 3), jnp.float32)
+  flat = checkpoint.flatten(jax.eval_shape(model.init, jax.random.key(0), x)['params'])
+  shapes = {k: v.shape for k, v in flat.items()}
+  expected = {
+      'embedding/kernel': (16, 16, 3, 768), 'embedding/bias': (768,), 'cls': (1, 1, 768),
+      'Transformer/posembed_input/pos_embedding': (1, 197, 768),
+      'Transformer/encoder_norm/scale': (768,), 'Transformer/encoder_norm/bias': (768,),
+      'pre_logits/kernel': (768, 768), 'pre_logits/bias': (768,),
+      'head/kernel': (768, 1000), 'head/bias': (1000,),
+  }
+  for i in range(12):
+    b = f'Transformer/encoderblock_{i}/'
+    for ln in ('LayerNorm_0', 'LayerNorm_2'):
+      expected.update({b + ln + '/scale': (768,), b + ln + '/bias': (768,)})
+    for qkv in ('query', 'key', 'value'):
+      a = b + 'MultiHeadDotProductAttention_1/' + qkv
+      expected.update({a + '/kernel': (768, 12, 64), a + '/bias': (12, 64)})
+    a = b + 'MultiHeadDotProductAttention_1/out'
+    expected.update({a + '/kernel': (12, 64, 768), a + '/bias': (768,)})
+    m = b + 'MlpBlock_3/'
+    expected.update({m + 'Dense_0/kernel': (768, 3072), m + 'Dense_0/bias': (3072,),
+                     m + 'Dense_1/kernel': (3072, 768), m + 'Dense_1/bias': (768,)})
+  assert shapes == expected
+
+
+def test_hybrid_release_names():
+  model = get_model('r50_b16', num_classes=10)
+  x = jax.ShapeDtypeStruct((1, 224, 224, 3), jnp.float32)
+  flat = checkpoint.flatten(jax.eval_shape(model.init, jax.random.key(0), x)['params'])
+  for key, shape in [('conv_root/kernel', (7, 7, 3, 64)), ('gn_root/scale', (64,)),
+                     ('block1/unit1/conv_proj/kernel', (1, 1, 64, 256)),
+                     ('block1/unit1/gn_proj/bias', (256,)),
+                     ('block3/unit9/conv2/kernel', (3, 3, 256, 256)),
+                     ('block3/unit9/conv3/kernel', (1, 1, 256, 1024)), ('block3/unit9/gn3/scale',
+                                                                        (1024,)),
+                     ('embedding/kernel', (1, 1, 1024, 768))]:
+    assert flat[key].shape == shape, key
+  assert 'block2/unit2/conv_proj/kernel' not in flat  # Only shape-changing units project.
+
+
+@pytest.mark.parametrize('scan', [False, True])
+def test_save_then_load_is_exact(tmp_path, scan):
+  model = small(scan=scan, num_classes=7, representation_size=16)
+  params = randomise(init(model))
+  path = tmp_path / 'model.npz'
+  checkpoint.save_npz(path, {'params': params})
+  loaded = checkpoint.load_npz(path)
+  assert 'encoderblock_1' in loaded['Transformer']  # Always the release layout on disk.
+  chex.assert_trees_all_equal(checkpoint.to_model_layout(loaded, scanned=scan),
+                              jax.tree.map(np.asarray, params))
+  # Plain numpy reads the file with the release's flat keys.
+  with np.load(path) as f:
+    assert 'Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel' in f.files
+    assert all(f[k].dtype == np.float32 for k in f.files)
+  assert not list(tmp_path.glob('.*tmp*'))  # No temporary file left behind.
+
+
+def test_bfloat16_params_export_as_float32(tmp_path):
+  params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), init(small()))
+  checkpoint.save_npz(tmp_path / 'm.npz', params)
+  loaded = checkpoint.load_npz(tmp_path / 'm.npz')
+  assert all(x.dtype == np.float32 for x in jax.tree.leaves(loaded))
+
+
+def test_file_from_independent_implementation_gives_its_logits(tmp_path):
+  """A release file written by numpy_vit loads here and reproduces its logits."""
+  rng = np.random.default_rng(0)
+  flat = numpy_vit.random_release_params(rng, width=32, depth=2, heads=4, mlp=64, patch=8,
+                                         grid=(4, 4), classes=6, representation=24)
+  np.savez(tmp_path / 'independent.npz', **flat)
+  model = small(num_classes=6, representation_size=24)
+  params = checkpoint.load_npz(tmp_path / 'independent.npz')
+  x = images(model)
+  ours = model.apply({'params': params}, x)
+  chex.assert_trees_all_close(ours, numpy_vit.forward(flat, x).astype(np.float32),
+                              atol=1e-4, rtol=1e-4)
+  scanned = small(num_classes=6, representation_size=24, scan=True)
+  chex.assert_trees_all_close(
+      scanned.apply({'params': checkpoint.to_model_layout(params, scanned=True)}, x), ours,
+      atol=1e-5, rtol=1e-5)
+
+
+def test_exported_file_gives_our_logits_in_independent_implementation(tmp_path):
+  model = small(num_classes=6, scan=True)
+  params = randomise(init(model))
+  checkpoint.save_npz(tmp_path / 'ours.npz', params)
+  with np.load(tmp_path / 'ours.npz') as f:
+    flat = dict(f)
+  x = images(model)
+  chex.assert_trees_all_close(numpy_vit.forward(flat, x).astype(np.float32),
+                              model.apply({'params': params}, x), atol=1e-4, rtol=1e-4)
+
+
+def test_big_vision_layout_loads(tmp_path):
+  model = small(num_classes=6)
+  params = randomise(init(model))
+  flat = checkpoint.flatten(checkpoint.to_model_layout(params, scanned=True))
+  renames = {'MultiHeadDotProductAttention_1': 'MultiHeadDotProductAttention_0',
+             'LayerNorm_2': 'LayerNorm_1', 'MlpBlock_3': 'MlpBlock_0'}
+  bv = {}
+  for key, value in flat.items():
+    parts = key.split('/')
+    if parts[:2] == ['Transformer', 'encoderblock']:
+      parts[2] = renames.get(parts[2], parts[2])
+    key = 'pos_embedding' if key == checkpoint.POSEMB_KEY else '/'.join(parts)
+    bv['params/' + key] = np.asarray(value)
+  bv['opt/state/mu'] = np.zeros(3)  # Optimizer state in the same file is ignored.
+  np.savez(tmp_path / 'bv.npz', **bv)
+  chex.assert_trees_all_equal(checkpoint.load_npz(tmp_path / 'bv.npz'),
+                              jax.tree.map(np.asarray, params))
+
+
+@pytest.mark.parametrize('pool', ['token', 'gap'])
+@pytest.mark.parametrize('target_size, target_grid', [(48, (6, 6)), ((40, 56), (5, 7))])
+def test_load_pretrained_resizes_position_embeddings(tmp_path, pool, target_size, target_grid):
+  source = small(image_size=32, pool=pool, num_classes=10)
+  source_params = randomise(init(source))
+  checkpoint.save_npz(tmp_path / 'src.npz', source_params)
+
+  target = small(image_size=target_size, pool=pool, num_classes=3)
+  assert target.grid == target_grid
+  init_params = init(target, seed=5)
+  params = checkpoint.load_pretrained(tmp_path / 'src.npz', init_params, target)
+
+  prefix = 1 if pool == 'token' else 0
+  posemb = params['Transformer']['posembed_input']['pos_embedding']
+  expected = bilinear_reference(np.asarray(source_params['Transformer']['posembed_input'][
+      'pos_embedding']), (4, 4), target_grid, prefix)
+  chex.assert_shape(posemb, (1, prefix + target_grid[0] * target_grid[1], 32))
+  chex.assert_trees_all_close(posemb, expected, atol=1e-6, rtol=1e-6)
+  # New zero head for 3 classes; everything else bit-identical to the source.
+  chex.assert_trees_all_equal(params['head'], jax.tree.map(np.asarray, init_params['head']))
+  chex.assert_trees_all_equal(params['head']['kernel'], np.zeros((32, 3), np.float32))
+  rest = lambda p: {k: v for k, v in checkpoint.flatten(p).items()
+                    if k.split('/')[0] != 'head' and k != checkpoint.POSEMB_KEY}
+  chex.assert_trees_all_equal(rest(params), jax.tree.map(np.asarray, rest(source_params)))
+  chex.assert_shape(target.apply({'params': params}, images(target)), (2, 3))
+
+
+def test_224_to_384_with_class_token(tmp_path):
+  kw = dict(num_layers=1)
+  source = get_model('ti16', num_classes=10, image_size=224, **kw)
+  source_params = init(source)
+  checkpoint.save_npz(tmp_path / 'ti16_224.npz', source_params)
+  target = get_model('ti16', num_classes=10, image_size=384, **kw)
+  params = checkpoint.load_pretrained(tmp_path / 'ti16_224.npz', init(target), target)
+  expected = bilinear_reference(
+      np.asarray(source_params['Transformer']['posembed_input']['pos_embedding']),
+      (14, 14), (24, 24), 1)
+  posemb = params['Transformer']['posembed_input']['pos_embedding']
+  chex.assert_shape(posemb, (1, 577, 192))
+  chex.assert_trees_all_close(posemb, expected, atol=1e-6, rtol=1e-6)
+  chex.assert_trees_all_equal(posemb[:, 0], np.asarray(
+      source_params['Transformer']['posembed_input']['pos_embedding'])[:, 0])
+
+
+def test_non_square_source_needs_its_grid(tmp_path):
+  source = small(image_size=(32, 48))
+  checkpoint.save_npz(tmp_path / 'wide.npz', init(source))
+  target = small(image_size=(48, 48))
+  with pytest.raises(ValueError, match='not a square grid'):
+    checkpoint.load_pretrained(tmp_path / 'wide.npz', init(target), target)
+  params = checkpoint.load_pretrained(tmp_path / 'wide.npz', init(target), target,
+                                      source_grid=(4, 6))
+  chex.assert_shape(params['Transformer']['posembed_input']['pos_embedding'], (1, 37, 32))
+
+
+@pytest.mark.parametrize('scan', [False, True])
+def test_pre_logits_kept_or_dropped_as_configured(tmp_path, scan):
+  source = small(representation_size=16, num_classes=10)
+  source_params = randomise(init(source))
+  checkpoint.save_npz(tmp_path / 'i21k.npz', source_params)
+
+  keep = small(representation_size=16, num_classes=3, scan=scan)
+  params = checkpoint.load_pretrained(tmp_path / 'i21k.npz', init(keep), {
+      'name': 'ti16', 'num_classes': 3, 'image_size': 32, 'representation_size': 16,
+      'scan': scan, **SMALL})
+  chex.assert_trees_all_equal(params['pre_logits'],
+                              jax.tree.map(np.asarray, source_params['pre_logits']))
+  assert checkpoint.is_scanned(params) == scan
+
+  drop = small(num_classes=3, scan=scan)
+  params = checkpoint.load_pretrained(tmp_path / 'i21k.npz', init(drop), drop)
+  assert 'pre_logits' not in params
+  chex.assert_trees_all_equal_structs(params, init(drop))
+
+
+def test_keep_head(tmp_path):
+  model = small(num_classes=5)
+  params = randomise(init(model))
+  checkpoint.save_npz(tmp_path / 'ft.npz', params)
+  loaded = checkpoint.load_pretrained(tmp_path / 'ft.npz', init(model), model, keep_head=True)
+  chex.assert_trees_all_equal(loaded, jax.tree.map(np.asarray, params))
+  with pytest.raises(checkpoint.CheckpointMismatchError, match=r'head/kernel: \(32, 5\) vs'):
+    other = small(num_classes=9)
+    checkpoint.load_pretrained(tmp_path / 'ft.npz', init(other), other, keep_head=True)
+
+
+def test_b16_into_s16_fails_listing_the_keys(tmp_path):
+  x = jax.ShapeDtypeStruct((1, 224, 224, 3), jnp.float32)
+  b16 = get_model('b16', num_classes=10)
+  shapes = checkpoint.flatten(jax.eval_shape(b16.init, jax.random.key(0), x)['params'])
+  np.savez(tmp_path / 'ViT-B_16.npz', **{k: np.zeros(v.shape, np.float32)
+                                          for k, v in shapes.items()})
+  s16 = get_model('s16', num_classes=10)
+  s16_params = jax.eval_shape(s16.init, jax.random.key(0), x)['params']
+  with pytest.raises(checkpoint.CheckpointMismatchError) as error:
+    checkpoint.load_pretrained(tmp_path / 'ViT-B_16.npz', s16_params, s16)
+  message = str(error.value)
+  assert 'does not fit the model ViT-S_16' in message
+  assert 'embedding/kernel: (16, 16, 3, 768) vs (16, 16, 3, 384)' in message
+  # Lines that differ only in the block index are grouped.
+  assert ('Transformer/encoderblock_{0-11}/MultiHeadDotProductAttention_1/query/kernel: '
+          '(768, 12, 64) vs (384, 6, 64)') in message
+  assert 'shape mismatch (checkpoint vs model) (198)' in message
+  assert 'The checkpoint holds width 768, 12 layers, 16x16 patches (ViT-B_16).' in message
+
+
+def test_deeper_checkpoint_lists_extra_and_missing(tmp_path):
+  checkpoint.save_npz(tmp_path / 'deep.npz', init(small(num_layers=3)))
+  shallow = small(num_layers=2)
+  with pytest.raises(checkpoint.CheckpointMismatchError,
+                     match=r'in the checkpoint but not in the model \(16\):\n'
+                           r'    Transformer/encoderblock_2/LayerNorm_0/scale'):
+    checkpoint.load_pretrained(tmp_path / 'deep.npz', init(shallow), shallow)
+  deeper = small(num_layers=4)
+  with pytest.raises(checkpoint.CheckpointMismatchError,
+                     match=r'missing from the checkpoint \(16\)'):
+    checkpoint.load_pretrained(tmp_path / 'deep.npz', init(deeper), deeper)
+
+
+def test_bad_files_get_clear_errors(tmp_path):
+  with pytest.raises(FileNotFoundError, match='No checkpoint file at .*nothing.npz'):
+    checkpoint.load_npz(tmp_path / 'nothing.npz')
+  (tmp_path / 'notes.txt').write_text('not a checkpoint')
+  with pytest.raises(ValueError, match='notes.txt is not a .npz checkpoint'):
+    checkpoint.load_npz(tmp_path / 'notes.txt')
+  np.save(tmp_path / 'array.npy', np.zeros(3))
+  with pytest.raises(ValueError, match='array.npy is not a .npz checkpoint.*single array'):
+    checkpoint.load_npz(tmp_path / 'array.npy')
+  np.savez(tmp_path / 'other.npz', weights=np.zeros(3), bias=np.zeros(2))
+  with pytest.raises(ValueError, match='other.npz is not a ViT release checkpoint.*bias, weights'):
+    checkpoint.load_npz(tmp_path / 'other.npz')
+  good = tmp_path / 'good.npz'
+  checkpoint.save_npz(good, init(small()))
+  (tmp_path / 'truncated.npz').write_bytes(good.read_bytes()[:2000])
+  with pytest.raises(ValueError, match='truncated.npz is not a .npz checkpoint'):
+    checkpoint.load_npz(tmp_path / 'truncated.npz')

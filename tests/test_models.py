@@ -1,0 +1,232 @@
+"""Tests of vit_jax.models: the zoo's parameter counts, every option, bad inputs."""
+
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit_jax import checkpoint
+from vit_jax.models import canonical_name, get_model, list_models, release_name
+
+# A small ViT for tests: 32 px images, 8 px patches (a 4x4 grid), width 32.
+SMALL = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2, patch_size=8, image_size=32)
+
+# REFERENCE.md: 224 px, 1000 classes, no pre-logits.
+PARAM_COUNTS = {
+    'ti16': 5_717_416, 's16': 22_050_664, 's32': 22_878_952, 'b8': 86_576_872,
+    'b16': 86_567_656, 'b32': 88_224_232, 'l16': 304_326_632, 'l32': 306_535_400,
+    'h14': 632_045_800, 'r50_b16': 98_659_112, 'r26_s32': 36_431_912,
+}
+
+
+def count_params(model, image_size=224):
+  shapes = jax.eval_shape(model.init, jax.random.key(0),
+                          jnp.zeros((1, image_size, image_size, 3)))
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
+
+
+def init(model, batch=2, seed=0):
+  return model.init(jax.random.key(seed), jnp.zeros((batch, *model.image_size, 3)))['params']
+
+
+def images_for(model, batch=2, seed=1):
+  return jax.random.uniform(jax.random.key(seed), (batch, *model.image_size, 3),
+                            minval=-1., maxval=1.)
+
+
+@pytest.mark.parametrize('name', sorted(PARAM_COUNTS))
+def test_parameter_count(name):
+  assert count_params(get_model(name, num_classes=1000)) == PARAM_COUNTS[name]
+
+
+@pytest.mark.parametrize('name, expected', [('b16', 86_566_120), ('s16', 22_049_896)])
+def test_parameter_count_gap(name, expected):
+  assert count_params(get_model(name, num_classes=1000, pool='gap')) == expected
+
+
+def test_every_registered_name_builds_with_release_name():
+  for name in list_models():
+    model = get_model(release_name(name), num_classes=10)
+    assert canonical_name(model.model_name) == name
+  assert canonical_name('ViT-B/16') == 'b16'
+  assert canonical_name('r50+vit-b_16') == 'r50_b16'
+  # Any size with any patch size.
+  assert get_model('s8', num_classes=1).patch_size == (8, 8)
+
+
+@pytest.mark.parametrize('pool', ['token', 'gap', 'map'])
+@pytest.mark.parametrize('representation_size, num_classes', [(None, 10), (16, None), (16, 10)])
+def test_output_shapes_and_dtypes(pool, representation_size, num_classes):
+  model = get_model('ti16', num_classes=num_classes, pool=pool,
+                    representation_size=representation_size, **SMALL)
+  params = init(model)
+  out = model.apply({'params': params}, images_for(model), train=False)
+  width = representation_size or SMALL['hidden_size']
+  chex.assert_shape(out, (2, num_classes or width))
+  chex.assert_type(out, jnp.float32)
+  chex.assert_tree_all_finite(out)
+  assert ('cls' in params) == (pool == 'token')
+  assert ('MAPHead_0' in params) == (pool == 'map')
+  assert ('pre_logits' in params) == (representation_size is not None)
+  assert ('head' in params) == bool(num_classes)
+
+
+def test_head_is_zero_initialised_with_configured_bias():
+  model = get_model('ti16', num_classes=7, head_bias_init=-10., **SMALL)
+  params = init(model)
+  chex.assert_trees_all_equal(params['head']['kernel'], jnp.zeros((32, 7)))
+  chex.assert_trees_all_equal(params['head']['bias'], jnp.full((7,), -10.))
+  logits = model.apply({'params': params}, images_for(model))
+  chex.assert_trees_all_close(logits, jnp.full((2, 7), -10.))
+
+
+def test_position_embedding_init_and_sincos():
+  model = get_model('ti16', num_classes=3, **{**SMALL, 'num_layers': 1})
+  pe = init(model)['Transformer']['posembed_input']['pos_embedding']
+  chex.assert_shape(pe, (1, 1 + 16, 32))
+  assert 0.015 < float(jnp.std(pe)) < 0.025
+  fixed = get_model('ti16', num_classes=3, posemb='sincos2d', **{**SMALL, 'num_layers': 1})
+  params = init(fixed)
+  assert 'posembed_input' not in params['Transformer']
+  chex.assert_tree_all_finite(fixed.apply({'params': params}, images_for(fixed)))
+
+
+def test_initialisation_is_deterministic():
+  model = get_model('ti16', num_classes=5, **SMALL)
+  chex.assert_trees_all_equal(init(model, seed=3), init(model, seed=3))
+  a, b = init(model, seed=3), init(model, seed=4)
+  assert not np.allclose(a['embedding']['kernel'], b['embedding']['kernel'])
+
+
+@pytest.mark.parametrize('option', [dict(dropout_rate=0.2), dict(attention_dropout_rate=0.2),
+                                    dict(stochastic_depth=0.5)])
+def test_dropout_only_when_training(option):
+  model = get_model('ti16', num_classes=4, head_bias_init=0., **SMALL, **option)
+  plain = get_model('ti16', num_classes=4, **SMALL)
+  params = init(model)
+  params['head']['kernel'] = jax.random.normal(jax.random.key(2), (32, 4))
+  x = images_for(model, batch=16)  # Enough examples for drop-path masks to differ.
+  evaluate = lambda m: m.apply({'params': params}, x, train=False)
+  train = lambda seed: model.apply({'params': params}, x, train=True,
+                                   rngs={'dropout': jax.random.key(seed)})
+  chex.assert_trees_all_equal(evaluate(model), evaluate(plain))
+  assert not np.allclose(train(0), evaluate(model), atol=1e-4)
+  assert not np.allclose(train(0), train(1), atol=1e-4)
+  chex.assert_trees_all_equal(train(0), train(0))
+
+
+def test_bfloat16_compute_is_finite_and_close_to_float32():
+  f32 = get_model('ti16', num_classes=10, **SMALL)
+  bf16 = get_model('ti16', num_classes=10, dtype='bfloat16', **SMALL)
+  params = init(f32)
+  params['head']['kernel'] = jax.random.normal(jax.random.key(2), (32, 10)) * 0.1
+  chex.assert_trees_all_equal_dtypes(params, init(bf16))  # Parameters stay float32.
+  x = images_for(f32)
+  a = f32.apply({'params': params}, x)
+  b = bf16.apply({'params': params}, x)
+  chex.assert_type(b, jnp.float32)
+  chex.assert_tree_all_finite(b)
+  chex.assert_trees_all_close(a, b, atol=0.05, rtol=0.05)
+
+
+@pytest.mark.parametrize('remat_policy', ['none', 'full', 'dots'])
+def test_scanned_and_unrolled_give_the_same_logits(remat_policy):
+  unrolled = get_model('ti16', num_classes=6, **SMALL)
+  scanned = get_model('ti16', num_classes=6, scan=True, remat_policy=remat_policy, **SMALL)
+  params = init(unrolled)
+  params['head']['kernel'] = jax.random.normal(jax.random.key(2), (32, 6))
+  stacked = checkpoint.to_model_layout(params, scanned=True)
+  chex.assert_trees_all_equal_shapes(stacked, init(scanned))
+  chex.assert_shape(stacked['Transformer']['encoderblock']['MlpBlock_3']['Dense_0']['kernel'],
+                    (2, 32, 64))
+  x = images_for(unrolled)
+  chex.assert_trees_all_close(unrolled.apply({'params': params}, x),
+                              scanned.apply({'params': stacked}, x), atol=1e-5, rtol=1e-5)
+  # Gradients flow the same through both layouts (remat included).
+  loss = lambda m, p: jnp.sum(m.apply({'params': p}, x) ** 2)
+  g_unrolled = jax.grad(lambda p: loss(unrolled, p))(params)
+  g_scanned = jax.grad(lambda p: loss(scanned, p))(stacked)
+  chex.assert_trees_all_close(checkpoint.to_model_layout(g_unrolled, scanned=True), g_scanned,
+                              atol=1e-3, rtol=1e-4)  # Gradients reach ~1e2: float32 rounding.
+
+
+@pytest.mark.parametrize('impl', ['xla'])
+def test_fused_attention_matches_einsum(impl):
+  einsum = get_model('ti16', num_classes=6, **SMALL)
+  fused = get_model('ti16', num_classes=6, attention_impl=impl, **SMALL)
+  params = init(einsum)
+  params['head']['kernel'] = jax.random.normal(jax.random.key(2), (32, 6))
+  x = images_for(einsum)
+  chex.assert_trees_all_close(einsum.apply({'params': params}, x),
+                              fused.apply({'params': params}, x), atol=1e-5, rtol=1e-5)
+
+
+def test_attention_weights_are_recorded_without_changing_logits():
+  model = get_model('ti16', num_classes=6, **SMALL)
+  params = init(model)
+  x = images_for(model)
+  logits, state = model.apply({'params': params}, x, mutable='intermediates')
+  chex.assert_trees_all_equal(logits, model.apply({'params': params}, x))
+  (weights,) = state['intermediates']['Transformer']['encoderblock_0'][
+      'MultiHeadDotProductAttention_1']['attention_weights']
+  chex.assert_shape(weights, (2, 4, 17, 17))
+  chex.assert_trees_all_close(weights.sum(-1), jnp.ones((2, 4, 17)), atol=1e-5)
+
+
+@pytest.mark.parametrize('name, tokens, channels', [('r50_b16', 196, 1024), ('r26_s32', 49, 2048),
+                                                     ('r_ti16', 49, 64)])
+def test_hybrid_shapes(name, tokens, channels):
+  model = get_model(name, num_classes=3)
+  x = jax.ShapeDtypeStruct((1, 224, 224, 3), jnp.float32)
+  params = jax.eval_shape(model.init, jax.random.key(0), x)['params']
+  assert model.grid[0] * model.grid[1] == tokens
+  chex.assert_shape(params['Transformer']['posembed_input']['pos_embedding'],
+                    (1, tokens + 1, model.hidden_size))
+  chex.assert_shape(params['embedding']['kernel'], (*model.patch_size, channels, model.hidden_size))
+  assert {'conv_root', 'gn_root'} <= set(params)
+  chex.assert_shape(jax.eval_shape(model.apply, {'params': params}, x), (1, 3))
+
+
+def test_hybrid_runs():
+  # A small BiT stem (two 1-unit stages) and a 1-block encoder, run for real.
+  model = get_model('r26_s32', num_classes=3, image_size=64, num_layers=1, resnet_layers=(1, 1))
+  params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 64, 64, 3)))['params']
+  unit = params['block2']['unit1']
+  assert {'conv1', 'conv2', 'conv3', 'gn1', 'gn2', 'gn3', 'conv_proj', 'gn_proj'} == set(unit)
+  chex.assert_shape(unit['conv2']['kernel'], (3, 3, 128, 128))
+  out = jax.jit(model.apply)({'params': params}, images_for(model, batch=1))
+  chex.assert_shape(out, (1, 3))
+  chex.assert_tree_all_finite(out)
+
+
+def test_non_square_images():
+  model = get_model('ti16', num_classes=2, **{**SMALL, 'image_size': (32, 48)})
+  params = init(model)
+  assert model.grid == (4, 6)
+  chex.assert_shape(params['Transformer']['posembed_input']['pos_embedding'], (1, 25, 32))
+  chex.assert_shape(model.apply({'params': params}, images_for(model)), (2, 2))
+
+
+def test_bad_inputs_get_clear_errors():
+  with pytest.raises(ValueError, match=r"Unknown model 'b17x'.*Known models"):
+    get_model('b17x', num_classes=10)
+  with pytest.raises(ValueError, match="Did you mean .*ViT-B_16"):
+    get_model('ViT-Q_16', num_classes=10)
+  with pytest.raises(ValueError, match=r"Unknown model option\(s\) \['hidden'\]"):
+    get_model('b16', num_classes=10, hidden=3)
+  with pytest.raises(ValueError, match="pool='cls' is not one of"):
+    get_model('b16', num_classes=10, pool='cls')
+  with pytest.raises(ValueError, match="dtype='fp8' is not one of"):
+    get_model('b16', num_classes=10, dtype='fp8')
+  model = get_model('ti16', num_classes=2, **SMALL)
+  params = init(model)
+  with pytest.raises(ValueError, match=r'expects NHWC images of shape \(batch, 32, 32, 3\).*'
+                                       r'got \(2, 64, 64, 3\)'):
+    model.apply({'params': params}, jnp.zeros((2, 64, 64, 3)))
+  with pytest.raises(ValueError, match=r'got \(2, 32, 32, 1\)'):
+    model.apply({'params': params}, jnp.zeros((2, 32, 32, 1)))
+  with pytest.raises(ValueError, match=r'got \(32, 32, 3\)'):
+    model.apply({'params': params}, jnp.zeros((32, 32, 3)))

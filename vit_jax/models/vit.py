@@ -1,0 +1,395 @@
+"""The Vision Transformer (Dosovitskiy et al., ICLR 2021, section 3.1).
+
+    z_0  = [x_class; x_p^1 E; ...; x_p^N E] + E_pos
+    z'_l = MSA(LN(z_{l-1})) + z_{l-1}
+    z_l  = MLP(LN(z'_l)) + z'_l
+    y    = LN(z_L^0)
+
+Module and parameter names are those of the released .npz checkpoints, so the
+``params`` tree of an unrolled model *is* the release layout:
+
+    embedding/{kernel,bias}                   patch embedding (strided P x P conv)
+    cls                                       class token (pool='token')
+    Transformer/posembed_input/pos_embedding  learned position embeddings
+    Transformer/encoderblock_{i}/             LayerNorm_0, MultiHeadDotProductAttention_1,
+                                              LayerNorm_2, MlpBlock_3/{Dense_0,Dense_1}
+    Transformer/encoder_norm
+    pre_logits                                optional Dense + tanh
+    head                                      zero-initialised classifier
+
+Hybrids add the BiT stem's ``conv_root``, ``gn_root`` and ``block{i}`` at the top
+level. With ``scan=True`` the blocks are a single ``Transformer/encoderblock``
+whose parameters have a leading layer axis; ``vit_jax.checkpoint`` converts
+between the two layouts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vit_jax.models import resnet
+
+Array = jax.Array
+Dtype = Any
+
+LN_EPSILON = 1e-6
+POOLS = ('token', 'gap', 'map')
+POSEMBS = ('learn', 'sincos2d')
+ATTENTION_IMPLS = ('einsum', 'xla', 'cudnn')
+REMAT_POLICIES = {
+    'none': None,
+    'full': jax.checkpoint_policies.nothing_saveable,
+    'dots': jax.checkpoint_policies.checkpoint_dots,
+    'dots_no_batch': jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+_dense_init = nn.initializers.xavier_uniform()
+_bias_init = nn.initializers.normal(stddev=1e-6)
+
+
+def pair(x: int | Sequence[int]) -> tuple[int, int]:
+  """Returns ``(x, x)`` for an int, ``tuple(x)`` for a pair."""
+  if isinstance(x, int):
+    return (x, x)
+  h, w = x
+  return (int(h), int(w))
+
+
+def posemb_sincos_2d(grid: tuple[int, int], width: int,
+                     temperature: float = 10_000.) -> np.ndarray:
+  """Fixed 2-D sine-cosine position embeddings, shape (1, h * w, width)."""
+  if width % 4:
+    raise ValueError(f'sincos2d position embeddings need a width divisible by 4, got {width}.')
+  y, x = np.mgrid[:grid[0], :grid[1]]
+  omega = np.arange(width // 4) / max(width // 4 - 1, 1)
+  omega = 1. / temperature**omega
+  y = y.reshape(-1)[:, None] * omega[None]
+  x = x.reshape(-1)[:, None] * omega[None]
+  pe = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
+  return pe[None].astype(np.float32)
+
+
+def drop_path(x: Array, rate: float | Array, rng: Array) -> Array:
+  """Stochastic depth: zeroes whole examples of a residual branch."""
+  keep = 1. - rate
+  mask = jax.random.bernoulli(rng, keep, (x.shape[0],) + (1,) * (x.ndim - 1))
+  return jnp.where(mask, x / keep, 0).astype(x.dtype)
+
+
+class MlpBlock(nn.Module):
+  """Dense(mlp_dim) -> GELU (tanh approximation) -> Dense(D), dropout after each."""
+
+  mlp_dim: int
+  dropout_rate: float = 0.
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, *, deterministic: bool) -> Array:
+    dense = lambda n: nn.Dense(n, dtype=self.dtype, param_dtype=self.param_dtype,
+                               kernel_init=_dense_init, bias_init=_bias_init)
+    width = x.shape[-1]
+    x = nn.gelu(dense(self.mlp_dim)(x))
+    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+    x = dense(width)(x)
+    return nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head dot-product attention with the release's parameter layout.
+
+  ``query``/``key``/``value`` kernels are (D, heads, head_dim), ``out`` is
+  (heads, head_dim, D). ``implementation`` picks the kernel: 'einsum' (plain
+  softmax attention; the only one that supports attention dropout and records the
+  weights in the 'intermediates' collection), or ``jax.nn.dot_product_attention``
+  with 'xla' or 'cudnn' (the fused flash kernel on NVIDIA GPUs).
+  """
+
+  num_heads: int
+  dropout_rate: float = 0.
+  implementation: str = 'einsum'
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, inputs_q: Array, inputs_kv: Array, *, deterministic: bool) -> Array:
+    width = inputs_q.shape[-1]
+    if width % self.num_heads:
+      raise ValueError(f'width {width} is not divisible by num_heads={self.num_heads}.')
+    head_dim = width // self.num_heads
+    proj = lambda name: nn.DenseGeneral(
+        (self.num_heads, head_dim), dtype=self.dtype, param_dtype=self.param_dtype,
+        kernel_init=_dense_init, name=name)
+    q = proj('query')(inputs_q)
+    k = proj('key')(inputs_kv)
+    v = proj('value')(inputs_kv)
+
+    if self.implementation == 'einsum':
+      q = q / jnp.sqrt(head_dim).astype(q.dtype)
+      logits = jnp.einsum('bqhd,bkhd->bhqk', q, k, preferred_element_type=jnp.float32)
+      weights = jax.nn.softmax(logits, axis=-1)
+      self.sow('intermediates', 'attention_weights', weights)
+      weights = nn.Dropout(self.dropout_rate, broadcast_dims=())(
+          weights, deterministic=deterministic).astype(self.dtype)
+      x = jnp.einsum('bhqk,bkhd->bqhd', weights, v)
+    else:
+      if self.dropout_rate and not deterministic:
+        raise ValueError('attention_dropout_rate > 0 needs attention_impl="einsum".')
+      x = jax.nn.dot_product_attention(q, k, v, implementation=self.implementation)
+
+    return nn.DenseGeneral(width, axis=(-2, -1), dtype=self.dtype, param_dtype=self.param_dtype,
+                           kernel_init=_dense_init, name='out')(x)
+
+
+class EncoderBlock(nn.Module):
+  """One pre-LayerNorm Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)).
+
+  Returns ``(x, None)`` so that the same module can be ``nn.scan``-ned.
+  """
+
+  mlp_dim: int
+  num_heads: int
+  dropout_rate: float = 0.
+  attention_dropout_rate: float = 0.
+  stochastic_depth: bool = False
+  attention_impl: str = 'einsum'
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, drop_path_rate: float | Array,
+               deterministic: bool) -> tuple[Array, None]:
+    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    layer_norm = lambda name: nn.LayerNorm(epsilon=LN_EPSILON, name=name, **kw)
+
+    def residual(branch: Array) -> Array:
+      if self.stochastic_depth and not deterministic:
+        branch = drop_path(branch, drop_path_rate, self.make_rng('dropout'))
+      return branch
+
+    y = layer_norm('LayerNorm_0')(x)
+    y = MultiHeadAttention(self.num_heads, self.attention_dropout_rate, self.attention_impl,
+                           name='MultiHeadDotProductAttention_1', **kw)(
+                               y, y, deterministic=deterministic)
+    y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
+    x = x + residual(y)
+
+    y = layer_norm('LayerNorm_2')(x)
+    y = MlpBlock(self.mlp_dim, self.dropout_rate, name='MlpBlock_3', **kw)(
+        y, deterministic=deterministic)
+    return x + residual(y), None
+
+
+class Encoder(nn.Module):
+  """Position embeddings, ``num_layers`` blocks (unrolled or scanned), final LayerNorm."""
+
+  num_layers: int
+  mlp_dim: int
+  num_heads: int
+  grid: tuple[int, int]
+  num_prefix_tokens: int = 1
+  posemb: str = 'learn'
+  dropout_rate: float = 0.
+  attention_dropout_rate: float = 0.
+  stochastic_depth: float = 0.
+  attention_impl: str = 'einsum'
+  scan: bool = False
+  remat_policy: str = 'none'
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, *, train: bool) -> Array:
+    width = x.shape[-1]
+    if self.posemb == 'learn':
+      x = x + AddPositionEmbs(param_dtype=self.param_dtype, name='posembed_input')(x)
+    else:  # Fixed 2-D sin-cos for the patches; prefix tokens get none.
+      pe = posemb_sincos_2d(self.grid, width)
+      pe = np.pad(pe, ((0, 0), (self.num_prefix_tokens, 0), (0, 0)))
+      x = x + jnp.asarray(pe, self.dtype)
+    x = nn.Dropout(self.dropout_rate)(x, deterministic=not train).astype(self.dtype)
+
+    block = EncoderBlock
+    if self.remat_policy != 'none':
+      block = nn.remat(block, policy=REMAT_POLICIES[self.remat_policy],
+                       prevent_cse=not self.scan, static_argnums=(3,))
+    # Stochastic depth grows linearly with depth, from 0 to `stochastic_depth`.
+    rates = np.linspace(0., self.stochastic_depth, self.num_layers)
+    kw = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout_rate=self.dropout_rate,
+              attention_dropout_rate=self.attention_dropout_rate,
+              stochastic_depth=self.stochastic_depth > 0, attention_impl=self.attention_impl,
+              dtype=self.dtype, param_dtype=self.param_dtype)
+    if self.scan:
+      use_rates = self.stochastic_depth > 0
+      scanned = nn.scan(block, variable_axes={'params': 0, 'intermediates': 0},
+                        split_rngs={'params': True, 'dropout': True},
+                        in_axes=(0 if use_rates else nn.broadcast, nn.broadcast),
+                        length=self.num_layers)
+      x, _ = scanned(name='encoderblock', **kw)(
+          x, jnp.asarray(rates) if use_rates else 0., not train)
+    else:
+      for i in range(self.num_layers):
+        x, _ = block(name=f'encoderblock_{i}', **kw)(x, float(rates[i]), not train)
+    return nn.LayerNorm(epsilon=LN_EPSILON, dtype=self.dtype, param_dtype=self.param_dtype,
+                        name='encoder_norm')(x)
+
+
+class AddPositionEmbs(nn.Module):
+  """Learned 1-D position embeddings, one per token, N(0, 0.02) initialised."""
+
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    pe = self.param('pos_embedding', nn.initializers.normal(stddev=0.02),
+                    (1,) + x.shape[1:], self.param_dtype)
+    return pe.astype(x.dtype)
+
+
+class MAPHead(nn.Module):
+  """Multihead attention pooling: a learned probe attends over all tokens."""
+
+  num_heads: int
+  mlp_dim: int
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    probe = self.param('probe', _dense_init, (1, 1, x.shape[-1]), self.param_dtype)
+    probe = jnp.tile(probe, (x.shape[0], 1, 1)).astype(x.dtype)
+    x = MultiHeadAttention(self.num_heads, name='MultiHeadDotProductAttention_0', **kw)(
+        probe, x, deterministic=True)
+    y = nn.LayerNorm(epsilon=LN_EPSILON, name='LayerNorm_0', **kw)(x)
+    x = x + MlpBlock(self.mlp_dim, name='MlpBlock_0', **kw)(y, deterministic=True)
+    return x[:, 0]
+
+
+class VisionTransformer(nn.Module):
+  """ViT classifier. ``apply({'params': p}, images, train=False)`` -> float32 logits.
+
+  Attributes:
+    num_classes: classifier outputs; 0 or None returns the pooled features.
+    patch_size: patch side in pixels (on the ResNet feature map for hybrids).
+    hidden_size, num_layers, mlp_dim, num_heads: the encoder's shape.
+    image_size: input (height, width) the position embeddings are built for.
+    resnet_layers: units per BiT stage for hybrids (``()``: root only); None: no stem.
+    resnet_width: BiT width factor.
+    pool: 'token' (class token), 'gap' (mean of tokens) or 'map' (attention pooling).
+    representation_size: width of the Dense + tanh pre-logits layer; None: none.
+    head_bias_init: initial classifier bias (-10 for sigmoid pre-training).
+    posemb: 'learn' (1-D learned) or 'sincos2d' (fixed).
+    dropout_rate, attention_dropout_rate: dropout in the blocks / on attention weights.
+    stochastic_depth: drop-path rate of the last block (linear in depth from 0).
+    attention_impl: 'einsum', 'xla' or 'cudnn' (see ``MultiHeadAttention``).
+    scan: ``nn.scan`` over the blocks (one compiled block; much faster to compile).
+    remat_policy: 'none', 'full', 'dots' or 'dots_no_batch' rematerialisation.
+    dtype: compute dtype (e.g. bfloat16); param_dtype: parameter dtype.
+    model_name: the registry name, for logs and exports.
+  """
+
+  num_classes: int | None
+  patch_size: int | tuple[int, int]
+  hidden_size: int
+  num_layers: int
+  mlp_dim: int
+  num_heads: int
+  image_size: int | tuple[int, int] = 224
+  resnet_layers: tuple[int, ...] | None = None
+  resnet_width: int = 1
+  pool: str = 'token'
+  representation_size: int | None = None
+  head_bias_init: float = 0.
+  posemb: str = 'learn'
+  dropout_rate: float = 0.
+  attention_dropout_rate: float = 0.
+  stochastic_depth: float = 0.
+  attention_impl: str = 'einsum'
+  scan: bool = False
+  remat_policy: str = 'none'
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+  model_name: str | None = None
+
+  def __post_init__(self):
+    for field, value, allowed in (('pool', self.pool, POOLS), ('posemb', self.posemb, POSEMBS),
+                                  ('attention_impl', self.attention_impl, ATTENTION_IMPLS),
+                                  ('remat_policy', self.remat_policy, tuple(REMAT_POLICIES))):
+      if value not in allowed:
+        raise ValueError(f'{field}={value!r} is not one of {allowed}.')
+    if self.hidden_size % self.num_heads:
+      raise ValueError(f'hidden_size={self.hidden_size} is not divisible by '
+                       f'num_heads={self.num_heads}.')
+    super().__post_init__()
+
+  @property
+  def stem_stride(self) -> int:
+    """Downsampling of the BiT stem (1 without one)."""
+    if self.resnet_layers is None:
+      return 1
+    return 4 * 2**max(len(self.resnet_layers) - 1, 0)
+
+  @property
+  def grid(self) -> tuple[int, int]:
+    """The (rows, columns) of patches for an ``image_size`` input."""
+    ph, pw = pair(self.patch_size)
+    h, w = (math.ceil(s / self.stem_stride) for s in pair(self.image_size))  # SAME padding.
+    return (h // ph, w // pw)
+
+  @property
+  def num_prefix_tokens(self) -> int:
+    return 1 if self.pool == 'token' else 0
+
+  @nn.compact
+  def __call__(self, images: Array, *, train: bool = False) -> Array:
+    expected = pair(self.image_size) + (3,)
+    if images.ndim != 4 or tuple(images.shape[1:]) != expected:
+      raise ValueError(
+          f'{self.model_name or "VisionTransformer"} expects NHWC images of shape '
+          f'(batch, {expected[0]}, {expected[1]}, 3) in [-1, 1], got {tuple(images.shape)}. '
+          'Resize the images, or build the model with image_size=(height, width) '
+          '(vit_jax.checkpoint.load_pretrained resizes the position embeddings).')
+    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    x = images.astype(self.dtype)
+    if self.resnet_layers is not None:
+      x = resnet.bit_stem(x, self.resnet_layers, self.resnet_width, **kw)
+
+    x = nn.Conv(self.hidden_size, pair(self.patch_size), strides=pair(self.patch_size),
+                padding='VALID', name='embedding', **kw)(x)
+    n, h, w, c = x.shape
+    assert (h, w) == self.grid, ((h, w), self.grid)
+    x = x.reshape(n, h * w, c)
+    if self.pool == 'token':
+      cls = self.param('cls', nn.initializers.zeros, (1, 1, c), self.param_dtype)
+      x = jnp.concatenate([jnp.tile(cls, (n, 1, 1)).astype(x.dtype), x], axis=1)
+
+    x = Encoder(
+        num_layers=self.num_layers, mlp_dim=self.mlp_dim, num_heads=self.num_heads,
+        grid=self.grid, num_prefix_tokens=self.num_prefix_tokens, posemb=self.posemb,
+        dropout_rate=self.dropout_rate, attention_dropout_rate=self.attention_dropout_rate,
+        stochastic_depth=self.stochastic_depth, attention_impl=self.attention_impl,
+        scan=self.scan, remat_policy=self.remat_policy, name='Transformer', **kw)(x, train=train)
+
+    if self.pool == 'token':
+      x = x[:, 0]
+    elif self.pool == 'gap':
+      x = jnp.mean(x, axis=1)
+    else:
+      x = MAPHead(self.num_heads, self.mlp_dim, name='MAPHead_0', **kw)(x)
+
+    if self.representation_size is not None:
+      x = nn.tanh(nn.Dense(self.representation_size, name='pre_logits', **kw)(x))
+    x = x.astype(jnp.float32)
+    if not self.num_classes:
+      return x
+    return nn.Dense(self.num_classes, kernel_init=nn.initializers.zeros,
+                    bias_init=nn.initializers.constant(self.head_bias_init),
+                    param_dtype=self.param_dtype, name='head')(x)
