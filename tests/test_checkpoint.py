@@ -4,12 +4,13 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpy_vit
 import pytest
 import scipy.ndimage
 
 from vit_jax import checkpoint
 from vit_jax.models import get_model
+
+import numpy_vit
 
 SMALL = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2, patch_size=8)
 

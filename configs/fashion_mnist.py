@@ -1,0 +1,40 @@
+r"""A ViT trained from scratch on Fashion-MNIST (../shared/data/fashion_mnist).
+
+28x28 greyscale images in 4x4 patches (a 7x7 grid), a 6-layer, 64-wide encoder
+with global average pooling, random translations and flips, Adam with cosine decay.
+
+    python -m vit_jax.main --config=configs/fashion_mnist.py --workdir=/tmp/fmnist
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.model = ml_collections.ConfigDict(dict(
+      name='ti16', image_size=28, patch_size=4, hidden_size=64, mlp_dim=128, num_heads=4,
+      num_layers=6, pool='gap'))
+  config.dataset = ml_collections.ConfigDict(dict(
+      name='fashion_mnist', num_classes=10, data_dir='../shared/data/fashion_mnist',
+      train_split='train', eval_split='test',
+      pp_train='to_rgb|pad_crop(2)|flip_lr|value_range(-1, 1)',
+      pp_eval='to_rgb|value_range(-1, 1)'))
+  config.loss = 'softmax_xent'
+  config.label_smoothing = 0.1
+  config.batch_size = 256
+  config.eval_batch_size = 1000
+  config.num_epochs = 10
+  config.optimizer = ml_collections.ConfigDict(dict(
+      name='adam', b1=0.9, b2=0.999, weight_decay=0.05, grad_clip_norm=1.0))
+  config.schedule = ml_collections.ConfigDict(dict(base_lr=2e-3, warmup_steps=500,
+                                                   decay='cosine'))
+  config.grad_accum_steps = 1
+  config.step_impl = 'jit'
+  config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
+  config.seed = 0
+  config.log_every_steps = 100
+  config.eval_every_steps = 1000
+  config.checkpoint_every_steps = 1000
+  config.keep_checkpoints = 2
+  config.input_workers = 2
+  return config

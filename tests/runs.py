@@ -1,0 +1,54 @@
+"""Shared helpers for the tests that train: a tiny recipe, reading a run's results."""
+
+import importlib.util
+import json
+import pathlib
+import sys
+
+import ml_collections
+
+from vit_jax import checkpoint_manager, optim, train
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / 'configs' / 'quickstart.py'
+TINY_MODEL = dict(name='ti16', image_size=16, patch_size=4, hidden_size=32, mlp_dim=64,
+                  num_heads=4, num_layers=2, pool='gap')
+# configs/quickstart.py with a smaller model and a short run.
+TINY = {'model.hidden_size': 32, 'model.mlp_dim': 64, 'model.num_layers': 2,
+        'batch_size': 64, 'eval_batch_size': 64, 'total_steps': 20,
+        'schedule.warmup_steps': 5, 'log_every_steps': 5, 'eval_every_steps': 0,
+        'checkpoint_every_steps': 10, 'keep_checkpoints': 5}
+
+
+def tiny_config(**overrides) -> ml_collections.ConfigDict:
+  """The tiny recipe as a ConfigDict, with dotted-key overrides."""
+  spec = importlib.util.spec_from_file_location('quickstart', QUICKSTART)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  config.update_from_flattened_dict({**TINY, **overrides})
+  return config
+
+
+def main_command(workdir, **overrides) -> list[str]:
+  """The `python -m vit_jax.main` command line of the same tiny recipe."""
+  return [sys.executable, '-m', 'vit_jax.main', f'--config={QUICKSTART}',
+          f'--workdir={workdir}'] + [f'--config.{k}={v}' for k, v in {**TINY, **overrides}.items()]
+
+
+def read_metrics(workdir):
+  return [json.loads(line) for line in (pathlib.Path(workdir) / 'metrics.jsonl').open()]
+
+
+def restore_state(workdir, config, step=None):
+  """The train state of a run's checkpoint (the latest by default)."""
+  plan = train.validate(config)
+  schedule = optim.make_schedule(config.schedule, plan.total_steps, plan.warmup_steps)
+  tx = optim.make_optimizer(config.optimizer, schedule)
+  state, shardings = train.create_train_state(plan.model, tx, 0, plan.mesh)
+  manager = checkpoint_manager.make_manager(str(workdir), every_steps=1, keep=5)
+  try:
+    return checkpoint_manager.restore(
+        manager, checkpoint_manager.abstract_like(state, shardings), step)
+  finally:
+    manager.close()

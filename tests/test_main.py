@@ -1,0 +1,127 @@
+"""The entry point as users run it: real processes, killed, preempted, and on two hosts."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+from vit_jax import train
+
+from runs import ROOT, main_command, read_metrics, restore_state, tiny_config
+
+
+def env(devices: int = 8) -> dict[str, str]:
+  return {**os.environ, 'XLA_FLAGS': f'--xla_force_host_platform_device_count={devices}',
+          'JAX_PLATFORMS': 'cpu', 'JAX_CPU_COLLECTIVES_IMPLEMENTATION': 'gloo',
+          'TF_CPP_MIN_LOG_LEVEL': '3'}
+
+
+def checkpoint_steps(workdir) -> list[int]:
+  directory = workdir / 'checkpoints'
+  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) \
+      if directory.exists() else []
+
+
+def wait_for_checkpoint(process, workdir, step, timeout=300):
+  start = time.time()
+  while step not in checkpoint_steps(workdir):
+    assert process.poll() is None, f'the run ended early (exit {process.returncode})'
+    assert time.time() - start < timeout, f'no checkpoint {step} after {timeout}s'
+    time.sleep(0.05)
+
+
+def test_kill_9_and_sigterm_then_resume_equal_an_uninterrupted_run(tmp_path):
+  overrides = {'total_steps': 300, 'checkpoint_every_steps': 50, 'log_every_steps': 10}
+  config = tiny_config(**overrides)
+  train.train_and_evaluate(config, str(tmp_path / 'reference'))
+
+  workdir = tmp_path / 'interrupted'
+  command = main_command(workdir, **overrides)
+  # 1. Killed without warning after the step-50 checkpoint.
+  run = subprocess.Popen(command, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+  wait_for_checkpoint(run, workdir, 50)
+  run.kill()
+  run.wait()
+  assert max(checkpoint_steps(workdir)) < 300
+  # 2. Restarted, then preempted with SIGTERM: it saves where it is and exits cleanly.
+  run = subprocess.Popen(command, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+  wait_for_checkpoint(run, workdir, 150)
+  run.send_signal(signal.SIGTERM)
+  _, stderr = run.communicate(timeout=120)
+  assert run.returncode == 0, stderr[-3000:]
+  assert 'Preempted: saved step' in stderr
+  preempted_at = max(checkpoint_steps(workdir))
+  assert 150 <= preempted_at < 300
+  # 3. Restarted again: runs to the end.
+  done = subprocess.run(command, cwd=ROOT, env=env(), capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert f'Resumed from {workdir / "checkpoints"} at step {preempted_at}' in done.stderr
+
+  chex.assert_trees_all_equal(restore_state(tmp_path / 'reference', config),
+                              restore_state(workdir, config))
+  reference = {m['step']: m['train/loss'] for m in read_metrics(tmp_path / 'reference')
+               if 'train/loss' in m}
+  resumed = {m['step']: m['train/loss'] for m in read_metrics(workdir) if 'train/loss' in m}
+  assert all(reference[s] == loss for s, loss in resumed.items())
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_of_four_devices_match_one_of_eight(tmp_path):
+  overrides = {'total_steps': 20, 'eval_every_steps': 10}
+  config = tiny_config(**overrides)
+  one = train.train_and_evaluate(config, str(tmp_path / 'one'))
+
+  workdir = tmp_path / 'two'
+  port = free_port()
+  runs = [subprocess.Popen(
+      main_command(workdir, **overrides) + [f'--coordinator_address=127.0.0.1:{port}',
+                                            '--num_processes=2', f'--process_id={i}'],
+      cwd=ROOT, env=env(devices=4), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+      text=True) for i in range(2)]
+  for i, run in enumerate(runs):
+    _, stderr = run.communicate(timeout=600)
+    assert run.returncode == 0, f'process {i}:\n{stderr[-3000:]}'
+  assert 'Process 1 of 2; 4 local / 8 global devices' in stderr
+
+  a = [m for m in read_metrics(tmp_path / 'one') if 'train/loss' in m]
+  b = [m for m in read_metrics(workdir) if 'train/loss' in m]  # Only process 0 writes.
+  assert [m['step'] for m in a] == [m['step'] for m in b]
+  np.testing.assert_allclose([m['train/loss'] for m in a], [m['train/loss'] for m in b],
+                             rtol=1e-5)
+  evals = [m for m in read_metrics(workdir) if 'eval/accuracy' in m]
+  assert [m['eval/examples'] for m in evals] == [359, 359]
+  assert evals[-1]['eval/accuracy'] == pytest.approx(one['accuracy'], abs=1 / 359)
+  # The checkpoint both processes wrote restores on this 8-device process. (The
+  # attention key biases have no gradient at all, softmax ignores them, so Adam
+  # turns the collectives' rounding noise there into steps of ~lr: hence atol.)
+  chex.assert_trees_all_close(jax.device_get(restore_state(tmp_path / 'one', config).params),
+                              jax.device_get(restore_state(workdir, config).params),
+                              atol=1e-4, rtol=1e-3)
+
+
+def test_quickstart_command_reaches_95_percent(tmp_path):
+  """The README's main job, exactly as documented."""
+  done = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.main', '--config=configs/quickstart.py',
+       f'--workdir={tmp_path}'], cwd=ROOT, env=env(devices=1), capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert 'step 1500/1500' in done.stderr and 'img/s' in done.stderr and 'ETA' in done.stderr
+  final = [m for m in read_metrics(tmp_path) if 'eval/accuracy' in m][-1]
+  assert final['step'] == 1500 and final['eval/examples'] == 359
+  assert final['eval/accuracy'] >= 0.95
+  assert checkpoint_steps(tmp_path) == [1000, 1500]
+  assert list(tmp_path.glob('events.out.tfevents.*'))

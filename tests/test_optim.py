@@ -1,0 +1,99 @@
+"""Tests of vit_jax.optim: schedules, optimizers, losses, durations."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+
+from vit_jax import optim
+
+
+def cfg(**kw):
+  return ml_collections.ConfigDict(kw)
+
+
+@pytest.mark.parametrize('decay', ['linear', 'cosine'])
+def test_schedule_warms_up_then_decays(decay):
+  schedule = optim.make_schedule(cfg(base_lr=1e-3, decay=decay), 1000, 100)
+  lrs = np.array([schedule(s) for s in range(1001)])
+  np.testing.assert_allclose(lrs[:101], np.linspace(0, 1e-3, 101), rtol=1e-5, atol=1e-9)
+  assert np.all(np.diff(lrs[100:]) <= 1e-12)
+  assert lrs[-1] == pytest.approx(0., abs=1e-9)
+  midpoint = 1e-3 * (0.5 if decay == 'linear' else 0.5 * (1 + np.cos(np.pi / 2)))
+  assert lrs[550] == pytest.approx(midpoint, rel=1e-4)
+
+
+def test_durations_from_epochs():
+  config = cfg(batch_size=100, num_epochs=3, schedule=cfg(warmup_epochs=0.5))
+  assert optim.resolve_steps(config, 1050) == (32, 6)
+  config = cfg(batch_size=100, total_steps=50, schedule=cfg(warmup_steps=10))
+  assert optim.resolve_steps(config, 1050) == (50, 10)
+  with pytest.raises(ValueError, match=r'warm-up \(60 steps\) is not shorter than the run'):
+    optim.resolve_steps(cfg(batch_size=10, total_steps=60, schedule=cfg(warmup_steps=60)), 100)
+  with pytest.raises(ValueError, match='total_steps or config.num_epochs'):
+    optim.resolve_steps(cfg(batch_size=10, schedule=cfg()), 100)
+
+
+def test_weight_decay_only_on_kernels():
+  params = {'dense': {'kernel': jnp.ones((2, 2)), 'bias': jnp.ones(2)},
+            'LayerNorm_0': {'scale': jnp.ones(2)}, 'cls': jnp.ones((1, 1, 2))}
+  tx = optim.make_optimizer(cfg(name='adam', weight_decay=0.5), optax.constant_schedule(0.1))
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = tx.update(zeros, tx.init(params), params)
+  # Zero gradients: only the decoupled decay moves the kernel, by lr * wd * p.
+  chex.assert_trees_all_close(updates['dense']['kernel'], jnp.full((2, 2), -0.05))
+  chex.assert_trees_all_equal(updates['dense']['bias'], jnp.zeros(2))
+  chex.assert_trees_all_equal(updates['LayerNorm_0']['scale'], jnp.zeros(2))
+  chex.assert_trees_all_equal(updates['cls'], jnp.zeros((1, 1, 2)))
+
+
+def test_adam_bfloat16_first_moment_and_clipping():
+  params = {'w': {'kernel': jnp.ones((3,))}}
+  tx = optim.make_optimizer(cfg(name='adam', mu_dtype='bfloat16', grad_clip_norm=1.0),
+                            optax.constant_schedule(1.0))
+  state = tx.init(params)
+  mu = [x for x in jax.tree.leaves(state) if x.shape == (3,)][0]
+  chex.assert_type(mu, jnp.bfloat16)
+  clip = optim.make_optimizer(cfg(name='sgd', momentum=0.0, grad_clip_norm=1.0),
+                              optax.constant_schedule(1.0))
+  updates, _ = clip.update({'w': {'kernel': jnp.array([30., 40., 0.])}},
+                           clip.init(params), params)
+  chex.assert_trees_all_close(updates['w']['kernel'], jnp.array([-0.6, -0.8, 0.]))
+
+
+def test_sgd_momentum():
+  params = {'kernel': jnp.zeros(1)}
+  tx = optim.make_optimizer(cfg(name='sgd', momentum=0.9), optax.constant_schedule(0.1))
+  state = tx.init(params)
+  grads = {'kernel': jnp.ones(1)}
+  u1, state = tx.update(grads, state, params)
+  u2, state = tx.update(grads, state, params)
+  chex.assert_trees_all_close((u1['kernel'], u2['kernel']), (jnp.array([-0.1]),
+                                                             jnp.array([-0.19])))
+
+
+def test_losses():
+  logits = jnp.array([[2., 0., -1.]])
+  onehot = jnp.array([[1., 0., 0.]])
+  expected = -jax.nn.log_softmax(logits)[0, 0]
+  chex.assert_trees_all_close(optim.loss_fn('softmax_xent', logits, onehot)[0], expected)
+  smoothed = optim.loss_fn('softmax_xent', logits, onehot, label_smoothing=0.3)[0]
+  target = jnp.array([0.8, 0.1, 0.1])
+  chex.assert_trees_all_close(smoothed, -(target * jax.nn.log_softmax(logits)[0]).sum())
+  multi = jnp.array([[1., 1., 0.]])
+  sig = optim.loss_fn('sigmoid_xent', logits, multi)[0]
+  manual = -(jnp.log(jax.nn.sigmoid(2.)) + jnp.log(jax.nn.sigmoid(0.))
+             + jnp.log(1 - jax.nn.sigmoid(-1.)))
+  chex.assert_trees_all_close(sig, manual, rtol=1e-6)
+  with pytest.raises(ValueError, match="config.loss='mse'"):
+    optim.loss_fn('mse', logits, onehot)
+
+
+def test_bad_optimizer_config():
+  with pytest.raises(ValueError, match="config.optimizer.name='lamb'"):
+    optim.make_optimizer(cfg(name='lamb'), optax.constant_schedule(1.))
+  with pytest.raises(ValueError, match="config.schedule.decay='step'"):
+    optim.make_schedule(cfg(base_lr=1., decay='step'), 10, 1)

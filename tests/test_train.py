@@ -1,0 +1,144 @@
+"""Tests of vit_jax.train on 8 simulated devices: steps, accumulation, runs, resume."""
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+from vit_jax import optim, sharding, train
+from vit_jax.models import get_model
+
+from runs import TINY_MODEL, read_metrics, restore_state, tiny_config
+
+
+def setup_step(config, model=None):
+  model = model or get_model(num_classes=10, **TINY_MODEL)
+  mesh = sharding.make_mesh(config.get('mesh'))
+  schedule = optim.make_schedule(config.schedule, 100, 5)
+  tx = optim.make_optimizer(config.optimizer, schedule)
+  state, shardings = train.create_train_state(model, tx, 0, mesh)
+  step = train.make_train_step(model, tx, schedule, config, mesh, shardings)
+  return state, step, mesh
+
+
+def random_batches(mesh, n, batch_size=64, seed=0):
+  rng = np.random.default_rng(seed)
+  out = []
+  for _ in range(n):
+    images = rng.uniform(-1, 1, (batch_size, 16, 16, 3)).astype(np.float32)
+    labels = np.eye(10, dtype=np.float32)[rng.integers(0, 10, batch_size)]
+    out.append(jax.device_put({'image': images, 'label': labels},
+                              sharding.batch_sharding(mesh)))
+  return out
+
+
+def run_steps(config, n=3):
+  state, step, mesh = setup_step(config)
+  losses = []
+  for batch in random_batches(mesh, n):
+    state, metrics = step(state, batch)
+    losses.append(float(metrics['loss']))
+  return state, losses
+
+
+def test_jit_and_shard_map_steps_agree():
+  assert jax.device_count() == 8
+  jit_state, jit_losses = run_steps(tiny_config(step_impl='jit'))
+  sm_state, sm_losses = run_steps(tiny_config(step_impl='shard_map'))
+  np.testing.assert_allclose(jit_losses, sm_losses, rtol=1e-6)
+  chex.assert_trees_all_close(jit_state.params, sm_state.params, atol=1e-6, rtol=1e-5)
+  assert int(sm_state.step) == 3
+
+
+@pytest.mark.parametrize('step_impl', ['jit', 'shard_map'])
+def test_gradient_accumulation_equals_full_batch(step_impl):
+  config = tiny_config(step_impl=step_impl)
+  model = get_model(num_classes=10, **TINY_MODEL)
+  state, _, mesh = setup_step(config, model)
+  (batch,) = random_batches(mesh, 1)
+  full = train.loss_and_grads(model, config, state.params, batch, state.rng)
+  accumulated = train.loss_and_grads(model, tiny_config(grad_accum_steps=4), state.params,
+                                     batch, state.rng)
+  chex.assert_trees_all_close(full, accumulated, atol=1e-6, rtol=1e-5)
+  # And through the whole step, over several steps.
+  full_state, full_losses = run_steps(config)
+  acc_state, acc_losses = run_steps(tiny_config(step_impl=step_impl, grad_accum_steps=2))
+  np.testing.assert_allclose(full_losses, acc_losses, rtol=1e-5)
+  chex.assert_trees_all_close(full_state.params, acc_state.params, atol=1e-5, rtol=1e-4)
+
+
+def test_fsdp_mesh_shards_parameters_and_matches_data_parallel():
+  dp_state, dp_losses = run_steps(tiny_config())
+  fsdp_state, fsdp_losses = run_steps(tiny_config(**{'mesh.data': 4, 'mesh.fsdp': 2}))
+  kernel = fsdp_state.params['Transformer']['encoderblock_0']['MlpBlock_3']['Dense_0']['kernel']
+  assert kernel.sharding.spec == jax.sharding.PartitionSpec('fsdp', None)
+  assert kernel.addressable_shards[0].data.shape == (16, 64)
+  np.testing.assert_allclose(dp_losses, fsdp_losses, rtol=1e-5)
+  chex.assert_trees_all_close(dp_state.params, fsdp_state.params, atol=1e-5, rtol=1e-4)
+
+
+def test_resumed_run_equals_uninterrupted_run(tmp_path):
+  config = tiny_config()
+  result = train.train_and_evaluate(config, str(tmp_path / 'a'))
+  assert result['examples'] == 359  # Every held-out example, once (6 padded batches of 64).
+  steps = sorted(int(p.name) for p in (tmp_path / 'a' / 'checkpoints').iterdir())
+  assert steps == [10, 20]
+
+  # A second run that only had the step-10 checkpoint when it was restarted.
+  import shutil
+  (tmp_path / 'b' / 'checkpoints').mkdir(parents=True)
+  shutil.copytree(tmp_path / 'a' / 'checkpoints' / '10', tmp_path / 'b' / 'checkpoints' / '10')
+  resumed = train.train_and_evaluate(config, str(tmp_path / 'b'))
+  a = {m['step']: m['train/loss'] for m in read_metrics(tmp_path / 'a') if 'train/loss' in m}
+  b = {m['step']: m['train/loss'] for m in read_metrics(tmp_path / 'b') if 'train/loss' in m}
+  assert sorted(b) == [15, 20]
+  assert all(a[s] == b[s] for s in b)  # Identical, not just close.
+  chex.assert_trees_all_equal(restore_state(tmp_path / 'a', config),
+                              restore_state(tmp_path / 'b', config))
+  assert resumed == result
+
+
+def test_non_finite_loss_stops_with_the_step_and_keeps_good_checkpoints(tmp_path):
+  config = tiny_config(**{'schedule.base_lr': 1e8, 'optimizer.grad_clip_norm': None,
+                          'optimizer.name': 'sgd', 'total_steps': 40,
+                          'checkpoint_every_steps': 2, 'log_every_steps': 1})
+  with pytest.raises(FloatingPointError, match=r'Non-finite loss \(nan\) at step (\d+)\. .*'
+                                               r'last good checkpoint is step'):
+    train.train_and_evaluate(config, str(tmp_path))
+  for step_dir in (tmp_path / 'checkpoints').iterdir():
+    restored = restore_state(tmp_path, config, int(step_dir.name))
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(restored.params)))
+
+
+@pytest.mark.parametrize('overrides, message', [
+    ({'model.name': 'vit_giant'}, r"config.model.name: Unknown model 'vit_giant'"),
+    ({'model.hidden': 3}, r"config.model: Unknown model option\(s\) \['hidden'\]"),
+    ({'dataset.name': 'imagenet9'}, r"config.dataset.name='imagenet9' is not one of"),
+    ({'batch_size': 60}, r'config.batch_size=60 is not divisible by the 8 devices'),
+    ({'eval_batch_size': 12}, r'config.eval_batch_size=12 is not divisible by the 8 devices'),
+    ({'grad_accum_steps': 3}, r'config.grad_accum_steps=3 does not divide'),
+    ({'schedule.warmup_steps': 20}, r'warm-up \(20 steps\) is not shorter than the run'),
+    ({'loss': 'hinge'}, r"config.loss='hinge'"),
+    ({'dataset.pp_train': 'to_rgb|sharpen(2)'}, r"Unknown preprocessing op 'sharpen\(2\)'"),
+    ({'step_impl': 'shard_map', 'mesh.fsdp': 2}, r'shard_map.*needs config.mesh.fsdp=1'),
+])
+def test_bad_configs_fail_before_compiling(overrides, message):
+  config = tiny_config()
+  with config.unlocked():
+    for key, value in overrides.items():
+      *parents, leaf = key.split('.')
+      node = config
+      for p in parents:
+        node = node[p]
+      node[leaf] = value
+  with pytest.raises(ValueError, match=message):
+    train.validate(config)
+
+
+def test_missing_data_path_is_named(tmp_path):
+  config = tiny_config()
+  config.dataset.name = 'fashion_mnist'
+  with config.unlocked():
+    config.dataset.data_dir = str(tmp_path / 'nowhere')
+  with pytest.raises(FileNotFoundError, match='config.dataset.data_dir=.*nowhere does not exist'):
+    train.validate(config)

@@ -1,0 +1,1 @@
+"""Input: data sources, preprocessing ops and the sharded, resumable loader."""

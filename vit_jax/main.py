@@ -1,0 +1,54 @@
+r"""Entry point: ``python -m vit_jax.main --config=configs/quickstart.py --workdir=DIR``.
+
+Any config field can be overridden on the command line (``--config.batch_size=256``).
+On Cloud TPU and SLURM, ``jax.distributed`` finds the other processes by itself;
+elsewhere pass ``--coordinator_address``, ``--num_processes`` and ``--process_id``
+to every process.
+"""
+
+from __future__ import annotations
+
+import os
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file.',
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and logs.')
+_COORDINATOR = flags.DEFINE_string('coordinator_address', None,
+                                   'host:port of process 0, for multi-process runs.')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processes.')
+_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process\'s index.')
+_DISTRIBUTED = flags.DEFINE_bool(
+    'distributed', None, 'Call jax.distributed.initialize() (default: when the flags above '
+    'are given, or on a Cloud TPU VM / SLURM job).')
+flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def _auto_distributed() -> bool:
+  return bool(os.environ.get('SLURM_JOB_ID') or os.environ.get('TPU_WORKER_HOSTNAMES')
+              or os.environ.get('CLOUD_TPU_TASK_ID'))
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  import jax
+
+  explicit = _COORDINATOR.value is not None
+  distributed = _DISTRIBUTED.value if _DISTRIBUTED.value is not None else (
+      explicit or _auto_distributed())
+  if distributed:
+    jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  logging.info('Process %d of %d; %d local / %d global devices (%s).', jax.process_index(),
+               jax.process_count(), jax.local_device_count(), jax.device_count(),
+               jax.devices()[0].platform)
+
+  from vit_jax import train
+
+  train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,103 @@
+"""Optimizers, learning-rate schedules and losses of the paper's recipes (appendix B).
+
+Pre-training: Adam (0.9, 0.999) with decoupled weight decay on the kernels and
+global-norm clipping; fine-tuning: SGD with momentum 0.9. Linear warm-up, then
+linear or cosine decay. Weight decay is decoupled (AdamW) and, as in the paper's
+code, scaled by the learning rate: the paper's 0.03 at lr 1e-3 removes 3e-5 of
+each kernel per step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from vit_jax.checkpoint import flatten, unflatten
+
+_MU_DTYPES = {None: None, 'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+
+
+def resolve_steps(config: Any, num_train_examples: int) -> tuple[int, int]:
+  """(total_steps, warmup_steps) from ``total_steps`` or ``num_epochs`` (and warm-up alike)."""
+  steps_per_epoch = num_train_examples / config.batch_size
+  if config.get('total_steps'):
+    total = int(config.total_steps)
+  elif config.get('num_epochs'):
+    total = math.ceil(config.num_epochs * steps_per_epoch)
+  else:
+    raise ValueError('Set config.total_steps or config.num_epochs.')
+  schedule = config.schedule
+  if schedule.get('warmup_epochs'):
+    warmup = math.ceil(schedule.warmup_epochs * steps_per_epoch)
+  else:
+    warmup = int(schedule.get('warmup_steps', 0))
+  if warmup >= total:
+    raise ValueError(f'config.schedule: the warm-up ({warmup} steps) is not shorter than the '
+                     f'run ({total} steps). Shorten the warm-up or train longer.')
+  return total, warmup
+
+
+def make_schedule(schedule: Any, total_steps: int, warmup_steps: int) -> optax.Schedule:
+  """Linear warm-up from 0 to ``base_lr``, then 'linear', 'cosine' or 'constant' to the end."""
+  base_lr = float(schedule.base_lr)
+  end_lr = float(schedule.get('end_lr', 0.))
+  decay_steps = total_steps - warmup_steps
+  decay = schedule.get('decay', 'cosine')
+  if decay == 'linear':
+    after = optax.linear_schedule(base_lr, end_lr, decay_steps)
+  elif decay == 'cosine':
+    after = optax.cosine_decay_schedule(base_lr, decay_steps, alpha=end_lr / base_lr)
+  elif decay == 'constant':
+    after = optax.constant_schedule(base_lr)
+  else:
+    raise ValueError(f"config.schedule.decay={decay!r} is not 'linear', 'cosine' or 'constant'.")
+  if not warmup_steps:
+    return after
+  return optax.join_schedules([optax.linear_schedule(0., base_lr, warmup_steps), after],
+                              [warmup_steps])
+
+
+def kernel_mask(params: Any) -> Any:
+  """True for the weight matrices and convolution kernels (weight decay applies there)."""
+  flat = flatten(params)
+  return unflatten({k: k.endswith('/kernel') for k in flat})
+
+
+def make_optimizer(optimizer: Any, learning_rate: optax.Schedule) -> optax.GradientTransformation:
+  """Adam with decoupled weight decay, or SGD with momentum; clipping first."""
+  name = optimizer.get('name', 'adam')
+  clip = optimizer.get('grad_clip_norm')
+  chain = [optax.clip_by_global_norm(clip)] if clip else []
+  if name == 'adam':
+    mu_dtype = optimizer.get('mu_dtype')
+    if mu_dtype not in _MU_DTYPES:
+      raise ValueError(f'config.optimizer.mu_dtype={mu_dtype!r} is not one of '
+                       f'{list(_MU_DTYPES)}.')
+    chain.append(optax.scale_by_adam(optimizer.get('b1', 0.9), optimizer.get('b2', 0.999),
+                                     mu_dtype=_MU_DTYPES[mu_dtype]))
+    if optimizer.get('weight_decay'):
+      chain.append(optax.add_decayed_weights(optimizer.weight_decay, mask=kernel_mask))
+  elif name == 'sgd':
+    if optimizer.get('weight_decay'):
+      chain.append(optax.add_decayed_weights(optimizer.weight_decay, mask=kernel_mask))
+    chain.append(optax.trace(decay=optimizer.get('momentum', 0.9)))
+  else:
+    raise ValueError(f"config.optimizer.name={name!r} is not 'adam' or 'sgd'.")
+  chain.append(optax.scale_by_learning_rate(learning_rate))
+  return optax.chain(*chain)
+
+
+def loss_fn(name: str, logits: jax.Array, labels: jax.Array,
+            label_smoothing: float = 0.) -> jax.Array:
+  """Per-example loss. ``labels`` are one-hot (softmax) or multi-hot (sigmoid) floats."""
+  if label_smoothing:
+    labels = labels * (1. - label_smoothing) + label_smoothing / labels.shape[-1]
+  if name == 'softmax_xent':
+    return optax.softmax_cross_entropy(logits, labels)
+  if name == 'sigmoid_xent':
+    return optax.sigmoid_binary_cross_entropy(logits, labels).sum(-1)
+  raise ValueError(f"config.loss={name!r} is not 'softmax_xent' or 'sigmoid_xent'.")

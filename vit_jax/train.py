@@ -1,0 +1,363 @@
+"""Training: the state, the step, and the loop, from a config.
+
+Read top to bottom: ``TrainState`` is the whole state of a run; ``validate``
+checks a config before anything compiles; ``make_train_step`` builds the pure
+step (``jax.jit`` with explicit shardings, or an explicit ``shard_map``
+data-parallel step); ``train_and_evaluate`` runs it with evaluation, logging,
+Orbax checkpoints and exact resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from absl import logging
+from etils import epath
+from jax.sharding import PartitionSpec as P
+
+from vit_jax import checkpoint_manager, evaluate, optim, sharding
+from vit_jax.data import loader, preprocess, sources
+from vit_jax.models import canonical_name, get_model
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything a run needs to continue: with the step, the data position too."""
+
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  rng: jax.Array  # Base key; step s uses fold_in(rng, s), so nothing else to save.
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What a validated config resolves to."""
+
+  model: nn.Module
+  train_source: Any
+  eval_source: Any
+  num_classes: int
+  total_steps: int
+  warmup_steps: int
+  mesh: jax.sharding.Mesh
+
+
+# ---------------------------------------------------------------------------
+# Config validation: every error names the field, before anything compiles.
+
+
+def _model_options(config: ml_collections.ConfigDict) -> tuple[str, dict[str, Any]]:
+  options = dict(config.model)
+  if 'name' not in options:
+    raise ValueError('config.model.name is missing (e.g. "ti16", "b16").')
+  name = options.pop('name')
+  try:
+    canonical_name(name)
+  except ValueError as e:
+    raise ValueError(f'config.model.name: {e}') from None
+  return name, options
+
+
+def validate(config: ml_collections.ConfigDict) -> Plan:
+  """Checks a config and resolves it; raises ValueError naming the bad field."""
+  name, options = _model_options(config)
+  for field in ('dataset', 'batch_size', 'optimizer', 'schedule', 'loss'):
+    if field not in config:
+      raise ValueError(f'config.{field} is missing.')
+  if config.dataset.name not in sources.DATASETS:
+    raise ValueError(f'config.dataset.name={config.dataset.name!r} is not one of '
+                     f'{sources.DATASETS}.')
+  if config.dataset.get('data_dir') and not epath.Path(config.dataset.data_dir).exists():
+    raise FileNotFoundError(f'config.dataset.data_dir={config.dataset.data_dir} does not exist.')
+  if config.loss not in ('softmax_xent', 'sigmoid_xent'):
+    raise ValueError(f"config.loss={config.loss!r} is not 'softmax_xent' or 'sigmoid_xent'.")
+  for pp in ('pp_train', 'pp_eval'):
+    preprocess.parse(config.dataset[pp])
+
+  mesh = sharding.make_mesh(config.get('mesh'))
+  devices, accum = mesh.size, int(config.get('grad_accum_steps', 1))
+  for field in ('batch_size', 'eval_batch_size'):
+    size = int(config.get(field, config.batch_size))
+    if size % devices:
+      raise ValueError(f'config.{field}={size} is not divisible by the {devices} devices. '
+                       f'Use a multiple of {devices}.')
+  if (config.batch_size // devices) % accum:
+    raise ValueError(f'config.grad_accum_steps={accum} does not divide the per-device batch '
+                     f'{config.batch_size // devices}.')
+  if config.get('step_impl', 'jit') not in ('jit', 'shard_map'):
+    raise ValueError(f"config.step_impl={config.step_impl!r} is not 'jit' or 'shard_map'.")
+  if config.get('step_impl') == 'shard_map' and mesh.shape['fsdp'] != 1:
+    raise ValueError('config.step_impl="shard_map" replicates the parameters: it needs '
+                     'config.mesh.fsdp=1.')
+
+  train_source = sources.get_source(config.dataset, config.dataset.get('train_split', 'train'))
+  eval_source = sources.get_source(config.dataset, config.dataset.get('eval_split', 'test'))
+  num_classes = int(config.dataset.get('num_classes') or train_source.num_classes)
+  try:
+    model = get_model(name, num_classes=num_classes, **options)
+  except ValueError as e:
+    raise ValueError(f'config.model: {e}') from None
+  total, warmup = optim.resolve_steps(config, len(train_source))
+  return Plan(model, train_source, eval_source, num_classes, total, warmup, mesh)
+
+
+# ---------------------------------------------------------------------------
+# State and step.
+
+
+def create_train_state(model: nn.Module, tx: optax.GradientTransformation, seed: int,
+                       mesh: jax.sharding.Mesh) -> tuple[TrainState, Any]:
+  """Initialises the state directly in its shardings (never gathered on one host)."""
+  images = jnp.zeros((1, *model.image_size, 3), jnp.float32)
+
+  def init(rng: jax.Array) -> TrainState:
+    init_rng, state_rng = jax.random.split(rng)
+    params = model.init({'params': init_rng}, images, train=False)['params']
+    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), state_rng)
+
+  rng = jax.random.PRNGKey(seed)
+  shardings = sharding.shardings_for(jax.eval_shape(init, rng), mesh)
+  return jax.jit(init, out_shardings=shardings)(rng), shardings
+
+
+def loss_and_grads(model: nn.Module, config: ml_collections.ConfigDict, params: Any,
+                   batch: dict[str, jax.Array], rng: jax.Array,
+                   constrain: Callable = lambda x: x) -> tuple[jax.Array, Any]:
+  """Mean loss and its gradients, over ``grad_accum_steps`` micro-batches in sequence."""
+  smoothing = config.get('label_smoothing', 0.)
+
+  def mean_loss(p: Any, images: jax.Array, labels: jax.Array, key: jax.Array) -> jax.Array:
+    logits = model.apply({'params': p}, images, train=True, rngs={'dropout': key})
+    return optim.loss_fn(config.loss, logits, labels, smoothing).mean()
+
+  grad_fn = jax.value_and_grad(mean_loss)
+  k = int(config.get('grad_accum_steps', 1))
+  if k == 1:
+    return grad_fn(params, batch['image'], batch['label'], rng)
+  # Micro-batch i takes rows i, i + k, ...: every device keeps its rows.
+  micro = jax.tree.map(
+      lambda x: constrain(x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)), batch)
+
+  def accumulate(carry: Any, xs: Any) -> tuple[Any, None]:
+    i, mb = xs
+    loss, grads = grad_fn(params, mb['image'], mb['label'], jax.random.fold_in(rng, i))
+    return jax.tree.map(jnp.add, carry, (loss, grads)), None
+
+  zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+  (loss, grads), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(k), micro))
+  return loss / k, jax.tree.map(lambda g: g / k, grads)
+
+
+def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
+                    schedule: optax.Schedule, config: ml_collections.ConfigDict,
+                    mesh: jax.sharding.Mesh, state_shardings: Any) -> Callable:
+  """The jitted (state, batch) -> (state, metrics) step; the input state is donated."""
+
+  def apply_grads(state: TrainState, loss: jax.Array, grads: Any) -> tuple[TrainState, Any]:
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {'loss': loss, 'grad_norm': optax.tree.norm(grads),
+               'learning_rate': schedule(state.step)}
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  batch_sharding = sharding.batch_sharding(mesh)
+  replicated = sharding.replicated(mesh)
+
+  if config.get('step_impl', 'jit') == 'jit':
+    micro_sharding = jax.sharding.NamedSharding(mesh, P(None, sharding.BATCH_AXES))
+
+    def step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, Any]:
+      rng = jax.random.fold_in(state.rng, state.step)
+      loss, grads = loss_and_grads(
+          model, config, state.params, batch, rng,
+          lambda x: jax.lax.with_sharding_constraint(x, micro_sharding))
+      return apply_grads(state, loss, grads)
+  else:
+    def per_device(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, Any]:
+      # Each device: its own slice of the batch (and dropout key), then the mean
+      # of the gradients over all devices.
+      device = jax.lax.axis_index(sharding.BATCH_AXES)
+      rng = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), device)
+      loss, grads = loss_and_grads(model, config, state.params, batch, rng)
+      loss, grads = jax.lax.pmean((loss, grads), sharding.BATCH_AXES)
+      return apply_grads(state, loss, grads)
+
+    step = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(sharding.BATCH_AXES)),
+                         out_specs=(P(), P()), check_vma=False)
+
+  return jax.jit(step, in_shardings=(state_shardings, batch_sharding),
+                 out_shardings=(state_shardings, replicated), donate_argnums=0)
+
+
+# ---------------------------------------------------------------------------
+# The loop.
+
+
+class _MetricsLog:
+  """TensorBoard (clu) and a JSON-lines file in the workdir; process 0 only."""
+
+  def __init__(self, workdir: str):
+    from clu import metric_writers
+
+    self.main = jax.process_index() == 0
+    self.writer = metric_writers.create_default_writer(workdir, just_logging=not self.main)
+    self.jsonl = epath.Path(workdir) / 'metrics.jsonl'
+
+  def write(self, step: int, scalars: dict[str, float]) -> None:
+    self.writer.write_scalars(step, scalars)
+    if self.main:
+      with self.jsonl.open('a') as f:
+        f.write(json.dumps({'step': step, **{k: float(v) for k, v in scalars.items()}}) + '\n')
+
+  def close(self) -> None:
+    self.writer.close()
+
+
+class _Preemption:
+  """SIGTERM (a preempted TPU VM) asks the loop to save and stop at the next step."""
+
+  def __init__(self):
+    self.requested = False
+    if jax.process_count() == 1:  # Multi-process: jax.distributed's own notifier.
+      self.previous = signal.signal(signal.SIGTERM, self._handle)
+
+  def _handle(self, signum: int, frame: Any) -> None:
+    logging.warning('SIGTERM: saving a checkpoint at the next step, then exiting.')
+    self.requested = True
+
+  def close(self) -> None:
+    if jax.process_count() == 1:
+      signal.signal(signal.SIGTERM, self.previous)
+
+  def reached(self, manager: Any, step: int) -> bool:
+    return self.requested or (jax.process_count() > 1 and manager.reached_preemption(step))
+
+
+def _check_finite(pending: list[tuple[int, Any]], manager: Any) -> None:
+  for step, metrics in pending:
+    loss = float(jax.device_get(metrics['loss']))
+    if not math.isfinite(loss):
+      latest = manager.latest_step()
+      raise FloatingPointError(
+          f'Non-finite loss ({loss}) at step {step}. The run stopped; the last good '
+          f'checkpoint is step {latest}. Lower the learning rate or check the input.')
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Trains (resuming from ``workdir`` if it holds a checkpoint) and evaluates."""
+  plan = validate(config)
+  model, mesh, total_steps = plan.model, plan.mesh, plan.total_steps
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+  metric_name = 'prec@1' if config.loss == 'sigmoid_xent' else 'accuracy'
+
+  schedule = optim.make_schedule(config.schedule, total_steps, plan.warmup_steps)
+  tx = optim.make_optimizer(config.optimizer, schedule)
+  state, state_shardings = create_train_state(model, tx, config.get('seed', 0), mesh)
+
+  checkpoint_every = config.get('checkpoint_every_steps', 1000)
+  manager = checkpoint_manager.make_manager(workdir, every_steps=checkpoint_every,
+                                            keep=config.get('keep_checkpoints', 3))
+  if manager.latest_step() is not None:
+    abstract = checkpoint_manager.abstract_like(state, state_shardings)
+    state = checkpoint_manager.restore(manager, abstract)
+    logging.info('Resumed from %s at step %d.', manager.directory, int(state.step))
+  start_step = int(jax.device_get(state.step))
+
+  log = _MetricsLog(workdir)
+  if start_step == 0 and log.main:
+    from clu import parameter_overview
+    logging.info('Parameters of %s:\n%s', model.model_name,
+                 parameter_overview.get_parameter_overview(state.params))
+    log.writer.write_hparams({k: str(v) for k, v in config.items()})
+
+  train_step = make_train_step(model, tx, schedule, config, mesh, state_shardings)
+  eval_step = evaluate.make_eval_step(model, config.loss, state_shardings.params,
+                                      sharding.batch_sharding(mesh), sharding.replicated(mesh))
+  pp_train = preprocess.parse(config.dataset.pp_train)
+  pp_eval = preprocess.parse(config.dataset.pp_eval)
+  train_loader = loader.TrainLoader(
+      plan.train_source, pp_train, global_batch_size=config.batch_size,
+      seed=config.get('seed', 0), sharding=sharding.batch_sharding(mesh),
+      num_classes=plan.num_classes, num_workers=config.get('input_workers', 4))
+
+  def run_eval(step: int) -> dict[str, float]:
+    batches = loader.eval_batches(
+        plan.eval_source, pp_eval, global_batch_size=config.get('eval_batch_size', 256),
+        sharding=sharding.batch_sharding(mesh), num_classes=plan.num_classes)
+    result = evaluate.evaluate(eval_step, state.params, batches, metric_name)
+    log.write(step, {f'eval/{k}': v for k, v in result.items()})
+    logging.info('eval at step %d: %s %.4f, loss %.4f (%d examples)', step, metric_name,
+                 result[metric_name], result['loss'], result['examples'])
+    return result
+
+  preemption = _Preemption()
+  log_every = config.get('log_every_steps', 50)
+  eval_every = config.get('eval_every_steps', 0)
+  profile = tuple(config.get('profile_steps', ()) or ())
+  pending: list[tuple[int, Any]] = []
+  result: dict[str, float] = {}
+  timer_step, timer = start_step, time.perf_counter()
+  batches = train_loader.iterate(start_step)
+  try:
+    for step in range(start_step + 1, total_steps + 1):
+      if profile and step == profile[0]:
+        jax.profiler.start_trace(str(epath.Path(workdir) / 'profile'))
+      _, batch = next(batches)
+      state, metrics = train_step(state, batch)
+      pending.append((step, metrics))
+      if profile and step == profile[1]:
+        jax.profiler.stop_trace()
+
+      if step % log_every == 0 or step == total_steps:
+        _check_finite(pending, manager)
+        scalars = {f'train/{k}': float(v) for k, v in jax.device_get(metrics).items()}
+        elapsed = time.perf_counter() - timer
+        images_per_s = (step - timer_step) * config.batch_size / elapsed
+        scalars.update({'train/images_per_s': images_per_s,
+                        'train/images_per_s_per_device': images_per_s / mesh.size})
+        log.write(step, scalars)
+        eta = (total_steps - step) * elapsed / max(step - timer_step, 1)
+        logging.info('step %d/%d  loss %.4f  lr %.2e  %.1f img/s (%.1f/device)  ETA %s',
+                     step, total_steps, scalars['train/loss'], scalars['train/learning_rate'],
+                     images_per_s, images_per_s / mesh.size, _duration(eta))
+        pending, timer_step, timer = [], step, time.perf_counter()
+
+      if preemption.reached(manager, step):
+        _check_finite(pending, manager)
+        checkpoint_manager.save(manager, step, state, force=True)
+        manager.wait_until_finished()
+        logging.warning('Preempted: saved step %d; restart with the same workdir to resume.',
+                        step)
+        return result
+      if step % checkpoint_every == 0 or step == total_steps:
+        _check_finite(pending, manager)
+        pending = []
+        checkpoint_manager.save(manager, step, state, force=True)
+      if (eval_every and step % eval_every == 0) or step == total_steps:
+        result = run_eval(step)
+  finally:
+    preemption.close()
+    batches.close()
+    manager.wait_until_finished()
+    manager.close()
+    log.close()
+  return result
+
+
+def _duration(seconds: float) -> str:
+  seconds = int(seconds)
+  return f'{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s'
+
