@@ -30,6 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.grad_accum_steps = 1
   config.step_impl = 'jit'
   config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
+  config.init_from = ''  # A release .npz to fine-tune from.
   config.seed = 0
   config.log_every_steps = 100
   config.eval_every_steps = 500

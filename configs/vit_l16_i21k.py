@@ -26,12 +26,16 @@ def get_config() -> ml_collections.ConfigDict:
       remat_policy='none',
   ))
 
+  # ImageNet-21k has no TFDS builder: it is read from this project's local sharded
+  # format (the input-pipeline milestone), converted from the release's tar files.
   config.dataset = ml_collections.ConfigDict(dict(
       name='imagenet21k',
       num_classes=21843,
-      multi_label=True,
-      train_split='full[:12400000]',
-      eval_split='full[12400000:]',
+      data_dir='',
+      train_split='train',
+      eval_split='validation',
+      pp_train='to_rgb|inception_crop(224)|flip_lr|value_range(-1, 1)',
+      pp_eval='to_rgb|resize_small(256)|central_crop(224)|value_range(-1, 1)',
   ))
 
   config.loss = 'sigmoid_xent'
@@ -44,11 +48,23 @@ def get_config() -> ml_collections.ConfigDict:
       b2=0.999,
       weight_decay=0.03,
       grad_clip_norm=1.0,
+      mu_dtype='bfloat16',
   ))
   config.schedule = ml_collections.ConfigDict(dict(
       base_lr=1e-3,
       warmup_steps=10_000,
       decay='linear',
   ))
+  config.label_smoothing = 0.0
+  config.eval_batch_size = 4096
+  config.grad_accum_steps = 1
+  config.step_impl = 'jit'
+  config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
+  config.init_from = ''
   config.seed = 0
+  config.log_every_steps = 100
+  config.eval_every_steps = 10_000
+  config.checkpoint_every_steps = 2000
+  config.keep_checkpoints = 3
+  config.input_workers = 32
   return config

@@ -45,3 +45,31 @@ def test_l16_i21k_is_the_paper_recipe():
   # 21,843-class head instead of the 1000-class one.
   expected = 304_326_632 + 1024 * 1024 + 1024 + (1024 + 1) * (21843 - 1000)
   assert sum(math.prod(x.shape) for x in jax.tree.leaves(params)) == expected
+
+
+@pytest.mark.parametrize('dataset', ['imagenet2012', 'cifar10', 'cifar100', 'oxford_iiit_pet',
+                                     'oxford_flowers102'])
+def test_recipes_pass_validation_up_to_their_data(dataset, tmp_path):
+  from vit_jax import train
+
+  root = pathlib.Path(__file__).resolve().parents[1] / 'configs'
+  spec = importlib.util.spec_from_file_location('finetune', root / 'vit_b16_finetune.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  for config in (module.get_config(dataset), load(root / 'vit_b16_i1k.py')):
+    config.init_from = ''
+    config.dataset.data_dir = str(tmp_path)
+    # Everything else checks out (model, batch sizes on 8 devices, ops, schedule):
+    # only the dataset itself is missing here.
+    with pytest.raises(FileNotFoundError, match='is not prepared in'):
+      train.validate(config)
+
+
+def test_fashion_mnist_config_validates(shared_data, monkeypatch):
+  from vit_jax import train
+
+  root = pathlib.Path(__file__).resolve().parents[1]
+  monkeypatch.chdir(root)
+  plan = train.validate(load(root / 'configs' / 'fashion_mnist.py'))
+  assert (len(plan.train_source), len(plan.eval_source)) == (60_000, 10_000)
+  assert plan.total_steps == 2344  # 10 epochs of 60,000 at batch 256.

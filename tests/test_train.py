@@ -113,7 +113,8 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_good_checkpoints(tmp_path
 @pytest.mark.parametrize('overrides, message', [
     ({'model.name': 'vit_giant'}, r"config.model.name: Unknown model 'vit_giant'"),
     ({'model.hidden': 3}, r"config.model: Unknown model option\(s\) \['hidden'\]"),
-    ({'dataset.name': 'imagenet9'}, r"config.dataset.name='imagenet9' is not one of"),
+    ({'dataset.name': 'imagenet9'}, r"config.dataset \('imagenet9'\): Unknown dataset 'imagenet9': "
+                                    r"not one of the bundled datasets .* not in the TFDS catalog"),
     ({'batch_size': 60}, r'config.batch_size=60 is not divisible by the 8 devices'),
     ({'eval_batch_size': 12}, r'config.eval_batch_size=12 is not divisible by the 8 devices'),
     ({'grad_accum_steps': 3}, r'config.grad_accum_steps=3 does not divide'),
@@ -141,4 +142,31 @@ def test_missing_data_path_is_named(tmp_path):
   with config.unlocked():
     config.dataset.data_dir = str(tmp_path / 'nowhere')
   with pytest.raises(FileNotFoundError, match='config.dataset.data_dir=.*nowhere does not exist'):
+    train.validate(config)
+
+
+def test_fine_tune_starts_from_a_release_file(tmp_path):
+  from vit_jax import checkpoint
+
+  # A "pre-trained" 16 px model with 7 classes and a pre-logits layer...
+  source = get_model(num_classes=7, **{**TINY_MODEL, 'representation_size': 32})
+  source_params = source.init(jax.random.key(3), np.zeros((1, 16, 16, 3)))['params']
+  checkpoint.save_npz(tmp_path / 'pretrained.npz', source_params)
+  # ... fine-tuned at 24 px on 10 classes, with a zero learning rate so that the
+  # final parameters are exactly the adapted ones.
+  config = tiny_config(**{'init_from': str(tmp_path / 'pretrained.npz'), 'model.image_size': 24,
+                          'dataset.pp_train': 'to_rgb|resize(24)|value_range(-1, 1)',
+                          'dataset.pp_eval': 'to_rgb|resize(24)|value_range(-1, 1)',
+                          'schedule.base_lr': 0.0, 'total_steps': 6, 'optimizer.name': 'sgd'})
+  train.train_and_evaluate(config, str(tmp_path / 'run'))
+  model = get_model(num_classes=10, **{**TINY_MODEL, 'image_size': 24})
+  expected = checkpoint.load_pretrained(tmp_path / 'pretrained.npz', model.init(
+      jax.random.key(0), np.zeros((1, 24, 24, 3)))['params'], model)
+  final = jax.device_get(restore_state(tmp_path / 'run', config).params)
+  chex.assert_trees_all_equal(final, expected)
+  chex.assert_shape(final['Transformer']['posembed_input']['pos_embedding'], (1, 36, 32))
+  assert 'pre_logits' not in final
+
+  config.init_from = str(tmp_path / 'missing.npz')
+  with pytest.raises(FileNotFoundError, match='config.init_from=.*missing.npz is not a file'):
     train.validate(config)

@@ -138,7 +138,8 @@ def load_npz(path: str | os.PathLike) -> Params:
   return unflatten(_canonicalise(flat, path))
 
 
-def _to_host(x: Any) -> np.ndarray:
+def to_host(x: Any) -> np.ndarray:
+  """A (possibly sharded, multi-host) array as one float32 numpy array on every host."""
   if isinstance(x, jax.Array) and not x.is_fully_addressable:
     from jax.experimental import multihost_utils
     x = multihost_utils.process_allgather(x, tiled=True)
@@ -151,7 +152,7 @@ def save_npz(path: str | os.PathLike, params: Mapping[str, Any]) -> None:
   The file appears atomically: it is written beside the target, then renamed.
   """
   path = epath.Path(path)
-  flat = {k: _to_host(v) for k, v in flatten(to_release(params)).items()}
+  flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.parent / f'.{path.name}.tmp-{os.getpid()}'
   with tmp.open('wb') as f:

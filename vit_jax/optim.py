@@ -50,7 +50,8 @@ def make_schedule(schedule: Any, total_steps: int, warmup_steps: int) -> optax.S
   if decay == 'linear':
     after = optax.linear_schedule(base_lr, end_lr, decay_steps)
   elif decay == 'cosine':
-    after = optax.cosine_decay_schedule(base_lr, decay_steps, alpha=end_lr / base_lr)
+    after = optax.cosine_decay_schedule(base_lr, decay_steps,
+                                        alpha=end_lr / base_lr if base_lr else 0.)
   elif decay == 'constant':
     after = optax.constant_schedule(base_lr)
   else:

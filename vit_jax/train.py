@@ -27,7 +27,7 @@ from absl import logging
 from etils import epath
 from jax.sharding import PartitionSpec as P
 
-from vit_jax import checkpoint_manager, evaluate, optim, sharding
+from vit_jax import checkpoint, checkpoint_manager, evaluate, optim, sharding
 from vit_jax.data import loader, preprocess, sources
 from vit_jax.models import canonical_name, get_model
 
@@ -77,11 +77,13 @@ def validate(config: ml_collections.ConfigDict) -> Plan:
   for field in ('dataset', 'batch_size', 'optimizer', 'schedule', 'loss'):
     if field not in config:
       raise ValueError(f'config.{field} is missing.')
-  if config.dataset.name not in sources.DATASETS:
-    raise ValueError(f'config.dataset.name={config.dataset.name!r} is not one of '
-                     f'{sources.DATASETS}.')
-  if config.dataset.get('data_dir') and not epath.Path(config.dataset.data_dir).exists():
+  data_dir = config.dataset.get('data_dir')
+  if data_dir and not config.dataset.get('prepare') and not epath.Path(data_dir).exists():
     raise FileNotFoundError(f'config.dataset.data_dir={config.dataset.data_dir} does not exist.')
+  init_from = config.get('init_from')
+  if init_from and not epath.Path(init_from).is_file():
+    raise FileNotFoundError(f'config.init_from={init_from} is not a file: it names the release '
+                            '.npz checkpoint to fine-tune from.')
   if config.loss not in ('softmax_xent', 'sigmoid_xent'):
     raise ValueError(f"config.loss={config.loss!r} is not 'softmax_xent' or 'sigmoid_xent'.")
   for pp in ('pp_train', 'pp_eval'):
@@ -103,8 +105,11 @@ def validate(config: ml_collections.ConfigDict) -> Plan:
     raise ValueError('config.step_impl="shard_map" replicates the parameters: it needs '
                      'config.mesh.fsdp=1.')
 
-  train_source = sources.get_source(config.dataset, config.dataset.get('train_split', 'train'))
-  eval_source = sources.get_source(config.dataset, config.dataset.get('eval_split', 'test'))
+  try:
+    train_source = sources.get_source(config.dataset, config.dataset.get('train_split', 'train'))
+    eval_source = sources.get_source(config.dataset, config.dataset.get('eval_split', 'test'))
+  except ValueError as e:
+    raise ValueError(f'config.dataset ({config.dataset.name!r}): {e}') from None
   num_classes = int(config.dataset.get('num_classes') or train_source.num_classes)
   try:
     model = get_model(name, num_classes=num_classes, **options)
@@ -270,6 +275,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   checkpoint_every = config.get('checkpoint_every_steps', 1000)
   manager = checkpoint_manager.make_manager(workdir, every_steps=checkpoint_every,
                                             keep=config.get('keep_checkpoints', 3))
+  if manager.latest_step() is None and config.get('init_from'):
+    # Fine-tuning: the parameters of a release file, adapted to this model; a fresh
+    # optimizer state and step.
+    init_params = jax.tree.map(checkpoint.to_host, state.params)
+    params = checkpoint.load_pretrained(config.init_from, init_params, model)
+    state = state.replace(params=jax.device_put(params, state_shardings.params))
+    logging.info('Initialised from %s.', config.init_from)
   if manager.latest_step() is not None:
     abstract = checkpoint_manager.abstract_like(state, state_shardings)
     state = checkpoint_manager.restore(manager, abstract)

@@ -42,6 +42,17 @@ def _share(global_batch_size: int) -> tuple[int, int]:
   return index * size, size
 
 
+def _load(source: Any, preprocess: Callable, index: int,
+          rng: np.random.Generator) -> tuple[np.ndarray, Any]:
+  example = source[int(index)]
+  return preprocess(np.asarray(example['image']), rng), example['label']
+
+
+def _assemble(examples: list[tuple[np.ndarray, Any]], num_classes: int) -> Batch:
+  images, labels = zip(*examples, strict=True)
+  return {'image': np.stack(images), 'label': _labels(np.stack(labels), num_classes)}
+
+
 def to_global(local: Batch, sharding: jax.sharding.Sharding, global_batch_size: int) -> Batch:
   """Joins every process's rows into global arrays sharded over the batch axes."""
   return {k: jax.make_array_from_process_local_data(
@@ -75,14 +86,11 @@ class TrainLoader:
 
   def local_batch(self, step: int) -> Batch:
     """This process's rows of batch ``step``, preprocessed, as numpy arrays."""
-    mine = self.indices(step)[self.offset:self.offset + self.local_size]
-    examples = self.source[np.sort(mine)]
-    order = np.argsort(np.argsort(mine))  # Read sorted (faster on disk), keep the order.
-    images = [self.preprocess(examples['image'][o],
-                              np.random.default_rng([self.seed, step, self.offset + j]))
-              for j, o in enumerate(order)]
-    return {'image': np.stack(images),
-            'label': _labels(examples['label'][order], self.num_classes)}
+    rows = range(self.offset, self.offset + self.local_size)
+    indices = self.indices(step)
+    return _assemble([_load(self.source, self.preprocess, indices[j],
+                            np.random.default_rng([self.seed, step, j])) for j in rows],
+                     self.num_classes)
 
   def iterate(self, start_step: int = 0) -> Iterator[tuple[int, Batch]]:
     """(step, global batch) from ``start_step`` on, assembled ``prefetch`` steps ahead."""
@@ -105,9 +113,7 @@ def eval_batches(source: Any, preprocess: Callable, *, global_batch_size: int,
   for b in range(math.ceil(n / global_batch_size)):
     rows = np.arange(b * global_batch_size + offset, b * global_batch_size + offset + size)
     mask = rows < n
-    examples = source[np.where(mask, rows, 0)]
-    images = np.stack([preprocess(image, np.random.default_rng(0))
-                       for image in examples['image']])
-    local = {'image': images, 'label': _labels(examples['label'], num_classes),
-             'mask': mask.astype(np.float32)}
+    local = _assemble([_load(source, preprocess, i, np.random.default_rng(0))
+                       for i in np.where(mask, rows, 0)], num_classes)
+    local['mask'] = mask.astype(np.float32)
     yield to_global(local, sharding, global_batch_size)

@@ -25,12 +25,54 @@ def to_rgb() -> Op:
 def resize(size: int | tuple[int, int]) -> Op:
   """Bilinear resize to (size, size) or (height, width)."""
   h, w = (size, size) if isinstance(size, int) else size
+  return lambda image, rng: _resize_to(image, h, w)
 
+
+def _resize_to(image: np.ndarray, h: int, w: int) -> np.ndarray:
+  grey = image.shape[-1] == 1
+  out = np.asarray(Image.fromarray(image[..., 0] if grey else image).resize((w, h),
+                                                                            Image.BILINEAR))
+  return out[..., None] if grey else out
+
+
+def resize_small(size: int) -> Op:
+  """Resizes so that the shorter side is ``size``, keeping the aspect ratio."""
   def op(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    grey = image.shape[-1] == 1
-    pil = Image.fromarray(image[..., 0] if grey else image)
-    out = np.asarray(pil.resize((w, h), Image.BILINEAR))
-    return out[..., None] if grey else out
+    h, w = image.shape[:2]
+    scale = size / min(h, w)
+    return _resize_to(image, max(size, round(h * scale)), max(size, round(w * scale)))
+  return op
+
+
+def central_crop(size: int) -> Op:
+  """The central ``size`` x ``size`` crop."""
+  def op(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    h, w = image.shape[:2]
+    if h < size or w < size:
+      raise ValueError(f'central_crop({size}) of a {h}x{w} image: resize it first.')
+    top, left = (h - size) // 2, (w - size) // 2
+    return image[top:top + size, left:left + size]
+  return op
+
+
+def inception_crop(size: int, area_min: float = 0.05, area_max: float = 1.0) -> Op:
+  """Random crop of ``area_min``-``area_max`` of the area and aspect 3/4-4/3, resized.
+
+  The "Inception" crop of the paper's training pipelines (area 5%-100% in the
+  releases); after 10 failed draws it takes the central square.
+  """
+  def op(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    h, w = image.shape[:2]
+    for _ in range(10):
+      area = h * w * rng.uniform(area_min, area_max)
+      aspect = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3)))
+      ch, cw = round(np.sqrt(area / aspect)), round(np.sqrt(area * aspect))
+      if 0 < ch <= h and 0 < cw <= w:
+        top, left = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
+        return _resize_to(image[top:top + ch, left:left + cw], size, size)
+    side = min(h, w)
+    top, left = (h - side) // 2, (w - side) // 2
+    return _resize_to(image[top:top + side, left:left + side], size, size)
   return op
 
 
@@ -55,8 +97,9 @@ def value_range(lo: float = -1., hi: float = 1.) -> Op:
 
 
 OPS: dict[str, Callable[..., Op]] = {
-    'to_rgb': to_rgb, 'resize': resize, 'pad_crop': pad_crop, 'flip_lr': flip_lr,
-    'value_range': value_range,
+    'to_rgb': to_rgb, 'resize': resize, 'resize_small': resize_small,
+    'central_crop': central_crop, 'inception_crop': inception_crop, 'pad_crop': pad_crop,
+    'flip_lr': flip_lr, 'value_range': value_range,
 }
 _CALL = re.compile(r'^\s*(\w+)\s*(?:\((.*)\))?\s*$')
 

@@ -1,8 +1,8 @@
-"""Random-access data sources: ``len(source)`` and ``source[indices]``.
+"""Random-access data sources: ``len(source)`` and ``source[i]`` -> {'image', 'label'}.
 
-In-memory sources for small real datasets: scikit-learn's bundled 8x8 digits
-(no download, so the quickstart runs offline) and IDX files (MNIST,
-Fashion-MNIST).
+In-memory sources for small real datasets (scikit-learn's bundled 8x8 digits,
+so the quickstart runs offline; IDX files of MNIST and Fashion-MNIST) and any
+prepared TFDS image-classification dataset.
 """
 
 from __future__ import annotations
@@ -87,17 +87,64 @@ def idx_dataset(directory: str | pathlib.Path, split: str,
   return ArraySource(images, labels, 10, class_names)
 
 
-DATASETS = ('digits', 'mnist', 'fashion_mnist')
+class TFDSSource:
+  """A prepared TFDS image-classification dataset, read with random access.
+
+  TFDS's ``as_data_source`` reads ArrayRecord files directly (no TensorFlow at
+  read time). ``source[i]`` is ``{'image': HWC uint8, 'label': int}``.
+  """
+
+  def __init__(self, name: str, split: str, data_dir: str | None = None,
+               manual_dir: str | None = None, prepare: bool = False):
+    import tensorflow_datasets as tfds
+
+    try:
+      builder = tfds.builder(name, data_dir=data_dir)
+    except tfds.core.DatasetNotFoundError:
+      raise ValueError(f'Unknown dataset {name!r}: not one of the bundled datasets '
+                       f'{IN_MEMORY} and not in the TFDS catalog.') from None
+    if not builder.is_prepared():
+      if not prepare:
+        raise FileNotFoundError(
+            f'TFDS dataset {name!r} is not prepared in {builder.data_dir}. Prepare it once '
+            f'with config.dataset.prepare=True (and config.dataset.manual_dir for datasets '
+            f'such as imagenet2012 that need downloaded files), or point '
+            f'config.dataset.data_dir at a prepared copy.')
+      config = tfds.download.DownloadConfig(manual_dir=manual_dir)
+      builder.download_and_prepare(download_config=config, file_format='array_record')
+    try:
+      self._source = builder.as_data_source(split=split)
+    except (ValueError, NotImplementedError) as e:
+      raise ValueError(f'TFDS dataset {name!r} ({builder.data_dir}) cannot be read with '
+                       f'random access: prepare it with file_format="array_record" ({e}).') from e
+    label = builder.info.features['label']
+    self.num_classes = label.num_classes
+    self.class_names = tuple(label.names)
+    self.multi_label = False
+
+  def __len__(self) -> int:
+    return len(self._source)
+
+  def __getitem__(self, index: int) -> dict[str, Any]:
+    example = self._source[int(index)]
+    return {'image': example['image'], 'label': example['label']}
 
 
-def get_source(dataset: Any, split: str) -> ArraySource:
-  """The source of ``split`` for ``config.dataset`` (``name`` and, for files, ``data_dir``)."""
+IN_MEMORY = ('digits', 'mnist', 'fashion_mnist')
+
+
+def get_source(dataset: Any, split: str) -> ArraySource | TFDSSource:
+  """The source of ``split`` for ``config.dataset``.
+
+  ``dataset.name`` is one of the bundled in-memory datasets (``digits``; ``mnist``
+  and ``fashion_mnist`` from IDX files in ``data_dir``) or any TFDS name
+  (``imagenet2012``, ``cifar10``, ...; ``data_dir``, ``manual_dir``, ``prepare``).
+  """
   name = dataset.name
   if name == 'digits':
     return digits(split)
-  if name in ('mnist', 'fashion_mnist'):
-    if not dataset.get('data_dir'):
-      raise ValueError(f'config.dataset.data_dir must point to the {name} IDX files.')
+  if name in ('mnist', 'fashion_mnist') and dataset.get('data_dir') and not dataset.get('tfds'):
     names = FASHION_MNIST_CLASSES if name == 'fashion_mnist' else ()
     return idx_dataset(dataset.data_dir, split, names)
-  raise ValueError(f'Unknown dataset {name!r} (config.dataset.name). Known: {DATASETS}.')
+  return TFDSSource(name, split, dataset.get('data_dir'), dataset.get('manual_dir'),
+                    bool(dataset.get('prepare', False)))
