@@ -111,6 +111,9 @@ def validate(config: ml_collections.ConfigDict) -> Plan:
   except ValueError as e:
     raise ValueError(f'config.dataset ({config.dataset.name!r}): {e}') from None
   num_classes = int(config.dataset.get('num_classes') or train_source.num_classes)
+  if num_classes != train_source.num_classes:
+    raise ValueError(f'config.dataset.num_classes={num_classes}, but the data has '
+                     f'{train_source.num_classes} classes.')
   try:
     model = get_model(name, num_classes=num_classes, **options)
   except ValueError as e:

@@ -1,8 +1,9 @@
 """The loader: global shuffling, per-process shares, global sharded batches.
 
 Training batches are a pure function of (seed, step): epoch ``e`` visits the
-examples in a permutation seeded by (seed, e), batch ``k`` is the k-th slice of
-it, and example ``j`` of a batch is augmented with a generator seeded by
+examples in a permutation keyed by (seed, e), computed index by index (a Feistel
+network, so nothing proportional to the dataset is held), batch ``k`` is the k-th
+slice of it, and example ``j`` of a batch is augmented with a generator seeded by
 (seed, k, j). So the loader's whole state is the step: a run resumed at step k
 sees exactly the batches an uninterrupted run would have, and 1 process x 8
 devices sees the same global batches as 2 processes x 4 devices. Each process
@@ -13,7 +14,6 @@ reads only its share of every batch; the shares are joined into one global
 from __future__ import annotations
 
 import collections
-import functools
 import math
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -32,9 +32,39 @@ def _labels(labels: np.ndarray, num_classes: int) -> np.ndarray:
   return np.eye(num_classes, dtype=np.float32)[labels]
 
 
-def _share(global_batch_size: int) -> tuple[int, int]:
-  """(offset, size) of this process's rows in a global batch."""
-  count, index = jax.process_count(), jax.process_index()
+def permute(indices: np.ndarray, n: int, key: tuple[int, ...]) -> np.ndarray:
+  """A keyed pseudo-random permutation of range(n), evaluated at ``indices``.
+
+  A 4-round Feistel network on the smallest even number of bits that covers n,
+  with cycle walking for values >= n: O(1) memory whatever n is.
+  """
+  bits = max(2, int(n - 1).bit_length())
+  bits += bits % 2
+  half, mask = bits // 2, np.uint64((1 << (bits // 2)) - 1)
+  round_keys = np.random.default_rng(list(key)).integers(0, 2**63, 4, dtype=np.uint64)
+
+  def feistel(x: np.ndarray) -> np.ndarray:
+    left, right = x >> np.uint64(half), x & mask
+    for k in round_keys:  # splitmix64-style mixing as the round function.
+      f = (right ^ k) * np.uint64(0x9E3779B97F4A7C15)
+      f ^= f >> np.uint64(31)
+      f *= np.uint64(0xBF58476D1CE4E5B9)
+      f ^= f >> np.uint64(29)
+      left, right = right, left ^ (f & mask)
+    return (left << np.uint64(half)) | right
+
+  with np.errstate(over='ignore'):
+    out = feistel(np.asarray(indices, np.uint64))
+    while (outside := out >= n).any():
+      out[outside] = feistel(out[outside])
+  return out.astype(np.int64)
+
+
+def _share(global_batch_size: int, index: int | None = None,
+           count: int | None = None) -> tuple[int, int]:
+  """(offset, size) of a process's rows in a global batch (this process by default)."""
+  count = jax.process_count() if count is None else count
+  index = jax.process_index() if index is None else index
   if global_batch_size % count:
     raise ValueError(f'The batch size {global_batch_size} is not divisible by the '
                      f'{count} processes.')
@@ -64,7 +94,8 @@ class TrainLoader:
 
   def __init__(self, source: Any, preprocess: Callable, *, global_batch_size: int, seed: int,
                sharding: jax.sharding.Sharding, num_classes: int, num_workers: int = 4,
-               prefetch: int = 4):
+               prefetch: int = 4, process_index: int | None = None,
+               process_count: int | None = None):
     self.source, self.preprocess = source, preprocess
     self.batch_size, self.seed, self.sharding = global_batch_size, seed, sharding
     self.num_classes, self.num_workers, self.prefetch = num_classes, num_workers, prefetch
@@ -72,17 +103,14 @@ class TrainLoader:
     if not self.steps_per_epoch:
       raise ValueError(f'The batch size {global_batch_size} is larger than the '
                        f'{len(source)} training examples.')
-    self.offset, self.local_size = _share(global_batch_size)
-
-  @functools.lru_cache(maxsize=2)  # noqa: B019 (one loader per run)
-  def _permutation(self, epoch: int) -> np.ndarray:
-    return np.random.default_rng([self.seed, epoch]).permutation(len(self.source))
+    self.offset, self.local_size = _share(global_batch_size, process_index, process_count)
 
   def indices(self, step: int) -> np.ndarray:
     """The dataset indices of global batch ``step`` (last partial batch of an epoch dropped)."""
     epoch, position = divmod(step, self.steps_per_epoch)
     start = position * self.batch_size
-    return self._permutation(epoch)[start:start + self.batch_size]
+    return permute(np.arange(start, start + self.batch_size), len(self.source),
+                   (self.seed, epoch))
 
   def local_batch(self, step: int) -> Batch:
     """This process's rows of batch ``step``, preprocessed, as numpy arrays."""

@@ -13,6 +13,9 @@ import pathlib
 from typing import Any
 
 import numpy as np
+from etils import epath
+
+from vit_jax.data import local
 
 FASHION_MNIST_CLASSES = ('T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal',
                          'Shirt', 'Sneaker', 'Bag', 'Ankle boot')
@@ -133,14 +136,18 @@ class TFDSSource:
 IN_MEMORY = ('digits', 'mnist', 'fashion_mnist')
 
 
-def get_source(dataset: Any, split: str) -> ArraySource | TFDSSource:
+def get_source(dataset: Any, split: str) -> ArraySource | TFDSSource | local.LocalSource:
   """The source of ``split`` for ``config.dataset``.
 
-  ``dataset.name`` is one of the bundled in-memory datasets (``digits``; ``mnist``
-  and ``fashion_mnist`` from IDX files in ``data_dir``) or any TFDS name
-  (``imagenet2012``, ``cifar10``, ...; ``data_dir``, ``manual_dir``, ``prepare``).
+  A ``data_dir`` holding a converted dataset (``metadata.json``) is read in the
+  local sharded format, whatever the name. Otherwise ``dataset.name`` is one of the
+  bundled in-memory datasets (``digits``; ``mnist`` and ``fashion_mnist`` from IDX
+  files in ``data_dir``) or any TFDS name (``imagenet2012``, ``cifar10``, ...;
+  ``data_dir``, ``manual_dir``, ``prepare``).
   """
-  name = dataset.name
+  name, data_dir = dataset.name, dataset.get('data_dir')
+  if data_dir and (epath.Path(data_dir) / local.METADATA).exists():
+    return local.LocalSource(str(data_dir), split)
   if name == 'digits':
     return digits(split)
   if name in ('mnist', 'fashion_mnist') and dataset.get('data_dir') and not dataset.get('tfds'):

@@ -1,0 +1,226 @@
+"""Tests of the converter and the local sharded format, on the real data in ../shared/data."""
+
+import csv
+import json
+import shutil
+import tarfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vit_jax import sharding, train
+from vit_jax.data import convert, loader, local, preprocess, sources
+
+from conftest import SHARED_DATA
+from runs import tiny_config
+
+
+def needs_shared_data():
+  if not SHARED_DATA.is_dir():
+    pytest.skip(f'real data not found at {SHARED_DATA}')
+
+
+@pytest.fixture(scope='module')
+def fashion_local(tmp_path_factory):
+  needs_shared_data()
+  out = tmp_path_factory.mktemp('fmnist') / 'local'
+  convert.convert(str(SHARED_DATA / 'fashion_mnist'), str(out), shards=4, workers=2)
+  return out
+
+
+@pytest.fixture(scope='module')
+def imagenette_local(tmp_path_factory):
+  needs_shared_data()
+  out = tmp_path_factory.mktemp('imagenette') / 'local'
+  convert.convert(str(SHARED_DATA / 'imagenette_224'), str(out), shards=8, workers=2)
+  return out
+
+
+def test_fashion_mnist_converts_exactly(fashion_local):
+  metadata = local.read_metadata(fashion_local)
+  assert metadata['kind'] == 'idx' and metadata['num_classes'] == 10
+  assert metadata['class_names'][0] == 'T-shirt/top' and not metadata['multi_label']
+  idx = sources.idx_dataset(SHARED_DATA / 'fashion_mnist', 'test')
+  converted = local.LocalSource(str(fashion_local), 'test')
+  assert len(converted) == 10_000 and metadata['splits']['train']['num_examples'] == 60_000
+  assert len(metadata['splits']['test']['shards']) == 4
+  labels = np.array([converted[i]['label'] for i in range(len(converted))])
+  assert np.bincount(labels).tolist() == [1000] * 10
+  for i in np.random.default_rng(0).choice(10_000, 20, replace=False):
+    example = converted[i]
+    source_index = int(example['key'].split('/')[1])
+    assert example['label'] == idx.labels[source_index]
+    np.testing.assert_array_equal(example['image'][..., 0], idx.images[source_index, ..., 0])
+    assert example['image'].shape == (28, 28, 3)
+
+
+def test_imagenette_converts_exactly(imagenette_local):
+  metadata = local.read_metadata(imagenette_local)
+  folder = SHARED_DATA / 'imagenette_224'
+  for split in ('train', 'val'):
+    source = local.LocalSource(str(imagenette_local), split)
+    expected = [len(list((folder / split / c).iterdir())) for c in metadata['class_names']]
+    labels = [source[i]['label'] for i in range(len(source))]
+    assert np.bincount(labels, minlength=10).tolist() == expected
+  assert (metadata['splits']['train']['num_examples'],
+          metadata['splits']['val']['num_examples']) == (9469, 3925)
+  source = local.LocalSource(str(imagenette_local), 'val')
+  for i in np.random.default_rng(1).choice(len(source), 10, replace=False):
+    example = source[i]
+    path = folder / example['key']
+    with Image.open(path) as image:
+      np.testing.assert_array_equal(example['image'], np.asarray(image.convert('RGB')))
+    assert metadata['class_names'][example['label']] == path.parent.name
+
+
+def test_two_processes_cover_an_epoch_exactly_once(fashion_local):
+  source = local.LocalSource(str(fashion_local), 'test')
+  mesh = sharding.make_mesh(None)
+  pp = preprocess.parse('to_rgb|value_range(-1, 1)')
+  shares = [loader.TrainLoader(source, pp, global_batch_size=1000, seed=3,
+                               sharding=sharding.batch_sharding(mesh), num_classes=10,
+                               process_index=p, process_count=2) for p in range(2)]
+  steps = shares[0].steps_per_epoch
+  seen = np.concatenate([s.indices(k)[s.offset:s.offset + s.local_size]
+                         for s in shares for k in range(steps)])
+  assert np.array_equal(np.sort(seen), np.arange(10_000))
+  batch = shares[1].local_batch(2)
+  assert batch['image'].shape == (500, 28, 28, 3)
+  rows = shares[1].indices(2)[500:]
+  np.testing.assert_array_equal(batch['label'].argmax(-1), [source[i]['label'] for i in rows])
+
+
+def test_training_from_the_local_format(fashion_local, tmp_path):
+  config = tiny_config(**{'total_steps': 8, 'checkpoint_every_steps': 8})
+  config.dataset.name = 'fashion_mnist'
+  with config.unlocked():
+    config.dataset.data_dir = str(fashion_local)
+  config.dataset.pp_train = 'to_rgb|resize(16)|value_range(-1, 1)'
+  config.dataset.pp_eval = 'to_rgb|resize(16)|value_range(-1, 1)'
+  config.dataset.eval_split = 'test'
+  result = train.train_and_evaluate(config, str(tmp_path))
+  assert result['examples'] == 10_000
+
+
+def test_bad_images_are_skipped_and_reported(tmp_path):
+  needs_shared_data()
+  root = tmp_path / 'folder'
+  files = sorted((SHARED_DATA / 'imagenette_224' / 'val' / 'n01440764').iterdir())[:6]
+  for cls in ('a', 'b'):
+    (root / 'train' / cls).mkdir(parents=True)
+    for f in files[:3] if cls == 'a' else files[3:]:
+      shutil.copy(f, root / 'train' / cls / f.name)
+  data = files[0].read_bytes()
+  (root / 'train' / 'a' / 'truncated.JPEG').write_bytes(data[:len(data) // 2])
+  (root / 'train' / 'b' / 'notes.txt').write_text('not an image')
+  metadata = convert.convert(str(root), str(tmp_path / 'out'), shards=2, workers=1)
+  assert metadata['splits']['train']['num_examples'] == 6
+  skipped = {s['key']: s['reason'] for s in metadata['skipped']}
+  assert set(skipped) == {'train/a/truncated.JPEG', 'train/b/notes.txt'}
+  assert 'truncated' in skipped['train/a/truncated.JPEG']
+  assert 'cannot identify image' in skipped['train/b/notes.txt']
+  assert local.read_metadata(tmp_path / 'out')['skipped'] == metadata['skipped']
+
+
+@pytest.mark.parametrize('suffix', ['csv', 'jsonl'])
+def test_multi_label_manifest_round_trip(tmp_path, suffix):
+  needs_shared_data()
+  files = sorted((SHARED_DATA / 'imagenette_224' / 'val' / 'n03888257').iterdir())[:5]
+  labels = [['sky', 'parachute'], ['parachute'], ['sky', 'person', 'parachute'], ['sky'],
+            ['person']]
+  splits = ['train', 'train', 'train', 'validation', 'validation']
+  manifest = tmp_path / f'manifest.{suffix}'
+  if suffix == 'csv':
+    with manifest.open('w', newline='') as f:
+      writer = csv.writer(f)
+      writer.writerow(['path', 'labels', 'split'])
+      for path, ls, split in zip(files, labels, splits, strict=True):
+        writer.writerow([str(path), ';'.join(ls), split])
+  else:
+    manifest.write_text(''.join(json.dumps({'path': str(p), 'labels': ls, 'split': s}) + '\n'
+                                for p, ls, s in zip(files, labels, splits, strict=True)))
+  metadata = convert.convert(str(manifest), str(tmp_path / 'out'), shards=2, workers=1)
+  assert metadata['multi_label'] and metadata['class_names'] == ['parachute', 'person', 'sky']
+  train_split = local.LocalSource(str(tmp_path / 'out'), 'train')
+  got = {train_split[i]['key']: train_split[i]['label'] for i in range(len(train_split))}
+  for path, ls in zip(files[:3], labels[:3], strict=True):
+    expected = np.zeros(3, np.float32)
+    expected[[metadata['class_names'].index(x) for x in ls]] = 1
+    np.testing.assert_array_equal(got[str(path)], expected)
+  assert len(local.LocalSource(str(tmp_path / 'out'), 'validation')) == 2
+
+
+def test_imagenet21k_tar_layout_with_a_seeded_validation_split(tmp_path):
+  needs_shared_data()
+  root = tmp_path / 'i21k'
+  root.mkdir()
+  counts = {}
+  for wnid in ('n01440764', 'n02102040', 'n02979186'):
+    files = sorted((SHARED_DATA / 'imagenette_224' / 'val' / wnid).iterdir())[:40]
+    counts[wnid] = len(files)
+    with tarfile.open(root / f'{wnid}.tar', 'w') as tar:
+      for f in files:
+        tar.add(f, arcname=f.name)
+  first = convert.convert(str(root), str(tmp_path / 'a'), shards=2, val_fraction=0.25,
+                          seed=7, workers=1)
+  assert first['kind'] == 'i21k' and first['class_names'] == sorted(counts)
+  splits = {s: v['num_examples'] for s, v in first['splits'].items()}
+  assert splits['train'] + splits['validation'] == 120 and 15 < splits['validation'] < 45
+  for directory, seed in (('b', 7), ('c', 8)):
+    convert.convert(str(root), str(tmp_path / directory), shards=2, val_fraction=0.25,
+                    seed=seed, workers=1)
+
+  def keys(directory):
+    source = local.LocalSource(str(tmp_path / directory), 'validation')
+    return sorted(source[i]['key'] for i in range(len(source)))
+  assert keys('a') == keys('b')  # The same seed carves the same split...
+  assert keys('a') != keys('c')  # ... another seed another one.
+
+
+def test_rerun_is_safe_and_damage_is_detected(tmp_path, capsys):
+  needs_shared_data()
+  root = tmp_path / 'folder' / 'train' / 'fish'
+  root.mkdir(parents=True)
+  for f in sorted((SHARED_DATA / 'imagenette_224' / 'val' / 'n01440764').iterdir())[:4]:
+    shutil.copy(f, root / f.name)
+  out = tmp_path / 'out'
+  (tmp_path / 'out.tmp').mkdir()  # Left behind by an interrupted run.
+  convert.convert(str(tmp_path / 'folder'), str(out), shards=2, workers=1)
+  assert not (tmp_path / 'out.tmp').exists()
+  before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+  convert.convert(str(tmp_path / 'folder'), str(out), shards=2, workers=1)
+  assert 'already converted' in capsys.readouterr().err
+  assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+  local.verify(out)
+
+  shard = out / 'train-00001-of-00002.array_record'
+  data = bytearray(shard.read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  shard.write_bytes(bytes(data))
+  with pytest.raises(ValueError, match='SHA-256 mismatch, the shard is corrupt'):
+    local.verify(out)
+  shard.write_bytes(bytes(data[:100]))
+  with pytest.raises(ValueError, match='has 100 bytes, the metadata says'):
+    local.LocalSource(str(out), 'train')
+  shard.unlink()
+  with pytest.raises(FileNotFoundError, match='train-00001-of-00002.array_record is missing'):
+    local.LocalSource(str(out), 'train')
+  with pytest.raises(ValueError, match="has no split 'test'"):
+    local.LocalSource(str(out), 'test')
+
+
+def test_missing_sources_are_named(tmp_path):
+  with pytest.raises(FileNotFoundError, match='The source .*nothing does not exist'):
+    convert.convert(str(tmp_path / 'nothing'), str(tmp_path / 'out'))
+  with pytest.raises(FileNotFoundError, match='is not a vit_jax dataset: no metadata.json'):
+    local.LocalSource(str(tmp_path), 'train')
+
+
+def test_permutation_is_a_bijection_for_any_size():
+  for n in (1, 2, 3, 1000, 1537, 65_537):
+    np.testing.assert_array_equal(np.sort(loader.permute(np.arange(n), n, (0, 1))),
+                                  np.arange(n))
+  a = loader.permute(np.arange(4096), 300_000_000, (0, 0))
+  b = loader.permute(np.arange(4096), 300_000_000, (0, 1))
+  assert len(np.unique(a)) == 4096 and a.max() < 300_000_000 and not np.array_equal(a, b)

@@ -1,0 +1,270 @@
+r"""Converts image datasets into the local sharded format (``vit_jax.data.local``).
+
+    python -m vit_jax.data.convert --source=DIR_OR_FILE --out=DIR [--shards=N]
+
+Sources (``--kind=auto`` recognises them):
+  folder    ``SPLIT/CLASS/*.jpg|png`` (e.g. imagenette: train/n01440764/...).
+  idx       MNIST-style IDX files: ``{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]``.
+  manifest  a CSV (header ``path,labels[,split]``, labels separated by ``;``) or JSON
+            lines (``{"path": ..., "labels": [...], "split": ...}``); paths relative to
+            the manifest; several labels per image make a multi-label dataset.
+  i21k      the ImageNet-21k release layout: one ``WNID.tar`` of JPEGs per class; the
+            validation split is carved out by ``--val_fraction`` with ``--seed``.
+
+Every image is decoded once, in parallel over all cores, and stored in its own
+encoding; an undecodable or truncated image is skipped, counted and listed in the
+metadata. Examples go to the split's shards in turn. The output is written to
+``OUT.tmp`` and renamed when complete: re-running is safe (a finished dataset is
+kept unless ``--overwrite``).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from absl import app, flags
+from etils import epath
+from PIL import Image
+
+from vit_jax.data import local
+
+IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp')
+
+# An item to convert: (split, key, labels, payload). The payload is a path to read,
+# encoded bytes, or a uint8 array (IDX) to encode as PNG.
+Item = tuple[str, str, list[int], Any]
+
+
+def detect_kind(source: epath.Path) -> str:
+  if not source.exists():
+    raise FileNotFoundError(f'The source {source} does not exist.')
+  if source.is_file():
+    if source.suffix in ('.csv', '.jsonl', '.json'):
+      return 'manifest'
+    raise ValueError(f'{source}: a file source must be a .csv or .jsonl manifest.')
+  names = [p.name for p in source.iterdir()]
+  if any(n.endswith('.tar') for n in names):
+    return 'i21k'
+  if any('-idx3-ubyte' in n for n in names):
+    return 'idx'
+  return 'folder'
+
+
+def scan_folder(source: epath.Path) -> tuple[list[str], Iterator[Item]]:
+  splits = sorted(p for p in source.iterdir() if p.is_dir())
+  if not splits:
+    raise ValueError(f'{source} holds no SPLIT/CLASS/ folders.')
+  classes = sorted({c.name for s in splits for c in s.iterdir() if c.is_dir()})
+  index = {name: i for i, name in enumerate(classes)}
+
+  def items() -> Iterator[Item]:
+    for split in splits:
+      for cls in sorted(c for c in split.iterdir() if c.is_dir()):
+        for path in sorted(cls.iterdir()):
+          yield split.name, f'{split.name}/{cls.name}/{path.name}', [index[cls.name]], str(path)
+  return classes, items()
+
+
+def scan_idx(source: epath.Path) -> tuple[list[str], Iterator[Item]]:
+  from vit_jax.data import sources
+
+  def items() -> Iterator[Item]:
+    for split in ('train', 'test'):
+      data = sources.idx_dataset(source, split)
+      for i in range(len(data)):
+        yield split, f'{split}/{i:06d}', [int(data.labels[i])], data.images[i, ..., 0]
+  names = [str(i) for i in range(10)]
+  if 'fashion' in source.name.lower():
+    names = list(sources.FASHION_MNIST_CLASSES)
+  return names, items()
+
+
+def _manifest_rows(source: epath.Path) -> Iterator[tuple[str, list[str], str]]:
+  if source.suffix == '.csv':
+    with source.open() as f:
+      reader = csv.DictReader(f)
+      if not reader.fieldnames or not {'path', 'labels'} <= set(reader.fieldnames):
+        raise ValueError(f'{source}: the CSV header must name "path" and "labels" columns.')
+      for row in reader:
+        labels = [x.strip() for x in row['labels'].split(';') if x.strip()]
+        yield row['path'], labels, row.get('split') or 'train'
+  else:
+    with source.open() as f:
+      for n, line in enumerate(f, 1):
+        if line.strip():
+          try:
+            row = json.loads(line)
+            labels = row['labels'] if 'labels' in row else [row['label']]
+            yield row['path'], [str(x) for x in labels], row.get('split', 'train')
+          except (json.JSONDecodeError, KeyError) as e:
+            raise ValueError(f'{source}:{n}: not a {{"path", "labels"}} JSON line ({e}).') from e
+
+
+def scan_manifest(source: epath.Path) -> tuple[list[str], Iterator[Item]]:
+  classes = sorted({label for _, labels, _ in _manifest_rows(source) for label in labels})
+  index = {name: i for i, name in enumerate(classes)}
+
+  def items() -> Iterator[Item]:
+    for path, labels, split in _manifest_rows(source):
+      full = path if os.path.isabs(path) else str(source.parent / path)
+      yield split, path, sorted(index[label] for label in labels), full
+  return classes, items()
+
+
+def scan_i21k(source: epath.Path, val_fraction: float,
+              seed: int) -> tuple[list[str], Iterator[Item]]:
+  tars = sorted(p for p in source.iterdir() if p.name.endswith('.tar'))
+  classes = [p.name[:-len('.tar')] for p in tars]
+
+  def split_of(key: str) -> str:
+    h = int.from_bytes(hashlib.sha256(f'{seed}:{key}'.encode()).digest()[:8], 'little')
+    return 'validation' if h / 2**64 < val_fraction else 'train'
+
+  def items() -> Iterator[Item]:
+    for label, path in enumerate(tars):
+      with tarfile.open(path) as tar:
+        for member in tar:
+          if member.isfile():
+            key = f'{classes[label]}/{member.name}'
+            yield split_of(key), key, [label], tar.extractfile(member).read()
+  return classes, items()
+
+
+def check(item: Item) -> tuple[str, str, list[int], bytes | None, str]:
+  """Reads and fully decodes one image: (split, key, labels, bytes or None, why skipped)."""
+  split, key, labels, payload = item
+  try:
+    if isinstance(payload, str):
+      with open(payload, 'rb') as f:
+        data = f.read()
+    elif isinstance(payload, bytes):
+      data = payload
+    else:  # An array from IDX files: stored as PNG.
+      out = io.BytesIO()
+      Image.fromarray(payload).save(out, format='PNG')
+      data = out.getvalue()
+    with Image.open(io.BytesIO(data)) as image:
+      image.load()  # Decodes everything: truncated files fail here.
+    return split, key, labels, data, ''
+  except Exception as e:  # noqa: BLE001 (any failure to read an image means: skip it)
+    return split, key, labels, None, f'{type(e).__name__}: {e}'
+
+
+class _SplitWriter:
+  """Round-robin over ``shards`` ArrayRecord files of one split."""
+
+  def __init__(self, directory: epath.Path, split: str, shards: int):
+    from array_record.python import array_record_module
+
+    self.directory, self.split, self.count = directory, split, 0
+    self.files = [local.shard_name(split, i, shards) for i in range(shards)]
+    self.sizes = [0] * shards
+    self.writers = [array_record_module.ArrayRecordWriter(str(directory / f), 'group_size:1')
+                    for f in self.files]
+
+  def write(self, record: bytes) -> None:
+    shard = self.count % len(self.writers)
+    self.writers[shard].write(record)
+    self.sizes[shard] += 1
+    self.count += 1
+
+  def close(self) -> dict[str, Any]:
+    shards = []
+    for writer, name, size in zip(self.writers, self.files, self.sizes, strict=True):
+      writer.close()
+      path = self.directory / name
+      if size == 0:
+        path.unlink()
+        continue
+      shards.append({'file': name, 'num_examples': size, 'bytes': path.stat().length,
+                     'sha256': local.sha256(path)})
+    return {'num_examples': self.count, 'shards': shards}
+
+
+def convert(source: str, out: str, *, shards: int = 16, kind: str = 'auto',
+            val_fraction: float = 0.02, seed: int = 0, workers: int | None = None,
+            overwrite: bool = False, name: str = '') -> dict[str, Any]:
+  """Converts ``source`` into ``out``; returns the metadata."""
+  source_path, out_path = epath.Path(source), epath.Path(out)
+  kind = detect_kind(source_path) if kind == 'auto' else kind
+  if (out_path / local.METADATA).exists() and not overwrite:
+    print(f'{out} is already converted (pass --overwrite to convert again).', file=sys.stderr)
+    return local.read_metadata(out_path)
+  scanners = {'folder': scan_folder, 'idx': scan_idx, 'manifest': scan_manifest,
+              'i21k': lambda s: scan_i21k(s, val_fraction, seed)}
+  if kind not in scanners:
+    raise ValueError(f'--kind={kind!r} is not one of {sorted(scanners)} or auto.')
+  classes, items = scanners[kind](source_path)
+
+  tmp = epath.Path(f'{out}.tmp')
+  if tmp.exists():
+    shutil.rmtree(tmp)  # Left by an interrupted run.
+  tmp.mkdir(parents=True)
+  writers: dict[str, _SplitWriter] = {}
+  skipped: list[dict[str, str]] = []
+  multi_label, done, start = False, 0, time.time()
+  with multiprocessing.get_context('spawn').Pool(workers or os.cpu_count()) as pool:
+    for split, key, labels, data, why in pool.imap(check, items, chunksize=32):
+      done += 1
+      if data is None:
+        skipped.append({'key': key, 'split': split, 'reason': why})
+      else:
+        if split not in writers:
+          writers[split] = _SplitWriter(tmp, split, shards)
+        writers[split].write(local.encode_record(data, labels, key))
+        multi_label |= len(labels) != 1
+      if done % 5000 == 0:
+        print(f'convert: {done} images, {len(skipped)} skipped, '
+              f'{done / (time.time() - start):.0f}/s', file=sys.stderr)
+  metadata = {
+      'format_version': local.FORMAT_VERSION, 'name': name or source_path.name,
+      'source': str(source), 'kind': kind, 'num_classes': len(classes),
+      'class_names': classes, 'multi_label': multi_label,
+      'splits': {split: w.close() for split, w in sorted(writers.items())},
+      'skipped': skipped,
+  }
+  (tmp / local.METADATA).write_text(json.dumps(metadata, indent=1))
+  if out_path.exists():
+    shutil.rmtree(out_path)
+  tmp.rename(out_path)
+  counts = ', '.join(f'{s} {v["num_examples"]}' for s, v in metadata['splits'].items())
+  print(f'convert: wrote {out} ({counts}; {len(classes)} classes; {len(skipped)} skipped) in '
+        f'{time.time() - start:.0f}s.', file=sys.stderr)
+  for s in skipped:
+    print(f'  skipped {s["key"]}: {s["reason"]}', file=sys.stderr)
+  return metadata
+
+
+_SOURCE = flags.DEFINE_string('source', None, 'Image folder, IDX directory, manifest or i21k.')
+_OUT = flags.DEFINE_string('out', None, 'Output directory.')
+_SHARDS = flags.DEFINE_integer('shards', 16, 'Shards per split.')
+_KIND = flags.DEFINE_enum('kind', 'auto', ['auto', 'folder', 'idx', 'manifest', 'i21k'],
+                          'Source kind.')
+_VAL_FRACTION = flags.DEFINE_float('val_fraction', 0.02, 'i21k: share of validation images.')
+_SEED = flags.DEFINE_integer('seed', 0, 'i21k: seed of the validation split.')
+_WORKERS = flags.DEFINE_integer('workers', None, 'Decoding processes (default: all cores).')
+_OVERWRITE = flags.DEFINE_bool('overwrite', False, 'Replace an existing output.')
+_NAME = flags.DEFINE_string('name', '', 'Dataset name in the metadata.')
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  convert(_SOURCE.value, _OUT.value, shards=_SHARDS.value, kind=_KIND.value,
+          val_fraction=_VAL_FRACTION.value, seed=_SEED.value, workers=_WORKERS.value,
+          overwrite=_OVERWRITE.value, name=_NAME.value)
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['source', 'out'])
+  app.run(main)
