@@ -23,8 +23,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.dataset = ml_collections.ConfigDict(dict(
       name='imagenet2012', num_classes=1000, data_dir='', manual_dir='', prepare=False,
       train_split='train[:99%]', eval_split='train[99%:]',
-      pp_train='to_rgb|inception_crop(224)|flip_lr|value_range(-1, 1)',
-      pp_eval='to_rgb|resize_small(256)|central_crop(224)|value_range(-1, 1)'))
+      pp_train='decode|inception_crop(224)|flip_lr|value_range(-1, 1)',
+      pp_eval='decode|resize_small(256)|central_crop(224)|value_range(-1, 1)'))
   config.loss = 'softmax_xent'
   config.label_smoothing = 0.0
   config.batch_size = 4096

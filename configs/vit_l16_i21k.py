@@ -34,8 +34,8 @@ def get_config() -> ml_collections.ConfigDict:
       data_dir='',
       train_split='train',
       eval_split='validation',
-      pp_train='to_rgb|inception_crop(224)|flip_lr|value_range(-1, 1)',
-      pp_eval='to_rgb|resize_small(256)|central_crop(224)|value_range(-1, 1)',
+      pp_train='decode|inception_crop(224)|flip_lr|value_range(-1, 1)',
+      pp_eval='decode|resize_small(256)|central_crop(224)|value_range(-1, 1)',
   ))
 
   config.loss = 'sigmoid_xent'

@@ -51,8 +51,9 @@ def test_fashion_mnist_converts_exactly(fashion_local):
     example = converted[i]
     source_index = int(example['key'].split('/')[1])
     assert example['label'] == idx.labels[source_index]
-    np.testing.assert_array_equal(example['image'][..., 0], idx.images[source_index, ..., 0])
-    assert example['image'].shape == (28, 28, 3)
+    image = local.decode_image(example['image'])
+    np.testing.assert_array_equal(image[..., 0], idx.images[source_index, ..., 0])
+    assert image.shape == (28, 28, 3)
 
 
 def test_imagenette_converts_exactly(imagenette_local):
@@ -70,7 +71,8 @@ def test_imagenette_converts_exactly(imagenette_local):
     example = source[i]
     path = folder / example['key']
     with Image.open(path) as image:
-      np.testing.assert_array_equal(example['image'], np.asarray(image.convert('RGB')))
+      np.testing.assert_array_equal(local.decode_image(example['image']),
+                                    np.asarray(image.convert('RGB')))
     assert metadata['class_names'][example['label']] == path.parent.name
 
 
@@ -96,8 +98,8 @@ def test_training_from_the_local_format(fashion_local, tmp_path):
   config.dataset.name = 'fashion_mnist'
   with config.unlocked():
     config.dataset.data_dir = str(fashion_local)
-  config.dataset.pp_train = 'to_rgb|resize(16)|value_range(-1, 1)'
-  config.dataset.pp_eval = 'to_rgb|resize(16)|value_range(-1, 1)'
+  config.dataset.pp_train = 'decode|resize(16)|value_range(-1, 1)'
+  config.dataset.pp_eval = 'decode|resize(16)|value_range(-1, 1)'
   config.dataset.eval_split = 'test'
   result = train.train_and_evaluate(config, str(tmp_path))
   assert result['examples'] == 10_000

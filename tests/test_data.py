@@ -1,11 +1,13 @@
 """Tests of vit_jax.data on real data: sources, preprocessing, the loader."""
 
 import gzip
+import io
 
 import jax
 import ml_collections
 import numpy as np
 import pytest
+from PIL import Image
 
 from vit_jax import sharding, train
 from vit_jax.data import loader, preprocess, sources
@@ -44,6 +46,12 @@ def test_preprocessing_ops():
   assert out.min() >= -1 and out.max() <= 1
   crop = preprocess.parse('pad_crop(3)')(image, rng)
   assert crop.shape == image.shape
+  encoded = io.BytesIO()
+  Image.fromarray(image[..., 0]).save(encoded, format='PNG')
+  decoded = preprocess.parse('decode')(encoded.getvalue(), rng)
+  np.testing.assert_array_equal(decoded, np.repeat(image, 3, axis=-1))
+  flipped = preprocess.parse('decode|flip_lr')(encoded.getvalue(), np.random.default_rng(3))
+  assert np.array_equal(flipped, decoded[:, ::-1]) or np.array_equal(flipped, decoded)
   photo = np.random.default_rng(1).integers(0, 256, (120, 200, 3), dtype=np.uint8)
   small = preprocess.parse('resize_small(60)|central_crop(60)')(photo, rng)
   assert small.shape == (60, 60, 3)

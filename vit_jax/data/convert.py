@@ -246,25 +246,28 @@ def convert(source: str, out: str, *, shards: int = 16, kind: str = 'auto',
   return metadata
 
 
-_SOURCE = flags.DEFINE_string('source', None, 'Image folder, IDX directory, manifest or i21k.')
-_OUT = flags.DEFINE_string('out', None, 'Output directory.')
-_SHARDS = flags.DEFINE_integer('shards', 16, 'Shards per split.')
-_KIND = flags.DEFINE_enum('kind', 'auto', ['auto', 'folder', 'idx', 'manifest', 'i21k'],
-                          'Source kind.')
-_VAL_FRACTION = flags.DEFINE_float('val_fraction', 0.02, 'i21k: share of validation images.')
-_SEED = flags.DEFINE_integer('seed', 0, 'i21k: seed of the validation split.')
-_WORKERS = flags.DEFINE_integer('workers', None, 'Decoding processes (default: all cores).')
-_OVERWRITE = flags.DEFINE_bool('overwrite', False, 'Replace an existing output.')
-_NAME = flags.DEFINE_string('name', '', 'Dataset name in the metadata.')
+def main() -> None:
+  """The CLI; its flags exist only when this module runs as a script."""
+  source = flags.DEFINE_string('source', None, 'Image folder, IDX directory, manifest or i21k.')
+  out = flags.DEFINE_string('out', None, 'Output directory.')
+  shards = flags.DEFINE_integer('shards', 16, 'Shards per split.')
+  kind = flags.DEFINE_enum('kind', 'auto', ['auto', 'folder', 'idx', 'manifest', 'i21k'],
+                           'Source kind.')
+  val_fraction = flags.DEFINE_float('val_fraction', 0.02, 'i21k: share of validation images.')
+  seed = flags.DEFINE_integer('seed', 0, 'i21k: seed of the validation split.')
+  workers = flags.DEFINE_integer('workers', None, 'Decoding processes (default: all cores).')
+  overwrite = flags.DEFINE_bool('overwrite', False, 'Replace an existing output.')
+  name = flags.DEFINE_string('name', '', 'Dataset name in the metadata.')
+  flags.mark_flags_as_required(['source', 'out'])
 
-
-def main(argv: list[str]) -> None:
-  del argv
-  convert(_SOURCE.value, _OUT.value, shards=_SHARDS.value, kind=_KIND.value,
-          val_fraction=_VAL_FRACTION.value, seed=_SEED.value, workers=_WORKERS.value,
-          overwrite=_OVERWRITE.value, name=_NAME.value)
+  def run(argv: list[str]) -> None:
+    if len(argv) > 1:
+      raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    convert(source.value, out.value, shards=shards.value, kind=kind.value,
+            val_fraction=val_fraction.value, seed=seed.value, workers=workers.value,
+            overwrite=overwrite.value, name=name.value)
+  app.run(run)
 
 
 if __name__ == '__main__':
-  flags.mark_flags_as_required(['source', 'out'])
-  app.run(main)
+  main()

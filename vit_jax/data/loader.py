@@ -75,7 +75,7 @@ def _share(global_batch_size: int, index: int | None = None,
 def _load(source: Any, preprocess: Callable, index: int,
           rng: np.random.Generator) -> tuple[np.ndarray, Any]:
   example = source[int(index)]
-  return preprocess(np.asarray(example['image']), rng), example['label']
+  return preprocess(example['image'], rng), example['label']
 
 
 def _assemble(examples: list[tuple[np.ndarray, Any]], num_classes: int) -> Batch:
@@ -120,8 +120,8 @@ class TrainLoader:
                             np.random.default_rng([self.seed, step, j])) for j in rows],
                      self.num_classes)
 
-  def iterate(self, start_step: int = 0) -> Iterator[tuple[int, Batch]]:
-    """(step, global batch) from ``start_step`` on, assembled ``prefetch`` steps ahead."""
+  def iterate_local(self, start_step: int = 0) -> Iterator[tuple[int, Batch]]:
+    """(step, this process's numpy batch), assembled ``prefetch`` steps ahead in threads."""
     with ThreadPoolExecutor(self.num_workers) as pool:
       ahead = collections.deque(pool.submit(self.local_batch, s)
                                 for s in range(start_step, start_step + self.prefetch))
@@ -129,8 +129,17 @@ class TrainLoader:
       while True:
         local = ahead.popleft().result()
         ahead.append(pool.submit(self.local_batch, step + self.prefetch))
-        yield step, to_global(local, self.sharding, self.batch_size)
+        yield step, local
         step += 1
+
+  def iterate(self, start_step: int = 0) -> Iterator[tuple[int, Batch]]:
+    """(step, global batch sharded over the mesh) from ``start_step`` on."""
+    batches = self.iterate_local(start_step)
+    try:
+      for step, local in batches:
+        yield step, to_global(local, self.sharding, self.batch_size)
+    finally:
+      batches.close()
 
 
 def eval_batches(source: Any, preprocess: Callable, *, global_batch_size: int,

@@ -99,10 +99,12 @@ def verify(directory: str | epath.PathLike, checksums: bool = True) -> None:
 
 @dataclasses.dataclass
 class LocalSource:
-  """One split of a local dataset; ``source[i]`` -> {'image': HWC uint8, 'label'}.
+  """One split of a local dataset; ``source[i]`` -> {'image', 'label', 'key'}.
 
-  Labels are a class index for single-label data, a multi-hot float32 vector
-  for multi-label data. Opening checks every shard's presence and size.
+  The image is the stored encoded bytes (the preprocessing pipeline's ``decode``
+  op, or ``decode_image``, decodes it); labels are a class index for single-label
+  data, a multi-hot float32 vector for multi-label data; the key is the source
+  path. Opening checks every shard's presence and size.
   """
 
   directory: str
@@ -138,4 +140,4 @@ class LocalSource:
       label[labels] = 1.
     else:
       label = labels[0]
-    return {'image': decode_image(image), 'label': label, 'key': header['key']}
+    return {'image': image, 'label': label, 'key': header['key']}

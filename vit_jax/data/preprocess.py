@@ -1,57 +1,80 @@
 """Per-example preprocessing ops, composed from a config string.
 
-A pipeline is written as ``'to_rgb|resize(32)|pad_crop(2)|value_range(-1, 1)'``.
-Each op maps (HWC image, numpy Generator) to an image; random ops draw from the
-generator, which the loader seeds per example, so a pipeline is deterministic.
+A pipeline is written as ``'decode|inception_crop(224)|flip_lr|value_range(-1, 1)'``.
+Each op maps (image, numpy Generator) to an image. Images stay PIL images between
+ops (no array copies; crops and resizes are one PIL call) until ``value_range``
+makes the float32 array; a pipeline without it returns uint8. Inputs may be
+encoded bytes (``decode`` first), PIL images or HWC uint8 arrays. Random ops draw
+from the generator, which the loader seeds per example: pipelines are
+deterministic.
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import re
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
-Op = Callable[[np.ndarray, np.random.Generator], np.ndarray]
+Op = Callable[[Any, np.random.Generator], Any]
+
+
+def as_pil(image: Any) -> Image.Image:
+  """bytes, HWC/HW uint8 array or PIL image -> PIL image."""
+  if isinstance(image, Image.Image):
+    return image
+  if isinstance(image, bytes):
+    return Image.open(io.BytesIO(image))
+  image = np.asarray(image)
+  return Image.fromarray(image[..., 0] if image.ndim == 3 and image.shape[-1] == 1 else image)
+
+
+def as_array(image: Any) -> np.ndarray:
+  """PIL image or array -> HWC array."""
+  array = np.asarray(image)
+  return array[..., None] if array.ndim == 2 else array
+
+
+def decode() -> Op:
+  """Encoded bytes -> RGB image (greyscale, palette and CMYK images converted)."""
+  return lambda image, rng: as_pil(image).convert('RGB')
 
 
 def to_rgb() -> Op:
-  """Greyscale (H, W, 1) -> RGB (H, W, 3); RGB passes through."""
-  return lambda image, rng: np.repeat(image, 3, axis=-1) if image.shape[-1] == 1 else image
+  """Any image -> RGB (greyscale replicated to three channels)."""
+  return lambda image, rng: as_pil(image).convert('RGB')
 
 
 def resize(size: int | tuple[int, int]) -> Op:
   """Bilinear resize to (size, size) or (height, width)."""
   h, w = (size, size) if isinstance(size, int) else size
-  return lambda image, rng: _resize_to(image, h, w)
-
-
-def _resize_to(image: np.ndarray, h: int, w: int) -> np.ndarray:
-  grey = image.shape[-1] == 1
-  out = np.asarray(Image.fromarray(image[..., 0] if grey else image).resize((w, h),
-                                                                            Image.BILINEAR))
-  return out[..., None] if grey else out
+  return lambda image, rng: as_pil(image).resize((w, h), Image.BILINEAR)
 
 
 def resize_small(size: int) -> Op:
   """Resizes so that the shorter side is ``size``, keeping the aspect ratio."""
-  def op(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    h, w = image.shape[:2]
+  def op(image: Any, rng: np.random.Generator) -> Image.Image:
+    image = as_pil(image)
+    w, h = image.size
     scale = size / min(h, w)
-    return _resize_to(image, max(size, round(h * scale)), max(size, round(w * scale)))
+    return image.resize((max(size, round(w * scale)), max(size, round(h * scale))),
+                        Image.BILINEAR)
   return op
 
 
 def central_crop(size: int) -> Op:
   """The central ``size`` x ``size`` crop."""
-  def op(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    h, w = image.shape[:2]
+  def op(image: Any, rng: np.random.Generator) -> Image.Image:
+    image = as_pil(image)
+    w, h = image.size
     if h < size or w < size:
       raise ValueError(f'central_crop({size}) of a {h}x{w} image: resize it first.')
     top, left = (h - size) // 2, (w - size) // 2
-    return image[top:top + size, left:left + size]
+    return image.crop((left, top, left + size, top + size))
   return op
 
 
@@ -61,24 +84,27 @@ def inception_crop(size: int, area_min: float = 0.05, area_max: float = 1.0) -> 
   The "Inception" crop of the paper's training pipelines (area 5%-100% in the
   releases); after 10 failed draws it takes the central square.
   """
-  def op(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    h, w = image.shape[:2]
+  def op(image: Any, rng: np.random.Generator) -> Image.Image:
+    image = as_pil(image)
+    w, h = image.size
     for _ in range(10):
       area = h * w * rng.uniform(area_min, area_max)
       aspect = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3)))
       ch, cw = round(np.sqrt(area / aspect)), round(np.sqrt(area * aspect))
       if 0 < ch <= h and 0 < cw <= w:
-        top, left = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
-        return _resize_to(image[top:top + ch, left:left + cw], size, size)
+        top, left = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
+        return image.resize((size, size), Image.BILINEAR,
+                            box=(left, top, left + cw, top + ch))
     side = min(h, w)
     top, left = (h - side) // 2, (w - side) // 2
-    return _resize_to(image[top:top + side, left:left + side], size, size)
+    return image.resize((size, size), Image.BILINEAR, box=(left, top, left + side, top + side))
   return op
 
 
 def pad_crop(pad: int) -> Op:
   """Random translation by up to ``pad`` pixels (zero padding, then a random crop)."""
-  def op(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+  def op(image: Any, rng: np.random.Generator) -> np.ndarray:
+    image = as_array(image)
     h, w = image.shape[:2]
     padded = np.pad(image, ((pad, pad), (pad, pad), (0, 0)))
     y, x = rng.integers(0, 2 * pad + 1, size=2)
@@ -88,23 +114,30 @@ def pad_crop(pad: int) -> Op:
 
 def flip_lr() -> Op:
   """Horizontal flip with probability 1/2."""
-  return lambda image, rng: image[:, ::-1] if rng.random() < 0.5 else image
+  def op(image: Any, rng: np.random.Generator) -> Any:
+    if rng.random() >= 0.5:
+      return image
+    if isinstance(image, Image.Image):
+      return image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return as_array(image)[:, ::-1]
+  return op
 
 
 def value_range(lo: float = -1., hi: float = 1.) -> Op:
-  """uint8 [0, 255] -> float32 [lo, hi]."""
-  return lambda image, rng: (image.astype(np.float32) / 255.) * (hi - lo) + lo
+  """uint8 [0, 255] -> float32 [lo, hi], as an HWC array."""
+  scale, offset = (hi - lo) / 255., lo
+  return lambda image, rng: as_array(image).astype(np.float32) * scale + offset
 
 
 OPS: dict[str, Callable[..., Op]] = {
-    'to_rgb': to_rgb, 'resize': resize, 'resize_small': resize_small,
+    'decode': decode, 'to_rgb': to_rgb, 'resize': resize, 'resize_small': resize_small,
     'central_crop': central_crop, 'inception_crop': inception_crop, 'pad_crop': pad_crop,
     'flip_lr': flip_lr, 'value_range': value_range,
 }
 _CALL = re.compile(r'^\s*(\w+)\s*(?:\((.*)\))?\s*$')
 
 
-def parse(spec: str) -> Op:
+def parse(spec: str) -> Callable[[Any, np.random.Generator], np.ndarray]:
   """Builds the composed op of a pipeline string; unknown ops get a clear error."""
   ops = []
   for part in spec.split('|'):
@@ -115,8 +148,8 @@ def parse(spec: str) -> Op:
     args = ast.literal_eval(f'({m.group(2)},)') if m.group(2) else ()
     ops.append(OPS[m.group(1)](*args))
 
-  def pipeline(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+  def pipeline(image: Any, rng: np.random.Generator) -> np.ndarray:
     for op in ops:
       image = op(image, rng)
-    return image
+    return as_array(image)
   return pipeline

@@ -1,0 +1,141 @@
+r"""Input throughput: vit_jax's pipeline against a plain tf.data one, on the same images.
+
+    python -m vit_jax.benchmarks.input --data=../shared/data/imagenette_224 \
+        --out=benchmarks/input.json
+
+The data is converted to the local format first (into --work_dir, once). Both
+pipelines decode the same JPEG bytes and apply the same operations:
+  train: decode, inception crop (area 5%-100%, aspect 3/4-4/3) to 224, random flip,
+         values to [-1, 1];
+  eval:  decode, resize the shorter side to 256, central crop 224, values to [-1, 1].
+Each runs with one worker (images/s per core) and with one worker per core.
+tf.data reads the JPEG files with ``tf.io.read_file``, as the existing projects'
+pipelines do; vit_jax reads its ArrayRecord shards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+
+from absl import app, flags
+from etils import epath
+
+_DATA = flags.DEFINE_string('data', '../shared/data/imagenette_224', 'An image folder.')
+_SPLIT = flags.DEFINE_string('split', 'train', 'Split of the folder to read.')
+_WORK_DIR = flags.DEFINE_string('work_dir', '/tmp/vit_jax_input_benchmark',
+                                'Where the converted copy goes.')
+_IMAGES = flags.DEFINE_integer('images', 2048, 'Images per measurement.')
+_BATCH = flags.DEFINE_integer('batch_size', 128, 'Batch size.')
+_OUT = flags.DEFINE_string('out', '', 'JSON file for the results.')
+
+PIPELINES = {
+    'train': 'decode|inception_crop(224)|flip_lr|value_range(-1, 1)',
+    'eval': 'decode|resize_small(256)|central_crop(224)|value_range(-1, 1)',
+}
+
+
+def vit_jax_rate(directory: str, split: str, pipeline: str, workers: int, images: int,
+                 batch: int) -> float:
+  """Images/s of vit_jax's loader producing host batches (threads decode in parallel)."""
+  import jax
+
+  from vit_jax import sharding
+  from vit_jax.data import loader, local, preprocess
+
+  source = local.LocalSource(directory, split)
+  train_loader = loader.TrainLoader(
+      source, preprocess.parse(PIPELINES[pipeline]), global_batch_size=batch, seed=0,
+      sharding=sharding.batch_sharding(sharding.make_mesh(None, jax.devices()[:1])),
+      num_classes=source.num_classes, num_workers=workers, prefetch=workers)
+  steps = images // batch
+  batches = train_loader.iterate_local(0)
+  next(batches)  # Warm-up.
+  start = time.perf_counter()
+  for _ in range(steps):
+    next(batches)
+  elapsed = time.perf_counter() - start
+  batches.close()
+  return steps * batch / elapsed
+
+
+def tf_data_rate(folder: str, split: str, pipeline: str, workers: int, images: int,
+                 batch: int) -> float:
+  """Images/s of the same operations as a tf.data pipeline over the JPEG files."""
+  import tensorflow as tf
+
+  files = sorted(str(p) for p in epath.Path(folder, split).glob('*/*'))
+
+  def train_op(path):
+    data = tf.io.read_file(path)
+    shape = tf.io.extract_jpeg_shape(data)
+    begin, size, _ = tf.image.sample_distorted_bounding_box(
+        shape, tf.zeros([0, 0, 4]), area_range=(0.05, 1.0), aspect_ratio_range=(3 / 4, 4 / 3),
+        min_object_covered=0, use_image_if_no_bounding_boxes=True)
+    window = tf.stack([begin[0], begin[1], size[0], size[1]])
+    image = tf.image.decode_and_crop_jpeg(data, window, channels=3)
+    image = tf.image.resize(image, (224, 224))
+    image = tf.image.random_flip_left_right(image)
+    return image / 127.5 - 1
+
+  def eval_op(path):
+    image = tf.io.decode_jpeg(tf.io.read_file(path), channels=3)
+    shape = tf.cast(tf.shape(image)[:2], tf.float32)
+    scale = 256 / tf.reduce_min(shape)
+    image = tf.image.resize(image, tf.cast(tf.round(shape * scale), tf.int32))
+    image = tf.image.resize_with_crop_or_pad(image, 224, 224)
+    return image / 127.5 - 1
+
+  op = train_op if pipeline == 'train' else eval_op
+  dataset = (tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=0).repeat()
+             .map(op, num_parallel_calls=workers, deterministic=True).batch(batch)
+             .prefetch(workers))
+  options = tf.data.Options()
+  options.threading.private_threadpool_size = workers
+  options.autotune.enabled = False
+  iterator = iter(dataset.with_options(options))
+  next(iterator)
+  steps = images // batch
+  start = time.perf_counter()
+  for _ in range(steps):
+    next(iterator)
+  return steps * batch / (time.perf_counter() - start)
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  from vit_jax.data import convert
+
+  converted = str(epath.Path(_WORK_DIR.value) / 'local')
+  convert.convert(_DATA.value, converted, shards=8)
+  cores = os.cpu_count() or 1
+  rows = []
+  for pipeline in ('train', 'eval'):
+    for workers in sorted({1, cores}):
+      ours = vit_jax_rate(converted, _SPLIT.value, pipeline, workers, _IMAGES.value,
+                          _BATCH.value)
+      theirs = tf_data_rate(_DATA.value, _SPLIT.value, pipeline, workers, _IMAGES.value,
+                            _BATCH.value)
+      rows.append({'pipeline': pipeline, 'workers': workers, 'vit_jax_images_per_s': ours,
+                   'tf_data_images_per_s': theirs, 'vit_jax_per_core': ours / workers,
+                   'tf_data_per_core': theirs / workers, 'ratio': ours / theirs})
+  print(f'\nInput throughput on {_DATA.value} ({_SPLIT.value}), {cores} cores, '
+        f'{platform.processor() or platform.machine()}')
+  print(f'{"pipeline":9}{"workers":>8}{"vit_jax img/s":>15}{"tf.data img/s":>15}'
+        f'{"vit_jax/core":>14}{"tf.data/core":>14}{"ratio":>7}')
+  for r in rows:
+    print(f'{r["pipeline"]:9}{r["workers"]:>8}{r["vit_jax_images_per_s"]:>15.0f}'
+          f'{r["tf_data_images_per_s"]:>15.0f}{r["vit_jax_per_core"]:>14.0f}'
+          f'{r["tf_data_per_core"]:>14.0f}{r["ratio"]:>7.2f}')
+  if _OUT.value:
+    result = {'data': _DATA.value, 'split': _SPLIT.value, 'cores': cores,
+              'date': time.strftime('%Y-%m-%d'), 'rows': rows}
+    epath.Path(_OUT.value).parent.mkdir(parents=True, exist_ok=True)
+    epath.Path(_OUT.value).write_text(json.dumps(result, indent=1))
+    print(f'wrote {_OUT.value}')
+
+
+if __name__ == '__main__':
+  app.run(main)
