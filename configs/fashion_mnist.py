@@ -21,6 +21,7 @@ def get_config() -> ml_collections.ConfigDict:
       pp_eval='to_rgb|value_range(-1, 1)'))
   config.loss = 'softmax_xent'
   config.label_smoothing = 0.1
+  config.mixup_alpha = 0.0
   config.batch_size = 256
   config.eval_batch_size = 1000
   config.num_epochs = 10

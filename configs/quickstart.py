@@ -20,6 +20,7 @@ def get_config() -> ml_collections.ConfigDict:
       pp_eval='to_rgb|resize(16)|value_range(-1, 1)'))
   config.loss = 'softmax_xent'
   config.label_smoothing = 0.0
+  config.mixup_alpha = 0.0
   config.batch_size = 128
   config.eval_batch_size = 128
   config.total_steps = 1500

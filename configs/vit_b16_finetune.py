@@ -3,7 +3,8 @@ r"""Fine-tuning a pre-trained ViT-B/16: the paper's recipe (appendix B, table 4)
 SGD with momentum 0.9, batch 512, no weight decay, clipping at global norm 1,
 cosine decay after a short warm-up, 384 px. The argument picks the dataset
 (TFDS names) and its number of steps: imagenet2012 (20k), cifar10 and cifar100
-(10k), oxford_iiit_pet and oxford_flowers102 (500). The paper sweeps the
+(10k), oxford_iiit_pet and oxford_flowers102 (500); ``local`` fine-tunes on a
+dataset in the local format (``--config.dataset.data_dir=DIR``). The paper sweeps the
 learning rate over {0.001, 0.003, 0.01, 0.03}; 0.03 is the default here.
 
     python -m vit_jax.main --config=configs/vit_b16_finetune.py:cifar10 --workdir=DIR \
@@ -19,6 +20,9 @@ PRESETS = {
     'cifar100': (100, 10_000, 500, 'train[:98%]', 'test'),
     'oxford_iiit_pet': (37, 500, 100, 'train[:90%]', 'test'),
     'oxford_flowers102': (102, 500, 100, 'train', 'test'),
+    # Your own images, converted with vit_jax.data.convert: set dataset.data_dir
+    # (the classes are read from its metadata) and total_steps.
+    'local': (0, 2_000, 100, 'train', 'val'),
 }
 
 
@@ -37,6 +41,7 @@ def get_config(dataset: str = 'cifar10') -> ml_collections.ConfigDict:
       pp_eval='to_rgb|resize(384)|value_range(-1, 1)'))
   config.loss = 'softmax_xent'
   config.label_smoothing = 0.0
+  config.mixup_alpha = 0.0
   config.batch_size = 512
   config.eval_batch_size = 512
   config.total_steps = steps

@@ -27,6 +27,7 @@ def get_config() -> ml_collections.ConfigDict:
       pp_eval='decode|resize_small(256)|central_crop(224)|value_range(-1, 1)'))
   config.loss = 'softmax_xent'
   config.label_smoothing = 0.0
+  config.mixup_alpha = 0.0
   config.batch_size = 4096
   config.eval_batch_size = 4096
   config.num_epochs = 300

@@ -56,6 +56,7 @@ def get_config() -> ml_collections.ConfigDict:
       decay='linear',
   ))
   config.label_smoothing = 0.0
+  config.mixup_alpha = 0.0
   config.eval_batch_size = 4096
   config.grad_accum_steps = 1
   config.step_impl = 'jit'

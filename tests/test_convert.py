@@ -226,3 +226,29 @@ def test_permutation_is_a_bijection_for_any_size():
   a = loader.permute(np.arange(4096), 300_000_000, (0, 0))
   b = loader.permute(np.arange(4096), 300_000_000, (0, 1))
   assert len(np.unique(a)) == 4096 and a.max() < 300_000_000 and not np.array_equal(a, b)
+
+
+def test_multi_label_training_reports_precision_at_1(tmp_path):
+  needs_shared_data()
+  files = sorted((SHARED_DATA / 'imagenette_224' / 'val' / 'n03888257').iterdir())[:64]
+  rng = np.random.default_rng(0)
+  tags = ['sky', 'parachute', 'person', 'tree']
+  with (tmp_path / 'manifest.jsonl').open('w') as f:
+    for i, path in enumerate(files):
+      labels = list(rng.choice(tags, size=rng.integers(1, 4), replace=False))
+      split = 'train' if i < 48 else 'validation'
+      f.write(json.dumps({'path': str(path), 'labels': labels, 'split': split}) + '\n')
+  convert.convert(str(tmp_path / 'manifest.jsonl'), str(tmp_path / 'data'), shards=2, workers=1)
+
+  config = tiny_config(**{'total_steps': 6, 'batch_size': 16, 'eval_batch_size': 16,
+                          'schedule.warmup_steps': 2, 'checkpoint_every_steps': 6,
+                          'loss': 'sigmoid_xent'})
+  with config.unlocked():
+    config.model.head_bias_init = -10.0
+    config.dataset.data_dir = str(tmp_path / 'data')
+  config.dataset.update(dict(name='tags', num_classes=4, eval_split='validation',
+                             pp_train='decode|inception_crop(16)|value_range(-1, 1)',
+                             pp_eval='decode|resize(16)|value_range(-1, 1)'))
+  result = train.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert set(result) == {'prec@1', 'loss', 'examples'} and result['examples'] == 16
+  assert 0 <= result['prec@1'] <= 1

@@ -62,6 +62,11 @@ def test_preprocessing_ops():
   # The whole-image area range gives back the (resized) image itself.
   whole = preprocess.parse('inception_crop(50, 1.0, 1.0)')(photo[:100, :100], rng)
   np.testing.assert_array_equal(whole, preprocess.parse('resize(50)')(photo[:100, :100], rng))
+  augment = preprocess.parse('randaug(2, 10)')
+  outs = [augment(photo, np.random.default_rng(s)) for s in range(8)]
+  assert all(o.shape == photo.shape and o.dtype == np.uint8 for o in outs)
+  assert sum(not np.array_equal(o, photo) for o in outs) >= 6
+  np.testing.assert_array_equal(augment(photo, np.random.default_rng(5)), outs[5])
   with pytest.raises(ValueError, match="Unknown preprocessing op 'blur'"):
     preprocess.parse('to_rgb|blur')
 

@@ -2,6 +2,7 @@
 
 import chex
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -170,3 +171,17 @@ def test_fine_tune_starts_from_a_release_file(tmp_path):
   config.init_from = str(tmp_path / 'missing.npz')
   with pytest.raises(FileNotFoundError, match='config.init_from=.*missing.npz is not a file'):
     train.validate(config)
+
+
+def test_mixup_mixes_images_and_labels_alike():
+  rng = np.random.default_rng(0)
+  batch = {'image': jnp.asarray(rng.uniform(-1, 1, (8, 4, 4, 3)), jnp.float32),
+           'label': jnp.eye(10)[jnp.arange(8)]}
+  mixed = train.mixup(batch, jax.random.key(1), alpha=0.2)
+  p = float(mixed['label'][0, 0])  # Example 0 keeps p of its own class...
+  assert 0.5 <= p <= 1.0
+  chex.assert_trees_all_close(mixed['label'][0, 7], 1. - p, atol=1e-6)  # ... and its neighbour's.
+  chex.assert_trees_all_close(mixed['image'][0],
+                              p * batch['image'][0] + (1 - p) * batch['image'][7], atol=1e-6)
+  _, losses = run_steps(tiny_config(mixup_alpha=0.2), n=2)
+  assert all(np.isfinite(losses))

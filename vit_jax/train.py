@@ -152,6 +152,8 @@ def loss_and_grads(model: nn.Module, config: ml_collections.ConfigDict, params: 
     return optim.loss_fn(config.loss, logits, labels, smoothing).mean()
 
   grad_fn = jax.value_and_grad(mean_loss)
+  if config.get('mixup_alpha'):
+    batch = mixup(batch, jax.random.fold_in(rng, 0x6D697875), config.mixup_alpha)  # 'mixu'
   k = int(config.get('grad_accum_steps', 1))
   if k == 1:
     return grad_fn(params, batch['image'], batch['label'], rng)
@@ -167,6 +169,17 @@ def loss_and_grads(model: nn.Module, config: ml_collections.ConfigDict, params: 
   zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
   (loss, grads), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(k), micro))
   return loss / k, jax.tree.map(lambda g: g / k, grads)
+
+
+def mixup(batch: dict[str, jax.Array], rng: jax.Array, alpha: float) -> dict[str, jax.Array]:
+  """Mixes each example with its neighbour: p * x + (1 - p) * roll(x), p ~ Beta(a, a), p >= 0.5.
+
+  Labels are mixed alike (one-hot or multi-hot). Zhang et al., 2018.
+  """
+  p = jax.random.beta(rng, alpha, alpha)
+  p = jnp.maximum(p, 1. - p)
+  mix = lambda x: (p * x + (1. - p) * jnp.roll(x, 1, axis=0)).astype(x.dtype)
+  return {**batch, 'image': mix(batch['image']), 'label': mix(batch['label'])}
 
 
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,

@@ -129,10 +129,52 @@ def value_range(lo: float = -1., hi: float = 1.) -> Op:
   return lambda image, rng: as_array(image).astype(np.float32) * scale + offset
 
 
+def _randaug_ops(magnitude: float, fill: tuple[int, int, int]) -> list[Callable]:
+  """The RandAugment operations (Cubuk et al., 2020) at a magnitude in [0, 10]."""
+  from PIL import ImageEnhance, ImageOps
+
+  m = magnitude / 10.
+
+  def signed(rng: np.random.Generator, value: float) -> float:
+    return value if rng.random() < 0.5 else -value
+
+  def affine(image: Image.Image, matrix: tuple) -> Image.Image:
+    return image.transform(image.size, Image.AFFINE, matrix, fillcolor=fill)
+
+  return [
+      lambda im, rng: ImageOps.autocontrast(im),
+      lambda im, rng: ImageOps.equalize(im),
+      lambda im, rng: ImageOps.invert(im),
+      lambda im, rng: im.rotate(signed(rng, 30. * m), fillcolor=fill),
+      lambda im, rng: ImageOps.posterize(im, max(1, int(8 - 4 * m))),
+      lambda im, rng: ImageOps.solarize(im, int(256 - 256 * m)),
+      lambda im, rng: ImageEnhance.Color(im).enhance(1. + signed(rng, 0.9 * m)),
+      lambda im, rng: ImageEnhance.Contrast(im).enhance(1. + signed(rng, 0.9 * m)),
+      lambda im, rng: ImageEnhance.Brightness(im).enhance(1. + signed(rng, 0.9 * m)),
+      lambda im, rng: ImageEnhance.Sharpness(im).enhance(1. + signed(rng, 0.9 * m)),
+      lambda im, rng: affine(im, (1, signed(rng, 0.3 * m), 0, 0, 1, 0)),
+      lambda im, rng: affine(im, (1, 0, 0, signed(rng, 0.3 * m), 1, 0)),
+      lambda im, rng: affine(im, (1, 0, signed(rng, 0.45 * m * im.size[0]), 0, 1, 0)),
+      lambda im, rng: affine(im, (1, 0, 0, 0, 1, signed(rng, 0.45 * m * im.size[1]))),
+  ]
+
+
+def randaug(num_layers: int = 2, magnitude: float = 10.) -> Op:
+  """RandAugment: ``num_layers`` operations drawn uniformly, at ``magnitude`` (0-10)."""
+  ops = _randaug_ops(magnitude, fill=(128, 128, 128))
+
+  def op(image: Any, rng: np.random.Generator) -> Image.Image:
+    image = as_pil(image).convert('RGB')
+    for i in rng.integers(0, len(ops), num_layers):
+      image = ops[i](image, rng)
+    return image
+  return op
+
+
 OPS: dict[str, Callable[..., Op]] = {
     'decode': decode, 'to_rgb': to_rgb, 'resize': resize, 'resize_small': resize_small,
     'central_crop': central_crop, 'inception_crop': inception_crop, 'pad_crop': pad_crop,
-    'flip_lr': flip_lr, 'value_range': value_range,
+    'flip_lr': flip_lr, 'value_range': value_range, 'randaug': randaug,
 }
 _CALL = re.compile(r'^\s*(\w+)\s*(?:\((.*)\))?\s*$')
 
