@@ -1,7 +1,8 @@
 r"""A ViT trained from scratch on Fashion-MNIST (../shared/data/fashion_mnist).
 
-28x28 greyscale images in 4x4 patches (a 7x7 grid), a 6-layer, 64-wide encoder
-with global average pooling, random translations and flips, Adam with cosine decay.
+28x28 greyscale images in 7x7 patches (a 4x4 grid of tokens), a 6-layer, 128-wide
+encoder with global average pooling, random translations and flips, Adam with cosine
+decay, 15 epochs.
 
     python -m vit_jax.main --config=configs/fashion_mnist.py --workdir=/tmp/fmnist
 """
@@ -12,7 +13,7 @@ import ml_collections
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.model = ml_collections.ConfigDict(dict(
-      name='ti16', image_size=28, patch_size=4, hidden_size=64, mlp_dim=128, num_heads=4,
+      name='ti16', image_size=28, patch_size=7, hidden_size=128, mlp_dim=256, num_heads=4,
       num_layers=6, pool='gap'))
   config.dataset = ml_collections.ConfigDict(dict(
       name='fashion_mnist', num_classes=10, data_dir='../shared/data/fashion_mnist',
@@ -24,7 +25,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.mixup_alpha = 0.0
   config.batch_size = 256
   config.eval_batch_size = 1000
-  config.num_epochs = 10
+  config.num_epochs = 15
   config.optimizer = ml_collections.ConfigDict(dict(
       name='adam', b1=0.9, b2=0.999, weight_decay=0.05, grad_clip_norm=1.0))
   config.schedule = ml_collections.ConfigDict(dict(base_lr=2e-3, warmup_steps=500,
@@ -38,5 +39,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_every_steps = 1000
   config.checkpoint_every_steps = 1000
   config.keep_checkpoints = 2
+  config.profile_steps = ()  # (first, last) step of a profiler trace.
   config.input_workers = 2
   return config

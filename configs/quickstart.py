@@ -37,5 +37,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_every_steps = 500
   config.checkpoint_every_steps = 500
   config.keep_checkpoints = 2
+  config.profile_steps = ()  # (first, last) step of a profiler trace.
   config.input_workers = 2
   return config

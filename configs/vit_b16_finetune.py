@@ -58,5 +58,6 @@ def get_config(dataset: str = 'cifar10') -> ml_collections.ConfigDict:
   config.eval_every_steps = max(steps // 10, 100)
   config.checkpoint_every_steps = max(steps // 10, 100)
   config.keep_checkpoints = 2
+  config.profile_steps = ()  # (first, last) step of a profiler trace.
   config.input_workers = 32
   return config

@@ -67,5 +67,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_every_steps = 10_000
   config.checkpoint_every_steps = 2000
   config.keep_checkpoints = 3
+  config.profile_steps = ()  # (first, last) step of a profiler trace.
   config.input_workers = 32
   return config

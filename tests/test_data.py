@@ -159,8 +159,10 @@ def test_training_on_a_tfds_dataset(local_tfds, tmp_path):
       name=name, data_dir=data_dir, num_classes=10, train_split='train', eval_split='test',
       pp_train='to_rgb|resize(16)|value_range(-1, 1)',
       pp_eval='to_rgb|resize(16)|value_range(-1, 1)'))
+  config.profile_steps = (2, 4)
   result = train.train_and_evaluate(config, str(tmp_path / 'run'))
   assert result['examples'] == 256
+  assert list((tmp_path / 'run' / 'profile').rglob('*.xplane.pb'))  # The profiler trace.
 
 
 def test_unprepared_tfds_dataset_is_explained(tmp_path):

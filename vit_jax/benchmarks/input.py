@@ -8,7 +8,8 @@ pipelines decode the same JPEG bytes and apply the same operations:
   train: decode, inception crop (area 5%-100%, aspect 3/4-4/3) to 224, random flip,
          values to [-1, 1];
   eval:  decode, resize the shorter side to 256, central crop 224, values to [-1, 1].
-Each runs with one worker (images/s per core) and with one worker per core.
+Each measurement runs in its own process pinned to 1 core (images/s per core) or to
+all cores, with as many workers as cores.
 tf.data reads the JPEG files with ``tf.io.read_file``, as the existing projects'
 pipelines do; vit_jax reads its ArrayRecord shards.
 """
@@ -104,34 +105,66 @@ def tf_data_rate(folder: str, split: str, pipeline: str, workers: int, images: i
   return steps * batch / (time.perf_counter() - start)
 
 
+_MEASURE = flags.DEFINE_string('measure', '', 'Internal: IMPL:PIPELINE:WORKERS, one '
+                                'measurement in this (pinned) process, printed as JSON.')
+
+
+def _measure_pinned(directory: str, impl: str, pipeline: str, workers: int) -> float:
+  """Runs one measurement in a child process pinned to ``workers`` cores."""
+  import subprocess
+  import sys
+
+  cores = sorted(os.sched_getaffinity(0))[:workers]
+  command = [sys.executable, '-m', 'vit_jax.benchmarks.input', f'--data={_DATA.value}',
+             f'--split={_SPLIT.value}', f'--work_dir={_WORK_DIR.value}',
+             f'--images={_IMAGES.value}', f'--batch_size={_BATCH.value}',
+             f'--measure={impl}:{pipeline}:{workers}']
+  env = {**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3', 'JAX_PLATFORMS': 'cpu'}
+  done = subprocess.run(command, capture_output=True, text=True, check=False, env=env,
+                        preexec_fn=lambda: os.sched_setaffinity(0, cores))
+  if done.returncode:
+    raise RuntimeError(f'{impl} {pipeline} failed:\n{done.stderr[-3000:]}')
+  return json.loads(done.stdout.strip().splitlines()[-1])['images_per_s']
+
+
 def main(argv: list[str]) -> None:
   del argv
+  converted = str(epath.Path(_WORK_DIR.value) / 'local')
+  if _MEASURE.value:
+    impl, pipeline, workers = _MEASURE.value.split(':')
+    if impl == 'vit_jax':
+      rate = vit_jax_rate(converted, _SPLIT.value, pipeline, int(workers), _IMAGES.value,
+                          _BATCH.value)
+    else:
+      rate = tf_data_rate(_DATA.value, _SPLIT.value, pipeline, int(workers), _IMAGES.value,
+                          _BATCH.value)
+    print(json.dumps({'images_per_s': rate}))
+    return
+
   from vit_jax.data import convert
 
-  converted = str(epath.Path(_WORK_DIR.value) / 'local')
   convert.convert(_DATA.value, converted, shards=8)
-  cores = os.cpu_count() or 1
+  cores = len(os.sched_getaffinity(0))
   rows = []
   for pipeline in ('train', 'eval'):
     for workers in sorted({1, cores}):
-      ours = vit_jax_rate(converted, _SPLIT.value, pipeline, workers, _IMAGES.value,
-                          _BATCH.value)
-      theirs = tf_data_rate(_DATA.value, _SPLIT.value, pipeline, workers, _IMAGES.value,
-                            _BATCH.value)
-      rows.append({'pipeline': pipeline, 'workers': workers, 'vit_jax_images_per_s': ours,
+      ours = _measure_pinned(converted, 'vit_jax', pipeline, workers)
+      theirs = _measure_pinned(converted, 'tf_data', pipeline, workers)
+      rows.append({'pipeline': pipeline, 'cores': workers, 'vit_jax_images_per_s': ours,
                    'tf_data_images_per_s': theirs, 'vit_jax_per_core': ours / workers,
                    'tf_data_per_core': theirs / workers, 'ratio': ours / theirs})
-  print(f'\nInput throughput on {_DATA.value} ({_SPLIT.value}), {cores} cores, '
-        f'{platform.processor() or platform.machine()}')
-  print(f'{"pipeline":9}{"workers":>8}{"vit_jax img/s":>15}{"tf.data img/s":>15}'
+  print(f'\nInput throughput on {_DATA.value} ({_SPLIT.value}), batch {_BATCH.value}, '
+        f'{_IMAGES.value} images per measurement, {platform.machine()}; each measurement '
+        'pinned to its cores.')
+  print(f'{"pipeline":9}{"cores":>6}{"vit_jax img/s":>15}{"tf.data img/s":>15}'
         f'{"vit_jax/core":>14}{"tf.data/core":>14}{"ratio":>7}')
   for r in rows:
-    print(f'{r["pipeline"]:9}{r["workers"]:>8}{r["vit_jax_images_per_s"]:>15.0f}'
+    print(f'{r["pipeline"]:9}{r["cores"]:>6}{r["vit_jax_images_per_s"]:>15.0f}'
           f'{r["tf_data_images_per_s"]:>15.0f}{r["vit_jax_per_core"]:>14.0f}'
           f'{r["tf_data_per_core"]:>14.0f}{r["ratio"]:>7.2f}')
   if _OUT.value:
-    result = {'data': _DATA.value, 'split': _SPLIT.value, 'cores': cores,
-              'date': time.strftime('%Y-%m-%d'), 'rows': rows}
+    result = {'data': _DATA.value, 'split': _SPLIT.value, 'batch_size': _BATCH.value,
+              'images': _IMAGES.value, 'date': time.strftime('%Y-%m-%d'), 'rows': rows}
     epath.Path(_OUT.value).parent.mkdir(parents=True, exist_ok=True)
     epath.Path(_OUT.value).write_text(json.dumps(result, indent=1))
     print(f'wrote {_OUT.value}')
