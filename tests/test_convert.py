@@ -252,3 +252,23 @@ def test_multi_label_training_reports_precision_at_1(tmp_path):
   result = train.train_and_evaluate(config, str(tmp_path / 'run'))
   assert set(result) == {'prec@1', 'loss', 'examples'} and result['examples'] == 16
   assert 0 <= result['prec@1'] <= 1
+
+
+def test_command_line(tmp_path):
+  needs_shared_data()
+  import subprocess
+  import sys
+
+  root = tmp_path / 'folder' / 'val' / 'fish'
+  root.mkdir(parents=True)
+  for f in sorted((SHARED_DATA / 'imagenette_224' / 'val' / 'n01440764').iterdir())[:3]:
+    shutil.copy(f, root / f.name)
+  command = [sys.executable, '-m', 'vit_jax.data.convert', f'--source={tmp_path / "folder"}',
+             f'--out={tmp_path / "out"}', '--shards=2', '--workers=1']
+  done = subprocess.run(command, capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert 'wrote' in done.stderr and '(val 3; 1 classes; 0 skipped)' in done.stderr
+  assert local.read_metadata(tmp_path / 'out')['splits']['val']['num_examples'] == 3
+  missing = subprocess.run(command[:3] + [f'--source={tmp_path / "nope"}', command[4]],
+                           capture_output=True, text=True)
+  assert missing.returncode != 0 and 'The source' in missing.stderr

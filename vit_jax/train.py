@@ -324,7 +324,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   def run_eval(step: int) -> dict[str, float]:
     batches = loader.eval_batches(
         plan.eval_source, pp_eval, global_batch_size=config.get('eval_batch_size', 256),
-        sharding=sharding.batch_sharding(mesh), num_classes=plan.num_classes)
+        sharding=sharding.batch_sharding(mesh), num_classes=plan.num_classes,
+        num_workers=config.get('input_workers', 4))
     result = evaluate.evaluate(eval_step, state.params, batches, metric_name)
     log.write(step, {f'eval/{k}': v for k, v in result.items()})
     logging.info('eval at step %d: %s %.4f, loss %.4f (%d examples)', step, metric_name,

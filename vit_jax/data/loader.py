@@ -14,6 +14,7 @@ reads only its share of every batch; the shares are joined into one global
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -121,16 +122,10 @@ class TrainLoader:
                      self.num_classes)
 
   def iterate_local(self, start_step: int = 0) -> Iterator[tuple[int, Batch]]:
-    """(step, this process's numpy batch), assembled ``prefetch`` steps ahead in threads."""
-    with ThreadPoolExecutor(self.num_workers) as pool:
-      ahead = collections.deque(pool.submit(self.local_batch, s)
-                                for s in range(start_step, start_step + self.prefetch))
-      step = start_step
-      while True:
-        local = ahead.popleft().result()
-        ahead.append(pool.submit(self.local_batch, step + self.prefetch))
-        yield step, local
-        step += 1
+    """(step, this process's numpy batch), assembled ahead in ``num_workers`` threads."""
+    steps = itertools.count(start_step)
+    yield from zip(itertools.count(start_step),
+                   _ahead(self.local_batch, steps, self.num_workers, self.prefetch))
 
   def iterate(self, start_step: int = 0) -> Iterator[tuple[int, Batch]]:
     """(step, global batch sharded over the mesh) from ``start_step`` on."""
@@ -142,15 +137,31 @@ class TrainLoader:
       batches.close()
 
 
+def _ahead(fn: Callable, keys: Iterator, workers: int, depth: int) -> Iterator:
+  """fn(k) for each key, in order, computed up to ``depth`` keys ahead in threads."""
+  with ThreadPoolExecutor(workers) as pool:
+    pending = collections.deque(pool.submit(fn, k) for k in itertools.islice(keys, depth))
+    while pending:
+      result = pending.popleft().result()
+      pending.extend(pool.submit(fn, k) for k in itertools.islice(keys, 1))
+      yield result
+
+
 def eval_batches(source: Any, preprocess: Callable, *, global_batch_size: int,
-                 sharding: jax.sharding.Sharding, num_classes: int) -> Iterator[Batch]:
+                 sharding: jax.sharding.Sharding, num_classes: int,
+                 num_workers: int = 4) -> Iterator[Batch]:
   """Every example exactly once, in order; the last batch padded, with a 0/1 'mask'."""
   offset, size = _share(global_batch_size)
   n = len(source)
-  for b in range(math.ceil(n / global_batch_size)):
+
+  def local_batch(b: int) -> Batch:
     rows = np.arange(b * global_batch_size + offset, b * global_batch_size + offset + size)
     mask = rows < n
     local = _assemble([_load(source, preprocess, i, np.random.default_rng(0))
                        for i in np.where(mask, rows, 0)], num_classes)
     local['mask'] = mask.astype(np.float32)
+    return local
+
+  batches = iter(range(math.ceil(n / global_batch_size)))
+  for local in _ahead(local_batch, batches, num_workers, num_workers):
     yield to_global(local, sharding, global_batch_size)
