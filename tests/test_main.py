@@ -1,5 +1,6 @@
 """The entry point as users run it: real processes, killed, preempted, and on two hosts."""
 
+import json
 import os
 import signal
 import socket
@@ -124,4 +125,5 @@ def test_quickstart_command_reaches_95_percent(tmp_path):
   assert final['step'] == 1500 and final['eval/examples'] == 359
   assert final['eval/accuracy'] >= 0.95
   assert checkpoint_steps(tmp_path) == [1000, 1500]
+  assert json.loads((tmp_path / 'config.json').read_text())['model']['name'] == 'ti16'
   assert list(tmp_path.glob('events.out.tfevents.*'))

@@ -305,6 +305,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   start_step = int(jax.device_get(state.step))
 
   log = _MetricsLog(workdir)
+  if log.main:  # What this workdir holds, for the tools that read it later.
+    (epath.Path(workdir) / 'config.json').write_text(config.to_json_best_effort(indent=1))
   if start_step == 0 and log.main:
     from clu import parameter_overview
     logging.info('Parameters of %s:\n%s', model.model_name,
