@@ -21,6 +21,7 @@ import os
 import platform
 import time
 
+import numpy as np
 from absl import app, flags
 from etils import epath
 
@@ -28,7 +29,8 @@ _DATA = flags.DEFINE_string('data', '../shared/data/imagenette_224', 'An image f
 _SPLIT = flags.DEFINE_string('split', 'train', 'Split of the folder to read.')
 _WORK_DIR = flags.DEFINE_string('work_dir', '/tmp/vit_jax_input_benchmark',
                                 'Where the converted copy goes.')
-_IMAGES = flags.DEFINE_integer('images', 2048, 'Images per measurement.')
+_IMAGES = flags.DEFINE_integer('images', 4096, 'Images per measurement.')
+_REPEATS = flags.DEFINE_integer('repeats', 3, 'Measurements per cell; the median is reported.')
 _BATCH = flags.DEFINE_integer('batch_size', 128, 'Batch size.')
 _OUT = flags.DEFINE_string('out', '', 'JSON file for the results.')
 
@@ -148,14 +150,19 @@ def main(argv: list[str]) -> None:
   rows = []
   for pipeline in ('train', 'eval'):
     for workers in sorted({1, cores}):
-      ours = _measure_pinned(converted, 'vit_jax', pipeline, workers)
-      theirs = _measure_pinned(converted, 'tf_data', pipeline, workers)
-      rows.append({'pipeline': pipeline, 'cores': workers, 'vit_jax_images_per_s': ours,
+      # Alternate the two, so that slow drifts of the machine hit both alike.
+      runs = {'vit_jax': [], 'tf_data': []}
+      for _ in range(_REPEATS.value):
+        for impl in runs:
+          runs[impl].append(_measure_pinned(converted, impl, pipeline, workers))
+      ours, theirs = (float(np.median(runs[impl])) for impl in ('vit_jax', 'tf_data'))
+      rows.append({'pipeline': pipeline, 'cores': workers, 'runs': runs,
+                   'vit_jax_images_per_s': ours,
                    'tf_data_images_per_s': theirs, 'vit_jax_per_core': ours / workers,
                    'tf_data_per_core': theirs / workers, 'ratio': ours / theirs})
   print(f'\nInput throughput on {_DATA.value} ({_SPLIT.value}), batch {_BATCH.value}, '
-        f'{_IMAGES.value} images per measurement, {platform.machine()}; each measurement '
-        'pinned to its cores.')
+        f'median of {_REPEATS.value} x {_IMAGES.value} images, {platform.machine()}; each '
+        'measurement in its own process pinned to its cores.')
   print(f'{"pipeline":9}{"cores":>6}{"vit_jax img/s":>15}{"tf.data img/s":>15}'
         f'{"vit_jax/core":>14}{"tf.data/core":>14}{"ratio":>7}')
   for r in rows:
@@ -164,7 +171,8 @@ def main(argv: list[str]) -> None:
           f'{r["tf_data_per_core"]:>14.0f}{r["ratio"]:>7.2f}')
   if _OUT.value:
     result = {'data': _DATA.value, 'split': _SPLIT.value, 'batch_size': _BATCH.value,
-              'images': _IMAGES.value, 'date': time.strftime('%Y-%m-%d'), 'rows': rows}
+              'images': _IMAGES.value, 'repeats': _REPEATS.value,
+              'date': time.strftime('%Y-%m-%d'), 'rows': rows}
     epath.Path(_OUT.value).parent.mkdir(parents=True, exist_ok=True)
     epath.Path(_OUT.value).write_text(json.dumps(result, indent=1))
     print(f'wrote {_OUT.value}')

@@ -79,9 +79,15 @@ def _load(source: Any, preprocess: Callable, index: int,
   return preprocess(example['image'], rng), example['label']
 
 
-def _assemble(examples: list[tuple[np.ndarray, Any]], num_classes: int) -> Batch:
-  images, labels = zip(*examples, strict=True)
-  return {'image': np.stack(images), 'label': _labels(np.stack(labels), num_classes)}
+def _assemble(examples: Iterator[tuple[np.ndarray, Any]], size: int, num_classes: int) -> Batch:
+  """Writes each example into one batch array as it is made (no list, no stack copy)."""
+  images, labels = None, []
+  for j, (image, label) in enumerate(examples):
+    if images is None:
+      images = np.empty((size, *image.shape), image.dtype)
+    images[j] = image
+    labels.append(label)
+  return {'image': images, 'label': _labels(np.stack(labels), num_classes)}
 
 
 def to_global(local: Batch, sharding: jax.sharding.Sharding, global_batch_size: int) -> Batch:
@@ -117,9 +123,9 @@ class TrainLoader:
     """This process's rows of batch ``step``, preprocessed, as numpy arrays."""
     rows = range(self.offset, self.offset + self.local_size)
     indices = self.indices(step)
-    return _assemble([_load(self.source, self.preprocess, indices[j],
-                            np.random.default_rng([self.seed, step, j])) for j in rows],
-                     self.num_classes)
+    return _assemble((_load(self.source, self.preprocess, indices[j],
+                            np.random.default_rng([self.seed, step, j])) for j in rows),
+                     self.local_size, self.num_classes)
 
   def iterate_local(self, start_step: int = 0) -> Iterator[tuple[int, Batch]]:
     """(step, this process's numpy batch), assembled ahead in ``num_workers`` threads."""
@@ -157,8 +163,8 @@ def eval_batches(source: Any, preprocess: Callable, *, global_batch_size: int,
   def local_batch(b: int) -> Batch:
     rows = np.arange(b * global_batch_size + offset, b * global_batch_size + offset + size)
     mask = rows < n
-    local = _assemble([_load(source, preprocess, i, np.random.default_rng(0))
-                       for i in np.where(mask, rows, 0)], num_classes)
+    local = _assemble((_load(source, preprocess, i, np.random.default_rng(0))
+                       for i in np.where(mask, rows, 0)), size, num_classes)
     local['mask'] = mask.astype(np.float32)
     return local
 

@@ -1,80 +1,89 @@
 """Per-example preprocessing ops, composed from a config string.
 
 A pipeline is written as ``'decode|inception_crop(224)|flip_lr|value_range(-1, 1)'``.
-Each op maps (image, numpy Generator) to an image. Images stay PIL images between
-ops (no array copies; crops and resizes are one PIL call) until ``value_range``
-makes the float32 array; a pipeline without it returns uint8. Inputs may be
-encoded bytes (``decode`` first), PIL images or HWC uint8 arrays. Random ops draw
-from the generator, which the loader seeds per example: pipelines are
-deterministic.
+Each op maps (image, numpy Generator) to an image. Images are HWC uint8 arrays
+(crops are views; decoding and resizing use OpenCV's SIMD kernels) until
+``value_range`` makes the float32 array; a pipeline without it returns uint8.
+Inputs may be encoded bytes (``decode`` first) or arrays. Random ops draw from
+the generator, which the loader seeds per example: pipelines are deterministic.
 """
 
 from __future__ import annotations
 
 import ast
-import io
 import re
 from collections.abc import Callable
 from typing import Any
 
+import cv2
 import numpy as np
 from PIL import Image
 
 Op = Callable[[Any, np.random.Generator], Any]
 
-
-def as_pil(image: Any) -> Image.Image:
-  """bytes, HWC/HW uint8 array or PIL image -> PIL image."""
-  if isinstance(image, Image.Image):
-    return image
-  if isinstance(image, bytes):
-    return Image.open(io.BytesIO(image))
-  image = np.asarray(image)
-  return Image.fromarray(image[..., 0] if image.ndim == 3 and image.shape[-1] == 1 else image)
+cv2.setNumThreads(1)  # The loader parallelises over examples.
 
 
 def as_array(image: Any) -> np.ndarray:
-  """PIL image or array -> HWC array."""
+  """Encoded bytes, PIL image or array -> HWC uint8 array."""
+  if isinstance(image, bytes):
+    return decode()(image, None)
   array = np.asarray(image)
   return array[..., None] if array.ndim == 2 else array
 
 
 def decode() -> Op:
-  """Encoded bytes -> RGB image (greyscale, palette and CMYK images converted)."""
-  return lambda image, rng: as_pil(image).convert('RGB')
+  """Encoded bytes -> RGB array (greyscale, palette and alpha images converted)."""
+  flags = cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION
+
+  def op(image: Any, rng: np.random.Generator) -> np.ndarray:
+    if not isinstance(image, bytes):
+      return to_rgb()(image, rng)
+    array = cv2.imdecode(np.frombuffer(image, np.uint8), flags)
+    if array is None:
+      raise ValueError('decode: the bytes are not an image OpenCV can read.')
+    return array
+  return op
 
 
 def to_rgb() -> Op:
   """Any image -> RGB (greyscale replicated to three channels)."""
-  return lambda image, rng: as_pil(image).convert('RGB')
+  def op(image: Any, rng: np.random.Generator) -> np.ndarray:
+    array = as_array(image)
+    return np.repeat(array, 3, axis=-1) if array.shape[-1] == 1 else array[..., :3]
+  return op
+
+
+def _resize_to(image: np.ndarray, h: int, w: int) -> np.ndarray:
+  """Bilinear resize (as tf.image.resize: no antialiasing)."""
+  return as_array(cv2.resize(image, (w, h), interpolation=cv2.INTER_LINEAR))
 
 
 def resize(size: int | tuple[int, int]) -> Op:
   """Bilinear resize to (size, size) or (height, width)."""
   h, w = (size, size) if isinstance(size, int) else size
-  return lambda image, rng: as_pil(image).resize((w, h), Image.BILINEAR)
+  return lambda image, rng: _resize_to(as_array(image), h, w)
 
 
 def resize_small(size: int) -> Op:
   """Resizes so that the shorter side is ``size``, keeping the aspect ratio."""
-  def op(image: Any, rng: np.random.Generator) -> Image.Image:
-    image = as_pil(image)
-    w, h = image.size
+  def op(image: Any, rng: np.random.Generator) -> np.ndarray:
+    image = as_array(image)
+    h, w = image.shape[:2]
     scale = size / min(h, w)
-    return image.resize((max(size, round(w * scale)), max(size, round(h * scale))),
-                        Image.BILINEAR)
+    return _resize_to(image, max(size, round(h * scale)), max(size, round(w * scale)))
   return op
 
 
 def central_crop(size: int) -> Op:
   """The central ``size`` x ``size`` crop."""
-  def op(image: Any, rng: np.random.Generator) -> Image.Image:
-    image = as_pil(image)
-    w, h = image.size
+  def op(image: Any, rng: np.random.Generator) -> np.ndarray:
+    image = as_array(image)
+    h, w = image.shape[:2]
     if h < size or w < size:
       raise ValueError(f'central_crop({size}) of a {h}x{w} image: resize it first.')
     top, left = (h - size) // 2, (w - size) // 2
-    return image.crop((left, top, left + size, top + size))
+    return image[top:top + size, left:left + size]
   return op
 
 
@@ -84,20 +93,19 @@ def inception_crop(size: int, area_min: float = 0.05, area_max: float = 1.0) -> 
   The "Inception" crop of the paper's training pipelines (area 5%-100% in the
   releases); after 10 failed draws it takes the central square.
   """
-  def op(image: Any, rng: np.random.Generator) -> Image.Image:
-    image = as_pil(image)
-    w, h = image.size
+  def op(image: Any, rng: np.random.Generator) -> np.ndarray:
+    image = as_array(image)
+    h, w = image.shape[:2]
     for _ in range(10):
       area = h * w * rng.uniform(area_min, area_max)
       aspect = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3)))
       ch, cw = round(np.sqrt(area / aspect)), round(np.sqrt(area * aspect))
       if 0 < ch <= h and 0 < cw <= w:
         top, left = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
-        return image.resize((size, size), Image.BILINEAR,
-                            box=(left, top, left + cw, top + ch))
+        return _resize_to(image[top:top + ch, left:left + cw], size, size)
     side = min(h, w)
     top, left = (h - side) // 2, (w - side) // 2
-    return image.resize((size, size), Image.BILINEAR, box=(left, top, left + side, top + side))
+    return _resize_to(image[top:top + side, left:left + side], size, size)
   return op
 
 
@@ -114,19 +122,21 @@ def pad_crop(pad: int) -> Op:
 
 def flip_lr() -> Op:
   """Horizontal flip with probability 1/2."""
-  def op(image: Any, rng: np.random.Generator) -> Any:
-    if rng.random() >= 0.5:
-      return image
-    if isinstance(image, Image.Image):
-      return image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    return as_array(image)[:, ::-1]
-  return op
+  # cv2.flip returns a contiguous array: later ops on a negative-stride view are slow.
+  return lambda image, rng: as_array(cv2.flip(as_array(image), 1)) if rng.random() < 0.5 \
+      else image
 
 
 def value_range(lo: float = -1., hi: float = 1.) -> Op:
-  """uint8 [0, 255] -> float32 [lo, hi], as an HWC array."""
+  """uint8 [0, 255] -> float32 [lo, hi]."""
   scale, offset = (hi - lo) / 255., lo
-  return lambda image, rng: as_array(image).astype(np.float32) * scale + offset
+
+  def op(image: Any, rng: np.random.Generator) -> np.ndarray:
+    array = as_array(image).astype(np.float32)
+    array *= scale
+    array += offset
+    return array
+  return op
 
 
 def _randaug_ops(magnitude: float, fill: tuple[int, int, int]) -> list[Callable]:
@@ -163,11 +173,11 @@ def randaug(num_layers: int = 2, magnitude: float = 10.) -> Op:
   """RandAugment: ``num_layers`` operations drawn uniformly, at ``magnitude`` (0-10)."""
   ops = _randaug_ops(magnitude, fill=(128, 128, 128))
 
-  def op(image: Any, rng: np.random.Generator) -> Image.Image:
-    image = as_pil(image).convert('RGB')
+  def op(image: Any, rng: np.random.Generator) -> np.ndarray:
+    pil = Image.fromarray(np.ascontiguousarray(to_rgb()(image, rng)))
     for i in rng.integers(0, len(ops), num_layers):
-      image = ops[i](image, rng)
-    return image
+      pil = ops[i](pil, rng)
+    return np.asarray(pil)
   return op
 
 
