@@ -145,13 +145,14 @@ def get_source(dataset: Any, split: str) -> ArraySource | TFDSSource | local.Loc
   files in ``data_dir``) or any TFDS name (``imagenet2012``, ``cifar10``, ...;
   ``data_dir``, ``manual_dir``, ``prepare``).
   """
-  name, data_dir = dataset.name, dataset.get('data_dir')
+  name = dataset.name
+  data_dir = dataset.get('data_dir') or None  # '' in a config means: the default.
   if data_dir and (epath.Path(data_dir) / local.METADATA).exists():
     return local.LocalSource(str(data_dir), split)
   if name == 'digits':
     return digits(split)
-  if name in ('mnist', 'fashion_mnist') and dataset.get('data_dir') and not dataset.get('tfds'):
+  if name in ('mnist', 'fashion_mnist') and data_dir:
     names = FASHION_MNIST_CLASSES if name == 'fashion_mnist' else ()
-    return idx_dataset(dataset.data_dir, split, names)
-  return TFDSSource(name, split, dataset.get('data_dir'), dataset.get('manual_dir'),
+    return idx_dataset(data_dir, split, names)
+  return TFDSSource(name, split, data_dir, dataset.get('manual_dir') or None,
                     bool(dataset.get('prepare', False)))
