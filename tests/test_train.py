@@ -97,6 +97,8 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
   chex.assert_trees_all_equal(restore_state(tmp_path / 'a', config),
                               restore_state(tmp_path / 'b', config))
   assert resumed == result
+  # A finished run, started again: nothing to train, the same evaluation.
+  assert train.train_and_evaluate(config, str(tmp_path / 'a')) == result
 
 
 def test_non_finite_loss_stops_with_the_step_and_keeps_good_checkpoints(tmp_path):

@@ -379,6 +379,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         checkpoint_manager.save(manager, step, state, force=True)
       if (eval_every and step % eval_every == 0) or step == total_steps:
         result = run_eval(step)
+    if start_step >= total_steps:
+      logging.info('The run in %s is already complete (step %d).', workdir, start_step)
+      result = run_eval(start_step)
   finally:
     preemption.close()
     batches.close()
