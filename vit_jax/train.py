@@ -53,6 +53,8 @@ class Plan:
   total_steps: int
   warmup_steps: int
   mesh: jax.sharding.Mesh
+  pp_train: Callable
+  pp_eval: Callable
 
 
 # ---------------------------------------------------------------------------
@@ -86,8 +88,8 @@ def validate(config: ml_collections.ConfigDict) -> Plan:
                             '.npz checkpoint to fine-tune from.')
   if config.loss not in ('softmax_xent', 'sigmoid_xent'):
     raise ValueError(f"config.loss={config.loss!r} is not 'softmax_xent' or 'sigmoid_xent'.")
-  for pp in ('pp_train', 'pp_eval'):
-    preprocess.parse(config.dataset[pp])
+  pp_train = preprocess.parse(config.dataset.pp_train)
+  pp_eval = preprocess.parse(config.dataset.pp_eval)
 
   mesh = sharding.make_mesh(config.get('mesh'))
   devices, accum = mesh.size, int(config.get('grad_accum_steps', 1))
@@ -119,7 +121,8 @@ def validate(config: ml_collections.ConfigDict) -> Plan:
   except ValueError as e:
     raise ValueError(f'config.model: {e}') from None
   total, warmup = optim.resolve_steps(config, len(train_source))
-  return Plan(model, train_source, eval_source, num_classes, total, warmup, mesh)
+  return Plan(model, train_source, eval_source, num_classes, total, warmup, mesh, pp_train,
+              pp_eval)
 
 
 # ---------------------------------------------------------------------------
@@ -316,16 +319,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   train_step = make_train_step(model, tx, schedule, config, mesh, state_shardings)
   eval_step = evaluate.make_eval_step(model, config.loss, state_shardings.params,
                                       sharding.batch_sharding(mesh), sharding.replicated(mesh))
-  pp_train = preprocess.parse(config.dataset.pp_train)
-  pp_eval = preprocess.parse(config.dataset.pp_eval)
   train_loader = loader.TrainLoader(
-      plan.train_source, pp_train, global_batch_size=config.batch_size,
+      plan.train_source, plan.pp_train, global_batch_size=config.batch_size,
       seed=config.get('seed', 0), sharding=sharding.batch_sharding(mesh),
       num_classes=plan.num_classes, num_workers=config.get('input_workers', 4))
 
   def run_eval(step: int) -> dict[str, float]:
     batches = loader.eval_batches(
-        plan.eval_source, pp_eval, global_batch_size=config.get('eval_batch_size', 256),
+        plan.eval_source, plan.pp_eval, global_batch_size=config.get('eval_batch_size', 256),
         sharding=sharding.batch_sharding(mesh), num_classes=plan.num_classes,
         num_workers=config.get('input_workers', 4))
     result = evaluate.evaluate(eval_step, state.params, batches, metric_name)
