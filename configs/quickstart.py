@@ -13,7 +13,7 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.model = ml_collections.ConfigDict(dict(
       name='ti16', image_size=16, patch_size=4, hidden_size=64, mlp_dim=128, num_heads=4,
-      num_layers=4, pool='gap'))
+      num_layers=4, pool='gap', scan=False))
   config.dataset = ml_collections.ConfigDict(dict(
       name='digits', num_classes=10, train_split='train', eval_split='test',
       pp_train='to_rgb|resize(16)|pad_crop(2)|value_range(-1, 1)',
@@ -31,7 +31,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.grad_accum_steps = 1
   config.step_impl = 'jit'
   config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
-  config.init_from = ''  # A release .npz to fine-tune from.
+  config.init_from = ''  # A run's workdir or a release .npz to fine-tune from.
+  config.init_step = ml_collections.config_dict.placeholder(int)  # None: its latest step.
+  config.init_keep_head = False  # Keep the source's classifier (same classes).
   config.seed = 0
   config.log_every_steps = 100
   config.eval_every_steps = 500

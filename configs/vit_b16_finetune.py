@@ -53,6 +53,8 @@ def get_config(dataset: str = 'cifar10') -> ml_collections.ConfigDict:
   config.step_impl = 'jit'
   config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
   config.init_from = 'ViT-B_16.npz'  # A release (ImageNet-21k) checkpoint.
+  config.init_step = ml_collections.config_dict.placeholder(int)  # None: its latest step.
+  config.init_keep_head = False  # Keep the source's classifier (same classes).
   config.seed = 0
   config.log_every_steps = 50
   config.eval_every_steps = max(steps // 10, 100)

@@ -38,7 +38,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.grad_accum_steps = 1
   config.step_impl = 'jit'
   config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
-  config.init_from = ''
+  config.init_from = ''  # A run's workdir or a release .npz to fine-tune from.
+  config.init_step = ml_collections.config_dict.placeholder(int)  # None: its latest step.
+  config.init_keep_head = False  # Keep the source's classifier (same classes).
   config.seed = 0
   config.log_every_steps = 100
   config.eval_every_steps = 5000

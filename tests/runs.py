@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import os
 import pathlib
 import sys
 
@@ -34,6 +35,13 @@ def main_command(workdir, **overrides) -> list[str]:
   """The `python -m vit_jax.main` command line of the same tiny recipe."""
   return [sys.executable, '-m', 'vit_jax.main', f'--config={QUICKSTART}',
           f'--workdir={workdir}'] + [f'--config.{k}={v}' for k, v in {**TINY, **overrides}.items()]
+
+
+def env(devices: int = 8) -> dict[str, str]:
+  """The environment of a subprocess run on ``devices`` simulated CPU devices."""
+  return {**os.environ, 'XLA_FLAGS': f'--xla_force_host_platform_device_count={devices}',
+          'JAX_PLATFORMS': 'cpu', 'JAX_CPU_COLLECTIVES_IMPLEMENTATION': 'gloo',
+          'TF_CPP_MIN_LOG_LEVEL': '3'}
 
 
 def read_metrics(workdir):

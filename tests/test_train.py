@@ -171,7 +171,8 @@ def test_fine_tune_starts_from_a_release_file(tmp_path):
   assert 'pre_logits' not in final
 
   config.init_from = str(tmp_path / 'missing.npz')
-  with pytest.raises(FileNotFoundError, match='config.init_from=.*missing.npz is not a file'):
+  with pytest.raises(FileNotFoundError,
+                     match='config.init_from=.*missing.npz is neither a release .npz file'):
     train.validate(config)
 
 

@@ -232,7 +232,7 @@ def _group_blocks(items: list[tuple[str, str]]) -> list[str]:
   return [(p % name(idx) if idx else p) + detail for (p, detail), idx in groups.items()]
 
 
-def _mismatch_message(path: Any, model: VisionTransformer, source: Mapping[str, Any],
+def _mismatch_message(origin: Any, model: VisionTransformer, source: Mapping[str, Any],
                       missing: list[str], extra: list[str],
                       shapes: list[tuple[str, tuple, tuple]]) -> str:
   def listing(title: str, items: list[tuple[str, str]]) -> list[str]:
@@ -242,7 +242,7 @@ def _mismatch_message(path: Any, model: VisionTransformer, source: Mapping[str, 
     more = [f'    ... and {len(lines) - 30} more'] if len(lines) > 30 else []
     return [f'  {title} ({len(items)}):'] + [f'    {line}' for line in lines[:30]] + more
 
-  lines = [f'Checkpoint {path} does not fit the model {model.model_name or ""} '
+  lines = [f'Checkpoint {origin} does not fit the model {model.model_name or ""} '
            f'(hidden_size={model.hidden_size}, num_layers={model.num_layers}, '
            f'patch_size={model.patch_size}):']
   lines += listing('missing from the checkpoint', [(k, '') for k in missing])
@@ -272,18 +272,27 @@ def _describe(flat: Mapping[str, Any]) -> str:
 def load_pretrained(path: str | os.PathLike, init_params: Mapping[str, Any], model_config: Any,
                     *, keep_head: bool = False,
                     source_grid: tuple[int, int] | None = None) -> Params:
-  """Adapts a release .npz file to a model, for fine-tuning.
+  """Adapts a release .npz file to a model, for fine-tuning: ``adapt`` on its contents."""
+  return adapt(flatten(load_npz(path)), init_params, model_config, keep_head=keep_head,
+               source_grid=source_grid, origin=str(path))
+
+
+def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_config: Any, *,
+          keep_head: bool = False, source_grid: tuple[int, int] | None = None,
+          origin: str = 'checkpoint') -> Params:
+  """Adapts pre-trained parameters (flat, release layout) to a model, for fine-tuning.
 
   Args:
-    path: the .npz file.
+    source: {'Transformer/encoder_norm/scale': array, ...}, as ``flatten(load_npz(f))``.
     init_params: the model's freshly initialised params (they give the target
       shapes and layout, and the new head).
     model_config: the model (``get_model(...)``) or its config (``name`` plus
       ``get_model`` options); its ``image_size`` and ``patch_size`` give the grid.
-    keep_head: keep the file's classifier (it must have the model's classes)
+    keep_head: keep the source's classifier (it must have the model's classes)
       instead of the fresh zero-initialised one.
-    source_grid: (rows, columns) of the file's position embeddings, for
+    source_grid: (rows, columns) of the source's position embeddings, for
       non-square sources; square ones are recognised.
+    origin: where the parameters come from, for the log and the errors.
 
   Returns:
     Params in ``init_params``' layout: pre-logits kept or dropped as the model
@@ -294,8 +303,8 @@ def load_pretrained(path: str | os.PathLike, init_params: Mapping[str, Any], mod
   model = _as_model(model_config)
   init = unwrap(init_params)
   target = flatten(to_release(init))
-  source = flatten(load_npz(path))
-  log = lambda msg, *args: logging.info('load_pretrained: ' + msg, *args)
+  source = dict(source)
+  log = lambda msg, *args: logging.info('init from %s: ' + msg, origin, *args)
 
   loaded, missing, shapes = {}, [], []
   for key, ref in target.items():
@@ -323,10 +332,10 @@ def load_pretrained(path: str | os.PathLike, init_params: Mapping[str, Any], mod
   extra = [k for k in source if k not in target and k not in dropped]
   if missing or extra or shapes:
     raise CheckpointMismatchError(
-        _mismatch_message(path, model, source, missing, extra, shapes))
+        _mismatch_message(origin, model, source, missing, extra, shapes))
   for key in dropped:
     log('%s %s dropped (the model has no such layer)', key, source[key].shape)
   if not keep_head and 'head/kernel' in target:
     log('head: new zero-initialised classifier %s', target['head/kernel'].shape)
-  log('%d arrays loaded from %s', len(target), path)
+  log('%d arrays loaded', len(target))
   return to_model_layout(unflatten(loaded), scanned=is_scanned(init))

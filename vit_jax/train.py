@@ -28,6 +28,7 @@ from etils import epath
 from jax.sharding import PartitionSpec as P
 
 from vit_jax import checkpoint, checkpoint_manager, evaluate, optim, sharding
+from vit_jax import workdir as workdir_lib
 from vit_jax.data import loader, preprocess, sources
 from vit_jax.models import canonical_name, get_model
 
@@ -82,10 +83,14 @@ def validate(config: ml_collections.ConfigDict) -> Plan:
   data_dir = config.dataset.get('data_dir')
   if data_dir and not config.dataset.get('prepare') and not epath.Path(data_dir).exists():
     raise FileNotFoundError(f'config.dataset.data_dir={config.dataset.data_dir} does not exist.')
-  init_from = config.get('init_from')
-  if init_from and not epath.Path(init_from).is_file():
-    raise FileNotFoundError(f'config.init_from={init_from} is not a file: it names the release '
-                            '.npz checkpoint to fine-tune from.')
+  init_from, init_step = config.get('init_from'), config.get('init_step')
+  if init_from:
+    if workdir_lib.is_workdir(init_from):
+      workdir_lib.resolve_step(init_from, init_step)  # Raises, naming the steps there.
+    elif not epath.Path(init_from).is_file():
+      raise FileNotFoundError(
+          f'config.init_from={init_from} is neither a release .npz file nor the workdir of '
+          'an earlier run (a directory with checkpoints/).')
   if config.loss not in ('softmax_xent', 'sigmoid_xent'):
     raise ValueError(f"config.loss={config.loss!r} is not 'softmax_xent' or 'sigmoid_xent'.")
   pp_train = preprocess.parse(config.dataset.pp_train)
@@ -295,10 +300,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   manager = checkpoint_manager.make_manager(workdir, every_steps=checkpoint_every,
                                             keep=config.get('keep_checkpoints', 3))
   if manager.latest_step() is None and config.get('init_from'):
-    # Fine-tuning: the parameters of a release file, adapted to this model; a fresh
-    # optimizer state and step.
+    # Fine-tuning: only the parameters of an earlier run or a release file, adapted
+    # to this model, placed on this run's mesh; a fresh optimizer state and step.
     init_params = jax.tree.map(checkpoint.to_host, state.params)
-    params = checkpoint.load_pretrained(config.init_from, init_params, model)
+    params = workdir_lib.init_params_from(
+        config.init_from, init_params, model, step=config.get('init_step'),
+        keep_head=config.get('init_keep_head', False))
     state = state.replace(params=jax.device_put(params, state_shardings.params))
     logging.info('Initialised from %s.', config.init_from)
   if manager.latest_step() is not None:
@@ -309,7 +316,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   log = _MetricsLog(workdir)
   if log.main:  # What this workdir holds, for the tools that read it later.
-    (epath.Path(workdir) / 'config.json').write_text(config.to_json_best_effort(indent=1))
+    workdir_lib.write_run_info(workdir, config, plan.num_classes,
+                               tuple(getattr(plan.train_source, 'class_names', ())))
   if start_step == 0 and log.main:
     from clu import parameter_overview
     logging.info('Parameters of %s:\n%s', model.model_name,

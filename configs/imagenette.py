@@ -1,0 +1,74 @@
+r"""Pre-train at low resolution, then fine-tune at the same or a higher one (Imagenette).
+
+The paper's recipe in miniature: a small ViT (8x8 patches, width 128, 6 layers,
+class token) trained from scratch on Imagenette (10 ImageNet classes, 9,469 train /
+3,925 val images) at 64 px; then fine-tuned from that run's checkpoint with SGD,
+at 64 px (an 8x8 grid) or at a higher resolution (the position embeddings are
+resized, e.g. to 16x16 at 128 px) - a fresh zero head each time. First convert the
+JPEG folder into the local format:
+
+    python -m vit_jax.data.convert --source=../shared/data/imagenette_224 \
+        --out=/tmp/imagenette --shards=8
+    python -m vit_jax.main --config=configs/imagenette.py:pretrain --workdir=/tmp/demo/pre64
+    python -m vit_jax.main --config=configs/imagenette.py:finetune_64 \
+        --workdir=/tmp/demo/ft64 --config.init_from=/tmp/demo/pre64
+    python -m vit_jax.main --config=configs/imagenette.py:finetune_128 \
+        --workdir=/tmp/demo/ft128 --config.init_from=/tmp/demo/pre64
+"""
+
+import ml_collections
+
+PRETRAIN_SIZE = 64
+
+
+def get_config(arg: str = 'pretrain') -> ml_collections.ConfigDict:
+  if arg == 'pretrain':
+    size, finetune = PRETRAIN_SIZE, False
+  elif arg.startswith('finetune_') and arg[len('finetune_'):].isdigit():
+    size, finetune = int(arg[len('finetune_'):]), True
+  else:
+    raise ValueError(f'imagenette.py:{arg} - use "pretrain" or "finetune_SIZE" '
+                     '(e.g. finetune_128).')
+  if size % 8:
+    raise ValueError(f'imagenette.py:{arg} - the size must be a multiple of the 8 px patches.')
+  config = ml_collections.ConfigDict()
+  config.model = ml_collections.ConfigDict(dict(
+      name='ti16', image_size=size, patch_size=8, hidden_size=128, mlp_dim=384, num_heads=4,
+      num_layers=6, pool='token', dropout_rate=0.0))
+  resize = int(size * 1.14)  # Eval: resize the short side, then a central crop.
+  config.dataset = ml_collections.ConfigDict(dict(
+      name='imagenette', data_dir='/tmp/imagenette', num_classes=10, train_split='train',
+      eval_split='val',
+      pp_train=f'decode|inception_crop({size}, 0.08)|flip_lr|value_range(-1, 1)',
+      pp_eval=f'decode|resize_small({resize})|central_crop({size})|value_range(-1, 1)'))
+  config.loss = 'softmax_xent'
+  config.label_smoothing = 0.1
+  config.mixup_alpha = 0.0
+  config.batch_size = 64
+  config.eval_batch_size = 200
+  config.grad_accum_steps = 1
+  config.step_impl = 'jit'
+  config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
+  if not finetune:  # Adam, cosine decay (appendix B, scaled down).
+    config.num_epochs = 8
+    config.optimizer = ml_collections.ConfigDict(dict(
+        name='adam', b1=0.9, b2=0.999, weight_decay=0.05, grad_clip_norm=1.0))
+    config.schedule = ml_collections.ConfigDict(dict(base_lr=1e-3, warmup_steps=300,
+                                                     decay='cosine'))
+  else:  # SGD with momentum, no weight decay, clipping, cosine (table 4).
+    config.num_epochs = 2
+    config.optimizer = ml_collections.ConfigDict(dict(name='sgd', momentum=0.9,
+                                                      weight_decay=0.0, grad_clip_norm=1.0))
+    config.schedule = ml_collections.ConfigDict(dict(base_lr=0.01, warmup_steps=30,
+                                                     decay='cosine'))
+  config.init_from = ''  # A run's workdir or a release .npz to fine-tune from.
+  config.init_step = ml_collections.config_dict.placeholder(int)  # None: its latest step.
+  config.init_keep_head = False  # Keep the source's classifier (same classes).
+  config.seed = 0
+  config.log_every_steps = 50
+  config.eval_every_steps = 0  # At the end.
+  config.checkpoint_every_steps = 300
+  config.keep_checkpoints = 2
+  config.profile_steps = ()  # (first, last) step of a profiler trace.
+  config.input_workers = 2
+  return config

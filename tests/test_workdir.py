@@ -1,0 +1,126 @@
+"""Tests of vit_jax.workdir and vit_jax.export: fine-tunes that start from an earlier run.
+
+The source run trains on 8 simulated devices; the fine-tune starts from its
+Orbax checkpoint at another resolution, in another layout (scanned) and on 2
+devices, exactly as a user runs it; its export loads back with the same logits.
+"""
+
+import subprocess
+import sys
+
+import chex
+import jax
+import numpy as np
+import pytest
+import scipy.ndimage
+
+from vit_jax import checkpoint, export, sharding, train, workdir
+from vit_jax.models import get_model
+
+from runs import TINY_MODEL, env, main_command, tiny_config
+
+POSEMB = checkpoint.POSEMB_KEY
+SOURCE = {'model.pool': 'token', 'total_steps': 10, 'checkpoint_every_steps': 5}
+
+
+@pytest.fixture(scope='module')
+def source_run(tmp_path_factory):
+  """A tiny run with a class token, trained 10 steps on 8 devices (checkpoints 5, 10)."""
+  directory = tmp_path_factory.mktemp('source')
+  train.train_and_evaluate(tiny_config(**SOURCE), str(directory))
+  return directory
+
+
+def bilinear_reference(posemb, old_grid, new_grid, prefix):
+  """The releases' resize: scipy.ndimage.zoom with order=1 on the patch grid."""
+  grid = scipy.ndimage.zoom(posemb[0, prefix:].reshape(*old_grid, -1).astype(np.float64),
+                            (new_grid[0] / old_grid[0], new_grid[1] / old_grid[1], 1), order=1)
+  return np.concatenate([posemb[:, :prefix], grid.reshape(1, -1, grid.shape[-1])], axis=1)
+
+
+def test_run_info_and_params_read_back(source_run):
+  assert workdir.steps(source_run) == [5, 10]
+  config = workdir.load_config(source_run)
+  assert config.dataset.num_classes == 10 and config.model.pool == 'token'
+  assert workdir.load_class_names(source_run) == tuple(str(i) for i in range(10))
+  loaded = workdir.load_run(source_run, step=5)
+  assert loaded.source == f'{source_run} (step 5)'
+  chex.assert_shape(loaded.params['head']['kernel'], (32, 10))
+  images = np.zeros((2, 16, 16, 3), np.float32)
+  chex.assert_shape(loaded.model.apply({'params': loaded.params}, images), (2, 10))
+
+
+def test_params_restore_onto_a_smaller_mesh(source_run):
+  on_host, step = workdir.restore_params(source_run)
+  mesh = sharding.make_mesh({'data': 2, 'fsdp': 1}, devices=jax.devices()[:2])
+  on_mesh, _ = workdir.restore_params(source_run, step, mesh=mesh)
+  assert step == 10
+  for leaf in jax.tree.leaves(on_mesh):
+    assert leaf.sharding.mesh.devices.size == 2
+  chex.assert_trees_all_equal(jax.device_get(on_mesh), on_host)
+
+
+def test_fine_tune_on_2_devices_at_a_higher_resolution(source_run, tmp_path):
+  # 16 px (4x4 grid) -> 24 px (6x6 grid), unrolled -> scanned, 8 devices -> 2. A zero
+  # learning rate keeps the fine-tune's parameters exactly the adapted ones.
+  pp = 'to_rgb|resize(24)|value_range(-1, 1)'
+  command = main_command(tmp_path / 'ft', **{
+      **SOURCE, 'init_from': source_run, 'init_step': 5, 'model.image_size': 24,
+      'model.scan': True, 'dataset.pp_train': pp, 'dataset.pp_eval': pp,
+      'schedule.base_lr': 0.0, 'schedule.warmup_steps': 1, 'total_steps': 2,
+      'checkpoint_every_steps': 2, 'batch_size': 16, 'eval_batch_size': 16})
+  result = subprocess.run(command, env=env(devices=2), capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  log = result.stderr
+  assert '2 local / 2 global devices' in log
+  assert f'{POSEMB} resized (1, 17, 32) -> (1, 37, 32)' in log
+  assert 'head: new zero-initialised classifier (32, 10)' in log
+
+  source, _ = workdir.restore_params(source_run, 5)
+  tuned, _ = workdir.restore_params(tmp_path / 'ft')
+  assert checkpoint.is_scanned(tuned) and not checkpoint.is_scanned(source)
+  source, tuned = (checkpoint.flatten(checkpoint.to_release(p)) for p in (source, tuned))
+  chex.assert_trees_all_close(tuned.pop(POSEMB),
+                              bilinear_reference(source.pop(POSEMB), (4, 4), (6, 6), 1),
+                              atol=1e-6, rtol=1e-6)
+  chex.assert_trees_all_equal(tuned.pop('head/kernel'), np.zeros((32, 10), np.float32))
+  chex.assert_trees_all_equal(tuned.pop('head/bias'), np.zeros(10, np.float32))
+  del source['head/kernel'], source['head/bias']
+  chex.assert_trees_all_equal(tuned, source)  # Bit-identical.
+
+
+def test_init_from_errors_name_the_field(source_run, tmp_path):
+  config = tiny_config(init_from=str(source_run), init_step=7)
+  with pytest.raises(FileNotFoundError, match=r'no checkpoint at step 7; it has steps \[5, 10\]'):
+    train.validate(config)
+  config = tiny_config(init_from=str(tmp_path / 'missing'))
+  with pytest.raises(FileNotFoundError, match='config.init_from=.*missing is neither'):
+    train.validate(config)
+  wider = get_model(num_classes=10, **{**TINY_MODEL, 'pool': 'token', 'hidden_size': 64})
+  init_params = wider.init(jax.random.key(0), np.zeros((1, 16, 16, 3)))['params']
+  with pytest.raises(checkpoint.CheckpointMismatchError,
+                     match=r'(?s)shape mismatch.*embedding/kernel: \(4, 4, 3, 32\) vs '
+                           r'\(4, 4, 3, 64\).*width 32, 2 layers'):
+    workdir.init_params_from(str(source_run), init_params, wider)
+
+
+def test_export_loads_back_with_identical_logits(source_run, tmp_path):
+  out = tmp_path / 'exported.npz'
+  assert export.export(str(source_run), str(out)) == 10
+  loaded = workdir.load_run(source_run)
+  images = np.random.default_rng(0).uniform(-1, 1, (4, 16, 16, 3)).astype(np.float32)
+  expected = loaded.model.apply({'params': loaded.params}, images)
+  from_file = loaded.model.apply({'params': checkpoint.load_npz(out)}, images)
+  chex.assert_trees_all_equal(from_file, expected)
+
+
+def test_export_command_evaluates_both_alike(source_run, tmp_path):
+  out = tmp_path / 'cli.npz'
+  result = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.export', f'--workdir={source_run}', f'--out={out}',
+       '--evaluate'], env=env(devices=1), capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = [line for line in result.stdout.splitlines() if 'accuracy' in line]
+  assert len(lines) == 2 and out.exists()
+  assert lines[0].split(':', 1)[1] == lines[1].split(':', 1)[1], lines

@@ -1,0 +1,77 @@
+r"""Export a run's parameters as a release .npz file (the layout the released models use).
+
+    python -m vit_jax.export --workdir=DIR --out=model.npz [--step=N] [--evaluate]
+
+The file loads with ``vit_jax.checkpoint.load_npz``, in the google-research
+vision_transformer code and in timm, and can be the ``init_from`` of a fine-tune.
+``--evaluate`` reads the file back and evaluates it and the checkpoint on the
+run's evaluation split, to show the export is faithful.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from absl import app, flags, logging
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'The workdir of a vit_jax.main run.')
+_OUT = flags.DEFINE_string('out', None, 'The .npz file to write.')
+_STEP = flags.DEFINE_integer('step', None, 'The checkpoint step (default: the latest).')
+_EVALUATE = flags.DEFINE_bool('evaluate', False, 'Evaluate the checkpoint and the written '
+                              'file on the run\'s evaluation split, and print both.')
+flags.mark_flags_as_required(['workdir', 'out'])
+
+
+def export(workdir: str, out: str, step: int | None = None) -> int:
+  """Writes the parameters of ``workdir``'s checkpoint (latest or ``step``) to ``out``."""
+  from vit_jax import checkpoint
+  from vit_jax import workdir as workdir_lib
+
+  params, step = workdir_lib.restore_params(workdir, step)
+  checkpoint.save_npz(out, params)
+  return step
+
+
+def evaluate_params(config: Any, params: Any) -> dict[str, float]:
+  """Evaluates ``params`` (model layout) with a run's config, on its evaluation split."""
+  import jax
+
+  from vit_jax import evaluate, sharding, train
+  from vit_jax.data import loader
+
+  plan = train.validate(config)
+  shardings = sharding.shardings_for(params, plan.mesh)
+  batch_sharding = sharding.batch_sharding(plan.mesh)
+  eval_step = evaluate.make_eval_step(plan.model, config.loss, shardings, batch_sharding,
+                                      sharding.replicated(plan.mesh))
+  batches = loader.eval_batches(
+      plan.eval_source, plan.pp_eval, global_batch_size=config.get('eval_batch_size', 256),
+      sharding=batch_sharding, num_classes=plan.num_classes,
+      num_workers=config.get('input_workers', 4))
+  metric = 'prec@1' if config.loss == 'sigmoid_xent' else 'accuracy'
+  return evaluate.evaluate(eval_step, jax.device_put(params, shardings), batches, metric)
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  from vit_jax import checkpoint
+  from vit_jax import workdir as workdir_lib
+
+  step = export(_WORKDIR.value, _OUT.value, _STEP.value)
+  print(f'Wrote {_OUT.value}: the parameters of {_WORKDIR.value} at step {step}.')
+  if _EVALUATE.value:
+    config = workdir_lib.load_config(_WORKDIR.value)
+    params, _ = workdir_lib.restore_params(_WORKDIR.value, step)
+    exported = checkpoint.to_model_layout(checkpoint.load_npz(_OUT.value),
+                                          scanned=checkpoint.is_scanned(params))
+    for name, tree in (('checkpoint', params), ('exported .npz', exported)):
+      result = evaluate_params(config, tree)
+      metric = next(iter(result))
+      print(f'{name:>14}: {metric} {result[metric]:.4f}, loss {result["loss"]:.4f} '
+            f'({int(result["examples"])} examples)')
+  logging.flush()
+
+
+if __name__ == '__main__':
+  app.run(main)
