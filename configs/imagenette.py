@@ -2,8 +2,8 @@ r"""Pre-train at low resolution, then fine-tune at the same or a higher one (Ima
 
 The paper's recipe in miniature: a small ViT (8x8 patches, width 128, 6 layers,
 class token) trained from scratch on Imagenette (10 ImageNet classes, 9,469 train /
-3,925 val images) at 64 px; then fine-tuned from that run's checkpoint with SGD,
-at 64 px (an 8x8 grid) or at a higher resolution (the position embeddings are
+3,925 val images) at 64 px; then fine-tuned from that run's checkpoint with SGD for one
+epoch, at 64 px (an 8x8 grid) or at a higher resolution (the position embeddings are
 resized, e.g. to 16x16 at 128 px) - a fresh zero head each time. First convert the
 JPEG folder into the local format:
 
@@ -56,10 +56,10 @@ def get_config(arg: str = 'pretrain') -> ml_collections.ConfigDict:
     config.schedule = ml_collections.ConfigDict(dict(base_lr=1e-3, warmup_steps=300,
                                                      decay='cosine'))
   else:  # SGD with momentum, no weight decay, clipping, cosine (table 4).
-    config.num_epochs = 2
+    config.num_epochs = 1
     config.optimizer = ml_collections.ConfigDict(dict(name='sgd', momentum=0.9,
                                                       weight_decay=0.0, grad_clip_norm=1.0))
-    config.schedule = ml_collections.ConfigDict(dict(base_lr=0.01, warmup_steps=30,
+    config.schedule = ml_collections.ConfigDict(dict(base_lr=0.01, warmup_steps=20,
                                                      decay='cosine'))
   config.init_from = ''  # A run's workdir or a release .npz to fine-tune from.
   config.init_step = ml_collections.config_dict.placeholder(int)  # None: its latest step.

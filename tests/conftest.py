@@ -18,3 +18,19 @@ def shared_data() -> pathlib.Path:
   if not SHARED_DATA.is_dir():
     pytest.skip(f'real data not found at {SHARED_DATA} (only the project machines have it)')
   return SHARED_DATA
+
+
+@pytest.fixture(scope='session')
+def tiny_run(tmp_path_factory) -> pathlib.Path:
+  """A workdir trained by the tiny recipe (class token; 10 steps, checkpoints 5 and 10).
+
+  Shared by the tests that read a run back (fine-tuning, export, predict, inspect):
+  one in-process training instead of one per test file.
+  """
+  from vit_jax import train
+
+  from runs import TINY_RUN, tiny_config
+
+  directory = tmp_path_factory.mktemp('tiny_run')
+  train.train_and_evaluate(tiny_config(**TINY_RUN), str(directory))
+  return directory

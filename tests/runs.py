@@ -19,6 +19,8 @@ TINY = {'model.hidden_size': 32, 'model.mlp_dim': 64, 'model.num_layers': 2,
         'batch_size': 64, 'eval_batch_size': 64, 'total_steps': 20,
         'schedule.warmup_steps': 5, 'log_every_steps': 5, 'eval_every_steps': 0,
         'checkpoint_every_steps': 10, 'keep_checkpoints': 5}
+# The run of the shared ``tiny_run`` fixture (conftest.py).
+TINY_RUN = {'model.pool': 'token', 'total_steps': 10, 'checkpoint_every_steps': 5}
 
 
 def tiny_config(**overrides) -> ml_collections.ConfigDict:

@@ -17,18 +17,15 @@ import scipy.ndimage
 from vit_jax import checkpoint, export, sharding, train, workdir
 from vit_jax.models import get_model
 
-from runs import TINY_MODEL, env, main_command, tiny_config
+from runs import TINY_MODEL, TINY_RUN, env, main_command, tiny_config
 
 POSEMB = checkpoint.POSEMB_KEY
-SOURCE = {'model.pool': 'token', 'total_steps': 10, 'checkpoint_every_steps': 5}
 
 
-@pytest.fixture(scope='module')
-def source_run(tmp_path_factory):
+@pytest.fixture
+def source_run(tiny_run):
   """A tiny run with a class token, trained 10 steps on 8 devices (checkpoints 5, 10)."""
-  directory = tmp_path_factory.mktemp('source')
-  train.train_and_evaluate(tiny_config(**SOURCE), str(directory))
-  return directory
+  return tiny_run
 
 
 def bilinear_reference(posemb, old_grid, new_grid, prefix):
@@ -65,7 +62,7 @@ def test_fine_tune_on_2_devices_at_a_higher_resolution(source_run, tmp_path):
   # learning rate keeps the fine-tune's parameters exactly the adapted ones.
   pp = 'to_rgb|resize(24)|value_range(-1, 1)'
   command = main_command(tmp_path / 'ft', **{
-      **SOURCE, 'init_from': source_run, 'init_step': 5, 'model.image_size': 24,
+      **TINY_RUN, 'init_from': source_run, 'init_step': 5, 'model.image_size': 24,
       'model.scan': True, 'dataset.pp_train': pp, 'dataset.pp_eval': pp,
       'schedule.base_lr': 0.0, 'schedule.warmup_steps': 1, 'total_steps': 2,
       'checkpoint_every_steps': 2, 'batch_size': 16, 'eval_batch_size': 16})

@@ -1,0 +1,187 @@
+"""The predict and inspect commands, run as a user runs them, on a trained workdir and a .npz."""
+
+import base64
+import pathlib
+import re
+
+import cv2
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit_jax import analysis, checkpoint, inspect, predict, workdir
+from vit_jax.data import preprocess, sources
+from vit_jax.models import get_model
+
+PNG = b'\x89PNG\r\n\x1a\n'
+FIGURES = ('embedding_pca', 'position_similarity', 'attention_distance', 'attention_rollout')
+# A small model whose shapes match no registry variant: read from the file alone.
+NPZ_MODEL = dict(image_size=32, patch_size=8, hidden_size=32, mlp_dim=64, num_heads=4,
+                 num_layers=2)
+_LINE = re.compile(r'^  (\d)\. +([\d.]+)%  (.+)$')
+
+
+@pytest.fixture
+def run_dir(tiny_run):
+  """The shared tiny run (conftest.py): 10 steps of the quickstart recipe, class token."""
+  return tiny_run
+
+
+@pytest.fixture(scope='module')
+def digit_files(tmp_path_factory):
+  """Three held-out digits as greyscale PNG files, and their arrays."""
+  directory = tmp_path_factory.mktemp('digits')
+  images = sources.digits('test').images[:3]
+  paths = []
+  for i, image in enumerate(images):
+    paths.append(str(directory / f'digit{i}.png'))
+    cv2.imwrite(paths[-1], image[..., 0])
+  return paths, images
+
+
+@pytest.fixture(scope='module')
+def npz_file(tmp_path_factory):
+  """A release-layout .npz of a tiny 1000-class model (random head), and its params."""
+  model = get_model('ti16', num_classes=1000, **NPZ_MODEL)
+  shapes = jax.eval_shape(model.init, jax.random.key(0),
+                          jax.ShapeDtypeStruct((1, 32, 32, 3), jnp.float32))['params']
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda s: rng.normal(0., 0.2, s.shape).astype(np.float32), shapes)
+  path = tmp_path_factory.mktemp('npz') / 'tiny.npz'
+  checkpoint.save_npz(path, params)
+  return path, model, params
+
+
+@pytest.fixture(scope='module')
+def photo_files(tmp_path_factory):
+  """Two colour images of another size than the model's (a PNG and a JPEG)."""
+  directory = tmp_path_factory.mktemp('photos')
+  rng = np.random.default_rng(1)
+  paths = []
+  for name in ('a.png', 'b.jpg'):
+    paths.append(str(directory / name))
+    cv2.imwrite(paths[-1], (rng.random((40, 50, 3)) * 255).astype(np.uint8))
+  return paths
+
+
+def _parse(stdout):
+  """The command's output as {file: [(probability %, label), ...]}."""
+  results, current = {}, None
+  for line in stdout.splitlines():
+    if line.startswith('#'):
+      continue
+    if m := _LINE.match(line):
+      results[current].append((float(m.group(2)), m.group(3)))
+    else:
+      current = line.strip()
+      results[current] = []
+  return results
+
+
+def _expected_top5(model, params, inputs, names):
+  logits = predict.logits_of(model, params, np.stack(inputs).astype(np.float32))
+  indices, values = analysis.top_k(analysis.probabilities(logits, 'softmax'), 5)
+  return [[(round(100 * float(v), 2), names[i] if names else f'class {i}')
+           for i, v in zip(idx, val, strict=True)]
+          for idx, val in zip(indices, values, strict=True)]
+
+
+def test_predict_on_a_workdir_gives_the_models_top5(run_dir, digit_files, capsys):
+  paths, arrays = digit_files
+  # Batches of 2: the last one is padded; the order must survive.
+  assert predict.main(['--workdir', str(run_dir), '--batch_size=2', *paths]) == 0
+  results = _parse(capsys.readouterr().out)
+  assert list(results) == paths
+
+  loaded = workdir.load_run(run_dir)
+  assert loaded.class_names == tuple('0123456789')
+  pp = preprocess.parse(loaded.config.dataset.pp_eval)
+  inputs = [pp(a, np.random.default_rng(0)) for a in arrays]
+  expected = _expected_top5(loaded.model, loaded.params, inputs, loaded.class_names)
+  for path, want in zip(paths, expected, strict=True):
+    got = results[path]
+    assert [label for _, label in got] == [label for _, label in want]
+    np.testing.assert_allclose([p for p, _ in got], [p for p, _ in want], atol=0.011)
+    assert all(a >= b for (a, _), (b, _) in zip(got, got[1:], strict=False))
+
+
+def test_predict_on_a_npz_reads_the_architecture_from_the_file(npz_file, photo_files, capsys):
+  path, model, params = npz_file
+  assert predict.main(['--npz', str(path), *photo_files]) == 0
+  captured = capsys.readouterr()
+  assert 'width 32, 2 layers, 8x8 patches' in captured.out
+  assert 'WordNet ids' in captured.err  # ImageNet's class list, and what it is.
+  results = _parse(captured.out)
+  assert list(results) == photo_files
+
+  wordnet = predict.imagenet_wordnet_ids()
+  assert len(wordnet) == 1000 and wordnet[0] == 'n01440764'
+  pp = preprocess.parse('decode|resize(32)|value_range(-1, 1)')
+  inputs = [pp(pathlib.Path(p).read_bytes(), None) for p in photo_files]
+  expected = _expected_top5(model, params, inputs, wordnet)
+  for file, want in zip(photo_files, expected, strict=True):
+    assert [label for _, label in results[file]] == [label for _, label in want]
+    np.testing.assert_allclose([p for p, _ in results[file]], [p for p, _ in want], atol=0.011)
+
+
+def test_predict_names_an_unreadable_image_and_goes_on(npz_file, photo_files, tmp_path, capsys):
+  bad = tmp_path / 'notes.jpg'
+  bad.write_text('these are not pixels')
+  missing = tmp_path / 'missing.png'
+  code = predict.main(['--npz', str(npz_file[0]), '--batch_size=2', str(bad), photo_files[0],
+                       str(missing)])
+  captured = capsys.readouterr()
+  assert code == 1
+  assert f'cannot read image {bad}: not an image file' in captured.err
+  assert f'cannot read image {missing}: no such file' in captured.err
+  assert list(_parse(captured.out)) == [photo_files[0]]
+
+
+def test_predict_errors_name_the_problem(npz_file, photo_files, tmp_path, capsys):
+  assert predict.main(['--npz', str(npz_file[0]), '--model=s16', photo_files[0]]) == 2
+  err = capsys.readouterr().err
+  assert 'does not fit the model ViT-S_16' in err and 'width 32, 2 layers' in err
+  assert predict.main(['--workdir', str(tmp_path), photo_files[0]]) == 2
+  assert 'config.json does not exist' in capsys.readouterr().err
+
+
+def _check_page(out, names):
+  page = (out / 'index.html').read_text()
+  embedded = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+  assert len(embedded) == len(names)
+  assert 'src="http' not in page and 'src="/' not in page  # Self-contained.
+  for name, data in zip(names, embedded, strict=True):
+    png = (out / f'{name}.png').read_bytes()
+    assert png.startswith(PNG) and len(png) > 10_000
+    assert base64.b64decode(data) == png
+  return page
+
+
+def test_inspect_a_workdir_on_its_eval_data(run_dir, tmp_path, capsys):
+  out = tmp_path / 'figures'
+  assert inspect.main(['--workdir', str(run_dir), '--out', str(out), '--num_images=6']) == 0
+  written = capsys.readouterr().out.split()
+  names = (*FIGURES, 'training_curves')
+  assert written == [str(out / f'{n}.png') for n in names] + [str(out / 'index.html')]
+  page = _check_page(out, names)
+  assert 'averaged over 6 images' in page and 'metrics.jsonl' in page
+
+
+def test_inspect_a_npz_on_given_images(npz_file, photo_files, tmp_path, capsys):
+  out = tmp_path / 'npz'
+  assert inspect.main(['--npz', str(npz_file[0]), '--out', str(out),
+                       '--images', *photo_files]) == 0
+  page = _check_page(out, FIGURES)
+  assert not (out / 'training_curves.png').exists()
+  assert 'Predictions (softmax)' in page and 'b.jpg' in page
+
+
+def test_inspect_errors_name_the_problem(npz_file, tmp_path, capsys):
+  assert inspect.main(['--npz', str(npz_file[0]), '--out', str(tmp_path / 'x')]) == 2
+  assert 'pass some image files with --images' in capsys.readouterr().err
+  bad = tmp_path / 'bad.png'
+  bad.write_bytes(PNG + b'truncated')
+  assert inspect.main(['--npz', str(npz_file[0]), '--out', str(tmp_path / 'y'),
+                       '--images', str(bad)]) == 2
+  assert f'cannot read image {bad}' in capsys.readouterr().err

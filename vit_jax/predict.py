@@ -1,0 +1,316 @@
+r"""Top-5 classes of image files, from a run's workdir or a release .npz file.
+
+    python -m vit_jax.predict --workdir=/tmp/q digit.png
+    python -m vit_jax.predict --npz=ViT-B_16.npz --image_size=384 cat.jpg dog.jpg
+
+A workdir gives the model, its latest checkpoint (``--step`` for another), the
+class names (``classes.json``) and the preprocessing (``config.dataset.pp_eval``).
+A .npz file's architecture is read from its shapes (``--model`` names one
+instead); its images are resized to ``--image_size`` (default: the file's own
+resolution) and scaled to [-1, 1], as in the releases (``--pp`` for another
+pipeline). Runs on the default JAX device (an accelerator when there is one),
+``--batch_size`` images at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import pathlib
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from vit_jax import workdir
+from vit_jax.models import VisionTransformer
+from vit_jax.models.vit import pair
+
+NPZ_PP = 'decode|resize({size})|value_range(-1, 1)'
+IMAGENET_NOTE = ('ImageNet class names are not available offline; showing the WordNet ids of '
+                 "TFDS's imagenet2012 label list (class index order). Pass --class_names=FILE "
+                 'for names.')
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """A model ready to predict, with what its inputs and outputs mean."""
+
+  loaded: workdir.Loaded
+  pp_spec: str
+  activation: str  # 'softmax' or 'sigmoid'
+  class_names: tuple[str, ...]
+  notes: tuple[str, ...] = ()
+
+  @property
+  def model(self) -> VisionTransformer:
+    return self.loaded.model
+
+  @property
+  def params(self) -> dict[str, Any]:
+    return self.loaded.params
+
+  def label(self, index: int) -> str:
+    return self.class_names[index] if self.class_names else f'class {index}'
+
+
+class ImageError(ValueError):
+  """An image file that cannot be read or preprocessed."""
+
+
+class PipelineError(ValueError):
+  """A preprocessing pipeline that does not make the model's input shape."""
+
+
+def add_source_flags(parser: argparse.ArgumentParser) -> None:
+  """The flags that pick a model: --workdir or --npz, and their options."""
+  group = parser.add_mutually_exclusive_group(required=True)
+  group.add_argument('--workdir', help='a vit_jax.main run directory (config.json, checkpoints/)')
+  group.add_argument('--npz', help='a release or exported .npz checkpoint')
+  parser.add_argument('--step', type=int, default=None,
+                      help='workdir: the checkpoint step (default: the latest)')
+  parser.add_argument('--model', default=None,
+                      help='npz: the registry model (e.g. b16); default: read from its shapes')
+  parser.add_argument('--image_size', type=int, default=None,
+                      help="npz: input size in pixels (default: the file's own, 224 for "
+                           'the pre-training releases)')
+  parser.add_argument('--pp', default=None,
+                      help='preprocessing pipeline (default: the run\'s dataset.pp_eval; for '
+                           f'npz "{NPZ_PP.format(size="SIZE")}")')
+  parser.add_argument('--class_names', default=None,
+                      help='a JSON list or a text file with one class name per line')
+  parser.add_argument('--activation', choices=('auto', 'softmax', 'sigmoid'), default='auto',
+                      help="probabilities (auto: sigmoid for a run trained with 'sigmoid_xent')")
+  parser.add_argument('--batch_size', type=int, default=32, help='images per forward pass')
+
+
+def _read_class_names(path: str) -> tuple[str, ...]:
+  file = pathlib.Path(path)
+  if not file.is_file():
+    raise FileNotFoundError(f'--class_names={path}: no such file.')
+  text = file.read_text()
+  if text.lstrip().startswith('['):
+    return tuple(str(n) for n in json.loads(text))
+  return tuple(line.strip() for line in text.splitlines() if line.strip())
+
+
+def imagenet_wordnet_ids() -> tuple[str, ...]:
+  """The 1,000 ImageNet WordNet ids in class-index order (TFDS ships them), or ()."""
+  try:
+    import tensorflow_datasets as tfds
+
+    path = tfds.core.tfds_path('datasets/imagenet2012/labels.txt')
+    return tuple(line.strip() for line in path.read_text().splitlines() if line.strip())
+  except Exception:  # An optional convenience: class indices then.
+    return ()
+
+
+def _workdir_class_names(loaded: workdir.Loaded) -> tuple[str, ...]:
+  """classes.json, or the class names of the run's dataset when it can be opened."""
+  if loaded.class_names:
+    return loaded.class_names
+  from vit_jax.data import sources
+
+  try:
+    dataset = loaded.config.dataset
+    return tuple(sources.get_source(dataset, dataset.get('eval_split', 'test')).class_names)
+  except Exception:  # The data may be elsewhere: class indices then.
+    return ()
+
+
+def load_source(args: argparse.Namespace) -> Source:
+  """The model, preprocessing and class names that ``--workdir`` / ``--npz`` select."""
+  notes = []
+  if args.workdir:
+    if args.model or args.image_size:
+      raise ValueError('--model and --image_size are for --npz; a workdir\'s config fixes them.')
+    loaded = workdir.load_run(args.workdir, args.step)
+    pp_spec = args.pp or loaded.config.dataset.pp_eval
+    loss = loaded.config.get('loss', 'softmax_xent')
+    activation = 'sigmoid' if loss == 'sigmoid_xent' else 'softmax'
+    names = _workdir_class_names(loaded)
+    if not names:
+      notes.append(f'{args.workdir} has no class names (classes.json); showing class indices.')
+  else:
+    if args.step is not None:
+      raise ValueError('--step is for --workdir; a .npz file holds one set of parameters.')
+    loaded = workdir.load_npz_model(args.npz, args.model, args.image_size)
+    h, w = pair(loaded.model.image_size)
+    pp_spec = args.pp or NPZ_PP.format(size=h if h == w else (h, w))
+    activation = 'softmax'
+    num_classes = loaded.model.num_classes
+    names = ()
+    if not num_classes:
+      notes.append(f'{args.npz} has no classifier head.')
+    elif num_classes == 1000 and not args.class_names:
+      names = imagenet_wordnet_ids()
+      notes.append(IMAGENET_NOTE if names else
+                   'No ImageNet class list is available offline (tensorflow_datasets is not '
+                   'installed); showing class indices. Pass --class_names=FILE for names.')
+    elif not args.class_names:
+      notes.append(f'{args.npz} comes without class names; showing class indices '
+                   '(--class_names=FILE for names).')
+  if args.class_names:
+    names = _read_class_names(args.class_names)
+  num_classes = loaded.model.num_classes or 0
+  if names and len(names) != num_classes:
+    notes.append(f'{len(names)} class names for {num_classes} classes: showing indices.')
+    names = ()
+  if args.activation != 'auto':
+    activation = args.activation
+  return Source(loaded, pp_spec, activation, tuple(names), tuple(notes))
+
+
+def read_image(path: str | pathlib.Path) -> np.ndarray:
+  """An image file as an RGB uint8 array (OpenCV, or Pillow for what it cannot read)."""
+  from vit_jax.data import preprocess
+
+  file = pathlib.Path(path)
+  if not file.is_file():
+    raise ImageError(f'cannot read image {path}: no such file.')
+  data = file.read_bytes()
+  try:
+    return preprocess.decode()(data, None)
+  except ValueError:
+    pass
+  try:
+    from PIL import Image, UnidentifiedImageError
+
+    with Image.open(file) as image:
+      return np.asarray(image.convert('RGB'))
+  except (UnidentifiedImageError, OSError, ValueError) as e:
+    raise ImageError(f'cannot read image {path}: not an image file OpenCV or Pillow can '
+                     f'decode ({len(data)} bytes; {e}).') from None
+
+
+def load_file(path: str, prep: Callable[[Any], np.ndarray]) -> np.ndarray:
+  """Reads and preprocesses one file; its problems (not the pipeline's) name the file."""
+  image = read_image(path)
+  try:
+    return prep(image)
+  except PipelineError:
+    raise
+  except ValueError as e:
+    raise ImageError(f'cannot preprocess image {path} ({image.shape[1]}x{image.shape[0]}): '
+                     f'{e}') from None
+
+
+def display_spec(pp_spec: str) -> str:
+  """The pipeline without its ``value_range`` ops: the model's input as uint8 pixels."""
+  parts = [p for p in pp_spec.split('|') if not p.strip().startswith('value_range')]
+  return '|'.join(parts) or 'to_rgb'
+
+
+def preprocess_fn(source: Source, display: bool = False) -> Callable[[Any], np.ndarray]:
+  """image (array or bytes) -> the model's input (or, with ``display``, its uint8 pixels)."""
+  from vit_jax.data import preprocess
+
+  fn = preprocess.parse(display_spec(source.pp_spec) if display else source.pp_spec)
+  expected = (*pair(source.model.image_size), 3)
+
+  def apply(image: Any) -> np.ndarray:
+    out = fn(image, np.random.default_rng(0))
+    if not display and tuple(out.shape) != expected:
+      raise PipelineError(f'The preprocessing "{source.pp_spec}" makes {tuple(out.shape)} images; '
+                       f'{source.model.model_name} expects {expected}. Pass --pp with a '
+                       'matching resize/crop (or --image_size for a .npz file).')
+    return out
+  return apply
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def logits_of(model: VisionTransformer, params: Any, images: jax.Array) -> jax.Array:
+  """The model's logits (jitted; one compilation per model and batch shape)."""
+  return model.apply({'params': params}, images, train=False)
+
+
+def runnable(model: VisionTransformer) -> VisionTransformer:
+  """The model, with the cuDNN attention kernel swapped for XLA's off NVIDIA GPUs."""
+  if model.attention_impl == 'cudnn' and jax.default_backend() != 'gpu':
+    return model.clone(attention_impl='xla')  # The same function, without the GPU kernel.
+  return model
+
+
+def batches(items: Sequence, size: int) -> Iterator[Sequence]:
+  for start in range(0, len(items), size):
+    yield items[start:start + size]
+
+
+def padded(images: list[np.ndarray], size: int) -> np.ndarray:
+  """Stacks images and pads with zeros to ``size`` rows (one compiled shape)."""
+  stacked = np.stack(images).astype(np.float32)
+  pad = size - len(stacked)
+  return np.concatenate([stacked, np.zeros((pad, *stacked.shape[1:]), np.float32)]) \
+      if pad > 0 else stacked
+
+
+def predict_files(source: Source, paths: Sequence[str], batch_size: int,
+                  top: int = 5) -> Iterator[tuple[str, list[tuple[str, float]] | ImageError]]:
+  """For each file, its ``top`` (label, probability) pairs, or the error reading it."""
+  from vit_jax import analysis
+
+  if not source.model.num_classes:
+    raise ValueError(f'{source.loaded.source} has no classifier head: nothing to predict.')
+  model = runnable(source.model)
+  params = jax.device_put(source.params)
+  prep = preprocess_fn(source)
+  size = max(1, min(batch_size, len(paths)))
+  for chunk in batches(list(paths), size):
+    images, ok, results = [], [], {}
+    for path in chunk:
+      try:
+        images.append(load_file(path, prep))
+        ok.append(path)
+      except ImageError as e:
+        results[path] = e
+    if images:
+      logits = np.asarray(logits_of(model, params, padded(images, size)))[:len(images)]
+      indices, values = analysis.top_k(analysis.probabilities(logits, source.activation), top)
+      for path, idx, val in zip(ok, indices, values, strict=True):
+        results[path] = [(source.label(int(i)), float(v)) for i, v in zip(idx, val, strict=True)]
+    for path in chunk:
+      yield path, results[path]
+
+
+def describe(source: Source) -> str:
+  h, w = pair(source.model.image_size)
+  return (f'{source.model.model_name} from {source.loaded.source}; {h}x{w} input '
+          f'("{source.pp_spec}"); {source.activation} probabilities; '
+          f'{jax.devices()[0].platform}')
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog='python -m vit_jax.predict', description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  add_source_flags(parser)
+  parser.add_argument('--top', type=int, default=5, help='classes shown per image')
+  parser.add_argument('images', nargs='+', help='image files (JPEG, PNG, ...)')
+  args = parser.parse_args(argv)
+  from vit_jax import checkpoint
+
+  try:
+    source = load_source(args)
+    print(f'# {describe(source)}')
+    for note in source.notes:
+      print(f'note: {note}', file=sys.stderr)
+    failed = 0
+    for path, result in predict_files(source, args.images, args.batch_size, args.top):
+      if isinstance(result, ImageError):
+        print(f'error: {result}', file=sys.stderr)
+        failed += 1
+        continue
+      print(path)
+      for rank, (label, p) in enumerate(result, 1):
+        print(f'  {rank}. {100 * p:6.2f}%  {label}')
+  except (FileNotFoundError, ValueError, checkpoint.CheckpointMismatchError) as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  return 1 if failed else 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
