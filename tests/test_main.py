@@ -1,9 +1,7 @@
 """The entry point as users run it: real processes, killed, preempted, and on two hosts."""
 
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,13 +13,7 @@ import pytest
 
 from vit_jax import train
 
-from runs import ROOT, main_command, read_metrics, restore_state, tiny_config
-
-
-def env(devices: int = 8) -> dict[str, str]:
-  return {**os.environ, 'XLA_FLAGS': f'--xla_force_host_platform_device_count={devices}',
-          'JAX_PLATFORMS': 'cpu', 'JAX_CPU_COLLECTIVES_IMPLEMENTATION': 'gloo',
-          'TF_CPP_MIN_LOG_LEVEL': '3'}
+from runs import QUICKSTART, ROOT, TINY, env, main_command, read_metrics, restore_state, tiny_config
 
 
 def checkpoint_steps(workdir) -> list[int]:
@@ -75,28 +67,21 @@ def test_kill_9_and_sigterm_then_resume_equal_an_uninterrupted_run(tmp_path):
   assert all(reference[s] == loss for s, loss in resumed.items())
 
 
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 def test_two_processes_of_four_devices_match_one_of_eight(tmp_path):
+  """launch/local.sh's 2 processes x 4 CPU devices train as 1 process x 8 devices."""
   overrides = {'total_steps': 20, 'eval_every_steps': 10}
   config = tiny_config(**overrides)
   one = train.train_and_evaluate(config, str(tmp_path / 'one'))
 
   workdir = tmp_path / 'two'
-  port = free_port()
-  runs = [subprocess.Popen(
-      main_command(workdir, **overrides) + [f'--coordinator_address=127.0.0.1:{port}',
-                                            '--num_processes=2', f'--process_id={i}'],
-      cwd=ROOT, env=env(devices=4), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-      text=True) for i in range(2)]
-  for i, run in enumerate(runs):
-    _, stderr = run.communicate(timeout=600)
-    assert run.returncode == 0, f'process {i}:\n{stderr[-3000:]}'
-  assert 'Process 1 of 2; 4 local / 8 global devices' in stderr
+  flags = [f'--config.{k}={v}' for k, v in {**TINY, **overrides}.items()]
+  launch = subprocess.run(
+      [str(ROOT / 'launch' / 'local.sh'), f'--workdir={workdir}', f'--config={QUICKSTART}',
+       '--num-processes=2', '--cpu-devices=4', f'--python={sys.executable}', '--', *flags],
+      cwd=ROOT, env=env(), capture_output=True, text=True, timeout=1200)
+  assert launch.returncode == 0, launch.stderr[-3000:]
+  assert 'Process 1 of 2; 4 local / 8 global devices' in (
+      workdir / 'logs' / 'process_1.log').read_text()
 
   a = [m for m in read_metrics(tmp_path / 'one') if 'train/loss' in m]
   b = [m for m in read_metrics(workdir) if 'train/loss' in m]  # Only process 0 writes.
