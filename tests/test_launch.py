@@ -364,10 +364,11 @@ def stand_in_python(tmp_path) -> pathlib.Path:
   python = tmp_path / 'python'
   python.write_text(
       '#!/bin/sh\nfor a; do case $a in --process_id=*) id=${a#*=};; esac; done\n'
-      'echo "process $id started"\n'
-      'if [ "$id" = "$FAIL" ]; then echo "process $id: bad config" >&2; exit 3; fi\n'
+      # The trap first: "started" must mean that SIGTERM is handled.
       'if [ -n "$HANG" ]; then trap \'echo "process $id: SIGTERM (stuck)"\' TERM; else\n'
       'trap \'echo "process $id: SIGTERM"; exit 0\' TERM; fi\n'
+      'echo "process $id started"\n'
+      'if [ "$id" = "$FAIL" ]; then echo "process $id: bad config" >&2; exit 3; fi\n'
       'while :; do sleep 0.05; done\n')
   python.chmod(0o755)
   return python
