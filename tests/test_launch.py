@@ -401,7 +401,7 @@ def test_local_launcher_passes_sigterm_and_ctrl_c_on_as_sigterm(ctrl_c, tmp_path
     os.killpg(launcher.pid, signal.SIGINT)
   else:
     launcher.send_signal(signal.SIGTERM)
-  _, stderr = launcher.communicate(timeout=20)
+  _, stderr = launcher.communicate(timeout=60)
   assert launcher.returncode == 0, stderr
   for i, log in enumerate(logs):
     assert log.read_text().endswith(f'process {i}: SIGTERM\n')
