@@ -2,7 +2,7 @@ r"""A ViT trained from scratch on Fashion-MNIST (../shared/data/fashion_mnist).
 
 28x28 greyscale images in 7x7 patches (a 4x4 grid of tokens), a 6-layer, 128-wide
 encoder with global average pooling, random translations and flips, Adam with cosine
-decay, 15 epochs.
+decay, 30 epochs.
 
     python -m vit_jax.main --config=configs/fashion_mnist.py --workdir=/tmp/fmnist
 """
@@ -25,7 +25,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.mixup_alpha = 0.0
   config.batch_size = 256
   config.eval_batch_size = 1000
-  config.num_epochs = 15
+  config.num_epochs = 30
   config.optimizer = ml_collections.ConfigDict(dict(
       name='adam', b1=0.9, b2=0.999, weight_decay=0.05, grad_clip_norm=1.0))
   config.schedule = ml_collections.ConfigDict(dict(base_lr=2e-3, warmup_steps=500,
