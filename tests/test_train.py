@@ -188,3 +188,15 @@ def test_mixup_mixes_images_and_labels_alike():
                               p * batch['image'][0] + (1 - p) * batch['image'][7], atol=1e-6)
   _, losses = run_steps(tiny_config(mixup_alpha=0.2), n=2)
   assert all(np.isfinite(losses))
+
+
+@pytest.mark.parametrize('append', [True, False])
+def test_metrics_log_keeps_earlier_lines_across_a_resume(tmp_path, append):
+  # append=False is how gs:// workdirs are written (object stores cannot append).
+  for steps in ((1, 2), (3,)):  # A run, then its resumed continuation.
+    log = train._MetricsLog(str(tmp_path), append=append)
+    for step in steps:
+      log.write(step, {'train/loss': 1. / step})
+    log.close()
+  assert [m['step'] for m in read_metrics(tmp_path)] == [1, 2, 3]
+  assert read_metrics(tmp_path)[2]['train/loss'] == pytest.approx(1 / 3)

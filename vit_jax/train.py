@@ -236,20 +236,34 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
 
 
 class _MetricsLog:
-  """TensorBoard (clu) and a JSON-lines file in the workdir; process 0 only."""
+  """TensorBoard (clu) and a JSON-lines file in the workdir; process 0 only.
 
-  def __init__(self, workdir: str):
+  Local files are appended to. Object stores (``gs://``) cannot append, so there the
+  file is rewritten whole at each write, after reading what a resumed run left.
+  """
+
+  def __init__(self, workdir: str, append: bool | None = None):
     from clu import metric_writers
 
     self.main = jax.process_index() == 0
     self.writer = metric_writers.create_default_writer(workdir, just_logging=not self.main)
     self.jsonl = epath.Path(workdir) / 'metrics.jsonl'
+    self.append = '://' not in str(workdir) if append is None else append
+    self.lines: list[str] = []
+    if self.main and not self.append and self.jsonl.exists():
+      self.lines = self.jsonl.read_text().splitlines(keepends=True)
 
   def write(self, step: int, scalars: dict[str, float]) -> None:
     self.writer.write_scalars(step, scalars)
-    if self.main:
+    if not self.main:
+      return
+    line = json.dumps({'step': step, **{k: float(v) for k, v in scalars.items()}}) + '\n'
+    if self.append:
       with self.jsonl.open('a') as f:
-        f.write(json.dumps({'step': step, **{k: float(v) for k, v in scalars.items()}}) + '\n')
+        f.write(line)
+    else:
+      self.lines.append(line)
+      self.jsonl.write_text(''.join(self.lines))
 
   def close(self) -> None:
     self.writer.close()
@@ -351,11 +365,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   result: dict[str, float] = {}
   timer_step, timer = start_step, time.perf_counter()
   batches = train_loader.iterate(start_step)
+  # XLA:CPU runs a multi-process run's gloo collectives on the same threads as the
+  # copies and computations they wait for, so a step dispatched before its inputs are
+  # ready can deadlock (seen at random steps). Such runs, tests of the multi-host path
+  # on one machine, wait for the inputs; accelerators keep dispatching ahead.
+  wait_for_inputs = jax.process_count() > 1 and jax.default_backend() == 'cpu'
   try:
     for step in range(start_step + 1, total_steps + 1):
       if profile and step == profile[0]:
         jax.profiler.start_trace(str(epath.Path(workdir) / 'profile'))
       _, batch = next(batches)
+      if wait_for_inputs:
+        jax.block_until_ready((state, batch))
       state, metrics = train_step(state, batch)
       pending.append((step, metrics))
       if profile and step == profile[1]:
