@@ -230,3 +230,19 @@ def test_bad_inputs_get_clear_errors():
     model.apply({'params': params}, jnp.zeros((2, 32, 32, 1)))
   with pytest.raises(ValueError, match=r'got \(32, 32, 3\)'):
     model.apply({'params': params}, jnp.zeros((32, 32, 3)))
+
+
+def test_forward_flops_match_the_published_counts():
+  # REFERENCE.md: B/16 at 224 px about 17.6 GMACs (35 GFLOP); Ti/16 about 1.26 G
+  # multiply-adds. timm lists S/16 at 4.61 GMACs. forward_flops counts 2 per MAC.
+  for name, gmacs in (('b16', 17.6), ('ti16', 1.26), ('s16', 4.61)):
+    flops = get_model(name, num_classes=1000).forward_flops()
+    assert flops / 2e9 == pytest.approx(gmacs, rel=0.01), name
+  # The token count drives the attention term: 384 px costs more than (384/224)^2 x.
+  b16, b16_384 = (get_model('b16', num_classes=1000, image_size=s).forward_flops()
+                  for s in (224, 384))
+  assert b16_384 > (384 / 224)**2 * b16
+  # gap has no class token: exactly one token fewer in every block.
+  gap = get_model('ti16', num_classes=1000, pool='gap').forward_flops()
+  assert gap < get_model('ti16', num_classes=1000).forward_flops()
+  assert get_model('r50_b16', num_classes=1000).forward_flops() is None

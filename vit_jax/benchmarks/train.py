@@ -1,0 +1,285 @@
+r"""Training throughput and MFU of the real train step, on the devices of this machine.
+
+    python -m vit_jax.benchmarks.train --model=ti16 --batch_size=32 --out=benchmarks/train.json
+    python -m vit_jax.benchmarks.train --model=ti16 --batch_size=32 \
+        --sweep=dtype=float32,bfloat16 --sweep=attention=einsum,xla
+
+Each cell (one combination of options) runs in its own process and measures:
+  * the device's matrix-multiply peak, float32 and bfloat16 inputs with float32
+    accumulation (the median of ``--peak_repeats`` n x n products);
+  * the compile time of the step (lowering + XLA compilation);
+  * the median step time over ``--steps`` steps after ``--warmup`` steps, each
+    timed to completion; images/s and images/s per device from it;
+  * the FLOPs per image: the model's analytic count (``forward_flops``, x3 for
+    forward + backward) and XLA's cost analysis of the compiled step, side by side
+    (XLA counts a loop body once, so with --scan its figure is about 1/depth low);
+  * MFU = analytic model FLOP/s over the measured float32 and bfloat16 peaks (the
+    best of the run's cells, so that every row has the same denominator);
+  * the peak memory where the backend reports it (GPUs), else XLA's buffer sizes.
+
+The step is ``vit_jax.train.make_train_step`` (the one training uses: Adam,
+softmax cross-entropy, donated state) on random images already on the devices,
+so the input pipeline is not part of it (see ``vit_jax.benchmarks.input``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from typing import Any
+
+from absl import app, flags
+
+_MODEL = flags.DEFINE_string('model', 'ti16', 'Model name (vit_jax.models).')
+_IMAGE_SIZE = flags.DEFINE_integer('image_size', 224, 'Input resolution.')
+_BATCH = flags.DEFINE_integer('batch_size', 32, 'Global batch size.')
+_DTYPE = flags.DEFINE_string('dtype', 'float32', 'Compute dtype: float32 or bfloat16.')
+_ATTENTION = flags.DEFINE_string('attention', 'einsum', 'Attention: einsum, xla or cudnn.')
+_REMAT = flags.DEFINE_string('remat', 'none', 'Rematerialisation policy of the blocks.')
+_SCAN = flags.DEFINE_bool('scan', False, 'nn.scan over the blocks.')
+_STEP_IMPL = flags.DEFINE_string('step_impl', 'jit', 'jit or shard_map.')
+_XLA_FLAGS = flags.DEFINE_string('xla_flags', '', 'Extra XLA_FLAGS for the cell ("none": '
+                                 'none), space-separated.')
+_STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps per cell.')
+_WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
+_PEAK_SIZE = flags.DEFINE_integer('peak_size', 0, 'n of the n x n peak matmul (0: 2048 on '
+                                  'CPU, 8192 on accelerators).')
+_PEAK_REPEATS = flags.DEFINE_integer('peak_repeats', 10, 'Matmuls timed for the peak.')
+_SWEEP = flags.DEFINE_multi_string(
+    'sweep', [], 'KEY=V1,V2,...: run every combination of these values (keys: dtype, '
+    'attention, remat, scan, batch_size, step_impl, xla_flags).')
+_OUT = flags.DEFINE_string('out', '', 'JSON file for the results.')
+_CELL = flags.DEFINE_string('cell', '', 'Internal: one cell as JSON, measured in this process.')
+
+DTYPES = ('float32', 'bfloat16')
+SWEEP_KEYS = ('dtype', 'attention', 'remat', 'scan', 'batch_size', 'step_impl', 'xla_flags')
+
+
+def analytic_train_flops(model: Any) -> int | None:
+  """Model FLOPs of one image's training step: forward + backward = 3 x forward."""
+  forward = model.forward_flops()
+  return None if forward is None else 3 * forward
+
+
+def matmul_peak(dtype: str, n: int, repeats: int) -> float:
+  """FLOP/s of an n x n x n product on device 0 (float32 accumulation)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  a, b = (jax.device_put(jax.random.normal(jax.random.key(i), (n, n), dtype))
+          for i in (0, 1))
+  matmul = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
+  matmul(a, b).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    matmul(a, b).block_until_ready()
+    times.append(time.perf_counter() - start)
+  return 2 * n**3 / float(np.median(times))
+
+
+def _cost(compiled: Any) -> dict[str, float]:
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):  # Older jax: one dict per program.
+    cost = cost[0] if cost else {}
+  return dict(cost or {})
+
+
+def _memory(compiled: Any, device: Any) -> dict[str, int | None]:
+  stats = device.memory_stats() or {}
+  analysis = compiled.memory_analysis()
+  sizes = {}
+  for name in ('argument_size_in_bytes', 'output_size_in_bytes', 'temp_size_in_bytes',
+               'generated_code_size_in_bytes'):
+    sizes[name] = getattr(analysis, name, None) if analysis is not None else None
+  return {'peak_bytes_in_use': stats.get('peak_bytes_in_use'), **sizes}
+
+
+def measure(cell: dict[str, Any]) -> dict[str, Any]:
+  """Measures one cell in this process; returns its row of the results."""
+  import jax
+  import ml_collections
+  import numpy as np
+
+  from vit_jax import optim, sharding, train
+  from vit_jax.models import get_model
+
+  devices = jax.devices()
+  backend = jax.default_backend()
+  n = cell['peak_size'] or (2048 if backend == 'cpu' else 8192)
+  peaks = {dtype: matmul_peak(dtype, n, cell['peak_repeats']) for dtype in DTYPES}
+
+  model = get_model(cell['model'], num_classes=1000, image_size=cell['image_size'],
+                    dtype=cell['dtype'], attention_impl=cell['attention'],
+                    remat_policy=cell['remat'], scan=cell['scan'])
+  config = ml_collections.ConfigDict(dict(
+      loss='softmax_xent', label_smoothing=0., mixup_alpha=0., grad_accum_steps=1,
+      step_impl=cell['step_impl']))
+  schedule = optim.make_schedule(
+      ml_collections.ConfigDict(dict(base_lr=1e-3, warmup_steps=1, decay='cosine')),
+      total_steps=1_000_000, warmup_steps=1)
+  tx = optim.make_optimizer(ml_collections.ConfigDict(dict(
+      name='adam', b1=0.9, b2=0.999, weight_decay=1e-4, grad_clip_norm=1.0)), schedule)
+  mesh = sharding.make_mesh(None)
+  batch_size = cell['batch_size']
+  if batch_size % mesh.size:
+    raise ValueError(f'--batch_size={batch_size} is not divisible by the {mesh.size} devices.')
+  state, shardings = train.create_train_state(model, tx, 0, mesh)
+  step = train.make_train_step(model, tx, schedule, config, mesh, shardings)
+
+  rng = np.random.default_rng(0)
+  images = rng.uniform(-1, 1, (batch_size, *model.image_size, 3)).astype(np.float32)
+  labels = np.eye(1000, dtype=np.float32)[rng.integers(0, 1000, batch_size)]
+  batch = jax.device_put({'image': images, 'label': labels}, sharding.batch_sharding(mesh))
+
+  start = time.perf_counter()
+  lowered = step.lower(state, batch)
+  compiled = lowered.compile()
+  compile_s = time.perf_counter() - start
+
+  for _ in range(cell['warmup']):
+    state, metrics = compiled(state, batch)
+  jax.block_until_ready((state, metrics))
+  times = []
+  for _ in range(cell['steps']):
+    start = time.perf_counter()
+    state, metrics = compiled(state, batch)
+    jax.block_until_ready((state, metrics))
+    times.append(time.perf_counter() - start)
+  if not np.isfinite(float(metrics['loss'])):
+    raise FloatingPointError(f'Non-finite loss in cell {cell}.')
+
+  step_s = float(np.median(times))
+  images_per_s = batch_size / step_s
+  analytic = analytic_train_flops(model)
+  xla_flops = _cost(compiled).get('flops')  # Of one device's share of the step.
+  xla_per_image = xla_flops * len(devices) / batch_size if xla_flops else None
+  flops_per_image = analytic or xla_per_image  # Model FLOPs; XLA's for hybrids.
+  achieved = flops_per_image * images_per_s if flops_per_image else None
+  return {
+      **cell,
+      'backend': backend, 'device_kind': devices[0].device_kind, 'devices': len(devices),
+      'peak_flops_float32': peaks['float32'], 'peak_flops_bfloat16': peaks['bfloat16'],
+      'peak_matmul_size': n,
+      'compile_s': compile_s, 'step_s_median': step_s, 'step_s_all': times,
+      'images_per_s': images_per_s, 'images_per_s_per_device': images_per_s / len(devices),
+      'analytic_flops_per_image': analytic, 'xla_flops_per_image': xla_per_image,
+      'xla_over_analytic': (xla_per_image / analytic) if analytic and xla_per_image else None,
+      'achieved_flops': achieved,
+      'mfu_float32': achieved / (peaks['float32'] * len(devices)) if achieved else None,
+      'mfu_bfloat16': achieved / (peaks['bfloat16'] * len(devices)) if achieved else None,
+      'memory': _memory(compiled, devices[0]),
+      'loss': float(metrics['loss']),
+  }
+
+
+def cells_from_flags() -> list[dict[str, Any]]:
+  """The cells of this run: the flags' values, crossed with every --sweep."""
+  base = dict(model=_MODEL.value, image_size=_IMAGE_SIZE.value, batch_size=_BATCH.value,
+              dtype=_DTYPE.value, attention=_ATTENTION.value, remat=_REMAT.value,
+              scan=_SCAN.value, step_impl=_STEP_IMPL.value, xla_flags=_XLA_FLAGS.value,
+              steps=_STEPS.value, warmup=_WARMUP.value, peak_size=_PEAK_SIZE.value,
+              peak_repeats=_PEAK_REPEATS.value)
+  axes = []
+  for item in _SWEEP.value:
+    key, _, values = item.partition('=')
+    if key not in SWEEP_KEYS or not values:
+      raise app.UsageError(f'--sweep={item!r}: expected KEY=V1,V2,... with KEY one of '
+                           f'{SWEEP_KEYS}.')
+    parse = {'batch_size': int, 'scan': lambda v: v.lower() in ('1', 'true')}.get(key, str)
+    axes.append([(key, parse(v)) for v in values.split(',')])
+  return [{**base, **dict(combo)} for combo in itertools.product(*axes)]
+
+
+def label(cell: dict[str, Any], varying: list[str]) -> str:
+  """The options that tell this cell from the others of its sweep."""
+  return ' '.join(f'{k}={cell[k]}' for k in varying) or cell['dtype']
+
+
+def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
+  """Runs ``measure(cell)`` in a fresh process with the cell's XLA flags."""
+  env = dict(os.environ)
+  extra = '' if cell['xla_flags'] in ('', 'none') else cell['xla_flags']
+  env['XLA_FLAGS'] = f'{env.get("XLA_FLAGS", "")} {extra}'.strip()
+  env.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+  done = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.benchmarks.train', f'--cell={json.dumps(cell)}'],
+      capture_output=True, text=True, check=False, env=env)
+  lines = [ln for ln in done.stdout.splitlines() if ln.startswith('{')]
+  if done.returncode or not lines:
+    raise RuntimeError(f'cell {cell} failed (exit {done.returncode}):\n{done.stderr[-4000:]}')
+  return json.loads(lines[-1])
+
+
+def format_table(rows: list[dict[str, Any]], varying: list[str]) -> str:
+  """The results as a fixed-width table, one row per cell."""
+  def num(value: float | None, fmt: str) -> str:
+    return 'n/a' if value is None else format(value, fmt)
+
+  labels = [label(r, varying).replace('--xla_cpu_', '') for r in rows]
+  width = max(len(x) for x in labels + ['cell']) + 2
+  header = (f'{"cell":{width}}{"compile s":>10}{"step ms":>9}{"img/s":>8}{"img/s/dev":>10}'
+            f'{"GFLOP/img":>10}{"XLA/model":>10}{"TFLOP/s":>9}{"MFU f32":>8}{"MFU bf16":>9}'
+            f'{"peak mem":>10}')
+  lines = [header]
+  for name, r in zip(labels, rows, strict=True):
+    flops = r['analytic_flops_per_image'] or r['xla_flops_per_image']
+    memory = r['memory']['peak_bytes_in_use'] or r['memory']['temp_size_in_bytes']
+    lines.append(
+        f'{name:{width}}{r["compile_s"]:>10.1f}{1e3 * r["step_s_median"]:>9.1f}'
+        f'{r["images_per_s"]:>8.1f}{r["images_per_s_per_device"]:>10.1f}'
+        f'{num(flops and flops / 1e9, ".2f"):>10}{num(r["xla_over_analytic"], ".3f"):>10}'
+        f'{num(r["achieved_flops"] and r["achieved_flops"] / 1e12, ".3f"):>9}'
+        f'{num(r["mfu_float32"] and 100 * r["mfu_float32"], ".1f"):>7}%'
+        f'{num(r["mfu_bfloat16"] and 100 * r["mfu_bfloat16"], ".1f"):>8}%'
+        f'{num(memory and memory / 2**20, ".0f"):>7} MiB')
+  return '\n'.join(lines)
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  if _CELL.value:
+    print(json.dumps(measure(json.loads(_CELL.value))))
+    return
+  load = os.getloadavg()  # Other work on the machine skews every figure: recorded.
+  cells = cells_from_flags()
+  varying = [k for k in SWEEP_KEYS if len({str(c[k]) for c in cells}) > 1]
+  rows = []
+  for i, cell in enumerate(cells):
+    print(f'[{i + 1}/{len(cells)}] {label(cell, varying)} ...', flush=True)
+    rows.append(run_cell(cell))
+  # One denominator for the whole table: the best peak any cell measured (XLA flags
+  # can speed up the matmul too, and MFU must not rise merely because the peak fell).
+  peaks = {dtype: max(r[f'peak_flops_{dtype}'] for r in rows) for dtype in DTYPES}
+  for r in rows:
+    for dtype in DTYPES:
+      achieved = r['achieved_flops']
+      r[f'mfu_{dtype}'] = achieved / (peaks[dtype] * r['devices']) if achieved else None
+  first = rows[0]
+  print(f'\n{first["model"]} at {first["image_size"]} px, batch {first["batch_size"]}, on '
+        f'{first["devices"]} x {first["device_kind"]} ({first["backend"]}); median of '
+        f'{first["steps"]} steps. Peak matmul (n={first["peak_matmul_size"]}, best of the '
+        f'cells): float32 {peaks["float32"] / 1e9:.0f} GFLOP/s, bfloat16 '
+        f'{peaks["bfloat16"] / 1e9:.0f} GFLOP/s per device. MFU: model FLOPs '
+        '(3 x forward, 2 per multiply-add) per second over that peak.')
+  print(format_table(rows, varying))
+  if _OUT.value:
+    result = {'peak_flops': peaks,
+              'command': ' '.join(['python -m vit_jax.benchmarks.train'] + sys.argv[1:]),
+              'date': time.strftime('%Y-%m-%d %H:%M'), 'host': platform.node(),
+              'machine': platform.machine(), 'cpus': os.cpu_count(),
+              'load_average_at_start': load, 'cells': rows}
+    os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
+    with open(_OUT.value, 'w') as f:
+      json.dump(result, f, indent=1)
+    print(f'wrote {_OUT.value}')
+
+
+if __name__ == '__main__':
+  app.run(main)
