@@ -72,4 +72,4 @@ def test_fashion_mnist_config_validates(shared_data, monkeypatch):
   monkeypatch.chdir(root)
   plan = train.validate(load(root / 'configs' / 'fashion_mnist.py'))
   assert (len(plan.train_source), len(plan.eval_source)) == (60_000, 10_000)
-  assert plan.total_steps == 3516  # 15 epochs of 60,000 at batch 256.
+  assert plan.total_steps == 7032  # 30 epochs of 60,000 at batch 256.
