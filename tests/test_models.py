@@ -242,7 +242,7 @@ def test_forward_flops_match_the_published_counts():
   b16, b16_384 = (get_model('b16', num_classes=1000, image_size=s).forward_flops()
                   for s in (224, 384))
   assert b16_384 > (384 / 224)**2 * b16
-  # gap has no class token: exactly one token fewer in every block.
+  # gap has no class token: one token fewer in every block, so fewer FLOPs.
   gap = get_model('ti16', num_classes=1000, pool='gap').forward_flops()
   assert gap < get_model('ti16', num_classes=1000).forward_flops()
   assert get_model('r50_b16', num_classes=1000).forward_flops() is None
