@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import optim
+from vit_jax import optim, sharding
 
 
 def make_eval_step(model: nn.Module, loss_name: str, param_shardings: Any,
@@ -41,7 +41,7 @@ def evaluate(eval_step: Callable, params: Any, batches: Iterable[dict[str, Any]]
   """Runs ``eval_step`` over all batches; returns the metric and the mean loss."""
   totals = {'correct': 0., 'loss': 0., 'count': 0.}
   for batch in batches:
-    for k, v in jax.device_get(eval_step(params, batch)).items():
+    for k, v in jax.device_get(eval_step(*sharding.inputs_ready((params, batch)))).items():
       totals[k] += float(np.asarray(v))
   count = max(totals['count'], 1.)
   return {metric_name: totals['correct'] / count, 'loss': totals['loss'] / count,

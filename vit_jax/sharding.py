@@ -89,3 +89,16 @@ def shardings_for(tree: Any, mesh: Mesh) -> Any:
   """NamedShardings for a pytree of arrays (or shapes), following PARAM_RULES."""
   return jax.tree_util.tree_map_with_path(
       lambda kp, x: NamedSharding(mesh, spec_for(_path(kp), tuple(np.shape(x)), mesh)), tree)
+
+
+def inputs_ready(tree: Any) -> Any:
+  """``tree``, waited for when XLA:CPU runs collectives across processes.
+
+  XLA:CPU runs a multi-process run's gloo collectives on the same threads as the
+  copies and computations they wait for, so a program dispatched before its inputs
+  are ready can deadlock (seen at random steps of 2-process runs). Call it on a
+  step's inputs; elsewhere it returns at once and accelerators keep dispatching ahead.
+  """
+  if jax.process_count() > 1 and jax.default_backend() == 'cpu':
+    jax.block_until_ready(tree)
+  return tree

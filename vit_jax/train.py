@@ -365,19 +365,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   result: dict[str, float] = {}
   timer_step, timer = start_step, time.perf_counter()
   batches = train_loader.iterate(start_step)
-  # XLA:CPU runs a multi-process run's gloo collectives on the same threads as the
-  # copies and computations they wait for, so a step dispatched before its inputs are
-  # ready can deadlock (seen at random steps). Such runs, tests of the multi-host path
-  # on one machine, wait for the inputs; accelerators keep dispatching ahead.
-  wait_for_inputs = jax.process_count() > 1 and jax.default_backend() == 'cpu'
   try:
     for step in range(start_step + 1, total_steps + 1):
       if profile and step == profile[0]:
         jax.profiler.start_trace(str(epath.Path(workdir) / 'profile'))
       _, batch = next(batches)
-      if wait_for_inputs:
-        jax.block_until_ready((state, batch))
-      state, metrics = train_step(state, batch)
+      state, metrics = train_step(*sharding.inputs_ready((state, batch)))
       pending.append((step, metrics))
       if profile and step == profile[1]:
         jax.profiler.stop_trace()
