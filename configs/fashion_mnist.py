@@ -14,7 +14,9 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.model = ml_collections.ConfigDict(dict(
       name='ti16', image_size=28, patch_size=7, hidden_size=128, mlp_dim=256, num_heads=4,
-      num_layers=6, pool='gap'))
+      num_layers=6, pool='gap',
+      # 'bfloat16': bfloat16 matmuls, float32 accumulation (faster on CPUs with AVX512-BF16).
+      matmul_dtype=ml_collections.config_dict.placeholder(str)))
   config.dataset = ml_collections.ConfigDict(dict(
       name='fashion_mnist', num_classes=10, data_dir='../shared/data/fashion_mnist',
       train_split='train', eval_split='test',

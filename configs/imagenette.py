@@ -34,7 +34,9 @@ def get_config(arg: str = 'pretrain') -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.model = ml_collections.ConfigDict(dict(
       name='ti16', image_size=size, patch_size=8, hidden_size=128, mlp_dim=384, num_heads=4,
-      num_layers=6, pool='token', dropout_rate=0.0))
+      num_layers=6, pool='token', dropout_rate=0.0,
+      # 'bfloat16': bfloat16 matmuls, float32 accumulation (faster on CPUs with AVX512-BF16).
+      matmul_dtype=ml_collections.config_dict.placeholder(str)))
   resize = int(size * 1.14)  # Eval: resize the short side, then a central crop.
   config.dataset = ml_collections.ConfigDict(dict(
       name='imagenette', data_dir='/tmp/imagenette', num_classes=10, train_split='train',

@@ -66,8 +66,9 @@ def test_fine_tune_on_2_devices_at_a_higher_resolution(source_run, tmp_path):
       'model.scan': True, 'dataset.pp_train': pp, 'dataset.pp_eval': pp,
       'schedule.base_lr': 0.0, 'schedule.warmup_steps': 1, 'total_steps': 2,
       'checkpoint_every_steps': 2, 'batch_size': 16, 'eval_batch_size': 16})
-  result = subprocess.run(command, env=env(devices=2), capture_output=True, text=True,
-                          timeout=300)
+  # --cpu_devices overrides the environment's device count.
+  result = subprocess.run(command + ['--cpu_devices=2'], env=env(devices=8),
+                          capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   log = result.stderr
   assert '2 local / 2 global devices' in log

@@ -23,6 +23,10 @@ _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process\'s index.')
 _DISTRIBUTED = flags.DEFINE_bool(
     'distributed', None, 'Call jax.distributed.initialize() (default: when the flags above '
     'are given, or on a Cloud TPU VM / SLURM job).')
+_CPU_DEVICES = flags.DEFINE_integer(
+    'cpu_devices', 0, 'Split a CPU host into this many devices (data-parallel, one per core '
+    'is fastest on a CPU-only machine: benchmarks/RESULTS.md); 0: jax\'s default (one, or '
+    'XLA_FLAGS=--xla_force_host_platform_device_count=N).')
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
@@ -36,6 +40,8 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   import jax
 
+  if _CPU_DEVICES.value:
+    jax.config.update('jax_num_cpu_devices', _CPU_DEVICES.value)
   explicit = _COORDINATOR.value is not None
   distributed = _DISTRIBUTED.value if _DISTRIBUTED.value is not None else (
       explicit or _auto_distributed())

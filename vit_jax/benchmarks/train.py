@@ -6,15 +6,17 @@ r"""Training throughput and MFU of the real train step, on the devices of this m
 
 Each cell (one combination of options) runs in its own process and measures:
   * the device's matrix-multiply peak, float32 and bfloat16 inputs with float32
-    accumulation (the median of ``--peak_repeats`` n x n products);
+    accumulation (the median of ``--peak_repeats`` n x n products, every device
+    multiplying at once: CPU devices share the host's cores);
   * the compile time of the step (lowering + XLA compilation);
   * the median step time over ``--steps`` steps after ``--warmup`` steps, each
     timed to completion; images/s and images/s per device from it;
   * the FLOPs per image: the model's analytic count (``forward_flops``, x3 for
     forward + backward) and XLA's cost analysis of the compiled step, side by side
     (XLA counts a loop body once, so with --scan its figure is about 1/depth low);
-  * MFU = analytic model FLOP/s over the measured float32 and bfloat16 peaks (the
-    best of the run's cells, so that every row has the same denominator);
+  * MFU = analytic model FLOP/s over the measured float32 and bfloat16 peaks of all
+    devices together (the best of the run's cells, so that every row has the same
+    denominator, also when the cells split a CPU into different numbers of devices);
   * the peak memory where the backend reports it (GPUs), else XLA's buffer sizes.
 
 The step is ``vit_jax.train.make_train_step`` (the one training uses: Adam,
@@ -39,9 +41,13 @@ _MODEL = flags.DEFINE_string('model', 'ti16', 'Model name (vit_jax.models).')
 _IMAGE_SIZE = flags.DEFINE_integer('image_size', 224, 'Input resolution.')
 _BATCH = flags.DEFINE_integer('batch_size', 32, 'Global batch size.')
 _DTYPE = flags.DEFINE_string('dtype', 'float32', 'Compute dtype: float32 or bfloat16.')
+_MATMUL_DTYPE = flags.DEFINE_string('matmul_dtype', 'none', 'Matmul operand dtype with float32 '
+                                    'accumulation (bfloat16), or none: the compute dtype.')
 _ATTENTION = flags.DEFINE_string('attention', 'einsum', 'Attention: einsum, xla or cudnn.')
 _REMAT = flags.DEFINE_string('remat', 'none', 'Rematerialisation policy of the blocks.')
 _SCAN = flags.DEFINE_bool('scan', False, 'nn.scan over the blocks.')
+_CPU_DEVICES = flags.DEFINE_integer('cpu_devices', 0, 'Split a CPU host into this many devices '
+                                    '(vit_jax.main --cpu_devices); 0: jax\'s default.')
 _STEP_IMPL = flags.DEFINE_string('step_impl', 'jit', 'jit or shard_map.')
 _XLA_FLAGS = flags.DEFINE_string('xla_flags', '', 'Extra XLA_FLAGS for the cell ("none": '
                                  'none), space-separated.')
@@ -52,12 +58,13 @@ _PEAK_SIZE = flags.DEFINE_integer('peak_size', 0, 'n of the n x n peak matmul (0
 _PEAK_REPEATS = flags.DEFINE_integer('peak_repeats', 10, 'Matmuls timed for the peak.')
 _SWEEP = flags.DEFINE_multi_string(
     'sweep', [], 'KEY=V1,V2,...: run every combination of these values (keys: dtype, '
-    'attention, remat, scan, batch_size, step_impl, xla_flags).')
+    'matmul_dtype, attention, remat, scan, batch_size, cpu_devices, step_impl, xla_flags).')
 _OUT = flags.DEFINE_string('out', '', 'JSON file for the results.')
 _CELL = flags.DEFINE_string('cell', '', 'Internal: one cell as JSON, measured in this process.')
 
 DTYPES = ('float32', 'bfloat16')
-SWEEP_KEYS = ('dtype', 'attention', 'remat', 'scan', 'batch_size', 'step_impl', 'xla_flags')
+SWEEP_KEYS = ('dtype', 'matmul_dtype', 'attention', 'remat', 'scan', 'batch_size',
+              'cpu_devices', 'step_impl', 'xla_flags')
 
 
 def analytic_train_flops(model: Any) -> int | None:
@@ -67,14 +74,19 @@ def analytic_train_flops(model: Any) -> int | None:
 
 
 def matmul_peak(dtype: str, n: int, repeats: int) -> float:
-  """FLOP/s of an n x n x n product on device 0 (float32 accumulation)."""
+  """FLOP/s per device of n x n x n products (float32 accumulation) on all devices at once."""
   import jax
   import jax.numpy as jnp
   import numpy as np
 
-  a, b = (jax.device_put(jax.random.normal(jax.random.key(i), (n, n), dtype))
-          for i in (0, 1))
-  matmul = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
+  devices = jax.devices()
+  mesh = jax.sharding.Mesh(np.array(devices), ('devices',))
+  one_each = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('devices'))
+  a, b = (jax.device_put(np.random.default_rng(i).standard_normal(
+      (len(devices), n, n), np.float32).astype(dtype), one_each) for i in (0, 1))
+  matmul = jax.jit(lambda a, b: jnp.einsum('dij,djk->dik', a, b,
+                                           preferred_element_type=jnp.float32),
+                   out_shardings=one_each)
   matmul(a, b).block_until_ready()
   times = []
   for _ in range(repeats):
@@ -110,6 +122,8 @@ def measure(cell: dict[str, Any]) -> dict[str, Any]:
   from vit_jax import optim, sharding, train
   from vit_jax.models import get_model
 
+  if cell['cpu_devices']:
+    jax.config.update('jax_num_cpu_devices', cell['cpu_devices'])
   devices = jax.devices()
   backend = jax.default_backend()
   n = cell['peak_size'] or (2048 if backend == 'cpu' else 8192)
@@ -117,6 +131,7 @@ def measure(cell: dict[str, Any]) -> dict[str, Any]:
 
   model = get_model(cell['model'], num_classes=1000, image_size=cell['image_size'],
                     dtype=cell['dtype'], attention_impl=cell['attention'],
+                    matmul_dtype=None if cell['matmul_dtype'] == 'none' else cell['matmul_dtype'],
                     remat_policy=cell['remat'], scan=cell['scan'])
   config = ml_collections.ConfigDict(dict(
       loss='softmax_xent', label_smoothing=0., mixup_alpha=0., grad_accum_steps=1,
@@ -180,9 +195,10 @@ def measure(cell: dict[str, Any]) -> dict[str, Any]:
 def cells_from_flags() -> list[dict[str, Any]]:
   """The cells of this run: the flags' values, crossed with every --sweep."""
   base = dict(model=_MODEL.value, image_size=_IMAGE_SIZE.value, batch_size=_BATCH.value,
-              dtype=_DTYPE.value, attention=_ATTENTION.value, remat=_REMAT.value,
-              scan=_SCAN.value, step_impl=_STEP_IMPL.value, xla_flags=_XLA_FLAGS.value,
-              steps=_STEPS.value, warmup=_WARMUP.value, peak_size=_PEAK_SIZE.value,
+              dtype=_DTYPE.value, matmul_dtype=_MATMUL_DTYPE.value, attention=_ATTENTION.value,
+              remat=_REMAT.value, scan=_SCAN.value, cpu_devices=_CPU_DEVICES.value,
+              step_impl=_STEP_IMPL.value, xla_flags=_XLA_FLAGS.value, steps=_STEPS.value,
+              warmup=_WARMUP.value, peak_size=_PEAK_SIZE.value,
               peak_repeats=_PEAK_REPEATS.value)
   axes = []
   for item in _SWEEP.value:
@@ -190,7 +206,8 @@ def cells_from_flags() -> list[dict[str, Any]]:
     if key not in SWEEP_KEYS or not values:
       raise app.UsageError(f'--sweep={item!r}: expected KEY=V1,V2,... with KEY one of '
                            f'{SWEEP_KEYS}.')
-    parse = {'batch_size': int, 'scan': lambda v: v.lower() in ('1', 'true')}.get(key, str)
+    parse = {'batch_size': int, 'cpu_devices': int,
+             'scan': lambda v: v.lower() in ('1', 'true')}.get(key, str)
     axes.append([(key, parse(v)) for v in values.split(',')])
   return [{**base, **dict(combo)} for combo in itertools.product(*axes)]
 
@@ -252,23 +269,26 @@ def main(argv: list[str]) -> None:
   for i, cell in enumerate(cells):
     print(f'[{i + 1}/{len(cells)}] {label(cell, varying)} ...', flush=True)
     rows.append(run_cell(cell))
-  # One denominator for the whole table: the best peak any cell measured (XLA flags
-  # can speed up the matmul too, and MFU must not rise merely because the peak fell).
-  peaks = {dtype: max(r[f'peak_flops_{dtype}'] for r in rows) for dtype in DTYPES}
+  # One denominator for the whole table: the best peak of all devices together that
+  # any cell measured (XLA flags can speed up the matmul too, and MFU must not rise
+  # merely because the peak fell).
+  peaks = {dtype: max(r[f'peak_flops_{dtype}'] * r['devices'] for r in rows)
+           for dtype in DTYPES}
   for r in rows:
     for dtype in DTYPES:
       achieved = r['achieved_flops']
-      r[f'mfu_{dtype}'] = achieved / (peaks[dtype] * r['devices']) if achieved else None
+      r[f'mfu_{dtype}'] = achieved / peaks[dtype] if achieved else None
   first = rows[0]
+  devices = sorted({r['devices'] for r in rows})
   print(f'\n{first["model"]} at {first["image_size"]} px, batch {first["batch_size"]}, on '
-        f'{first["devices"]} x {first["device_kind"]} ({first["backend"]}); median of '
-        f'{first["steps"]} steps. Peak matmul (n={first["peak_matmul_size"]}, best of the '
-        f'cells): float32 {peaks["float32"] / 1e9:.0f} GFLOP/s, bfloat16 '
-        f'{peaks["bfloat16"] / 1e9:.0f} GFLOP/s per device. MFU: model FLOPs '
+        f'{"/".join(map(str, devices))} x {first["device_kind"]} ({first["backend"]}); '
+        f'median of {first["steps"]} steps. Peak matmul (n={first["peak_matmul_size"]}, '
+        f'best of the cells, all devices together): float32 {peaks["float32"] / 1e9:.0f} '
+        f'GFLOP/s, bfloat16 {peaks["bfloat16"] / 1e9:.0f} GFLOP/s. MFU: model FLOPs '
         '(3 x forward, 2 per multiply-add) per second over that peak.')
   print(format_table(rows, varying))
   if _OUT.value:
-    result = {'peak_flops': peaks,
+    result = {'peak_flops_all_devices': peaks,
               'command': ' '.join(['python -m vit_jax.benchmarks.train'] + sys.argv[1:]),
               'date': time.strftime('%Y-%m-%d %H:%M'), 'host': platform.node(),
               'machine': platform.machine(), 'cpus': os.cpu_count(),

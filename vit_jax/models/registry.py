@@ -103,7 +103,7 @@ def get_model(name: str, *, num_classes: int | None, **overrides: Any) -> Vision
                      f'Valid options: {sorted(fields - {"num_classes"})}.')
   kwargs = model_kwargs(name)
   kwargs.update(overrides)
-  for key in ('dtype', 'param_dtype'):
+  for key in ('dtype', 'param_dtype', 'matmul_dtype'):
     if isinstance(kwargs.get(key), str):
       if kwargs[key] not in _DTYPES:
         raise ValueError(f'{key}={kwargs[key]!r} is not one of {sorted(_DTYPES)}.')

@@ -1,0 +1,95 @@
+"""Matrix products with low-precision inputs and float32 accumulation, both ways.
+
+``mixed_dot_general(dtype)`` is a drop-in ``dot_general`` for Flax's ``Dense`` and
+``DenseGeneral``: the operands are cast to ``dtype`` (bfloat16) and multiplied with
+float32 accumulation, and so are the two products of the backward pass, whose results
+(the gradients) stay float32. This is what TPUs do by default and what PyTorch's
+bfloat16 autocast does around its matmuls; everything between the products (LayerNorm,
+softmax, GELU, residuals) stays in the model's compute dtype.
+
+Plain autodiff of ``dot_general(..., preferred_element_type=float32)`` would not do
+this: its backward products multiply the float32 cotangent with a bfloat16 operand,
+which XLA computes in float32.
+"""
+
+from __future__ import annotations
+
+import functools
+import string
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+Array = jax.Array
+DimensionNumbers = tuple[tuple[Any, Any], tuple[Any, Any]]
+
+
+def einsum_specs(lhs_ndim: int, rhs_ndim: int,
+                 dimension_numbers: DimensionNumbers) -> tuple[str, str, str]:
+  """The ``dot_general`` as einsum operands: ('bqd', 'bkd', 'bqk') for a batched q.k^T."""
+  (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
+  letters = iter(string.ascii_letters)
+  lhs, rhs = [''] * lhs_ndim, [''] * rhs_ndim
+  for i, j in zip((*lhs_batch, *lhs_contract), (*rhs_batch, *rhs_contract), strict=True):
+    lhs[i] = rhs[j] = next(letters)
+  lhs = [c or next(letters) for c in lhs]
+  rhs = [c or next(letters) for c in rhs]
+  out = ([lhs[i] for i in lhs_batch]
+         + [c for i, c in enumerate(lhs) if i not in (*lhs_batch, *lhs_contract)]
+         + [c for i, c in enumerate(rhs) if i not in (*rhs_batch, *rhs_contract)])
+  return ''.join(lhs), ''.join(rhs), ''.join(out)
+
+
+def _product(spec: str, a: Array, b: Array) -> Array:
+  return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _mixed(lhs: Array, rhs: Array, dimension_numbers: DimensionNumbers, dtype: Any) -> Array:
+  return _mixed_fwd(lhs, rhs, dimension_numbers, dtype)[0]
+
+
+def _mixed_fwd(lhs, rhs, dimension_numbers, dtype):
+  a, b = lhs.astype(dtype), rhs.astype(dtype)
+  a_spec, b_spec, out_spec = einsum_specs(a.ndim, b.ndim, dimension_numbers)
+  # The residuals are the low-precision operands (half the memory of float32 ones)
+  # and, as empty arrays, the original dtypes that the gradients are returned in.
+  residuals = (a, b, jnp.zeros((0,), lhs.dtype), jnp.zeros((0,), rhs.dtype))
+  return _product(f'{a_spec},{b_spec}->{out_spec}', a, b), residuals
+
+
+def _mixed_bwd(dimension_numbers, dtype, residuals, g):
+  a, b, lhs_like, rhs_like = residuals
+  a_spec, b_spec, out_spec = einsum_specs(a.ndim, b.ndim, dimension_numbers)
+  g = g.astype(dtype)
+  return (_product(f'{out_spec},{b_spec}->{a_spec}', g, b).astype(lhs_like.dtype),
+          _product(f'{a_spec},{out_spec}->{b_spec}', a, g).astype(rhs_like.dtype))
+
+
+_mixed.defvjp(_mixed_fwd, _mixed_bwd)
+
+
+def mixed_dot_general(dtype: Any) -> Callable[..., Array]:
+  """A ``lax.dot_general`` computing in ``dtype`` with float32 accumulation (see above).
+
+  The result has ``preferred_element_type`` if given, else the operands' common type.
+  """
+  dtype = jnp.dtype(dtype)
+
+  def dot_general(lhs: Array, rhs: Array, dimension_numbers: DimensionNumbers,
+                  precision: Any = None, preferred_element_type: Any = None) -> Array:
+    del precision  # The operands' dtype fixes it.
+    out_dtype = preferred_element_type or jnp.result_type(lhs, rhs)
+    dimension_numbers = tuple(tuple(tuple(int(i) for i in dims) for dims in pair)
+                              for pair in dimension_numbers)
+    return _mixed(lhs, rhs, dimension_numbers, dtype).astype(out_dtype)
+
+  return dot_general
+
+
+def dot_general_for(matmul_dtype: Any | None) -> Callable[..., Array]:
+  """``mixed_dot_general(matmul_dtype)``, or ``lax.dot_general`` for None."""
+  return lax.dot_general if matmul_dtype is None else mixed_dot_general(matmul_dtype)
