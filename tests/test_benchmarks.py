@@ -1,4 +1,4 @@
-"""Tests of vit_jax.benchmarks.train: one real sweep through the command line."""
+"""Tests of vit_jax.benchmarks: real runs of the train-step and input benchmarks' CLIs."""
 
 import json
 import subprocess
@@ -56,3 +56,21 @@ def test_each_cell_measures_consistently(sweep):
   # element-wise work and the optimizer (large next to a 5-token model, so a loose bound).
   unrolled = result['cells'][0]
   assert 1.0 <= unrolled['xla_over_analytic'] < 1.5
+
+
+def test_input_benchmark_measures_both_pipelines_at_both_stages(shared_data, tmp_path):
+  out = tmp_path / 'input.json'
+  done = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.benchmarks.input',
+       f'--data={shared_data / "imagenette_224"}', '--split=val', f'--work_dir={tmp_path}',
+       '--images=128', '--batch_size=64', '--repeats=1', '--pipelines=train',
+       f'--out={out}'],
+      capture_output=True, text=True, env=env(devices=1), timeout=600, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  result = json.loads(out.read_text())
+  cells = {(r['pipeline'], r['cores'], r['stage']) for r in result['rows']}
+  assert {('train', 1, 'host'), ('train', 1, 'device')} <= cells
+  for row in result['rows']:
+    assert row['vit_jax_images_per_s'] > 0 and row['tf_data_images_per_s'] > 0
+    assert row['ratio'] == pytest.approx(row['vit_jax_images_per_s'] / row['tf_data_images_per_s'])
+  assert 'vit_jax img/s' in done.stdout and 'device' in done.stdout

@@ -3,7 +3,9 @@
 import gzip
 import io
 
+import chex
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
@@ -71,6 +73,18 @@ def test_preprocessing_ops():
     preprocess.parse('to_rgb|blur')
 
 
+def test_a_trailing_value_range_can_run_on_the_device():
+  pipeline = preprocess.parse('to_rgb|resize(8)|value_range(0, 1)')
+  image = np.random.default_rng(0).integers(0, 256, (10, 12, 3), dtype=np.uint8)
+  host = pipeline.host(image, np.random.default_rng(1))
+  assert host.dtype == np.uint8 and host.shape == (8, 8, 3)
+  on_device = pipeline.on_device(jnp.asarray(host[None]))
+  chex.assert_type(on_device, jnp.float32)
+  np.testing.assert_allclose(on_device[0], pipeline(image, np.random.default_rng(1)), atol=1e-6)
+  assert preprocess.parse('to_rgb|resize(8)').affine is None
+  assert preprocess.parse('value_range(0, 1)|resize(8)').affine is None  # Not trailing.
+
+
 def make_loader(source, seed=0, batch=32):
   mesh = sharding.make_mesh(None)
   return loader.TrainLoader(source, preprocess.parse('to_rgb|pad_crop(2)|value_range(-1, 1)'),
@@ -92,7 +106,14 @@ def test_shuffling_is_deterministic_per_seed_and_new_each_epoch():
   np.testing.assert_array_equal(batch_a['image'], batch_b['image'])
   # Resuming at step k gives the batch an uninterrupted run sees at step k.
   _, resumed = next(b.iterate(start_step=7))
-  np.testing.assert_array_equal(jax.device_get(resumed['image']), a.local_batch(7)['image'])
+  host = a.local_batch(7)['image']
+  assert host.dtype == np.uint8  # value_range runs on the devices, after the transfer ...
+  chex.assert_type(resumed['image'], jnp.float32)
+  # ... and gives what the whole pipeline gives on the host, example by example.
+  pipeline = preprocess.parse('to_rgb|pad_crop(2)|value_range(-1, 1)')
+  expected = [pipeline(source[int(i)]['image'], np.random.default_rng([0, 7, j]))
+              for j, i in enumerate(a.indices(7))]
+  np.testing.assert_allclose(jax.device_get(resumed['image']), np.stack(expected), atol=1e-6)
 
 
 def test_eval_batches_cover_every_example_once():

@@ -12,6 +12,13 @@ Each measurement runs in its own process pinned to 1 core (images/s per core) or
 all cores, with as many workers as cores.
 tf.data reads the JPEG files with ``tf.io.read_file``, as the existing projects'
 pipelines do; vit_jax reads its ArrayRecord shards.
+
+Two stages are measured for each:
+  host:   batches in host memory. tf.data's are float32; vit_jax's are uint8, because
+          its loader runs the trailing value_range on the devices;
+  device: batches as float32 jax.Arrays on the (first) device, ready: vit_jax's
+          ``iterate()``, and tf.data's batches put there with ``jax.device_put``. The
+          comparison of the whole work, wherever each pipeline does it.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ _IMAGES = flags.DEFINE_integer('images', 4096, 'Images per measurement.')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Measurements per cell; the median is reported.')
 _BATCH = flags.DEFINE_integer('batch_size', 128, 'Batch size.')
 _OUT = flags.DEFINE_string('out', '', 'JSON file for the results.')
+_PIPELINES = flags.DEFINE_list('pipelines', ['train', 'eval'], 'Pipelines to measure.')
 
 PIPELINES = {
     'train': 'decode|inception_crop(224)|flip_lr|value_range(-1, 1)',
@@ -41,8 +49,8 @@ PIPELINES = {
 
 
 def vit_jax_rate(directory: str, split: str, pipeline: str, workers: int, images: int,
-                 batch: int) -> float:
-  """Images/s of vit_jax's loader producing host batches (threads decode in parallel)."""
+                 batch: int, stage: str) -> float:
+  """Images/s of vit_jax's loader (threads decode in parallel) at ``stage``."""
   import jax
 
   from vit_jax import sharding
@@ -54,18 +62,19 @@ def vit_jax_rate(directory: str, split: str, pipeline: str, workers: int, images
       sharding=sharding.batch_sharding(sharding.make_mesh(None, jax.devices()[:1])),
       num_classes=source.num_classes, num_workers=workers, prefetch=workers)
   steps = images // batch
-  batches = train_loader.iterate_local(0)
-  next(batches)  # Warm-up.
+  batches = (train_loader.iterate_local(0) if stage == 'host'
+             else train_loader.iterate(0))
+  jax.block_until_ready(next(batches))  # Warm-up (and compilation).
   start = time.perf_counter()
   for _ in range(steps):
-    next(batches)
+    jax.block_until_ready(next(batches))
   elapsed = time.perf_counter() - start
   batches.close()
   return steps * batch / elapsed
 
 
 def tf_data_rate(folder: str, split: str, pipeline: str, workers: int, images: int,
-                 batch: int) -> float:
+                 batch: int, stage: str) -> float:
   """Images/s of the same operations as a tf.data pipeline over the JPEG files."""
   import tensorflow as tf
 
@@ -99,19 +108,29 @@ def tf_data_rate(folder: str, split: str, pipeline: str, workers: int, images: i
   options.threading.private_threadpool_size = workers
   options.autotune.enabled = False
   iterator = iter(dataset.with_options(options))
-  next(iterator)
+  if stage == 'device':
+    import jax
+
+    device = jax.devices()[0]
+    batches = (jax.block_until_ready(jax.device_put(b.numpy(), device)) for b in iterator)
+  else:
+    batches = iterator
+  next(batches)
   steps = images // batch
   start = time.perf_counter()
   for _ in range(steps):
-    next(iterator)
+    next(batches)
   return steps * batch / (time.perf_counter() - start)
 
 
-_MEASURE = flags.DEFINE_string('measure', '', 'Internal: IMPL:PIPELINE:WORKERS, one '
+_MEASURE = flags.DEFINE_string('measure', '', 'Internal: IMPL:STAGE:PIPELINE:WORKERS, one '
                                 'measurement in this (pinned) process, printed as JSON.')
+IMPLS = ('vit_jax', 'tf_data')
+STAGES = ('host', 'device')
 
 
-def _measure_pinned(directory: str, impl: str, pipeline: str, workers: int) -> float:
+def _measure_pinned(directory: str, impl: str, stage: str, pipeline: str,
+                    workers: int) -> float:
   """Runs one measurement in a child process pinned to ``workers`` cores."""
   import subprocess
   import sys
@@ -120,12 +139,12 @@ def _measure_pinned(directory: str, impl: str, pipeline: str, workers: int) -> f
   command = [sys.executable, '-m', 'vit_jax.benchmarks.input', f'--data={_DATA.value}',
              f'--split={_SPLIT.value}', f'--work_dir={_WORK_DIR.value}',
              f'--images={_IMAGES.value}', f'--batch_size={_BATCH.value}',
-             f'--measure={impl}:{pipeline}:{workers}']
+             f'--measure={impl}:{stage}:{pipeline}:{workers}']
   env = {**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3', 'JAX_PLATFORMS': 'cpu'}
   done = subprocess.run(command, capture_output=True, text=True, check=False, env=env,
                         preexec_fn=lambda: os.sched_setaffinity(0, cores))
   if done.returncode:
-    raise RuntimeError(f'{impl} {pipeline} failed:\n{done.stderr[-3000:]}')
+    raise RuntimeError(f'{impl} {stage} {pipeline} failed:\n{done.stderr[-3000:]}')
   return json.loads(done.stdout.strip().splitlines()[-1])['images_per_s']
 
 
@@ -133,13 +152,13 @@ def main(argv: list[str]) -> None:
   del argv
   converted = str(epath.Path(_WORK_DIR.value) / 'local')
   if _MEASURE.value:
-    impl, pipeline, workers = _MEASURE.value.split(':')
+    impl, stage, pipeline, workers = _MEASURE.value.split(':')
     if impl == 'vit_jax':
       rate = vit_jax_rate(converted, _SPLIT.value, pipeline, int(workers), _IMAGES.value,
-                          _BATCH.value)
+                          _BATCH.value, stage)
     else:
       rate = tf_data_rate(_DATA.value, _SPLIT.value, pipeline, int(workers), _IMAGES.value,
-                          _BATCH.value)
+                          _BATCH.value, stage)
     print(json.dumps({'images_per_s': rate}))
     return
 
@@ -148,25 +167,28 @@ def main(argv: list[str]) -> None:
   convert.convert(_DATA.value, converted, shards=8)
   cores = len(os.sched_getaffinity(0))
   rows = []
-  for pipeline in ('train', 'eval'):
+  for pipeline in _PIPELINES.value:
     for workers in sorted({1, cores}):
-      # Alternate the two, so that slow drifts of the machine hit both alike.
-      runs = {'vit_jax': [], 'tf_data': []}
-      for _ in range(_REPEATS.value):
-        for impl in runs:
-          runs[impl].append(_measure_pinned(converted, impl, pipeline, workers))
-      ours, theirs = (float(np.median(runs[impl])) for impl in ('vit_jax', 'tf_data'))
-      rows.append({'pipeline': pipeline, 'cores': workers, 'runs': runs,
-                   'vit_jax_images_per_s': ours,
-                   'tf_data_images_per_s': theirs, 'vit_jax_per_core': ours / workers,
-                   'tf_data_per_core': theirs / workers, 'ratio': ours / theirs})
+      for stage in STAGES:
+        # Alternate the two, so that slow drifts of the machine hit both alike.
+        runs = {impl: [] for impl in IMPLS}
+        for _ in range(_REPEATS.value):
+          for impl in IMPLS:
+            runs[impl].append(_measure_pinned(converted, impl, stage, pipeline, workers))
+        ours, theirs = (float(np.median(runs[impl])) for impl in IMPLS)
+        rows.append({'pipeline': pipeline, 'cores': workers, 'stage': stage, 'runs': runs,
+                     'vit_jax_images_per_s': ours, 'tf_data_images_per_s': theirs,
+                     'vit_jax_per_core': ours / workers, 'tf_data_per_core': theirs / workers,
+                     'ratio': ours / theirs})
   print(f'\nInput throughput on {_DATA.value} ({_SPLIT.value}), batch {_BATCH.value}, '
         f'median of {_REPEATS.value} x {_IMAGES.value} images, {platform.machine()}; each '
-        'measurement in its own process pinned to its cores.')
-  print(f'{"pipeline":9}{"cores":>6}{"vit_jax img/s":>15}{"tf.data img/s":>15}'
+        'measurement in its own process pinned to its cores. host: batches in host memory '
+        '(vit_jax: uint8, scaled later on the device); device: float32 batches ready on '
+        'the device.')
+  print(f'{"pipeline":9}{"cores":>6}{"stage":>8}{"vit_jax img/s":>15}{"tf.data img/s":>15}'
         f'{"vit_jax/core":>14}{"tf.data/core":>14}{"ratio":>7}')
   for r in rows:
-    print(f'{r["pipeline"]:9}{r["cores"]:>6}{r["vit_jax_images_per_s"]:>15.0f}'
+    print(f'{r["pipeline"]:9}{r["cores"]:>6}{r["stage"]:>8}{r["vit_jax_images_per_s"]:>15.0f}'
           f'{r["tf_data_images_per_s"]:>15.0f}{r["vit_jax_per_core"]:>14.0f}'
           f'{r["tf_data_per_core"]:>14.0f}{r["ratio"]:>7.2f}')
   if _OUT.value:

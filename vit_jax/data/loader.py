@@ -9,11 +9,16 @@ sees exactly the batches an uninterrupted run would have, and 1 process x 8
 devices sees the same global batches as 2 processes x 4 devices. Each process
 reads only its share of every batch; the shares are joined into one global
 ``jax.Array`` sharded over the mesh's data axes.
+
+A pipeline's trailing ``value_range`` runs on the devices, after the transfer
+(``preprocess.Pipeline``): the host assembles and copies uint8 batches, a quarter of
+the bytes of float32 ones. ``local_batch`` returns those host batches.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterator
@@ -99,6 +104,19 @@ def to_global(local: Batch, sharding: jax.sharding.Sharding, global_batch_size: 
       sharding, v, (global_batch_size,) + v.shape[1:]) for k, v in local.items()}
 
 
+def _split(preprocess: Callable) -> tuple[Callable, Callable[[Batch], Batch]]:
+  """(per-example host function, device function of the global batch)."""
+  if getattr(preprocess, 'affine', None) is None:
+    return preprocess, lambda batch: batch
+  return preprocess.host, _on_device(preprocess.on_device)
+
+
+@functools.cache
+def _on_device(fn: Callable) -> Callable[[Batch], Batch]:
+  """``fn`` on the batch's images, jitted once per pipeline (evaluation makes many loaders)."""
+  return jax.jit(lambda batch: {**batch, 'image': fn(batch['image'])})
+
+
 class TrainLoader:
   """Shuffled, augmented, endlessly repeating training batches."""
 
@@ -106,7 +124,8 @@ class TrainLoader:
                sharding: jax.sharding.Sharding, num_classes: int, num_workers: int = 4,
                prefetch: int = 4, process_index: int | None = None,
                process_count: int | None = None):
-    self.source, self.preprocess = source, preprocess
+    self.source = source
+    self.preprocess, self.on_device = _split(preprocess)
     self.batch_size, self.seed, self.sharding = global_batch_size, seed, sharding
     self.num_classes, self.num_workers, self.prefetch = num_classes, num_workers, prefetch
     self.steps_per_epoch = len(source) // global_batch_size
@@ -141,7 +160,7 @@ class TrainLoader:
     batches = self.iterate_local(start_step)
     try:
       for step, local in batches:
-        yield step, to_global(local, self.sharding, self.batch_size)
+        yield step, self.on_device(to_global(local, self.sharding, self.batch_size))
     finally:
       batches.close()
 
@@ -162,6 +181,7 @@ def eval_batches(source: Any, preprocess: Callable, *, global_batch_size: int,
   """Every example exactly once, in order; the last batch padded, with a 0/1 'mask'."""
   offset, size = _share(global_batch_size)
   n = len(source)
+  preprocess, on_device = _split(preprocess)
 
   def local_batch(b: int) -> Batch:
     rows = np.arange(b * global_batch_size + offset, b * global_batch_size + offset + size)
@@ -173,4 +193,4 @@ def eval_batches(source: Any, preprocess: Callable, *, global_batch_size: int,
 
   batches = iter(range(math.ceil(n / global_batch_size)))
   for local in _ahead(local_batch, batches, num_workers, num_workers):
-    yield to_global(local, sharding, global_batch_size)
+    yield on_device(to_global(local, sharding, global_batch_size))

@@ -6,6 +6,10 @@ Each op maps (image, numpy Generator) to an image. Images are HWC uint8 arrays
 ``value_range`` makes the float32 array; a pipeline without it returns uint8.
 Inputs may be encoded bytes (``decode`` first) or arrays. Random ops draw from
 the generator, which the loader seeds per example: pipelines are deterministic.
+
+The loader runs a trailing ``value_range`` on the devices instead (``Pipeline.host``
+then ``Pipeline.on_device``): batches are assembled and transferred as uint8, a
+quarter of the bytes, and scaled where the model runs.
 """
 
 from __future__ import annotations
@@ -127,9 +131,13 @@ def flip_lr() -> Op:
       else image
 
 
+def _affine(lo: float = -1., hi: float = 1.) -> tuple[float, float]:
+  return (hi - lo) / 255., lo
+
+
 def value_range(lo: float = -1., hi: float = 1.) -> Op:
   """uint8 [0, 255] -> float32 [lo, hi]."""
-  scale, offset = (hi - lo) / 255., lo
+  scale, offset = _affine(lo, hi)
 
   def op(image: Any, rng: np.random.Generator) -> np.ndarray:
     array = as_array(image).astype(np.float32)
@@ -189,9 +197,38 @@ OPS: dict[str, Callable[..., Op]] = {
 _CALL = re.compile(r'^\s*(\w+)\s*(?:\((.*)\))?\s*$')
 
 
-def parse(spec: str) -> Callable[[Any, np.random.Generator], np.ndarray]:
-  """Builds the composed op of a pipeline string; unknown ops get a clear error."""
-  ops = []
+class Pipeline:
+  """The composed ops of a pipeline string; calling it runs them all on the host.
+
+  ``affine`` is the (scale, offset) of a trailing ``value_range`` (else None): then
+  ``host`` runs the ops before it and ``on_device`` the scaling, in jax.
+  """
+
+  def __init__(self, spec: str, ops: list[Op], affine: tuple[float, float] | None):
+    self.spec, self.ops, self.affine = spec, ops, affine
+
+  def __call__(self, image: Any, rng: np.random.Generator) -> np.ndarray:
+    for op in self.ops:
+      image = op(image, rng)
+    return as_array(image)
+
+  def host(self, image: Any, rng: np.random.Generator) -> np.ndarray:
+    """Every op but a trailing ``value_range``: uint8 images where there is one."""
+    for op in self.ops[:-1] if self.affine else self.ops:
+      image = op(image, rng)
+    return as_array(image)
+
+  def on_device(self, images: Any) -> Any:
+    """The trailing ``value_range`` of a batch of ``host`` outputs, as float32."""
+    import jax.numpy as jnp
+
+    scale, offset = self.affine or (1., 0.)
+    return images.astype(jnp.float32) * scale + offset
+
+
+def parse(spec: str) -> Pipeline:
+  """Builds the pipeline of a string; unknown ops get a clear error."""
+  ops, affine = [], None
   for part in spec.split('|'):
     m = _CALL.match(part)
     if not m or m.group(1) not in OPS:
@@ -199,9 +236,5 @@ def parse(spec: str) -> Callable[[Any, np.random.Generator], np.ndarray]:
                        f'Known ops: {sorted(OPS)}.')
     args = ast.literal_eval(f'({m.group(2)},)') if m.group(2) else ()
     ops.append(OPS[m.group(1)](*args))
-
-  def pipeline(image: Any, rng: np.random.Generator) -> np.ndarray:
-    for op in ops:
-      image = op(image, rng)
-    return as_array(image)
-  return pipeline
+    affine = _affine(*args) if m.group(1) == 'value_range' else None
+  return Pipeline(spec, ops, affine)
