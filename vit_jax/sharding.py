@@ -91,6 +91,11 @@ def shardings_for(tree: Any, mesh: Mesh) -> Any:
       lambda kp, x: NamedSharding(mesh, spec_for(_path(kp), tuple(np.shape(x)), mesh)), tree)
 
 
+def waits_for_inputs() -> bool:
+  """Whether ``inputs_ready`` waits: multi-process runs on XLA:CPU."""
+  return jax.process_count() > 1 and jax.default_backend() == 'cpu'
+
+
 def inputs_ready(tree: Any) -> Any:
   """``tree``, waited for when XLA:CPU runs collectives across processes.
 
@@ -99,6 +104,6 @@ def inputs_ready(tree: Any) -> Any:
   are ready can deadlock (seen at random steps of 2-process runs). Call it on a
   step's inputs; elsewhere it returns at once and accelerators keep dispatching ahead.
   """
-  if jax.process_count() > 1 and jax.default_backend() == 'cpu':
+  if waits_for_inputs():
     jax.block_until_ready(tree)
   return tree

@@ -12,7 +12,8 @@ reads only its share of every batch; the shares are joined into one global
 
 A pipeline's trailing ``value_range`` runs on the devices, after the transfer
 (``preprocess.Pipeline``): the host assembles and copies uint8 batches, a quarter of
-the bytes of float32 ones. ``local_batch`` returns those host batches.
+the bytes of float32 ones. ``local_batch`` returns those host batches. (Multi-process
+runs on XLA:CPU keep it on the host: see ``_split``.)
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from typing import Any
 
 import jax
 import numpy as np
+
+from vit_jax import sharding as sharding_lib
 
 Batch = dict[str, Any]
 
@@ -105,8 +108,15 @@ def to_global(local: Batch, sharding: jax.sharding.Sharding, global_batch_size: 
 
 
 def _split(preprocess: Callable) -> tuple[Callable, Callable[[Batch], Batch]]:
-  """(per-example host function, device function of the global batch)."""
-  if getattr(preprocess, 'affine', None) is None:
+  """(per-example host function, device function of the global batch).
+
+  Multi-process runs on XLA:CPU keep the whole pipeline on the host: their steps wait
+  for their inputs (``sharding.inputs_ready``), and an input that is the output of a
+  scaling computation queued behind the previous step would make each step wait for
+  the last one to finish, where a transferred batch is ready while it runs. (Their
+  batches are host memory either way.)
+  """
+  if getattr(preprocess, 'affine', None) is None or sharding_lib.waits_for_inputs():
     return preprocess, lambda batch: batch
   return preprocess.host, _on_device(preprocess.on_device)
 
