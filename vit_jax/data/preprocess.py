@@ -222,7 +222,7 @@ class Pipeline:
     """The trailing ``value_range`` of a batch of ``host`` outputs, as float32."""
     import jax.numpy as jnp
 
-    scale, offset = self.affine or (1., 0.)
+    scale, offset = self.affine  # Only for pipelines that end with value_range.
     return images.astype(jnp.float32) * scale + offset
 
 
