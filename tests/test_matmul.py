@@ -78,6 +78,33 @@ def test_every_product_of_the_training_step_takes_bfloat16_operands():
   chex.assert_trees_all_equal_dtypes(grads, params)  # Float32 gradients.
 
 
+def _compiled_dot_operand_types(hlo: str) -> list[tuple[str, str, str]]:
+  """(lhs type, rhs type, lhs shape) of every dot of a compiled (XLA) HLO module."""
+  types = dict(re.findall(r'(%[\w.\-]+) = (\w+\[[\d,]*\])', hlo))
+  dots = re.findall(r' dot\((%[\w.\-]+), (%[\w.\-]+)\)', hlo)
+  return [(types[a].split('[')[0], types[b].split('[')[0], types[a]) for a, b in dots]
+
+
+@pytest.mark.skipif(jax.default_backend() != 'cpu', reason='XLA:CPU\'s product kernels')
+def test_xla_cpu_keeps_every_product_of_the_training_step_in_bfloat16():
+  """After XLA's passes too: XLA:CPU computes bfloat16 products that its kernels do not
+  take (transposed operands, contractions over the left operand's leading dimensions:
+  the attention's and the weight gradients) in float32, which _product rules out."""
+  model = get_model('ti16', num_classes=10, hidden_size=64, mlp_dim=128, num_heads=2,
+                    num_layers=2, patch_size=8, image_size=32, matmul_dtype='bfloat16')
+  x = jnp.zeros((4, 32, 32, 3))
+  params = model.init(jax.random.key(0), x)['params']
+  loss = lambda p: model.apply({'params': p}, x).sum()
+  hlo = jax.jit(jax.grad(loss)).lower(params).compile().as_text()
+  dots = _compiled_dot_operand_types(hlo)
+  mixed = [d for d in dots if d[:2] == ('bf16', 'bf16')]
+  plain = [d for d in dots if d[:2] == ('f32', 'f32')]
+  assert len(mixed) + len(plain) == len(dots), dots
+  assert len(mixed) == 2 * 8 * 3, dots
+  # Only the head's products stay float32: 2-D, one row per image.
+  assert plain and all(d[2] in ('f32[4,10]', 'f32[4,64]') for d in plain), plain
+
+
 def test_model_with_bfloat16_matmuls_is_close_to_float32():
   kw = dict(num_classes=10, hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2,
             patch_size=8, image_size=32)

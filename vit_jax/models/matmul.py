@@ -15,6 +15,7 @@ which XLA computes in float32.
 from __future__ import annotations
 
 import functools
+import math
 import string
 from collections.abc import Callable
 from typing import Any
@@ -44,7 +45,32 @@ def einsum_specs(lhs_ndim: int, rhs_ndim: int,
 
 
 def _product(spec: str, a: Array, b: Array) -> Array:
-  return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+  """``einsum(spec, a, b)`` accumulated in float32, as a (batch, m, k) x (batch, k, n) product.
+
+  XLA:CPU's bfloat16 matmul kernels (YNNPACK) take only row-major operands whose batch
+  dimensions lead and, for the left one, whose contracted dimensions come last; XLA
+  computes any other bfloat16 product in float32, at half the rate. That rules out
+  operands that are transposes (the attention's heads-first q, k and v) and the
+  backward products that contract over the left operand's tokens (weight gradients,
+  the attention's key and value gradients). So both operands are transposed into that
+  form and reshaped to rank 3: a reshape is free for a row-major array and makes XLA
+  write a transpose out row-major once. Other backends normalise products themselves.
+  """
+  operands, out = spec.split('->')
+  a_spec, b_spec = operands.split(',')
+  batch = [c for c in a_spec if c in b_spec and c in out]
+  contracted = [c for c in a_spec if c in b_spec and c not in out]
+  a_free = [c for c in a_spec if c not in b_spec]
+  b_free = [c for c in b_spec if c not in a_spec]
+  size = dict(zip(a_spec, a.shape, strict=True)) | dict(zip(b_spec, b.shape, strict=True))
+  n = lambda letters: math.prod(size[c] for c in letters)
+  a = jnp.einsum(f'{a_spec}->{"".join(batch + a_free + contracted)}', a)
+  b = jnp.einsum(f'{b_spec}->{"".join(batch + contracted + b_free)}', b)
+  a = a.reshape(n(batch), n(a_free), n(contracted))
+  b = b.reshape(n(batch), n(contracted), n(b_free))
+  y = jnp.einsum('bmk,bkn->bmn', a, b, preferred_element_type=jnp.float32)
+  y = y.reshape([size[c] for c in batch + a_free + b_free])
+  return jnp.einsum(f'{"".join(batch + a_free + b_free)}->{out}', y)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
