@@ -57,4 +57,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
+  from vit_jax import hugepages
+
+  hugepages.reexec_with_huge_pages()  # Before anything allocates: see the module.
   app.run(main)

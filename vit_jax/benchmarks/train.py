@@ -17,7 +17,9 @@ Each cell (one combination of options) runs in its own process and measures:
   * MFU = analytic model FLOP/s over the measured float32 and bfloat16 peaks of all
     devices together (the best of the run's cells, so that every row has the same
     denominator, also when the cells split a CPU into different numbers of devices);
-  * the peak memory where the backend reports it (GPUs), else XLA's buffer sizes.
+  * the peak memory where the backend reports it (GPUs), else XLA's buffer sizes;
+  * the host's minor page faults per step: memory the kernel maps in afresh, which
+    ``vit_jax.hugepages`` (on by default, as in ``vit_jax.main``) cuts on Linux.
 
 The step is ``vit_jax.train.make_train_step`` (the one training uses: Adam,
 softmax cross-entropy, donated state) on random images already on the devices,
@@ -30,12 +32,15 @@ import itertools
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import time
 from typing import Any
 
 from absl import app, flags
+
+from vit_jax import hugepages
 
 _MODEL = flags.DEFINE_string('model', 'ti16', 'Model name (vit_jax.models).')
 _IMAGE_SIZE = flags.DEFINE_integer('image_size', 224, 'Input resolution.')
@@ -51,6 +56,8 @@ _CPU_DEVICES = flags.DEFINE_integer('cpu_devices', 0, 'Split a CPU host into thi
 _STEP_IMPL = flags.DEFINE_string('step_impl', 'jit', 'jit or shard_map.')
 _XLA_FLAGS = flags.DEFINE_string('xla_flags', '', 'Extra XLA_FLAGS for the cell ("none": '
                                  'none), space-separated.')
+_HUGE_PAGES = flags.DEFINE_bool('huge_pages', True, 'Run the cell with glibc.malloc.hugetlb=1, '
+                                'as vit_jax.main does (vit_jax.hugepages).')
 _STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps per cell.')
 _WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
 _PEAK_SIZE = flags.DEFINE_integer('peak_size', 0, 'n of the n x n peak matmul (0: 2048 on '
@@ -58,13 +65,14 @@ _PEAK_SIZE = flags.DEFINE_integer('peak_size', 0, 'n of the n x n peak matmul (0
 _PEAK_REPEATS = flags.DEFINE_integer('peak_repeats', 10, 'Matmuls timed for the peak.')
 _SWEEP = flags.DEFINE_multi_string(
     'sweep', [], 'KEY=V1,V2,...: run every combination of these values (keys: dtype, '
-    'matmul_dtype, attention, remat, scan, batch_size, cpu_devices, step_impl, xla_flags).')
+    'matmul_dtype, attention, remat, scan, batch_size, cpu_devices, step_impl, xla_flags, '
+    'huge_pages).')
 _OUT = flags.DEFINE_string('out', '', 'JSON file for the results.')
 _CELL = flags.DEFINE_string('cell', '', 'Internal: one cell as JSON, measured in this process.')
 
 DTYPES = ('float32', 'bfloat16')
 SWEEP_KEYS = ('dtype', 'matmul_dtype', 'attention', 'remat', 'scan', 'batch_size',
-              'cpu_devices', 'step_impl', 'xla_flags')
+              'cpu_devices', 'step_impl', 'xla_flags', 'huge_pages')
 
 
 def analytic_train_flops(model: Any) -> int | None:
@@ -162,11 +170,13 @@ def measure(cell: dict[str, Any]) -> dict[str, Any]:
     state, metrics = compiled(state, batch)
   jax.block_until_ready((state, metrics))
   times = []
+  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   for _ in range(cell['steps']):
     start = time.perf_counter()
     state, metrics = compiled(state, batch)
     jax.block_until_ready((state, metrics))
     times.append(time.perf_counter() - start)
+  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
   if not np.isfinite(float(metrics['loss'])):
     raise FloatingPointError(f'Non-finite loss in cell {cell}.')
 
@@ -188,8 +198,15 @@ def measure(cell: dict[str, Any]) -> dict[str, Any]:
       'xla_over_analytic': (xla_per_image / analytic) if analytic and xla_per_image else None,
       'achieved_flops': achieved,  # MFU: in main(), over the best peak of all cells.
       'memory': _memory(compiled, devices[0]),
+      # Host memory faulted in per step (vit_jax.hugepages), and the tunables in force.
+      'page_faults_per_step': faults / cell['steps'],
+      'glibc_tunables': os.environ.get('GLIBC_TUNABLES', ''),
       'loss': float(metrics['loss']),
   }
+
+
+def _bool(value: str) -> bool:
+  return value.lower() in ('1', 'true')
 
 
 def cells_from_flags() -> list[dict[str, Any]]:
@@ -197,7 +214,8 @@ def cells_from_flags() -> list[dict[str, Any]]:
   base = dict(model=_MODEL.value, image_size=_IMAGE_SIZE.value, batch_size=_BATCH.value,
               dtype=_DTYPE.value, matmul_dtype=_MATMUL_DTYPE.value, attention=_ATTENTION.value,
               remat=_REMAT.value, scan=_SCAN.value, cpu_devices=_CPU_DEVICES.value,
-              step_impl=_STEP_IMPL.value, xla_flags=_XLA_FLAGS.value, steps=_STEPS.value,
+              step_impl=_STEP_IMPL.value, xla_flags=_XLA_FLAGS.value,
+              huge_pages=_HUGE_PAGES.value, steps=_STEPS.value,
               warmup=_WARMUP.value, peak_size=_PEAK_SIZE.value,
               peak_repeats=_PEAK_REPEATS.value)
   axes = []
@@ -207,7 +225,7 @@ def cells_from_flags() -> list[dict[str, Any]]:
       raise app.UsageError(f'--sweep={item!r}: expected KEY=V1,V2,... with KEY one of '
                            f'{SWEEP_KEYS}.')
     parse = {'batch_size': int, 'cpu_devices': int,
-             'scan': lambda v: v.lower() in ('1', 'true')}.get(key, str)
+             'scan': _bool, 'huge_pages': _bool}.get(key, str)
     axes.append([(key, parse(v)) for v in values.split(',')])
   return [{**base, **dict(combo)} for combo in itertools.product(*axes)]
 
@@ -223,6 +241,12 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
   extra = '' if cell['xla_flags'] in ('', 'none') else cell['xla_flags']
   env['XLA_FLAGS'] = f'{env.get("XLA_FLAGS", "")} {extra}'.strip()
   env.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+  if cell['huge_pages']:
+    env = hugepages.environ_with_huge_pages(
+        env, hugepages.glibc_version(), hugepages.thp_mode()) or env
+  else:
+    tunables = env.get('GLIBC_TUNABLES', '').split(':')
+    env['GLIBC_TUNABLES'] = ':'.join(t for t in tunables if not t.startswith(hugepages.TUNABLE))
   done = subprocess.run(
       [sys.executable, '-m', 'vit_jax.benchmarks.train', f'--cell={json.dumps(cell)}'],
       capture_output=True, text=True, check=False, env=env)
@@ -241,7 +265,7 @@ def format_table(rows: list[dict[str, Any]], varying: list[str]) -> str:
   width = max(len(x) for x in labels + ['cell']) + 2
   header = (f'{"cell":{width}}{"compile s":>10}{"step ms":>9}{"img/s":>8}{"img/s/dev":>10}'
             f'{"GFLOP/img":>10}{"XLA/model":>10}{"TFLOP/s":>9}{"MFU f32":>8}{"MFU bf16":>9}'
-            f'{"peak mem":>10}')
+            f'{"peak mem":>10}{"faults/step":>12}')
   lines = [header]
   for name, r in zip(labels, rows, strict=True):
     flops = r['analytic_flops_per_image'] or r['xla_flops_per_image']
@@ -253,7 +277,7 @@ def format_table(rows: list[dict[str, Any]], varying: list[str]) -> str:
         f'{num(r["achieved_flops"] and r["achieved_flops"] / 1e12, ".3f"):>9}'
         f'{num(r["mfu_float32"] and 100 * r["mfu_float32"], ".1f"):>7}%'
         f'{num(r["mfu_bfloat16"] and 100 * r["mfu_bfloat16"], ".1f"):>8}%'
-        f'{num(memory and memory / 2**20, ".0f"):>7} MiB')
+        f'{num(memory and memory / 2**20, ".0f"):>7} MiB{r["page_faults_per_step"]:>12.0f}')
   return '\n'.join(lines)
 
 
