@@ -88,8 +88,9 @@ def _compiled_dot_operand_types(hlo: str) -> list[tuple[str, str, str]]:
 @pytest.mark.skipif(jax.default_backend() != 'cpu', reason='XLA:CPU\'s product kernels')
 def test_xla_cpu_keeps_every_product_of_the_training_step_in_bfloat16():
   """After XLA's passes too: XLA:CPU computes bfloat16 products that its kernels do not
-  take (transposed operands, contractions over the left operand's leading dimensions:
-  the attention's and the weight gradients) in float32, which _product rules out."""
+  take in float32 (transposed operands such as the heads-first q, k and v; contractions
+  over the left operand's leading dimensions such as the attention's key and value
+  gradients), which _product rules out."""
   model = get_model('ti16', num_classes=10, hidden_size=64, mlp_dim=128, num_heads=2,
                     num_layers=2, patch_size=8, image_size=32, matmul_dtype='bfloat16')
   x = jnp.zeros((4, 32, 32, 3))
