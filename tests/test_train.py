@@ -68,9 +68,12 @@ def test_gradient_accumulation_equals_full_batch(step_impl):
   chex.assert_trees_all_close(full_state.params, acc_state.params, atol=1e-5, rtol=1e-4)
 
 
-def test_fsdp_mesh_shards_parameters_and_matches_data_parallel():
-  dp_state, dp_losses = run_steps(tiny_config())
-  fsdp_state, fsdp_losses = run_steps(tiny_config(**{'mesh.data': 4, 'mesh.fsdp': 2}))
+@pytest.mark.parametrize('matmul_dtype', [None, 'bfloat16'])
+def test_fsdp_mesh_shards_parameters_and_matches_data_parallel(matmul_dtype):
+  # bfloat16 products: their operands are transposed and reshaped (models/matmul.py).
+  model = {'model.matmul_dtype': matmul_dtype}
+  dp_state, dp_losses = run_steps(tiny_config(**model))
+  fsdp_state, fsdp_losses = run_steps(tiny_config(**{'mesh.data': 4, 'mesh.fsdp': 2}, **model))
   kernel = fsdp_state.params['Transformer']['encoderblock_0']['MlpBlock_3']['Dense_0']['kernel']
   assert kernel.sharding.spec == jax.sharding.PartitionSpec('fsdp', None)
   assert kernel.addressable_shards[0].data.shape == (16, 64)
