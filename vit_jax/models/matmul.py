@@ -49,8 +49,8 @@ def _product(spec: str, a: Array, b: Array) -> Array:
 
   XLA:CPU's bfloat16 matmul kernels (YNNPACK) take only row-major operands whose batch
   dimensions lead and, for the left one, whose contracted dimensions come last; XLA
-  computes any other bfloat16 product in float32, at half the rate. That rules out
-  operands that are transposes (the attention's heads-first q, k and v) and backward
+  may compute other bfloat16 products in float32, at half the rate. It did so for
+  operands that are transposes (the attention's heads-first q, k and v) and for backward
   products that contract over the left operand's tokens (the attention's key and value
   gradients): 6 of the 24 products of a training step per layer. So both operands are
   transposed into that form and reshaped to rank 3: a reshape is free for a row-major
