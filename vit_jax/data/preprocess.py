@@ -197,6 +197,12 @@ OPS: dict[str, Callable[..., Op]] = {
 _CALL = re.compile(r'^\s*(\w+)\s*(?:\((.*)\))?\s*$')
 
 
+def _run(ops: list[Op], image: Any, rng: np.random.Generator) -> np.ndarray:
+  for op in ops:
+    image = op(image, rng)
+  return as_array(image)
+
+
 class Pipeline:
   """The composed ops of a pipeline string; calling it runs them all on the host.
 
@@ -208,15 +214,11 @@ class Pipeline:
     self.spec, self.ops, self.affine = spec, ops, affine
 
   def __call__(self, image: Any, rng: np.random.Generator) -> np.ndarray:
-    for op in self.ops:
-      image = op(image, rng)
-    return as_array(image)
+    return _run(self.ops, image, rng)
 
   def host(self, image: Any, rng: np.random.Generator) -> np.ndarray:
     """Every op but a trailing ``value_range``: uint8 images where there is one."""
-    for op in self.ops[:-1] if self.affine else self.ops:
-      image = op(image, rng)
-    return as_array(image)
+    return _run(self.ops[:-1] if self.affine else self.ops, image, rng)
 
   def on_device(self, images: Any) -> Any:
     """The trailing ``value_range`` of a batch of ``host`` outputs, as float32."""
