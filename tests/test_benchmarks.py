@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from vit_jax import hugepages
+from vit_jax import host_memory
 
 from runs import env
 
@@ -54,11 +54,13 @@ def test_each_cell_measures_consistently(sweep):
     assert peaks['float32'] >= devices * cell['peak_flops_float32']
     assert cell['mfu_float32'] == pytest.approx(cell['achieved_flops'] / peaks['float32'])
     assert cell['memory']['temp_size_in_bytes'] > 0
-    # Cells run as vit_jax.main does: with huge pages where they help.
-    assert cell['huge_pages'] and cell['page_faults_per_step'] >= 0
-    helps = hugepages.environ_with_huge_pages({}, hugepages.glibc_version(),
-                                              hugepages.thp_mode()) is not None
-    assert ('glibc.malloc.hugetlb=1' in cell['glibc_tunables']) == helps
+    # Cells run as vit_jax.main does by default: with huge pages where they apply.
+    assert cell['malloc'] == 'huge_pages' and cell['page_faults_per_step'] >= 0
+    assert cell['max_rss_bytes'] > 0
+    tuned = host_memory.tuned_environ({}, host_memory.glibc_version(), host_memory.thp_mode())
+    ours = set(host_memory.HUGE_PAGES + host_memory.KEEP_FREED)
+    assert ours & set(cell['glibc_tunables'].split(':')) == set(
+        (tuned or {}).get('GLIBC_TUNABLES', '').split(':')) - {''}
   # Unrolled, XLA's count of the compiled step agrees with the model's: it adds only
   # element-wise work and the optimizer (large next to a 5-token model, so a loose bound).
   unrolled = result['cells'][0]

@@ -57,7 +57,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  from vit_jax import hugepages
+  from vit_jax import host_memory
 
-  hugepages.reexec_with_huge_pages()  # Before anything allocates: see the module.
+  host_memory.reexec()  # Before anything allocates: see the module.
   app.run(main)

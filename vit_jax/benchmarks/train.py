@@ -18,8 +18,9 @@ Each cell (one combination of options) runs in its own process and measures:
     devices together (the best of the run's cells, so that every row has the same
     denominator, also when the cells split a CPU into different numbers of devices);
   * the peak memory where the backend reports it (GPUs), else XLA's buffer sizes;
-  * the host's minor page faults per step: memory the kernel maps in afresh, which
-    ``vit_jax.hugepages`` (on by default, as in ``vit_jax.main``) cuts on Linux.
+  * the host's minor page faults per step (memory the kernel maps in afresh) and the
+    process's peak resident memory, both of which ``vit_jax.host_memory``'s glibc
+    tunables change (``--malloc``: by default huge pages, as ``vit_jax.main`` runs).
 
 The step is ``vit_jax.train.make_train_step`` (the one training uses: Adam,
 softmax cross-entropy, donated state) on random images already on the devices,
@@ -40,7 +41,11 @@ from typing import Any
 
 from absl import app, flags
 
-from vit_jax import hugepages
+from vit_jax import host_memory
+
+DTYPES = ('float32', 'bfloat16')
+SWEEP_KEYS = ('dtype', 'matmul_dtype', 'attention', 'remat', 'scan', 'batch_size',
+              'cpu_devices', 'step_impl', 'xla_flags', 'malloc')
 
 _MODEL = flags.DEFINE_string('model', 'ti16', 'Model name (vit_jax.models).')
 _IMAGE_SIZE = flags.DEFINE_integer('image_size', 224, 'Input resolution.')
@@ -56,8 +61,8 @@ _CPU_DEVICES = flags.DEFINE_integer('cpu_devices', 0, 'Split a CPU host into thi
 _STEP_IMPL = flags.DEFINE_string('step_impl', 'jit', 'jit or shard_map.')
 _XLA_FLAGS = flags.DEFINE_string('xla_flags', '', 'Extra XLA_FLAGS for the cell ("none": '
                                  'none), space-separated.')
-_HUGE_PAGES = flags.DEFINE_bool('huge_pages', True, 'Run the cell with glibc.malloc.hugetlb=1, '
-                                'as vit_jax.main does (vit_jax.hugepages).')
+_MALLOC = flags.DEFINE_enum('malloc', 'huge_pages', host_memory.MODES, 'glibc malloc tunables '
+                            'of the cell: vit_jax.main\'s VIT_JAX_MALLOC (vit_jax.host_memory).')
 _STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps per cell.')
 _WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
 _PEAK_SIZE = flags.DEFINE_integer('peak_size', 0, 'n of the n x n peak matmul (0: 2048 on '
@@ -66,13 +71,9 @@ _PEAK_REPEATS = flags.DEFINE_integer('peak_repeats', 10, 'Matmuls timed for the 
 _SWEEP = flags.DEFINE_multi_string(
     'sweep', [], 'KEY=V1,V2,...: run every combination of these values (keys: dtype, '
     'matmul_dtype, attention, remat, scan, batch_size, cpu_devices, step_impl, xla_flags, '
-    'huge_pages).')
+    'malloc).')
 _OUT = flags.DEFINE_string('out', '', 'JSON file for the results.')
 _CELL = flags.DEFINE_string('cell', '', 'Internal: one cell as JSON, measured in this process.')
-
-DTYPES = ('float32', 'bfloat16')
-SWEEP_KEYS = ('dtype', 'matmul_dtype', 'attention', 'remat', 'scan', 'batch_size',
-              'cpu_devices', 'step_impl', 'xla_flags', 'huge_pages')
 
 
 def analytic_train_flops(model: Any) -> int | None:
@@ -198,8 +199,10 @@ def measure(cell: dict[str, Any]) -> dict[str, Any]:
       'xla_over_analytic': (xla_per_image / analytic) if analytic and xla_per_image else None,
       'achieved_flops': achieved,  # MFU: in main(), over the best peak of all cells.
       'memory': _memory(compiled, devices[0]),
-      # Host memory faulted in per step (vit_jax.hugepages), and the tunables in force.
+      # Host memory faulted in per step and the process's peak (vit_jax.host_memory),
+      # and the glibc tunables in force.
       'page_faults_per_step': faults / cell['steps'],
+      'max_rss_bytes': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
       'glibc_tunables': os.environ.get('GLIBC_TUNABLES', ''),
       'loss': float(metrics['loss']),
   }
@@ -215,7 +218,7 @@ def cells_from_flags() -> list[dict[str, Any]]:
               dtype=_DTYPE.value, matmul_dtype=_MATMUL_DTYPE.value, attention=_ATTENTION.value,
               remat=_REMAT.value, scan=_SCAN.value, cpu_devices=_CPU_DEVICES.value,
               step_impl=_STEP_IMPL.value, xla_flags=_XLA_FLAGS.value,
-              huge_pages=_HUGE_PAGES.value, steps=_STEPS.value,
+              malloc=_MALLOC.value, steps=_STEPS.value,
               warmup=_WARMUP.value, peak_size=_PEAK_SIZE.value,
               peak_repeats=_PEAK_REPEATS.value)
   axes = []
@@ -225,7 +228,9 @@ def cells_from_flags() -> list[dict[str, Any]]:
       raise app.UsageError(f'--sweep={item!r}: expected KEY=V1,V2,... with KEY one of '
                            f'{SWEEP_KEYS}.')
     parse = {'batch_size': int, 'cpu_devices': int,
-             'scan': _bool, 'huge_pages': _bool}.get(key, str)
+             'scan': _bool}.get(key, str)
+    if key == 'malloc' and not set(values.split(',')) <= set(host_memory.MODES):
+      raise app.UsageError(f'--sweep={item!r}: malloc takes {host_memory.MODES}.')
     axes.append([(key, parse(v)) for v in values.split(',')])
   return [{**base, **dict(combo)} for combo in itertools.product(*axes)]
 
@@ -236,17 +241,14 @@ def label(cell: dict[str, Any], varying: list[str]) -> str:
 
 
 def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
-  """Runs ``measure(cell)`` in a fresh process with the cell's XLA flags."""
+  """Runs ``measure(cell)`` in a fresh process with the cell's XLA flags and tunables."""
   env = dict(os.environ)
   extra = '' if cell['xla_flags'] in ('', 'none') else cell['xla_flags']
   env['XLA_FLAGS'] = f'{env.get("XLA_FLAGS", "")} {extra}'.strip()
   env.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
-  if cell['huge_pages']:
-    env = hugepages.environ_with_huge_pages(
-        env, hugepages.glibc_version(), hugepages.thp_mode()) or env
-  else:
-    tunables = env.get('GLIBC_TUNABLES', '').split(':')
-    env['GLIBC_TUNABLES'] = ':'.join(t for t in tunables if not t.startswith(hugepages.TUNABLE))
+  env = host_memory.without_tuning(env)
+  env = host_memory.tuned_environ(env, host_memory.glibc_version(), host_memory.thp_mode(),
+                                  cell['malloc']) or env
   done = subprocess.run(
       [sys.executable, '-m', 'vit_jax.benchmarks.train', f'--cell={json.dumps(cell)}'],
       capture_output=True, text=True, check=False, env=env)
@@ -265,7 +267,7 @@ def format_table(rows: list[dict[str, Any]], varying: list[str]) -> str:
   width = max(len(x) for x in labels + ['cell']) + 2
   header = (f'{"cell":{width}}{"compile s":>10}{"step ms":>9}{"img/s":>8}{"img/s/dev":>10}'
             f'{"GFLOP/img":>10}{"XLA/model":>10}{"TFLOP/s":>9}{"MFU f32":>8}{"MFU bf16":>9}'
-            f'{"peak mem":>10}{"faults/step":>12}')
+            f'{"peak mem":>10}{"faults/step":>12}{"host RSS":>10}')
   lines = [header]
   for name, r in zip(labels, rows, strict=True):
     flops = r['analytic_flops_per_image'] or r['xla_flops_per_image']
@@ -277,7 +279,8 @@ def format_table(rows: list[dict[str, Any]], varying: list[str]) -> str:
         f'{num(r["achieved_flops"] and r["achieved_flops"] / 1e12, ".3f"):>9}'
         f'{num(r["mfu_float32"] and 100 * r["mfu_float32"], ".1f"):>7}%'
         f'{num(r["mfu_bfloat16"] and 100 * r["mfu_bfloat16"], ".1f"):>8}%'
-        f'{num(memory and memory / 2**20, ".0f"):>7} MiB{r["page_faults_per_step"]:>12.0f}')
+        f'{num(memory and memory / 2**20, ".0f"):>7} MiB{r["page_faults_per_step"]:>12.0f}'
+        f'{r["max_rss_bytes"] / 2**20:>6.0f} MiB')
   return '\n'.join(lines)
 
 
