@@ -9,7 +9,7 @@ picks one of three settings (glibc tunables; measurements in benchmarks/RESULTS.
 
 * ``huge_pages`` (the default; glibc 2.35+, where the kernel's transparent huge pages are
   in 'madvise' mode): ``glibc.malloc.hugetlb=1``, malloc asks for 2 MiB pages: about
-  1,600 faults per step. The kernel still zero-fills every block every step (0.3-1.0 s
+  1,600 faults per step. The kernel still zero-fills every block every step (0.3-1.3 s
   of kernel time per step).
 * ``keep_freed``: huge pages, and the memory of one step reused by the next: large
   blocks come from the heap instead of a mapping each (``mmap_max=0``), freed memory stays
@@ -17,7 +17,8 @@ picks one of three settings (glibc tunables; measurements in benchmarks/RESULTS.
   (``arena_max=1``; a thread's own heap is unmapped whenever it empties). No faults;
   float32 Ti/16 on 2 CPU devices 13.0 -> 16.6 images/s. The price is memory: the
   process keeps its peak and the one heap fragments (resident memory 2.6 -> 5.1 GB,
-  steady, with 2 devices; with one device no gain, and it grew to 10.8 GB in 40 steps).
+  steady, with 2 devices; with one device no consistent gain, and it grew to 10.8 GB in
+  40 steps).
   Hence opt-in, for runs with ``--cpu_devices=2`` or more.
 * ``default``: glibc's own settings.
 
@@ -59,8 +60,8 @@ def thp_mode(path: str = THP_ENABLED) -> str | None:
   return text[text.find('[') + 1:text.find(']')] if '[' in text else None
 
 
-def _names(tunables: str) -> set[str]:
-  return {t.partition('=')[0] for t in tunables.split(':') if t}
+def _name(tunable: str) -> str:
+  return tunable.partition('=')[0]
 
 
 def tuned_environ(environ: Mapping[str, str], glibc: tuple[int, ...] | None,
@@ -76,7 +77,8 @@ def tuned_environ(environ: Mapping[str, str], glibc: tuple[int, ...] | None,
   add = [*(HUGE_PAGES if glibc >= (2, 35) and thp == 'madvise' else ()),
          *(KEEP_FREED if mode == 'keep_freed' and glibc >= (2, 26) else ())]
   tunables = environ.get('GLIBC_TUNABLES', '')
-  add = [t for t in add if t.partition('=')[0] not in _names(tunables)]
+  users = {_name(t) for t in tunables.split(':')}
+  add = [t for t in add if _name(t) not in users]
   if not add:
     return None
   return {**environ, 'GLIBC_TUNABLES': ':'.join(filter(None, [tunables, *add]))}
@@ -84,9 +86,9 @@ def tuned_environ(environ: Mapping[str, str], glibc: tuple[int, ...] | None,
 
 def without_tuning(environ: Mapping[str, str]) -> dict[str, str]:
   """``environ`` without any of this module's tunables: glibc's defaults."""
-  ours = _names(':'.join(HUGE_PAGES + KEEP_FREED))
+  ours = {_name(t) for t in HUGE_PAGES + KEEP_FREED}
   kept = [t for t in environ.get('GLIBC_TUNABLES', '').split(':')
-          if t and t.partition('=')[0] not in ours]
+          if t and _name(t) not in ours]
   return {**environ, 'GLIBC_TUNABLES': ':'.join(kept)}
 
 
