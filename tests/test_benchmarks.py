@@ -1,14 +1,22 @@
-"""Tests of vit_jax.benchmarks: real runs of the train-step and input benchmarks' CLIs."""
+"""Tests of vit_jax.benchmarks: real runs of the train-step, timm and input benchmarks' CLIs."""
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from vit_jax import host_memory
+from vit_jax import host_cpu, host_memory
+from vit_jax.benchmarks import timm_step
 
 from runs import env
+
+# A Python with torch, torchvision and timm: a venv of their own, as the README sets it up
+# (VIT_JAX_TIMM_PYTHON=/tmp/timmenv/bin/python), or this one if timm is installed here.
+TIMM_PYTHON = os.environ.get('VIT_JAX_TIMM_PYTHON') or (
+    sys.executable if importlib.util.find_spec('timm') else None)
 
 
 @pytest.fixture(scope='module')
@@ -31,6 +39,8 @@ def test_sweep_prints_a_table_and_writes_every_cell(sweep):
   assert 'MFU f32' in stdout
   assert result['command'].startswith('python -m vit_jax.benchmarks.train --model=ti16')
   assert len(result['load_average_at_start']) == 3
+  assert result['cpu'] == host_cpu.cpu_info()
+  assert f'CPU: {host_cpu.describe(result["cpu"])}' in stdout
 
 
 def test_each_cell_measures_consistently(sweep):
@@ -67,6 +77,23 @@ def test_each_cell_measures_consistently(sweep):
   assert 1.0 <= unrolled['xla_over_analytic'] < 1.5
 
 
+@pytest.mark.skipif(TIMM_PYTHON is None, reason='needs a Python with torch, torchvision and '
+                    'timm (not vit_jax dependencies): set VIT_JAX_TIMM_PYTHON')
+def test_timm_cells_join_the_run_with_the_same_model_flops(tmp_path):
+  out = tmp_path / 'train.json'
+  done = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.benchmarks.train', '--model=ti16', '--image_size=32',
+       '--batch_size=8', '--steps=2', '--warmup=1', '--peak_size=256', '--peak_repeats=3',
+       f'--timm_python={TIMM_PYTHON}', f'--out={out}'],
+      capture_output=True, text=True, env=env(devices=1), timeout=600, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  ours, timm = json.loads(out.read_text())['cells']
+  assert timm['framework'] == 'timm' and timm['timm_model'] == 'vit_tiny_patch16_224'
+  assert timm['parameters'] == 5_717_416 - (197 - 5) * 192  # Position embeddings: 5 rows.
+  assert timm['analytic_flops_per_image'] == ours['analytic_flops_per_image']
+  assert ours['vs_timm'] == pytest.approx(ours['images_per_s'] / timm['images_per_s'])
+
+
 def test_input_benchmark_measures_both_pipelines_at_both_stages(shared_data, tmp_path):
   out = tmp_path / 'input.json'
   done = subprocess.run(
@@ -83,3 +110,40 @@ def test_input_benchmark_measures_both_pipelines_at_both_stages(shared_data, tmp
     assert row['vit_jax_images_per_s'] > 0 and row['tf_data_images_per_s'] > 0
     assert row['ratio'] == pytest.approx(row['vit_jax_images_per_s'] / row['tf_data_images_per_s'])
   assert 'vit_jax img/s' in done.stdout and 'device' in done.stdout
+
+
+def test_timm_names_of_the_plain_vits():
+  assert timm_step.timm_name('ti16') == 'vit_tiny_patch16_224'
+  assert timm_step.timm_name('ViT-B/16') == timm_step.timm_name('ViT-B_16') == (
+      'vit_base_patch16_224')
+  assert timm_step.timm_name('h14') == 'vit_huge_patch14_224'
+  with pytest.raises(ValueError, match='only the plain ViTs'):
+    timm_step.timm_name('r50_b16')
+
+
+def test_train_benchmark_checks_the_timm_python_first(tmp_path):
+  done = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.benchmarks.train', f'--timm_python={tmp_path}/python'],
+      capture_output=True, text=True, timeout=120, check=False)
+  assert done.returncode == 1
+  assert f'--timm_python={tmp_path}/python: no such executable' in done.stderr
+
+
+def test_timm_step_rejects_a_wrong_autocast_before_importing_torch():
+  done = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.benchmarks.timm_step', '--autocast=none,float16'],
+      capture_output=True, text=True, timeout=120, check=False)
+  assert done.returncode == 2
+  assert "--autocast='float16': expected a comma-separated list of ('none', 'bfloat16')" in (
+      done.stderr)
+
+
+@pytest.mark.skipif(importlib.util.find_spec('timm') is not None,
+                    reason='timm is installed here: the benchmark would run')
+def test_timm_step_without_timm_says_how_to_install_it():
+  done = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.benchmarks.timm_step', '--autocast=none'],
+      capture_output=True, text=True, timeout=120, check=False)
+  assert done.returncode == 1
+  assert 'autocast=none failed' in done.stderr
+  assert 'needs torch, torchvision and timm, which vit_jax does not depend on' in done.stderr

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import optim, sharding, train
+from vit_jax import host_cpu, optim, sharding, train
 from vit_jax.models import get_model
 
 from runs import TINY_MODEL, read_metrics, restore_state, tiny_config
@@ -79,6 +79,15 @@ def test_fsdp_mesh_shards_parameters_and_matches_data_parallel(matmul_dtype):
   assert kernel.addressable_shards[0].data.shape == (16, 64)
   np.testing.assert_allclose(dp_losses, fsdp_losses, rtol=1e-5)
   chex.assert_trees_all_close(dp_state.params, fsdp_state.params, atol=1e-5, rtol=1e-4)
+
+
+def test_a_run_warns_where_the_cpu_emulates_bfloat16_products(tmp_path, caplog):
+  config = tiny_config(**{'model.matmul_dtype': 'bfloat16', 'total_steps': 2,
+                          'schedule.warmup_steps': 1,
+                          'checkpoint_every_steps': 2, 'log_every_steps': 1})
+  train.train_and_evaluate(config, str(tmp_path))
+  warned = [r for r in caplog.records if 'has no bfloat16 instructions' in r.getMessage()]
+  assert len(warned) == (0 if host_cpu.cpu_info()['native_bf16'] else 1)
 
 
 def test_resumed_run_equals_uninterrupted_run(tmp_path):

@@ -27,7 +27,7 @@ from absl import logging
 from etils import epath
 from jax.sharding import PartitionSpec as P
 
-from vit_jax import checkpoint, checkpoint_manager, evaluate, optim, sharding
+from vit_jax import checkpoint, checkpoint_manager, evaluate, host_cpu, optim, sharding
 from vit_jax import workdir as workdir_lib
 from vit_jax.data import loader, preprocess, sources
 from vit_jax.models import canonical_name, get_model
@@ -303,6 +303,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """Trains (resuming from ``workdir`` if it holds a checkpoint) and evaluates."""
   plan = validate(config)
   model, mesh, total_steps = plan.model, plan.mesh, plan.total_steps
+  matmul_dtype = model.matmul_dtype and jnp.dtype(model.matmul_dtype).name
+  if warning := host_cpu.emulated_bf16_warning(jax.default_backend(), matmul_dtype,
+                                               host_cpu.cpu_info()):
+    logging.warning(warning)
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   metric_name = 'prec@1' if config.loss == 'sigmoid_xent' else 'accuracy'
 

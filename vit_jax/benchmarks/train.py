@@ -25,6 +25,12 @@ Each cell (one combination of options) runs in its own process and measures:
 The step is ``vit_jax.train.make_train_step`` (the one training uses: Adam,
 softmax cross-entropy, donated state) on random images already on the devices,
 so the input pipeline is not part of it (see ``vit_jax.benchmarks.input``).
+
+``--timm_python=PATH`` adds timm's train step of the same model, run by that Python
+(``vit_jax.benchmarks.timm_step``), as cells of the same run, each alone on the machine
+like the others: the table gives them the same model FLOPs and peaks, and every vit_jax
+row its images/s over timm's at the same matmul precision ("vs timm"). The header names
+the CPU and whether it has bfloat16 instructions (``vit_jax.host_cpu``).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -41,7 +48,8 @@ from typing import Any
 
 from absl import app, flags
 
-from vit_jax import host_memory
+from vit_jax import host_cpu, host_memory
+from vit_jax.benchmarks import timm_step
 
 DTYPES = ('float32', 'bfloat16')
 SWEEP_KEYS = ('dtype', 'matmul_dtype', 'attention', 'remat', 'scan', 'batch_size',
@@ -72,6 +80,12 @@ _SWEEP = flags.DEFINE_multi_string(
     'sweep', [], 'KEY=V1,V2,...: run every combination of these values (keys: dtype, '
     'matmul_dtype, attention, remat, scan, batch_size, cpu_devices, step_impl, xla_flags, '
     'malloc).')
+_TIMM_PYTHON = flags.DEFINE_string(
+    'timm_python', '', 'A Python with torch, torchvision and timm: adds timm\'s train step '
+    'of the same model to the run (vit_jax.benchmarks.timm_step), one cell per '
+    '--timm_autocast, and a "vs timm" column.')
+_TIMM_AUTOCAST = flags.DEFINE_list('timm_autocast', ['none'],
+                                   'timm cells: none (float32) and/or bfloat16 autocast.')
 _OUT = flags.DEFINE_string('out', '', 'JSON file for the results.')
 _CELL = flags.DEFINE_string('cell', '', 'Internal: one cell as JSON, measured in this process.')
 
@@ -213,12 +227,12 @@ def _bool(value: str) -> bool:
 
 
 def cells_from_flags() -> list[dict[str, Any]]:
-  """The cells of this run: the flags' values, crossed with every --sweep."""
-  base = dict(model=_MODEL.value, image_size=_IMAGE_SIZE.value, batch_size=_BATCH.value,
-              dtype=_DTYPE.value, matmul_dtype=_MATMUL_DTYPE.value, attention=_ATTENTION.value,
-              remat=_REMAT.value, scan=_SCAN.value, cpu_devices=_CPU_DEVICES.value,
-              step_impl=_STEP_IMPL.value, xla_flags=_XLA_FLAGS.value,
-              malloc=_MALLOC.value, steps=_STEPS.value,
+  """The cells of this run: the flags' values, crossed with every --sweep, then timm's."""
+  base = dict(framework='vit_jax', model=_MODEL.value, image_size=_IMAGE_SIZE.value,
+              batch_size=_BATCH.value, dtype=_DTYPE.value, matmul_dtype=_MATMUL_DTYPE.value,
+              attention=_ATTENTION.value, remat=_REMAT.value, scan=_SCAN.value,
+              cpu_devices=_CPU_DEVICES.value, step_impl=_STEP_IMPL.value,
+              xla_flags=_XLA_FLAGS.value, malloc=_MALLOC.value, steps=_STEPS.value,
               warmup=_WARMUP.value, peak_size=_PEAK_SIZE.value,
               peak_repeats=_PEAK_REPEATS.value)
   axes = []
@@ -232,55 +246,97 @@ def cells_from_flags() -> list[dict[str, Any]]:
     if key == 'malloc' and not set(values.split(',')) <= set(host_memory.MODES):
       raise app.UsageError(f'--sweep={item!r}: malloc takes {host_memory.MODES}.')
     axes.append([(key, parse(v)) for v in values.split(',')])
-  return [{**base, **dict(combo)} for combo in itertools.product(*axes)]
+  cells = [{**base, **dict(combo)} for combo in itertools.product(*axes)]
+  if _TIMM_PYTHON.value:
+    if shutil.which(_TIMM_PYTHON.value) is None:
+      raise app.UsageError(f'--timm_python={_TIMM_PYTHON.value}: no such executable; give the '
+                           'python of a venv with torch, torchvision and timm.')
+    try:
+      timm_model = timm_step.timm_name(_MODEL.value)
+    except ValueError as e:
+      raise app.UsageError(f'--timm_python: {e}') from None
+    for autocast in _TIMM_AUTOCAST.value:
+      if autocast not in timm_step.AUTOCASTS:
+        raise app.UsageError(f'--timm_autocast={autocast!r}: expected {timm_step.AUTOCASTS}.')
+      cells.append(dict(framework='timm', model=_MODEL.value, timm_model=timm_model,
+                        autocast=autocast, python=_TIMM_PYTHON.value,
+                        image_size=_IMAGE_SIZE.value, batch_size=_BATCH.value,
+                        steps=_STEPS.value, warmup=_WARMUP.value))
+  return cells
 
 
 def label(cell: dict[str, Any], varying: list[str]) -> str:
   """The options that tell this cell from the others of its sweep."""
+  if cell['framework'] == 'timm':
+    return f'timm autocast={cell["autocast"]}'
   return ' '.join(f'{k}={cell[k]}' for k in varying) or cell['dtype']
 
 
 def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
-  """Runs ``measure(cell)`` in a fresh process with the cell's XLA flags and tunables."""
-  env = dict(os.environ)
-  extra = '' if cell['xla_flags'] in ('', 'none') else cell['xla_flags']
-  env['XLA_FLAGS'] = f'{env.get("XLA_FLAGS", "")} {extra}'.strip()
-  env.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
-  env = host_memory.without_tuning(env)
-  env = host_memory.tuned_environ(env, host_memory.glibc_version(), host_memory.thp_mode(),
-                                  cell['malloc']) or env
-  done = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.benchmarks.train', f'--cell={json.dumps(cell)}'],
-      capture_output=True, text=True, check=False, env=env)
+  """Measures ``cell`` in a fresh process of its own; returns its row. vit_jax's runs with the
+  cell's XLA flags and glibc tunables, timm's with glibc's defaults, as its users run it."""
+  env = host_memory.without_tuning(os.environ)
+  if cell['framework'] == 'timm':
+    command = [cell['python'], timm_step.__file__, f'--model={cell["timm_model"]}',
+               f'--image_size={cell["image_size"]}', f'--batch_size={cell["batch_size"]}',
+               f'--steps={cell["steps"]}', f'--warmup={cell["warmup"]}',
+               f'--cell={cell["autocast"]}']
+  else:
+    extra = '' if cell['xla_flags'] in ('', 'none') else cell['xla_flags']
+    env['XLA_FLAGS'] = f'{env.get("XLA_FLAGS", "")} {extra}'.strip()
+    env.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+    env = host_memory.tuned_environ(env, host_memory.glibc_version(), host_memory.thp_mode(),
+                                    cell['malloc']) or env
+    command = [sys.executable, '-m', 'vit_jax.benchmarks.train', f'--cell={json.dumps(cell)}']
+  done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
   lines = [ln for ln in done.stdout.splitlines() if ln.startswith('{')]
   if done.returncode or not lines:
     raise RuntimeError(f'cell {cell} failed (exit {done.returncode}):\n{done.stderr[-4000:]}')
-  return json.loads(lines[-1])
+  return {**cell, **json.loads(lines[-1])}
+
+
+def compare_with_timm(rows: list[dict[str, Any]]) -> None:
+  """Gives timm's rows the model FLOPs of vit_jax's (the same model), and every vit_jax row
+  its images/s over timm's with the same matmul precision (autocast == matmul_dtype)."""
+  ours = [r for r in rows if r['framework'] == 'vit_jax']
+  timm = {r['autocast']: r for r in rows if r['framework'] == 'timm'}
+  flops = ours[0]['analytic_flops_per_image']
+  for r in timm.values():
+    r.update(devices=1, images_per_s_per_device=r['images_per_s'],
+             analytic_flops_per_image=flops, xla_flops_per_image=None,
+             achieved_flops=flops * r['images_per_s'] if flops else None)
+  for r in ours:
+    reference = timm.get(r['matmul_dtype']) if r['dtype'] == 'float32' else None
+    r['vs_timm'] = r['images_per_s'] / reference['images_per_s'] if reference else None
 
 
 def format_table(rows: list[dict[str, Any]], varying: list[str]) -> str:
   """The results as a fixed-width table, one row per cell."""
-  def num(value: float | None, fmt: str) -> str:
-    return 'n/a' if value is None else format(value, fmt)
+  def num(value: float | None, fmt: str, unit: str = '') -> str:
+    return 'n/a' if value is None else format(value, fmt) + unit
 
+  with_timm = any(r['framework'] == 'timm' for r in rows)
   labels = [label(r, varying).replace('--xla_cpu_', '') for r in rows]
   width = max(len(x) for x in labels + ['cell']) + 2
   header = (f'{"cell":{width}}{"compile s":>10}{"step ms":>9}{"img/s":>8}{"img/s/dev":>10}'
             f'{"GFLOP/img":>10}{"XLA/model":>10}{"TFLOP/s":>9}{"MFU f32":>8}{"MFU bf16":>9}'
-            f'{"peak mem":>10}{"faults/step":>12}{"host RSS":>10}')
+            f'{"peak mem":>10}{"faults/step":>12}{"host RSS":>10}'
+            + (f'{"vs timm":>9}' if with_timm else ''))
   lines = [header]
   for name, r in zip(labels, rows, strict=True):
     flops = r['analytic_flops_per_image'] or r['xla_flops_per_image']
-    memory = r['memory']['peak_bytes_in_use'] or r['memory']['temp_size_in_bytes']
+    memory = r.get('memory', {})
+    memory = memory.get('peak_bytes_in_use') or memory.get('temp_size_in_bytes')
     lines.append(
-        f'{name:{width}}{r["compile_s"]:>10.1f}{1e3 * r["step_s_median"]:>9.1f}'
+        f'{name:{width}}{num(r.get("compile_s"), ".1f"):>10}{1e3 * r["step_s_median"]:>9.1f}'
         f'{r["images_per_s"]:>8.1f}{r["images_per_s_per_device"]:>10.1f}'
-        f'{num(flops and flops / 1e9, ".2f"):>10}{num(r["xla_over_analytic"], ".3f"):>10}'
+        f'{num(flops and flops / 1e9, ".2f"):>10}{num(r.get("xla_over_analytic"), ".3f"):>10}'
         f'{num(r["achieved_flops"] and r["achieved_flops"] / 1e12, ".3f"):>9}'
-        f'{num(r["mfu_float32"] and 100 * r["mfu_float32"], ".1f"):>7}%'
-        f'{num(r["mfu_bfloat16"] and 100 * r["mfu_bfloat16"], ".1f"):>8}%'
-        f'{num(memory and memory / 2**20, ".0f"):>7} MiB{r["page_faults_per_step"]:>12.0f}'
-        f'{r["max_rss_bytes"] / 2**20:>6.0f} MiB')
+        f'{num(r["mfu_float32"] and 100 * r["mfu_float32"], ".1f", "%"):>8}'
+        f'{num(r["mfu_bfloat16"] and 100 * r["mfu_bfloat16"], ".1f", "%"):>9}'
+        f'{num(memory and memory / 2**20, ".0f", " MiB"):>10}{r["page_faults_per_step"]:>12.0f}'
+        f'{r["max_rss_bytes"] / 2**20:>6.0f} MiB'
+        + (f'{num(r.get("vs_timm"), ".2f", "x"):>9}' if with_timm else ''))
   return '\n'.join(lines)
 
 
@@ -290,35 +346,40 @@ def main(argv: list[str]) -> None:
     print(json.dumps(measure(json.loads(_CELL.value))))
     return
   load = os.getloadavg()  # Other work on the machine skews every figure: recorded.
+  cpu = host_cpu.cpu_info()
   cells = cells_from_flags()
-  varying = [k for k in SWEEP_KEYS if len({str(c[k]) for c in cells}) > 1]
+  varying = [k for k in SWEEP_KEYS
+             if len({str(c[k]) for c in cells if c['framework'] == 'vit_jax'}) > 1]
   rows = []
   for i, cell in enumerate(cells):
     print(f'[{i + 1}/{len(cells)}] {label(cell, varying)} ...', flush=True)
     rows.append(run_cell(cell))
+  compare_with_timm(rows)
   # One denominator for the whole table: the best peak of all devices together that
   # any cell measured (XLA flags can speed up the matmul too, and MFU must not rise
   # merely because the peak fell).
-  peaks = {dtype: max(r[f'peak_flops_{dtype}'] * r['devices'] for r in rows)
+  ours = [r for r in rows if r['framework'] == 'vit_jax']
+  peaks = {dtype: max(r[f'peak_flops_{dtype}'] * r['devices'] for r in ours)
            for dtype in DTYPES}
   for r in rows:
     for dtype in DTYPES:
       achieved = r['achieved_flops']
       r[f'mfu_{dtype}'] = achieved / peaks[dtype] if achieved else None
-  first = rows[0]
-  devices = sorted({r['devices'] for r in rows})
+  first = ours[0]
+  devices = sorted({r['devices'] for r in ours})
   print(f'\n{first["model"]} at {first["image_size"]} px, batch {first["batch_size"]}, on '
         f'{"/".join(map(str, devices))} x {first["device_kind"]} ({first["backend"]}); '
         f'median of {first["steps"]} steps. Peak matmul (n={first["peak_matmul_size"]}, '
         f'best of the cells, all devices together): float32 {peaks["float32"] / 1e9:.0f} '
         f'GFLOP/s, bfloat16 {peaks["bfloat16"] / 1e9:.0f} GFLOP/s. MFU: model FLOPs '
-        '(3 x forward, 2 per multiply-add) per second over that peak.')
+        '(3 x forward, 2 per multiply-add) per second over that peak.\n'
+        f'CPU: {host_cpu.describe(cpu)}')
   print(format_table(rows, varying))
   if _OUT.value:
     result = {'peak_flops_all_devices': peaks,
               'command': ' '.join(['python -m vit_jax.benchmarks.train'] + sys.argv[1:]),
               'date': time.strftime('%Y-%m-%d %H:%M'), 'host': platform.node(),
-              'machine': platform.machine(), 'cpus': os.cpu_count(),
+              'machine': platform.machine(), 'cpus': os.cpu_count(), 'cpu': cpu,
               'load_average_at_start': load, 'cells': rows}
     os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
     with open(_OUT.value, 'w') as f:

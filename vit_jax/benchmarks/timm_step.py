@@ -1,0 +1,161 @@
+r"""timm's ViT training step on this machine's CPU: the reference for ``vit_jax.benchmarks.train``.
+
+This measures timm's train step the way ``vit_jax.benchmarks.train`` measures vit_jax's.
+PyTorch is not a dependency of vit_jax, so it runs in a venv of its own:
+
+    python3 -m venv /tmp/timmenv
+    /tmp/timmenv/bin/pip install torch torchvision timm   # here: torch==2.14.1 torchvision==0.29.1
+
+The comparison is best made by the train benchmark itself, which runs this file with that
+Python as cells of its run, next to vit_jax's (a cloud machine's speed can drift by 10-30%
+within minutes: run it more than once):
+
+    python -m vit_jax.benchmarks.train --model=ti16 --batch_size=32 --cpu_devices=2 \
+        --timm_python=/tmp/timmenv/bin/python
+
+It also runs alone, from the repository root:
+
+    /tmp/timmenv/bin/python -m vit_jax.benchmarks.timm_step --model=vit_tiny_patch16_224 \
+        --autocast=none,bfloat16 --out=/tmp/timm_ti16.json
+
+The step: timm's model in train mode (its fused ``scaled_dot_product_attention``), AdamW,
+softmax cross-entropy, ``zero_grad(set_to_none=True)``; random images (``--image_size``)
+and labels, the same batch every step; the median of ``--steps`` steps after ``--warmup``.
+``--autocast`` bfloat16 runs the forward pass and the loss under
+``torch.autocast('cpu', torch.bfloat16)``: bfloat16 products with float32 accumulation, the
+rest float32, as vit_jax's ``matmul_dtype='bfloat16'``. Each setting runs in a process of
+its own; ``--threads`` defaults to every core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+if not __package__:  # Run as a file by another venv's Python: vit_jax is beside this file.
+  sys.path.append(str(pathlib.Path(__file__).resolve().parents[2]))
+from vit_jax import host_cpu  # noqa: E402 (standard library only)
+
+AUTOCASTS = ('none', 'bfloat16')
+_TIMM_SIZES = {'ti': 'tiny', 's': 'small', 'b': 'base', 'l': 'large', 'h': 'huge'}
+
+
+def timm_name(model: str) -> str:
+  """timm's name of a vit_jax model: 'ti16' or 'ViT-Ti_16' -> 'vit_tiny_patch16_224'."""
+  key = model.strip().lower().replace('/', '_').removeprefix('vit-').replace('_', '')
+  m = re.fullmatch(r'(ti|s|b|l|h)(\d+)', key)
+  if not m:
+    raise ValueError(f'model {model!r}: only the plain ViTs ({", ".join(_TIMM_SIZES)} with a '
+                     'patch size, e.g. "ti16") have a timm counterpart here.')
+  return f'vit_{_TIMM_SIZES[m.group(1)]}_patch{m.group(2)}_224'
+
+
+def measure(model_name: str, batch_size: int, image_size: int, autocast: str, steps: int,
+            warmup: int, threads: int) -> dict[str, Any]:
+  """Times timm's train step in this process; returns one JSON row."""
+  try:
+    import timm
+    import torch
+  except ImportError as e:
+    raise SystemExit(f'{e}: vit_jax.benchmarks.timm_step needs torch, torchvision and timm, '
+                     'which vit_jax does not depend on; install them in a venv of their own '
+                     '(see this module\'s docstring).') from None
+  torch.set_num_threads(threads)
+  torch.manual_seed(0)
+  model = timm.create_model(model_name, num_classes=1000, img_size=image_size).train()
+  optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
+  images = torch.rand(batch_size, 3, image_size, image_size) * 2 - 1
+  labels = torch.randint(0, 1000, (batch_size,))
+  dtype = None if autocast == 'none' else getattr(torch, autocast)
+
+  def step() -> float:
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast('cpu', dtype=dtype, enabled=dtype is not None):
+      loss = torch.nn.functional.cross_entropy(model(images), labels)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+  for _ in range(warmup):
+    step()
+  times = []
+  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+  for _ in range(steps):
+    start = time.perf_counter()
+    loss = step()
+    times.append(time.perf_counter() - start)
+  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+  step_s = statistics.median(times)
+  return {
+      'timm_model': model_name, 'batch_size': batch_size, 'image_size': image_size,
+      'autocast': autocast, 'threads': threads,
+      'parameters': sum(p.numel() for p in model.parameters()),
+      'step_s_median': step_s, 'step_s_all': times, 'images_per_s': batch_size / step_s,
+      'page_faults_per_step': faults / steps, 'loss': loss,
+      'max_rss_bytes': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+      'torch': torch.__version__, 'timm': timm.__version__,
+      'torch_cpu_capability': torch.backends.cpu.get_cpu_capability(),
+  }
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  parser.add_argument('--model', default='vit_tiny_patch16_224', help='a timm model name')
+  parser.add_argument('--image_size', type=int, default=224)
+  parser.add_argument('--batch_size', type=int, default=32)
+  parser.add_argument('--autocast', default='none,bfloat16',
+                      help='comma-separated: none (float32) and/or bfloat16')
+  parser.add_argument('--steps', type=int, default=8)
+  parser.add_argument('--warmup', type=int, default=2)
+  parser.add_argument('--threads', type=int, default=os.cpu_count())
+  parser.add_argument('--out', default='', help='JSON file for the results')
+  parser.add_argument('--cell', default='', help='internal: one setting, in this process')
+  args = parser.parse_args()
+  if args.cell:
+    print(json.dumps(measure(args.model, args.batch_size, args.image_size, args.cell,
+                             args.steps, args.warmup, args.threads)))
+    return
+  settings = args.autocast.split(',')
+  for autocast in settings:
+    if autocast not in AUTOCASTS:
+      parser.error(f'--autocast={autocast!r}: expected a comma-separated list of {AUTOCASTS}.')
+
+  load = os.getloadavg()
+  cpu = host_cpu.cpu_info()
+  rows = []
+  for autocast in settings:  # Each in a process of its own.
+    done = subprocess.run([sys.executable, __file__, *sys.argv[1:], f'--cell={autocast}'],
+                          capture_output=True, text=True, check=False)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith('{')]
+    if done.returncode or not lines:
+      sys.exit(f'autocast={autocast} failed (exit {done.returncode}):\n{done.stderr[-4000:]}')
+    rows.append(json.loads(lines[-1]))
+  print(f'timm {rows[0]["timm"]}, torch {rows[0]["torch"]}: {args.model}, batch '
+        f'{args.batch_size}, {args.threads} threads, median of {args.steps} steps.\n'
+        f'CPU: {host_cpu.describe(cpu)}')
+  print(f'{"autocast":10}{"step ms":>9}{"img/s":>8}{"host RSS":>10}')
+  for r in rows:
+    print(f'{r["autocast"]:10}{1e3 * r["step_s_median"]:>9.1f}{r["images_per_s"]:>8.1f}'
+          f'{r["max_rss_bytes"] / 2**20:>6.0f} MiB')
+  if args.out:
+    result = {'command': ' '.join(['python -m vit_jax.benchmarks.timm_step', *sys.argv[1:]]),
+              'date': time.strftime('%Y-%m-%d %H:%M'), 'host': platform.node(), 'cpu': cpu,
+              'load_average_at_start': load, 'cells': rows}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, 'w') as f:
+      json.dump(result, f, indent=1)
+    print(f'wrote {args.out}')
+
+
+if __name__ == '__main__':
+  main()
