@@ -46,10 +46,11 @@ def captured():
   return model, params, plain, logits, weights
 
 
-def test_capture_leaves_the_logits_identical(captured):
+def test_capture_leaves_the_logits_unchanged(captured):
   _, _, plain, logits, weights = captured
   assert float(np.std(plain)) > 0.1  # Logits that differ: the comparison is not vacuous.
-  chex.assert_trees_all_equal(logits, plain)
+  # Up to rounding: capturing makes the last block compute every token, not the class token only.
+  chex.assert_trees_all_close(logits, plain, atol=1e-5, rtol=1e-5)
   chex.assert_shape(weights, (3, 2, 4, 16, 16))  # (layers, batch, heads, tokens, tokens)
   chex.assert_trees_all_close(np.asarray(weights).sum(-1), np.ones((3, 2, 4, 16)), atol=1e-5)
 

@@ -14,9 +14,18 @@ HUGE = 'glibc.malloc.hugetlb=1'
 KEEP = ':'.join(host_memory.KEEP_FREED)
 
 
-def _tunables(environ, glibc=GLIBC, thp='madvise', mode=None):
-  tuned = host_memory.tuned_environ(environ, glibc, thp, mode)
+def _tunables(environ, glibc=GLIBC, thp='madvise', mode=None, default='huge_pages'):
+  tuned = host_memory.tuned_environ(environ, glibc, thp, mode, default)
   return None if tuned is None else tuned['GLIBC_TUNABLES']
+
+
+def test_freed_memory_is_kept_by_default_only_for_a_cpu_split_into_devices():
+  assert [host_memory.default_mode(n) for n in (0, 1, 2, 8)] == [
+      'huge_pages', 'huge_pages', 'keep_freed', 'keep_freed']
+  assert _tunables({}, default='keep_freed') == f'{HUGE}:{KEEP}'
+  # The user's VIT_JAX_MALLOC wins over the default.
+  assert _tunables({'VIT_JAX_MALLOC': 'huge_pages'}, default='keep_freed') == HUGE
+  assert _tunables({'VIT_JAX_MALLOC': 'default'}, default='keep_freed') is None
 
 
 def test_huge_pages_by_default_and_freed_memory_kept_on_request():

@@ -106,6 +106,7 @@ def test_quickstart_command_reaches_95_percent(tmp_path):
        f'--workdir={tmp_path}'], cwd=ROOT, env=env(devices=1), capture_output=True, text=True)
   assert done.returncode == 0, done.stderr[-3000:]
   assert 'step 1500/1500' in done.stderr and 'img/s' in done.stderr and 'ETA' in done.stderr
+  assert 'malloc: huge_pages (VIT_JAX_MALLOC;' in done.stderr  # One device: no keep_freed.
   final = [m for m in read_metrics(tmp_path) if 'eval/accuracy' in m][-1]
   assert final['step'] == 1500 and final['eval/examples'] == 359
   assert final['eval/accuracy'] >= 0.95

@@ -169,11 +169,42 @@ def test_attention_weights_are_recorded_without_changing_logits():
   params = init(model)
   x = images_for(model)
   logits, state = model.apply({'params': params}, x, mutable='intermediates')
-  chex.assert_trees_all_equal(logits, model.apply({'params': params}, x))
-  (weights,) = state['intermediates']['Transformer']['encoderblock_0'][
-      'MultiHeadDotProductAttention_1']['attention_weights']
-  chex.assert_shape(weights, (2, 4, 17, 17))
-  chex.assert_trees_all_close(weights.sum(-1), jnp.ones((2, 4, 17)), atol=1e-5)
+  chex.assert_trees_all_close(logits, model.apply({'params': params}, x), atol=1e-6)
+  for block in ('encoderblock_0', 'encoderblock_1'):  # The last block's too: every token's.
+    (weights,) = state['intermediates']['Transformer'][block][
+        'MultiHeadDotProductAttention_1']['attention_weights']
+    chex.assert_shape(weights, (2, 4, 17, 17))
+    chex.assert_trees_all_close(weights.sum(-1), jnp.ones((2, 4, 17)), atol=1e-5)
+
+
+@pytest.mark.parametrize('options', [{}, {'matmul_dtype': 'bfloat16'}, {'attention_impl': 'xla'},
+                                     {'remat_policy': 'dots'}])
+def test_last_block_computes_only_the_class_token(options):
+  model = get_model('ti16', num_classes=6, **SMALL, **options)
+  assert model.head_tokens == 1
+  params = init(model)
+  params['head']['kernel'] = jax.random.normal(jax.random.key(2), (32, 6))
+  x = images_for(model, batch=4)
+  fast = lambda p: jnp.sum(jnp.sin(model.apply({'params': p}, x)))
+  # Collecting the attention weights makes every block compute every token.
+  full = lambda p: jnp.sum(jnp.sin(model.apply({'params': p}, x, mutable='intermediates')[0]))
+  (loss, grads), (full_loss, full_grads) = (jax.value_and_grad(f)(params) for f in (fast, full))
+  chex.assert_trees_all_close(loss, full_loss, atol=1e-5, rtol=1e-5)
+  chex.assert_trees_all_close(grads, full_grads, atol=1e-4, rtol=1e-4)  # Up to ~10: rounding.
+  # The other tokens' work is really gone: XLA's count of the compiled forward and backward
+  # falls by at least the matmul FLOPs that forward_flops says are saved (x3 for a step);
+  # the rest of the saving is their LayerNorm, GELU and softmax.
+  xla_flops = lambda f: jax.jit(jax.grad(f)).lower(params).compile().cost_analysis()['flops']
+  saved = 3 * 4 * (model.forward_flops(all_tokens=True) - model.forward_flops())
+  assert saved > 0
+  assert saved <= xla_flops(full) - xla_flops(fast) <= 1.5 * saved
+
+
+@pytest.mark.parametrize('options', [{'scan': True}, {'pool': 'gap'}, {'pool': 'map'}])
+def test_every_token_is_computed_where_the_head_reads_more_than_the_class_token(options):
+  model = get_model('ti16', num_classes=6, **SMALL, **options)
+  assert model.head_tokens is None
+  assert model.forward_flops() == model.forward_flops(all_tokens=True)
 
 
 @pytest.mark.parametrize('name, tokens, channels', [('r50_b16', 196, 1024), ('r26_s32', 49, 2048),
@@ -236,13 +267,16 @@ def test_forward_flops_match_the_published_counts():
   # REFERENCE.md: B/16 at 224 px about 17.6 GMACs (35 GFLOP); Ti/16 about 1.26 G
   # multiply-adds. timm lists S/16 at 4.61 GMACs. forward_flops counts 2 per MAC.
   for name, gmacs in (('b16', 17.6), ('ti16', 1.26), ('s16', 4.61)):
-    flops = get_model(name, num_classes=1000).forward_flops()
-    assert flops / 2e9 == pytest.approx(gmacs, rel=0.01), name
+    model = get_model(name, num_classes=1000)
+    assert model.forward_flops(all_tokens=True) / 2e9 == pytest.approx(gmacs, rel=0.01), name
+    # This model's last block computes the class token only: 11 full blocks and a bit.
+    assert model.forward_flops() / model.forward_flops(all_tokens=True) == pytest.approx(
+        0.931, abs=0.001)
   # The token count drives the attention term: 384 px costs more than (384/224)^2 x.
   b16, b16_384 = (get_model('b16', num_classes=1000, image_size=s).forward_flops()
                   for s in (224, 384))
   assert b16_384 > (384 / 224)**2 * b16
-  # gap has no class token: one token fewer in every block, so fewer FLOPs.
+  # gap has no class token: one token fewer in every block, so fewer FLOPs, all computed.
   gap = get_model('ti16', num_classes=1000, pool='gap').forward_flops()
-  assert gap < get_model('ti16', num_classes=1000).forward_flops()
+  assert gap < get_model('ti16', num_classes=1000).forward_flops(all_tokens=True)
   assert get_model('r50_b16', num_classes=1000).forward_flops() is None

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import scipy.ndimage
 
-from vit_jax import checkpoint, export, sharding, train, workdir
+from vit_jax import checkpoint, export, host_memory, sharding, train, workdir
 from vit_jax.models import get_model
 
 from runs import TINY_MODEL, TINY_RUN, env, main_command, tiny_config
@@ -72,6 +72,11 @@ def test_fine_tune_on_2_devices_at_a_higher_resolution(source_run, tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   log = result.stderr
   assert '2 local / 2 global devices' in log
+  # Split into 2 devices, the process keeps the memory a step frees (host_memory).
+  tuned = host_memory.tuned_environ({}, host_memory.glibc_version(), host_memory.thp_mode(),
+                                    'keep_freed') or {}
+  tunables = tuned.get('GLIBC_TUNABLES', '')
+  assert f'malloc: keep_freed (VIT_JAX_MALLOC; GLIBC_TUNABLES={tunables!r})' in log
   assert f'{POSEMB} resized (1, 17, 32) -> (1, 37, 32)' in log
   assert 'head: new zero-initialised classifier (32, 10)' in log
 

@@ -63,9 +63,10 @@ def attention_weights(model: VisionTransformer, params: Mapping[str, Any],
 
   Returns ``(logits, weights)`` with weights of shape (layers, batch, heads,
   tokens, tokens), rows (queries) summing to one. The logits are those of
-  ``model.apply(..., train=False)``: the weights are only recorded (``sow``), so
-  nothing about the computation changes. The attention pooling of ``pool='map'``
-  is not an encoder layer and is left out.
+  ``model.apply(..., train=False)`` up to float32 rounding: the weights are only
+  recorded (``sow``), but the last block then computes every token's output, not
+  the class token's only (``VisionTransformer.head_tokens``). The attention
+  pooling of ``pool='map'`` is not an encoder layer and is left out.
   """
   model = capturing_model(model)
   logits, state = model.apply({'params': params}, images, train=False,

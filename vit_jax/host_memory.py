@@ -5,26 +5,28 @@ float32 ViT-Ti/16 step at batch 16 per device) and frees them at the step's end.
 glibc's defaults each such block is mapped anew and the kernel faults it in, zero-filled,
 4 KiB at a time: about 350,000-450,000 page faults and 0.7 s of kernel time per Ti/16
 step on the development machine, a quarter of the step's CPU time. ``VIT_JAX_MALLOC``
-picks one of three settings (glibc tunables; measurements in benchmarks/RESULTS.md):
+picks one of three settings (glibc tunables; measurements in benchmarks/RESULTS.md);
+unset, ``default_mode`` picks:
 
-* ``huge_pages`` (the default; glibc 2.35+, where the kernel's transparent huge pages are
-  in 'madvise' mode): ``glibc.malloc.hugetlb=1``, malloc asks for 2 MiB pages: about
-  1,600 faults per step. The kernel still zero-fills every block every step (0.3-1.3 s
+* ``huge_pages`` (glibc 2.35+, where the kernel's transparent huge pages are in
+  'madvise' mode): ``glibc.malloc.hugetlb=1``, malloc asks for 2 MiB pages: about
+  1,500 faults per step. The kernel still zero-fills every block every step (0.3-1.3 s
   of kernel time per step).
 * ``keep_freed``: huge pages, and the memory of one step reused by the next: large
   blocks come from the heap instead of a mapping each (``mmap_max=0``), freed memory stays
   with the process (``trim_threshold``), and all threads share the main heap
   (``arena_max=1``; a thread's own heap is unmapped whenever it empties). No faults;
-  float32 Ti/16 on 2 CPU devices 13.0 -> 16.6 images/s. The price is memory: the
-  process keeps its peak and the one heap fragments (resident memory 2.6 -> 5.1 GB,
-  steady, with 2 devices; with one device no consistent gain, and it grew to 10.8 GB in
-  40 steps).
-  Hence opt-in, for runs with ``--cpu_devices=2`` or more.
+  float32 Ti/16 on 2 CPU devices 14.2-15.9 -> 17.8-17.9 images/s (AVX2 machine; 16.0 ->
+  18.6 on the AVX-512 one). The price is memory: the process keeps its peak and the one
+  heap fragments. With 2 devices it stays flat: a whole Imagenette epoch at 224 px with
+  two evals peaked at 5.6 GB against 3.5 GB. With one device there was no consistent gain,
+  and it grew to 10.8 GB in 40 steps. Hence the default only for ``--cpu_devices=2`` or more.
 * ``default``: glibc's own settings.
 
 glibc reads tunables once, when a process starts, so an entry point calls ``reexec()``
-before anything else: it runs the same command again with the tunables added to
-``GLIBC_TUNABLES``. It adds none that GLIBC_TUNABLES already sets (the user's choice).
+before it allocates much (``vit_jax.main``: once its flags are parsed, before jax is
+imported): it runs the same command again with the tunables added to ``GLIBC_TUNABLES``.
+It adds none that GLIBC_TUNABLES already sets (the user's choice).
 """
 
 from __future__ import annotations
@@ -64,12 +66,20 @@ def _name(tunable: str) -> str:
   return tunable.partition('=')[0]
 
 
+def default_mode(cpu_devices: int) -> str:
+  """The mode where VIT_JAX_MALLOC is unset: 'keep_freed' for a CPU split into 2 or more
+  devices (``vit_jax.main --cpu_devices``), where it measured faster with flat memory;
+  else 'huge_pages'."""
+  return 'keep_freed' if cpu_devices >= 2 else 'huge_pages'
+
+
 def tuned_environ(environ: Mapping[str, str], glibc: tuple[int, ...] | None,
-                  thp: str | None, mode: str | None = None) -> dict[str, str] | None:
-  """``environ`` with the tunables of ``mode`` (default: ``environ``'s VIT_JAX_MALLOC, else
-  'huge_pages') that apply to this machine's ``glibc_version()`` and ``thp_mode()`` added
+                  thp: str | None, mode: str | None = None,
+                  default: str = 'huge_pages') -> dict[str, str] | None:
+  """``environ`` with the tunables of ``mode`` (else ``environ``'s VIT_JAX_MALLOC, else
+  ``default``) that apply to this machine's ``glibc_version()`` and ``thp_mode()`` added
   to GLIBC_TUNABLES; None where that adds nothing."""
-  mode = mode or environ.get(ENV) or 'huge_pages'
+  mode = mode or environ.get(ENV) or default
   if mode not in MODES:
     raise ValueError(f'{ENV}={mode!r}: expected one of {MODES} (vit_jax/host_memory.py).')
   if mode == 'default' or glibc is None:
@@ -92,9 +102,10 @@ def without_tuning(environ: Mapping[str, str]) -> dict[str, str]:
   return {**environ, 'GLIBC_TUNABLES': ':'.join(kept)}
 
 
-def reexec() -> None:
-  """Re-executes this process's command with VIT_JAX_MALLOC's tunables, where they apply."""
-  environ = tuned_environ(os.environ, glibc_version(), thp_mode())
+def reexec(default: str = 'huge_pages') -> None:
+  """Re-executes this process's command with the tunables of VIT_JAX_MALLOC's mode (unset:
+  ``default``), where they apply; returns where there are none to add (or once added)."""
+  environ = tuned_environ(os.environ, glibc_version(), thp_mode(), default=default)
   if environ is None:
     return
   sys.stdout.flush()

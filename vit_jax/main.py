@@ -13,6 +13,8 @@ import os
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from vit_jax import host_memory
+
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file.',
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and logs.')
@@ -25,8 +27,9 @@ _DISTRIBUTED = flags.DEFINE_bool(
     'are given, or on a Cloud TPU VM / SLURM job).')
 _CPU_DEVICES = flags.DEFINE_integer(
     'cpu_devices', 0, 'Split a CPU host into this many devices (data-parallel, one per core '
-    'is fastest on a CPU-only machine: benchmarks/RESULTS.md); 0: jax\'s default (one, or '
-    'XLA_FLAGS=--xla_force_host_platform_device_count=N).')
+    'is fastest on a CPU-only machine: benchmarks/RESULTS.md; 2 or more also keep freed '
+    'memory, VIT_JAX_MALLOC=keep_freed: vit_jax/host_memory.py); 0: jax\'s default (one, '
+    'or XLA_FLAGS=--xla_force_host_platform_device_count=N).')
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
@@ -38,6 +41,11 @@ def _auto_distributed() -> bool:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  # glibc's malloc set up for XLA:CPU's per-step buffers, before jax allocates anything.
+  malloc = os.environ.get(host_memory.ENV) or host_memory.default_mode(_CPU_DEVICES.value)
+  host_memory.reexec(malloc)
+  logging.info('malloc: %s (%s; GLIBC_TUNABLES=%r).', malloc, host_memory.ENV,
+               os.environ.get('GLIBC_TUNABLES', ''))
   import jax
 
   if _CPU_DEVICES.value:
@@ -57,7 +65,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  from vit_jax import host_memory
-
-  host_memory.reexec()  # Before anything allocates: see the module.
   app.run(main)

@@ -11,8 +11,9 @@ Each cell (one combination of options) runs in its own process and measures:
   * the compile time of the step (lowering + XLA compilation);
   * the median step time over ``--steps`` steps after ``--warmup`` steps, each
     timed to completion; images/s and images/s per device from it;
-  * the FLOPs per image: the model's analytic count (``forward_flops``, x3 for
-    forward + backward) and XLA's cost analysis of the compiled step, side by side
+  * the FLOPs per image: the model's analytic count of what it computes
+    (``forward_flops``, x3 for forward + backward) and XLA's cost analysis of the
+    compiled step, side by side
     (XLA counts a loop body once, so with --scan its figure is about 1/depth low);
   * MFU = analytic model FLOP/s over the measured float32 and bfloat16 peaks of all
     devices together (the best of the run's cells, so that every row has the same
@@ -20,7 +21,7 @@ Each cell (one combination of options) runs in its own process and measures:
   * the peak memory where the backend reports it (GPUs), else XLA's buffer sizes;
   * the host's minor page faults per step (memory the kernel maps in afresh) and the
     process's peak resident memory, both of which ``vit_jax.host_memory``'s glibc
-    tunables change (``--malloc``: by default huge pages, as ``vit_jax.main`` runs).
+    tunables change (``--malloc``: by default as ``vit_jax.main`` runs).
 
 The step is ``vit_jax.train.make_train_step`` (the one training uses: Adam,
 softmax cross-entropy, donated state) on random images already on the devices,
@@ -28,9 +29,10 @@ so the input pipeline is not part of it (see ``vit_jax.benchmarks.input``).
 
 ``--timm_python=PATH`` adds timm's train step of the same model, run by that Python
 (``vit_jax.benchmarks.timm_step``), as cells of the same run, each alone on the machine
-like the others: the table gives them the same model FLOPs and peaks, and every vit_jax
-row its images/s over timm's at the same matmul precision ("vs timm"). The header names
-the CPU and whether it has bfloat16 instructions (``vit_jax.host_cpu``).
+like the others: the table gives them the model's FLOPs with every token computed (timm
+computes them all; vit_jax's last block only the class token's) and the same peaks, and
+every vit_jax row its images/s over timm's at the same matmul precision ("vs timm"). The
+header names the CPU and whether it has bfloat16 instructions (``vit_jax.host_cpu``).
 """
 
 from __future__ import annotations
@@ -69,8 +71,10 @@ _CPU_DEVICES = flags.DEFINE_integer('cpu_devices', 0, 'Split a CPU host into thi
 _STEP_IMPL = flags.DEFINE_string('step_impl', 'jit', 'jit or shard_map.')
 _XLA_FLAGS = flags.DEFINE_string('xla_flags', '', 'Extra XLA_FLAGS for the cell ("none": '
                                  'none), space-separated.')
-_MALLOC = flags.DEFINE_enum('malloc', 'huge_pages', host_memory.MODES, 'glibc malloc tunables '
-                            'of the cell: vit_jax.main\'s VIT_JAX_MALLOC (vit_jax.host_memory).')
+_MALLOC = flags.DEFINE_enum('malloc', 'as_main', ('as_main', *host_memory.MODES),
+                            'glibc malloc tunables of the cell: vit_jax.main\'s VIT_JAX_MALLOC '
+                            '(vit_jax.host_memory); as_main: what vit_jax.main picks for the '
+                            'cell\'s cpu_devices (keep_freed for 2 or more, else huge_pages).')
 _STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps per cell.')
 _WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
 _PEAK_SIZE = flags.DEFINE_integer('peak_size', 0, 'n of the n x n peak matmul (0: 2048 on '
@@ -90,9 +94,13 @@ _OUT = flags.DEFINE_string('out', '', 'JSON file for the results.')
 _CELL = flags.DEFINE_string('cell', '', 'Internal: one cell as JSON, measured in this process.')
 
 
-def analytic_train_flops(model: Any) -> int | None:
-  """Model FLOPs of one image's training step: forward + backward = 3 x forward."""
-  forward = model.forward_flops()
+def analytic_train_flops(model: Any, all_tokens: bool = False) -> int | None:
+  """Model FLOPs of one image's training step: forward + backward = 3 x forward.
+
+  ``all_tokens``: as if the last block computed every token's output, as timm's does
+  (vit_jax's computes only the class token's there; ``VisionTransformer.head_tokens``).
+  """
+  forward = model.forward_flops(all_tokens)
   return None if forward is None else 3 * forward
 
 
@@ -210,6 +218,7 @@ def measure(cell: dict[str, Any]) -> dict[str, Any]:
       'compile_s': compile_s, 'step_s_median': step_s, 'step_s_all': times,
       'images_per_s': images_per_s, 'images_per_s_per_device': images_per_s / len(devices),
       'analytic_flops_per_image': analytic, 'xla_flops_per_image': xla_per_image,
+      'analytic_flops_all_tokens_per_image': analytic_train_flops(model, all_tokens=True),
       'xla_over_analytic': (xla_per_image / analytic) if analytic and xla_per_image else None,
       'achieved_flops': achieved,  # MFU: in main(), over the best peak of all cells.
       'memory': _memory(compiled, devices[0]),
@@ -247,6 +256,9 @@ def cells_from_flags() -> list[dict[str, Any]]:
       raise app.UsageError(f'--sweep={item!r}: malloc takes {host_memory.MODES}.')
     axes.append([(key, parse(v)) for v in values.split(',')])
   cells = [{**base, **dict(combo)} for combo in itertools.product(*axes)]
+  for cell in cells:  # Recorded as the mode itself.
+    if cell['malloc'] == 'as_main':
+      cell['malloc'] = host_memory.default_mode(cell['cpu_devices'])
   if _TIMM_PYTHON.value:
     if shutil.which(_TIMM_PYTHON.value) is None:
       raise app.UsageError(f'--timm_python={_TIMM_PYTHON.value}: no such executable; give the '
@@ -296,11 +308,12 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
 
 
 def compare_with_timm(rows: list[dict[str, Any]]) -> None:
-  """Gives timm's rows the model FLOPs of vit_jax's (the same model), and every vit_jax row
-  its images/s over timm's with the same matmul precision (autocast == matmul_dtype)."""
+  """Gives timm's rows the model FLOPs of the same model with every token computed (timm's
+  last block computes them all), and every vit_jax row its images/s over timm's with the
+  same matmul precision (autocast == matmul_dtype)."""
   ours = [r for r in rows if r['framework'] == 'vit_jax']
   timm = {r['autocast']: r for r in rows if r['framework'] == 'timm'}
-  flops = ours[0]['analytic_flops_per_image']
+  flops = ours[0]['analytic_flops_all_tokens_per_image']
   for r in timm.values():
     r.update(devices=1, images_per_s_per_device=r['images_per_s'],
              analytic_flops_per_image=flops, xla_flops_per_image=None,

@@ -176,8 +176,10 @@ class EncoderBlock(nn.Module):
   matmul_dtype: Dtype | None = None
 
   @nn.compact
-  def __call__(self, x: Array, drop_path_rate: float | Array,
-               deterministic: bool) -> tuple[Array, None]:
+  def __call__(self, x: Array, drop_path_rate: float | Array, deterministic: bool,
+               query_tokens: int | None = None) -> tuple[Array, None]:
+    """``query_tokens``: compute only the first this many tokens' outputs (all tokens are
+    still keys and values); the rest are not computed and not returned."""
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     layer_norm = lambda name: nn.LayerNorm(epsilon=LN_EPSILON, name=name, **kw)
 
@@ -186,11 +188,13 @@ class EncoderBlock(nn.Module):
         branch = drop_path(branch, drop_path_rate, self.make_rng('dropout'))
       return branch
 
-    y = layer_norm('LayerNorm_0')(x)
+    y = queries = layer_norm('LayerNorm_0')(x)
+    if query_tokens is not None:  # LayerNorm is per token: slicing after it is exact.
+      x, queries = x[:, :query_tokens], y[:, :query_tokens]
     y = MultiHeadAttention(self.num_heads, self.attention_dropout_rate, self.attention_impl,
                            matmul_dtype=self.matmul_dtype,
                            name='MultiHeadDotProductAttention_1', **kw)(
-                               y, y, deterministic=deterministic)
+                               queries, y, deterministic=deterministic)
     y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
     x = x + residual(y)
 
@@ -221,7 +225,9 @@ class Encoder(nn.Module):
   matmul_dtype: Dtype | None = None
 
   @nn.compact
-  def __call__(self, x: Array, *, train: bool) -> Array:
+  def __call__(self, x: Array, *, train: bool, output_tokens: int | None = None) -> Array:
+    """``output_tokens``: the last block computes only the first this many tokens' outputs
+    (None: all); unrolled blocks only."""
     width = x.shape[-1]
     if self.posemb == 'learn':
       x = x + AddPositionEmbs(param_dtype=self.param_dtype, name='posembed_input')(x)
@@ -233,8 +239,9 @@ class Encoder(nn.Module):
 
     block = EncoderBlock
     if self.remat_policy != 'none':
+      # Static: `deterministic`, and unrolled blocks' `query_tokens`.
       block = nn.remat(block, policy=REMAT_POLICIES[self.remat_policy],
-                       prevent_cse=not self.scan, static_argnums=(3,))
+                       prevent_cse=not self.scan, static_argnums=(3,) if self.scan else (3, 4))
     # Stochastic depth grows linearly with depth, from 0 to `stochastic_depth`.
     rates = np.linspace(0., self.stochastic_depth, self.num_layers)
     kw = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout_rate=self.dropout_rate,
@@ -242,6 +249,8 @@ class Encoder(nn.Module):
               stochastic_depth=self.stochastic_depth > 0, attention_impl=self.attention_impl,
               dtype=self.dtype, param_dtype=self.param_dtype, matmul_dtype=self.matmul_dtype)
     if self.scan:
+      if output_tokens is not None:
+        raise ValueError('output_tokens needs unrolled blocks (scan=False).')
       use_rates = self.stochastic_depth > 0
       scanned = nn.scan(block, variable_axes={'params': 0, 'intermediates': 0},
                         split_rngs={'params': True, 'dropout': True},
@@ -251,7 +260,9 @@ class Encoder(nn.Module):
           x, jnp.asarray(rates) if use_rates else 0., not train)
     else:
       for i in range(self.num_layers):
-        x, _ = block(name=f'encoderblock_{i}', **kw)(x, float(rates[i]), not train)
+        last = i == self.num_layers - 1
+        x, _ = block(name=f'encoderblock_{i}', **kw)(
+            x, float(rates[i]), not train, output_tokens if last else None)
     return nn.LayerNorm(epsilon=LN_EPSILON, dtype=self.dtype, param_dtype=self.param_dtype,
                         name='encoder_norm')(x)
 
@@ -369,21 +380,37 @@ class VisionTransformer(nn.Module):
   def num_prefix_tokens(self) -> int:
     return 1 if self.pool == 'token' else 0
 
-  def forward_flops(self) -> int | None:
+  @property
+  def head_tokens(self) -> int | None:
+    """How many leading tokens the last block computes outputs for (None: all of them).
+
+    With a class token only that one reaches the head, so the last block computes no other
+    token's output (they are still its keys and values): the logits are the same, and the
+    matmul work falls by nearly 1/num_layers (ViT-Ti/16, S/16, B/16: 7%). All
+    tokens for 'gap' / 'map' pooling, for scanned blocks (one shape for all), and where the
+    caller collects 'intermediates' (every layer's full attention weights).
+    """
+    return self.num_prefix_tokens if self.pool == 'token' and not self.scan else None
+
+  def forward_flops(self, all_tokens: bool = False) -> int | None:
     """Matmul FLOPs of one image's forward pass (2 per multiply-add); None for hybrids.
 
-    Per block of T tokens, width D, MLP width M: 8 T D^2 (q, k, v, out) + 4 T^2 D
-    (logits, weighted sum) + 4 T D M (MLP). Element-wise work (LayerNorm, GELU,
-    softmax) is not counted, as in the papers' FLOP figures; a training step costs
-    about 3x this. The BiT stem of hybrids is not modelled: use XLA's count there.
+    Per block of T tokens, Q of them queries (T, but ``head_tokens`` in the last block),
+    width D, MLP width M: 4 T D^2 (k, v) + 4 Q D^2 (q, out) + 4 Q T D
+    (logits, weighted sum) + 4 Q D M (MLP). ``all_tokens=True`` counts Q = T in every
+    block: the count that papers and timm publish. Element-wise work (LayerNorm, GELU,
+    softmax) is not counted, as in those figures; a training step costs about 3x this.
+    The BiT stem of hybrids is not modelled: use XLA's count there.
     """
     if self.resnet_layers is not None:
       return None
     (ph, pw), (gh, gw) = pair(self.patch_size), self.grid
     n, d, m = gh * gw, self.hidden_size, self.mlp_dim
     t = n + self.num_prefix_tokens
+    block = lambda q: 4 * t * d * d + 4 * q * d * d + 4 * q * t * d + 4 * q * d * m
+    last = t if all_tokens or self.head_tokens is None else self.head_tokens
     flops = 2 * n * ph * pw * 3 * d  # Patch embedding.
-    flops += self.num_layers * (8 * t * d * d + 4 * t * t * d + 4 * t * d * m)
+    flops += (self.num_layers - 1) * block(t) + block(last)
     if self.pool == 'map':  # One probe query over t keys and values, then an MLP.
       flops += 4 * d * d + 4 * t * d * d + 4 * t * d + 4 * d * m
     width = d
@@ -415,13 +442,14 @@ class VisionTransformer(nn.Module):
       cls = self.param('cls', nn.initializers.zeros, (1, 1, c), self.param_dtype)
       x = jnp.concatenate([jnp.tile(cls, (n, 1, 1)).astype(x.dtype), x], axis=1)
 
+    output_tokens = None if self.is_mutable_collection('intermediates') else self.head_tokens
     x = Encoder(
         num_layers=self.num_layers, mlp_dim=self.mlp_dim, num_heads=self.num_heads,
         grid=self.grid, num_prefix_tokens=self.num_prefix_tokens, posemb=self.posemb,
         dropout_rate=self.dropout_rate, attention_dropout_rate=self.attention_dropout_rate,
         stochastic_depth=self.stochastic_depth, attention_impl=self.attention_impl,
         scan=self.scan, remat_policy=self.remat_policy, matmul_dtype=self.matmul_dtype,
-        name='Transformer', **kw)(x, train=train)
+        name='Transformer', **kw)(x, train=train, output_tokens=output_tokens)
 
     if self.pool == 'token':
       x = x[:, 0]
