@@ -33,11 +33,9 @@ import argparse
 import json
 import os
 import pathlib
-import platform
 import re
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
@@ -45,6 +43,7 @@ from typing import Any
 if not __package__:  # Run as a file by another venv's Python: vit_jax is beside this file.
   sys.path.append(str(pathlib.Path(__file__).resolve().parents[2]))
 from vit_jax import host_cpu  # noqa: E402 (standard library only)
+from vit_jax.benchmarks import results  # noqa: E402 (standard library only)
 
 AUTOCASTS = ('none', 'bfloat16')
 _TIMM_SIZES = {'ti': 'tiny', 's': 'small', 'b': 'base', 'l': 'large', 'h': 'huge'}
@@ -134,12 +133,11 @@ def main() -> None:
   cpu = host_cpu.cpu_info()
   rows = []
   for autocast in settings:  # Each in a process of its own.
-    done = subprocess.run([sys.executable, __file__, *sys.argv[1:], f'--cell={autocast}'],
-                          capture_output=True, text=True, check=False)
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith('{')]
-    if done.returncode or not lines:
-      sys.exit(f'autocast={autocast} failed (exit {done.returncode}):\n{done.stderr[-4000:]}')
-    rows.append(json.loads(lines[-1]))
+    try:
+      rows.append(results.run_cell([sys.executable, __file__, *sys.argv[1:],
+                                    f'--cell={autocast}'], f'autocast={autocast}'))
+    except RuntimeError as e:
+      sys.exit(str(e))
   print(f'timm {rows[0]["timm"]}, torch {rows[0]["torch"]}: {args.model}, batch '
         f'{args.batch_size}, {args.threads} threads, median of {args.steps} steps.\n'
         f'CPU: {host_cpu.describe(cpu)}')
@@ -148,13 +146,7 @@ def main() -> None:
     print(f'{r["autocast"]:10}{1e3 * r["step_s_median"]:>9.1f}{r["images_per_s"]:>8.1f}'
           f'{r["max_rss_bytes"] / 2**20:>6.0f} MiB')
   if args.out:
-    result = {'command': ' '.join(['python -m vit_jax.benchmarks.timm_step', *sys.argv[1:]]),
-              'date': time.strftime('%Y-%m-%d %H:%M'), 'host': platform.node(), 'cpu': cpu,
-              'load_average_at_start': load, 'cells': rows}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, 'w') as f:
-      json.dump(result, f, indent=1)
-    print(f'wrote {args.out}')
+    results.write(args.out, 'vit_jax.benchmarks.timm_step', cpu, load, cells=rows)
 
 
 if __name__ == '__main__':

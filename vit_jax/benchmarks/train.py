@@ -43,7 +43,6 @@ import os
 import platform
 import resource
 import shutil
-import subprocess
 import sys
 import time
 from typing import Any
@@ -51,7 +50,7 @@ from typing import Any
 from absl import app, flags
 
 from vit_jax import host_cpu, host_memory
-from vit_jax.benchmarks import timm_step
+from vit_jax.benchmarks import results, timm_step
 
 DTYPES = ('float32', 'bfloat16')
 SWEEP_KEYS = ('dtype', 'matmul_dtype', 'attention', 'remat', 'scan', 'batch_size',
@@ -300,11 +299,7 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     env = host_memory.tuned_environ(env, host_memory.glibc_version(), host_memory.thp_mode(),
                                     cell['malloc']) or env
     command = [sys.executable, '-m', 'vit_jax.benchmarks.train', f'--cell={json.dumps(cell)}']
-  done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
-  lines = [ln for ln in done.stdout.splitlines() if ln.startswith('{')]
-  if done.returncode or not lines:
-    raise RuntimeError(f'cell {cell} failed (exit {done.returncode}):\n{done.stderr[-4000:]}')
-  return {**cell, **json.loads(lines[-1])}
+  return {**cell, **results.run_cell(command, f'cell {cell}', env)}
 
 
 def compare_with_timm(rows: list[dict[str, Any]]) -> None:
@@ -389,15 +384,9 @@ def main(argv: list[str]) -> None:
         f'CPU: {host_cpu.describe(cpu)}')
   print(format_table(rows, varying))
   if _OUT.value:
-    result = {'peak_flops_all_devices': peaks,
-              'command': ' '.join(['python -m vit_jax.benchmarks.train'] + sys.argv[1:]),
-              'date': time.strftime('%Y-%m-%d %H:%M'), 'host': platform.node(),
-              'machine': platform.machine(), 'cpus': os.cpu_count(), 'cpu': cpu,
-              'load_average_at_start': load, 'cells': rows}
-    os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-    with open(_OUT.value, 'w') as f:
-      json.dump(result, f, indent=1)
-    print(f'wrote {_OUT.value}')
+    results.write(_OUT.value, 'vit_jax.benchmarks.train', cpu, load,
+                  peak_flops_all_devices=peaks, machine=platform.machine(),
+                  cpus=os.cpu_count(), cells=rows)
 
 
 if __name__ == '__main__':
