@@ -16,12 +16,12 @@ JPEG folder into the local format:
         --workdir=/tmp/demo/ft128 --config.init_from=/tmp/demo/pre64
 """
 
-import ml_collections
+from vit_jax import config_base
 
 PRETRAIN_SIZE = 64
 
 
-def get_config(arg: str = 'pretrain') -> ml_collections.ConfigDict:
+def get_config(arg: str = 'pretrain'):
   if arg == 'pretrain':
     size, finetune = PRETRAIN_SIZE, False
   elif arg.startswith('finetune_') and arg[len('finetune_'):].isdigit():
@@ -31,46 +31,27 @@ def get_config(arg: str = 'pretrain') -> ml_collections.ConfigDict:
                      '(e.g. finetune_128).')
   if size % 8:
     raise ValueError(f'imagenette.py:{arg} - the size must be a multiple of the 8 px patches.')
-  config = ml_collections.ConfigDict()
-  config.model = ml_collections.ConfigDict(dict(
-      name='ti16', image_size=size, patch_size=8, hidden_size=128, mlp_dim=384, num_heads=4,
-      num_layers=6, pool='token', dropout_rate=0.0,
-      # 'bfloat16': bfloat16 matmuls, float32 accumulation (faster on CPUs with AVX512-BF16).
-      matmul_dtype=ml_collections.config_dict.placeholder(str)))
+  config = config_base.get_config()
+  config.model.update(name='ti16', image_size=size, patch_size=8, hidden_size=128, mlp_dim=384,
+                      num_heads=4, num_layers=6, pool='token')
   resize = int(size * 1.14)  # Eval: resize the short side, then a central crop.
-  config.dataset = ml_collections.ConfigDict(dict(
-      name='imagenette', data_dir='/tmp/imagenette', num_classes=10, train_split='train',
-      eval_split='val',
+  config.dataset.update(
+      name='imagenette', data_dir='/tmp/imagenette', num_classes=10, eval_split='val',
       pp_train=f'decode|inception_crop({size}, 0.08)|flip_lr|value_range(-1, 1)',
-      pp_eval=f'decode|resize_small({resize})|central_crop({size})|value_range(-1, 1)'))
-  config.loss = 'softmax_xent'
+      pp_eval=f'decode|resize_small({resize})|central_crop({size})|value_range(-1, 1)')
   config.label_smoothing = 0.1
-  config.mixup_alpha = 0.0
   config.batch_size = 64
   config.eval_batch_size = 200
-  config.grad_accum_steps = 1
-  config.step_impl = 'jit'
-  config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
   if not finetune:  # Adam, cosine decay (appendix B, scaled down).
     config.num_epochs = 8
-    config.optimizer = ml_collections.ConfigDict(dict(
-        name='adam', b1=0.9, b2=0.999, weight_decay=0.05, grad_clip_norm=1.0))
-    config.schedule = ml_collections.ConfigDict(dict(base_lr=1e-3, warmup_steps=300,
-                                                     decay='cosine'))
+    config.optimizer.weight_decay = 0.05
+    config.schedule.update(base_lr=1e-3, warmup_steps=300, decay='cosine')
   else:  # SGD with momentum, no weight decay, clipping, cosine (table 4).
     config.num_epochs = 1
-    config.optimizer = ml_collections.ConfigDict(dict(name='sgd', momentum=0.9,
-                                                      weight_decay=0.0, grad_clip_norm=1.0))
-    config.schedule = ml_collections.ConfigDict(dict(base_lr=0.01, warmup_steps=20,
-                                                     decay='cosine'))
-  config.init_from = ''  # A run's workdir or a release .npz to fine-tune from.
-  config.init_step = ml_collections.config_dict.placeholder(int)  # None: its latest step.
-  config.init_keep_head = False  # Keep the source's classifier (same classes).
-  config.seed = 0
+    config.optimizer.name = 'sgd'
+    config.schedule.update(base_lr=0.01, warmup_steps=20, decay='cosine')
   config.log_every_steps = 50
-  config.eval_every_steps = 0  # At the end.
   config.checkpoint_every_steps = 300
   config.keep_checkpoints = 2
-  config.profile_steps = ()  # (first, last) step of a profiler trace.
   config.input_workers = 2
   return config

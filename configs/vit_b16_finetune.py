@@ -11,7 +11,7 @@ learning rate over {0.001, 0.003, 0.01, 0.03}; 0.03 is the default here.
         --config.init_from=ViT-B_16.npz
 """
 
-import ml_collections
+from vit_jax import config_base
 
 # dataset: (classes, steps, warm-up, train split, eval split)
 PRESETS = {
@@ -26,40 +26,23 @@ PRESETS = {
 }
 
 
-def get_config(dataset: str = 'cifar10') -> ml_collections.ConfigDict:
+def get_config(dataset: str = 'cifar10'):
   if dataset not in PRESETS:
     raise ValueError(f'vit_b16_finetune.py:{dataset} - pick one of {sorted(PRESETS)}.')
   classes, steps, warmup, train_split, eval_split = PRESETS[dataset]
-  config = ml_collections.ConfigDict()
-  config.model = ml_collections.ConfigDict(dict(
-      name='b16', image_size=384, representation_size=None, dropout_rate=0.0,
-      dtype='bfloat16', scan=True, remat_policy='none'))
-  config.dataset = ml_collections.ConfigDict(dict(
-      name=dataset, num_classes=classes, data_dir='', manual_dir='', prepare=False,
-      train_split=train_split, eval_split=eval_split,
+  config = config_base.get_config()
+  config.model.update(name='b16', image_size=384, dtype='bfloat16', scan=True)
+  config.dataset.update(
+      name=dataset, num_classes=classes, train_split=train_split, eval_split=eval_split,
       pp_train='to_rgb|inception_crop(384)|flip_lr|value_range(-1, 1)',
-      pp_eval='to_rgb|resize(384)|value_range(-1, 1)'))
-  config.loss = 'softmax_xent'
-  config.label_smoothing = 0.0
-  config.mixup_alpha = 0.0
+      pp_eval='to_rgb|resize(384)|value_range(-1, 1)')
   config.batch_size = 512
-  config.eval_batch_size = 512
   config.total_steps = steps
-  config.optimizer = ml_collections.ConfigDict(dict(name='sgd', momentum=0.9,
-                                                    weight_decay=0.0, grad_clip_norm=1.0))
-  config.schedule = ml_collections.ConfigDict(dict(base_lr=0.03, warmup_steps=warmup,
-                                                   decay='cosine'))
-  config.grad_accum_steps = 1
-  config.step_impl = 'jit'
-  config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
+  config.optimizer.name = 'sgd'
+  config.schedule.update(base_lr=0.03, warmup_steps=warmup, decay='cosine')
   config.init_from = 'ViT-B_16.npz'  # A release (ImageNet-21k) checkpoint.
-  config.init_step = ml_collections.config_dict.placeholder(int)  # None: its latest step.
-  config.init_keep_head = False  # Keep the source's classifier (same classes).
-  config.seed = 0
   config.log_every_steps = 50
   config.eval_every_steps = max(steps // 10, 100)
   config.checkpoint_every_steps = max(steps // 10, 100)
   config.keep_checkpoints = 2
-  config.profile_steps = ()  # (first, last) step of a profiler trace.
-  config.input_workers = 32
   return config

@@ -12,40 +12,18 @@ a manual directory and prepare it once (``--config.dataset.prepare=True
         --config.dataset.data_dir=gs://BUCKET/tensorflow_datasets
 """
 
-import ml_collections
+from vit_jax import config_base
 
 
-def get_config() -> ml_collections.ConfigDict:
-  config = ml_collections.ConfigDict()
-  config.model = ml_collections.ConfigDict(dict(
-      name='b16', image_size=224, representation_size=768, dropout_rate=0.1,
-      dtype='bfloat16', scan=True, remat_policy='none'))
-  config.dataset = ml_collections.ConfigDict(dict(
-      name='imagenet2012', num_classes=1000, data_dir='', manual_dir='', prepare=False,
-      train_split='train[:99%]', eval_split='train[99%:]',
-      pp_train='decode|inception_crop(224)|flip_lr|value_range(-1, 1)',
-      pp_eval='decode|resize_small(256)|central_crop(224)|value_range(-1, 1)'))
-  config.loss = 'softmax_xent'
-  config.label_smoothing = 0.0
-  config.mixup_alpha = 0.0
-  config.batch_size = 4096
-  config.eval_batch_size = 4096
+def get_config():
+  config = config_base.get_config()
+  config.model.update(name='b16', representation_size=768, dropout_rate=0.1, dtype='bfloat16',
+                      scan=True)
+  config.dataset.update(name='imagenet2012', num_classes=1000, train_split='train[:99%]',
+                        eval_split='train[99%:]')
   config.num_epochs = 300
-  config.optimizer = ml_collections.ConfigDict(dict(
-      name='adam', b1=0.9, b2=0.999, weight_decay=0.3, grad_clip_norm=1.0, mu_dtype=None))
-  config.schedule = ml_collections.ConfigDict(dict(base_lr=3e-3, warmup_steps=10_000,
-                                                   decay='linear'))
-  config.grad_accum_steps = 1
-  config.step_impl = 'jit'
-  config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
-  config.init_from = ''  # A run's workdir or a release .npz to fine-tune from.
-  config.init_step = ml_collections.config_dict.placeholder(int)  # None: its latest step.
-  config.init_keep_head = False  # Keep the source's classifier (same classes).
-  config.seed = 0
-  config.log_every_steps = 100
+  config.optimizer.weight_decay = 0.3
+  config.schedule.base_lr = 3e-3
   config.eval_every_steps = 5000
   config.checkpoint_every_steps = 2000
-  config.keep_checkpoints = 3
-  config.profile_steps = ()  # (first, last) step of a profiler trace.
-  config.input_workers = 32
   return config

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import ml_collections
 import pytest
 
+from vit_jax import config_base
 from vit_jax.models import get_model
 
 CONFIGS = sorted((pathlib.Path(__file__).resolve().parents[1] / 'configs').glob('*.py'))
@@ -24,9 +25,8 @@ def load(path: pathlib.Path) -> ml_collections.ConfigDict:
 @pytest.mark.parametrize('path', CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_config_builds_its_model(path):
   config = load(path)
-  model_config = dict(config.model)
-  model = get_model(model_config.pop('name'), num_classes=config.dataset.num_classes,
-                    **model_config)
+  name, options = config_base.model_options(config.model)
+  model = get_model(name, num_classes=config.dataset.num_classes, **options)
   size = model.image_size
   params = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, *size, 3)))
   assert sum(math.prod(x.shape) for x in jax.tree.leaves(params)) > 0

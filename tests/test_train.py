@@ -127,7 +127,8 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_good_checkpoints(tmp_path
 
 @pytest.mark.parametrize('overrides, message', [
     ({'model.name': 'vit_giant'}, r"config.model.name: Unknown model 'vit_giant'"),
-    ({'model.hidden': 3}, r"config.model: Unknown model option\(s\) \['hidden'\]"),
+    ({'model.hidden': 3}, r"config.model.hidden is not a config field. Did you mean "
+                          r"config.model.hidden_size\?"),
     ({'dataset.name': 'imagenet9'}, r"config.dataset \('imagenet9'\): Unknown dataset 'imagenet9': "
                                     r"not one of the bundled datasets .* not in the TFDS catalog"),
     ({'batch_size': 60}, r'config.batch_size=60 is not divisible by the 8 devices'),

@@ -40,14 +40,14 @@ def evaluate_params(config: Any, params: Any) -> dict[str, float]:
   from vit_jax.data import loader
 
   plan = train.validate(config)
+  config = plan.config
   shardings = sharding.shardings_for(params, plan.mesh)
   batch_sharding = sharding.batch_sharding(plan.mesh)
   eval_step = evaluate.make_eval_step(plan.model, config.loss, shardings, batch_sharding,
                                       sharding.replicated(plan.mesh))
   batches = loader.eval_batches(
-      plan.eval_source, plan.pp_eval, global_batch_size=config.get('eval_batch_size', 256),
-      sharding=batch_sharding, num_classes=plan.num_classes,
-      num_workers=config.get('input_workers', 4))
+      plan.eval_source, plan.pp_eval, global_batch_size=config.eval_batch_size,
+      sharding=batch_sharding, num_classes=plan.num_classes, num_workers=config.input_workers)
   metric = 'prec@1' if config.loss == 'sigmoid_xent' else 'accuracy'
   return evaluate.evaluate(eval_step, jax.device_put(params, shardings), batches, metric)
 

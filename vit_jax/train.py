@@ -27,7 +27,7 @@ from absl import logging
 from etils import epath
 from jax.sharding import PartitionSpec as P
 
-from vit_jax import checkpoint, checkpoint_manager, evaluate, host_cpu, optim, sharding
+from vit_jax import checkpoint, checkpoint_manager, config_base, evaluate, host_cpu, optim, sharding
 from vit_jax import workdir as workdir_lib
 from vit_jax.data import loader, preprocess, sources
 from vit_jax.models import canonical_name, get_model
@@ -47,6 +47,7 @@ class TrainState:
 class Plan:
   """What a validated config resolves to."""
 
+  config: ml_collections.ConfigDict  # Complete: every field of config_base there.
   model: nn.Module
   train_source: Any
   eval_source: Any
@@ -62,28 +63,21 @@ class Plan:
 # Config validation: every error names the field, before anything compiles.
 
 
-def _model_options(config: ml_collections.ConfigDict) -> tuple[str, dict[str, Any]]:
-  options = dict(config.model)
-  if 'name' not in options:
-    raise ValueError('config.model.name is missing (e.g. "ti16", "b16").')
-  name = options.pop('name')
+def validate(config: ml_collections.ConfigDict) -> Plan:
+  """Checks a config and resolves it; raises ValueError naming the bad field.
+
+  Fields the config leaves out take ``config_base``'s defaults.
+  """
+  config = config_base.complete(config)
+  name, options = config_base.model_options(config.model)
   try:
     canonical_name(name)
   except ValueError as e:
     raise ValueError(f'config.model.name: {e}') from None
-  return name, options
-
-
-def validate(config: ml_collections.ConfigDict) -> Plan:
-  """Checks a config and resolves it; raises ValueError naming the bad field."""
-  name, options = _model_options(config)
-  for field in ('dataset', 'batch_size', 'optimizer', 'schedule', 'loss'):
-    if field not in config:
-      raise ValueError(f'config.{field} is missing.')
-  data_dir = config.dataset.get('data_dir')
-  if data_dir and not config.dataset.get('prepare') and not epath.Path(data_dir).exists():
+  data_dir = config.dataset.data_dir
+  if data_dir and not config.dataset.prepare and not epath.Path(data_dir).exists():
     raise FileNotFoundError(f'config.dataset.data_dir={config.dataset.data_dir} does not exist.')
-  init_from, init_step = config.get('init_from'), config.get('init_step')
+  init_from, init_step = config.init_from, config.init_step
   if init_from:
     if workdir_lib.is_workdir(init_from):
       workdir_lib.resolve_step(init_from, init_step)  # Raises, naming the steps there.
@@ -96,28 +90,30 @@ def validate(config: ml_collections.ConfigDict) -> Plan:
   pp_train = preprocess.parse(config.dataset.pp_train)
   pp_eval = preprocess.parse(config.dataset.pp_eval)
 
-  mesh = sharding.make_mesh(config.get('mesh'))
-  devices, accum = mesh.size, int(config.get('grad_accum_steps', 1))
+  if config.eval_batch_size is None:
+    config.eval_batch_size = config.batch_size
+  mesh = sharding.make_mesh(config.mesh)
+  devices, accum = mesh.size, int(config.grad_accum_steps)
   for field in ('batch_size', 'eval_batch_size'):
-    size = int(config.get(field, config.batch_size))
+    size = int(config[field])
     if size % devices:
       raise ValueError(f'config.{field}={size} is not divisible by the {devices} devices. '
                        f'Use a multiple of {devices}.')
   if (config.batch_size // devices) % accum:
     raise ValueError(f'config.grad_accum_steps={accum} does not divide the per-device batch '
                      f'{config.batch_size // devices}.')
-  if config.get('step_impl', 'jit') not in ('jit', 'shard_map'):
+  if config.step_impl not in ('jit', 'shard_map'):
     raise ValueError(f"config.step_impl={config.step_impl!r} is not 'jit' or 'shard_map'.")
-  if config.get('step_impl') == 'shard_map' and mesh.shape['fsdp'] != 1:
+  if config.step_impl == 'shard_map' and mesh.shape['fsdp'] != 1:
     raise ValueError('config.step_impl="shard_map" replicates the parameters: it needs '
                      'config.mesh.fsdp=1.')
 
   try:
-    train_source = sources.get_source(config.dataset, config.dataset.get('train_split', 'train'))
-    eval_source = sources.get_source(config.dataset, config.dataset.get('eval_split', 'test'))
+    train_source = sources.get_source(config.dataset, config.dataset.train_split)
+    eval_source = sources.get_source(config.dataset, config.dataset.eval_split)
   except ValueError as e:
     raise ValueError(f'config.dataset ({config.dataset.name!r}): {e}') from None
-  num_classes = int(config.dataset.get('num_classes') or train_source.num_classes)
+  num_classes = int(config.dataset.num_classes or train_source.num_classes)
   if num_classes != train_source.num_classes:
     raise ValueError(f'config.dataset.num_classes={num_classes}, but the data has '
                      f'{train_source.num_classes} classes.')
@@ -126,7 +122,7 @@ def validate(config: ml_collections.ConfigDict) -> Plan:
   except ValueError as e:
     raise ValueError(f'config.model: {e}') from None
   total, warmup = optim.resolve_steps(config, len(train_source))
-  return Plan(model, train_source, eval_source, num_classes, total, warmup, mesh, pp_train,
+  return Plan(config, model, train_source, eval_source, num_classes, total, warmup, mesh, pp_train,
               pp_eval)
 
 
@@ -153,16 +149,16 @@ def loss_and_grads(model: nn.Module, config: ml_collections.ConfigDict, params: 
                    batch: dict[str, jax.Array], rng: jax.Array,
                    constrain: Callable = lambda x: x) -> tuple[jax.Array, Any]:
   """Mean loss and its gradients, over ``grad_accum_steps`` micro-batches in sequence."""
-  smoothing = config.get('label_smoothing', 0.)
+  smoothing = config.label_smoothing
 
   def mean_loss(p: Any, images: jax.Array, labels: jax.Array, key: jax.Array) -> jax.Array:
     logits = model.apply({'params': p}, images, train=True, rngs={'dropout': key})
     return optim.loss_fn(config.loss, logits, labels, smoothing).mean()
 
   grad_fn = jax.value_and_grad(mean_loss)
-  if config.get('mixup_alpha'):
+  if config.mixup_alpha:
     batch = mixup(batch, jax.random.fold_in(rng, 0x6D697875), config.mixup_alpha)  # 'mixu'
-  k = int(config.get('grad_accum_steps', 1))
+  k = int(config.grad_accum_steps)
   if k == 1:
     return grad_fn(params, batch['image'], batch['label'], rng)
   # Micro-batch i takes rows i, i + k, ...: every device keeps its rows.
@@ -205,7 +201,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
   batch_sharding = sharding.batch_sharding(mesh)
   replicated = sharding.replicated(mesh)
 
-  if config.get('step_impl', 'jit') == 'jit':
+  if config.step_impl == 'jit':
     micro_sharding = jax.sharding.NamedSharding(mesh, P(None, sharding.BATCH_AXES))
 
     def step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, Any]:
@@ -302,7 +298,7 @@ def _check_finite(pending: list[tuple[int, Any]], manager: Any) -> None:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains (resuming from ``workdir`` if it holds a checkpoint) and evaluates."""
   plan = validate(config)
-  model, mesh, total_steps = plan.model, plan.mesh, plan.total_steps
+  config, model, mesh, total_steps = plan.config, plan.model, plan.mesh, plan.total_steps
   matmul_dtype = model.matmul_dtype and jnp.dtype(model.matmul_dtype).name
   if warning := host_cpu.emulated_bf16_warning(jax.default_backend(), matmul_dtype,
                                                host_cpu.cpu_info()):
@@ -312,18 +308,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   schedule = optim.make_schedule(config.schedule, total_steps, plan.warmup_steps)
   tx = optim.make_optimizer(config.optimizer, schedule)
-  state, state_shardings = create_train_state(model, tx, config.get('seed', 0), mesh)
+  state, state_shardings = create_train_state(model, tx, config.seed, mesh)
 
-  checkpoint_every = config.get('checkpoint_every_steps', 1000)
+  checkpoint_every = config.checkpoint_every_steps
   manager = checkpoint_manager.make_manager(workdir, every_steps=checkpoint_every,
-                                            keep=config.get('keep_checkpoints', 3))
-  if manager.latest_step() is None and config.get('init_from'):
+                                            keep=config.keep_checkpoints)
+  if manager.latest_step() is None and config.init_from:
     # Fine-tuning: only the parameters of an earlier run or a release file, adapted
     # to this model, placed on this run's mesh; a fresh optimizer state and step.
     init_params = jax.tree.map(checkpoint.to_host, state.params)
     params = workdir_lib.init_params_from(
-        config.init_from, init_params, model, step=config.get('init_step'),
-        keep_head=config.get('init_keep_head', False))
+        config.init_from, init_params, model, step=config.init_step,
+        keep_head=config.init_keep_head)
     state = state.replace(params=jax.device_put(params, state_shardings.params))
     logging.info('Initialised from %s.', config.init_from)
   if manager.latest_step() is not None:
@@ -347,14 +343,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                       sharding.batch_sharding(mesh), sharding.replicated(mesh))
   train_loader = loader.TrainLoader(
       plan.train_source, plan.pp_train, global_batch_size=config.batch_size,
-      seed=config.get('seed', 0), sharding=sharding.batch_sharding(mesh),
-      num_classes=plan.num_classes, num_workers=config.get('input_workers', 4))
+      seed=config.seed, sharding=sharding.batch_sharding(mesh),
+      num_classes=plan.num_classes, num_workers=config.input_workers)
 
   def run_eval(step: int) -> dict[str, float]:
     batches = loader.eval_batches(
-        plan.eval_source, plan.pp_eval, global_batch_size=config.get('eval_batch_size', 256),
+        plan.eval_source, plan.pp_eval, global_batch_size=config.eval_batch_size,
         sharding=sharding.batch_sharding(mesh), num_classes=plan.num_classes,
-        num_workers=config.get('input_workers', 4))
+        num_workers=config.input_workers)
     result = evaluate.evaluate(eval_step, state.params, batches, metric_name)
     log.write(step, {f'eval/{k}': v for k, v in result.items()})
     logging.info('eval at step %d: %s %.4f, loss %.4f (%d examples)', step, metric_name,
@@ -362,9 +358,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     return result
 
   preemption = _Preemption()
-  log_every = config.get('log_every_steps', 50)
-  eval_every = config.get('eval_every_steps', 0)
-  profile = tuple(config.get('profile_steps', ()) or ())
+  log_every = config.log_every_steps
+  eval_every = config.eval_every_steps
+  profile = tuple(config.profile_steps or ())
   pending: list[tuple[int, Any]] = []
   result: dict[str, float] = {}
   timer_step, timer = start_step, time.perf_counter()

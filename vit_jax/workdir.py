@@ -20,7 +20,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from vit_jax import checkpoint, sharding
+from vit_jax import checkpoint, config_base, sharding
 from vit_jax.models import VisionTransformer, get_model, registry
 from vit_jax.models.vit import pair
 
@@ -74,7 +74,7 @@ def load_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
   if not path.exists():
     raise FileNotFoundError(f'{path} does not exist: {workdir} is not the workdir of a '
                             'vit_jax.main run.')
-  return ml_collections.ConfigDict(json.loads(path.read_text()))
+  return config_base.complete(json.loads(path.read_text()))
 
 
 def load_class_names(workdir: str | os.PathLike) -> tuple[str, ...]:
@@ -86,8 +86,7 @@ def load_class_names(workdir: str | os.PathLike) -> tuple[str, ...]:
 def model_from_config(config: ml_collections.ConfigDict,
                       num_classes: int | None = None) -> VisionTransformer:
   """The model a run's config describes (``num_classes`` defaults to the config's)."""
-  options = dict(config.model)
-  name = options.pop('name')
+  name, options = config_base.model_options(config.model)
   if num_classes is None:
     num_classes = int(config.dataset.num_classes)
   return get_model(name, num_classes=num_classes, **options)
