@@ -13,7 +13,7 @@ import os
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from vit_jax import host_memory
+from vit_jax import cpu_backend
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file.',
                                           lock_config=True)
@@ -28,7 +28,7 @@ _DISTRIBUTED = flags.DEFINE_bool(
 _CPU_DEVICES = flags.DEFINE_integer(
     'cpu_devices', 0, 'Split a CPU host into this many devices (data-parallel, one per core '
     'is fastest on a CPU-only machine: benchmarks/RESULTS.md; 2 or more also keep freed '
-    'memory, VIT_JAX_MALLOC=keep_freed: vit_jax/host_memory.py); 0: jax\'s default (one, '
+    'memory, VIT_JAX_MALLOC=keep_freed: vit_jax/cpu_backend.py); 0: jax\'s default (one, '
     'or XLA_FLAGS=--xla_force_host_platform_device_count=N).')
 flags.mark_flags_as_required(['config', 'workdir'])
 
@@ -41,11 +41,10 @@ def _auto_distributed() -> bool:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  # glibc's malloc set up for XLA:CPU's per-step buffers, before jax allocates anything.
-  malloc = os.environ.get(host_memory.ENV) or host_memory.default_mode(_CPU_DEVICES.value)
-  host_memory.reexec(malloc)
-  logging.info('malloc: %s (%s; GLIBC_TUNABLES=%r).', malloc, host_memory.ENV,
-               os.environ.get('GLIBC_TUNABLES', ''))
+  if cpu_backend.runs_on_cpu():  # XLA:CPU's set-up; may re-execute this process once.
+    malloc = cpu_backend.prepare(_CPU_DEVICES.value)
+    logging.info('XLA:CPU: malloc %s (VIT_JAX_MALLOC; GLIBC_TUNABLES=%r).', malloc,
+                 os.environ.get('GLIBC_TUNABLES', ''))
   import jax
 
   if _CPU_DEVICES.value:

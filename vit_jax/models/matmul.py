@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from vit_jax import cpu_backend
+
 Array = jax.Array
 DimensionNumbers = tuple[tuple[Any, Any], tuple[Any, Any]]
 
@@ -45,6 +47,13 @@ def einsum_specs(lhs_ndim: int, rhs_ndim: int,
 
 
 def _product(spec: str, a: Array, b: Array) -> Array:
+  """``einsum(spec, a, b)`` accumulated in float32: in the form below for XLA:CPU, plain for
+  the other backends (which lay products out themselves)."""
+  plain = lambda a, b: jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+  return cpu_backend.lowered_for_cpu(functools.partial(_product_for_cpu, spec), plain)(a, b)
+
+
+def _product_for_cpu(spec: str, a: Array, b: Array) -> Array:
   """``einsum(spec, a, b)`` accumulated in float32, as a (batch, m, k) x (batch, k, n) product.
 
   XLA:CPU's bfloat16 matmul kernels (YNNPACK) take only row-major operands whose batch
@@ -54,8 +63,7 @@ def _product(spec: str, a: Array, b: Array) -> Array:
   products that contract over the left operand's tokens (the attention's key and value
   gradients): 6 of the 24 products of a training step per layer. So both operands are
   transposed into that form and reshaped to rank 3: a reshape is free for a row-major
-  array and makes XLA write a transpose out row-major once. Other backends normalise
-  products themselves.
+  array and makes XLA write a transpose out row-major once.
   """
   operands, out = spec.split('->')
   a_spec, b_spec = operands.split(',')

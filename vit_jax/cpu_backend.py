@@ -1,0 +1,83 @@
+"""Everything vit_jax does only for XLA:CPU, and the checks that decide it.
+
+vit_jax is tested on CPUs and tuned for the TPUs and GPUs it trains on. Three things help
+only where XLA runs on the host's CPU, and they stay here, behind these checks:
+
+* glibc's malloc tunables for XLA:CPU's per-step host buffers (``vit_jax.host_memory``),
+  which need the process to re-execute itself before jax is imported: ``prepare``;
+* a warning where bfloat16 products would be emulated by this CPU (``vit_jax.host_cpu``):
+  ``warnings``;
+* the operand layouts XLA:CPU's bfloat16 matmul kernels take (``vit_jax.models.matmul``),
+  chosen when a product is lowered for the CPU, so that a program compiled here for a TPU
+  (``vit_jax.aot``) gets the plain products: ``lowered_for_cpu``.
+
+A TPU or GPU host starts ``vit_jax.main`` with none of it: no re-execution.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+from collections.abc import Callable
+from typing import Any
+
+# jax's accelerator plugins, and the device files of the accelerators they drive.
+_ACCELERATORS = (
+    (('libtpu',), ('/dev/accel*', '/dev/vfio/[0-9]*')),
+    (('jax_cuda12_plugin', 'jax_cuda13_plugin', 'jax_plugins.xla_cuda12',
+      'jax_plugins.xla_cuda13'), ('/dev/nvidia[0-9]*',)),
+    (('jax_rocm60_plugin', 'jax_rocm7_plugin', 'jax_plugins.xla_rocm60',
+      'jax_plugins.xla_rocm7'), ('/dev/kfd',)),
+)
+
+
+def _installed(module: str) -> bool:
+  try:
+    return importlib.util.find_spec(module) is not None
+  except (ImportError, ValueError):
+    return False
+
+
+def runs_on_cpu(environ: dict[str, str] | None = None) -> bool:
+  """Whether jax will run this process on the host's CPU, decided before jax is imported
+  (``jax.distributed`` must start before jax picks its backend): JAX_PLATFORMS's first
+  platform where it is set, else whether an accelerator that an installed jax plugin drives
+  has its device files here."""
+  environ = os.environ if environ is None else environ
+  if platforms := environ.get('JAX_PLATFORMS') or environ.get('JAX_PLATFORM_NAME'):
+    return platforms.split(',')[0].strip().lower() == 'cpu'
+  return not any(any(map(_installed, modules)) and any(glob.glob(p) for p in files)
+                 for modules, files in _ACCELERATORS)
+
+
+def prepare(cpu_devices: int) -> str:
+  """Sets up a CPU run before jax is imported: glibc's malloc for XLA:CPU's buffers
+  (``VIT_JAX_MALLOC``, else ``host_memory.default_mode``). Re-executes the process once
+  where that adds tunables; returns the mode."""
+  from vit_jax import host_memory
+
+  mode = os.environ.get(host_memory.ENV) or host_memory.default_mode(cpu_devices)
+  host_memory.reexec(mode)
+  return mode
+
+
+def warnings(matmul_dtype: str | None) -> list[str]:
+  """Warnings for a CPU run of this config (after jax picked the CPU)."""
+  import jax
+
+  from vit_jax import host_cpu
+
+  warning = host_cpu.emulated_bf16_warning(jax.default_backend(), matmul_dtype,
+                                           host_cpu.cpu_info())
+  return [warning] if warning else []
+
+
+def lowered_for_cpu(for_cpu: Callable[..., Any],
+                    elsewhere: Callable[..., Any]) -> Callable[..., Any]:
+  """A function that runs ``for_cpu`` in programs lowered for the CPU, ``elsewhere`` in
+  the others (TPU, GPU). The choice is made per compilation, by the platform the program
+  is compiled for, not by this process's default backend."""
+  import jax
+
+  return lambda *args: jax.lax.platform_dependent(*args, cpu=for_cpu, default=elsewhere)
