@@ -42,3 +42,18 @@ def test_indivisible_dimension_stays_replicated():
   assert sharding.spec_for('head/kernel', (64, 10), mesh) == P('fsdp', None)
   # Optimizer state mirrors the parameter paths.
   assert sharding.spec_for('opt_state/1/0/mu/head/kernel', (64, 10), mesh) == P('fsdp', None)
+
+
+def test_the_stored_state_is_split_over_the_data_axis_too():
+  mesh = sharding.make_mesh({'data': 4, 'fsdp': 2})
+  stored = lambda path, shape: sharding.spec_for(path, shape, mesh, stored=True)
+  assert stored('encoderblock_0/MlpBlock_3/Dense_0/kernel', (64, 128)) == P('fsdp', 'data')
+  assert sharding.spec_for('encoderblock_0/MlpBlock_3/Dense_0/kernel', (64, 128),
+                           mesh) == P('fsdp', None)  # As the step computes with it.
+  assert stored('opt_state/1/0/nu/encoderblock_0/LayerNorm_0/scale', (64,)) == P('data')
+  assert stored('Transformer/encoderblock/LayerNorm_0/scale', (12, 64)) == P('data', None)
+  assert stored('cls', (1, 1, 64)) == P(None, None, 'data')
+  assert stored('head/bias', (10,)) == P()  # 4 does not divide 10: replicated.
+  assert stored('step', ()) == P()
+  one_data = sharding.make_mesh({'data': 1, 'fsdp': 8})
+  assert sharding.spec_for('cls', (1, 1, 64), one_data, stored=True) == P()

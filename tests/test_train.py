@@ -75,8 +75,9 @@ def test_fsdp_mesh_shards_parameters_and_matches_data_parallel(matmul_dtype):
   dp_state, dp_losses = run_steps(tiny_config(**model))
   fsdp_state, fsdp_losses = run_steps(tiny_config(**{'mesh.data': 4, 'mesh.fsdp': 2}, **model))
   kernel = fsdp_state.params['Transformer']['encoderblock_0']['MlpBlock_3']['Dense_0']['kernel']
-  assert kernel.sharding.spec == jax.sharding.PartitionSpec('fsdp', None)
-  assert kernel.addressable_shards[0].data.shape == (16, 64)
+  # Split over fsdp for the step; stored split over data too (config.mesh.shard_state).
+  assert kernel.sharding.spec == jax.sharding.PartitionSpec('fsdp', 'data')
+  assert kernel.addressable_shards[0].data.shape == (16, 16)
   np.testing.assert_allclose(dp_losses, fsdp_losses, rtol=1e-5)
   chex.assert_trees_all_close(dp_state.params, fsdp_state.params, atol=1e-5, rtol=1e-4)
 

@@ -86,8 +86,9 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.step_impl = 'jit'  # 'jit' (GSPMD shardings) or 'shard_map' (explicit).
   # The device mesh: data parallelism x fully-sharded data parallelism. data=-1 takes
-  # the devices that fsdp leaves.
-  config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
+  # the devices that fsdp leaves. shard_state: the parameters and optimizer state are
+  # stored split over the data axis too, gathered once per step (vit_jax/sharding.py).
+  config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, shard_state=True))
 
   config.init_from = ''  # A run's workdir or a release .npz to fine-tune from.
   config.init_step = _none(int)  # Its checkpoint; None: the latest.

@@ -1,10 +1,19 @@
 """The device mesh and every partitioning rule, in one place.
 
-The mesh has two axes: ``data`` (plain data parallelism: parameters replicated)
-and ``fsdp`` (fully-sharded data parallelism: the batch is split over it too,
-and the large weight matrices are split along one dimension, gathered by XLA
-when used). ``config.mesh.fsdp = 1`` (the default) is pure data parallelism;
-``fsdp > 1`` is for models that do not fit replicated.
+The mesh has two axes: ``data`` (data parallelism) and ``fsdp`` (fully-sharded data
+parallelism: the batch is split over it too, and the large weight matrices are split
+along one dimension, gathered by XLA where each is used). ``config.mesh.fsdp = 1`` (the
+default) is data parallelism; ``fsdp > 1`` is for models whose parameters do not fit
+on a device, not even for the length of a step.
+
+Over the ``data`` axis the train state is *stored* split as well
+(``config.mesh.shard_state``, on by default): each device keeps 1/N of the parameters and
+of the optimizer state and updates only its part; the step gathers the parameters once,
+at its start, for its forward and backward passes, and reduce-scatters the gradients
+(ZeRO stage 2, PyTorch FSDP's SHARD_GRAD_OP). The communication is that of an all-reduce
+of the gradients; the optimizer's memory and work fall N-fold (TPU v3-8, ViT-L/16 at
+batch 256: 7.87 -> 5.46 GiB per core, 249.6 -> 234.2 ms per step, cost model;
+benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -73,22 +82,32 @@ def _path(key_path: tuple) -> str:
   return '/'.join(parts)
 
 
-def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh) -> P:
-  """The partition spec of one array, by the first rule that matches its path."""
-  spec = next(spec for pattern, spec in PARAM_RULES if re.search(pattern, path))
-  if not spec or len(spec) > len(shape):
-    return P()
-  spec = P(*([None] * (len(shape) - len(spec)) + list(spec)))  # Scanned: layer axis first.
-  for dim, axis in zip(shape, spec, strict=True):
-    if axis is not None and dim % mesh.shape[axis]:
-      return P()
-  return spec
+def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh, stored: bool = False) -> P:
+  """The partition spec of one array, by the first rule that matches its path.
+
+  ``stored``: as the train state stores it, split over the ``data`` axis too, along its
+  first dimension that the rule leaves whole and ``data`` divides.
+  """
+  rule = next(spec for pattern, spec in PARAM_RULES if re.search(pattern, path))
+  spec = [None] * len(shape)
+  if len(rule) <= len(shape):
+    spec[len(shape) - len(rule):] = rule  # Scanned: the layer axis first, unsharded.
+  if any(axis and dim % mesh.shape[axis] for dim, axis in zip(shape, spec, strict=True)):
+    spec = [None] * len(shape)
+  if stored and mesh.shape['data'] > 1:
+    free = [i for i, (dim, axis) in enumerate(zip(shape, spec, strict=True))
+            if axis is None and dim % mesh.shape['data'] == 0]
+    if free:
+      spec[free[0]] = 'data'
+  return P(*spec) if any(spec) else P()
 
 
-def shardings_for(tree: Any, mesh: Mesh) -> Any:
-  """NamedShardings for a pytree of arrays (or shapes), following PARAM_RULES."""
+def shardings_for(tree: Any, mesh: Mesh, stored: bool = False) -> Any:
+  """NamedShardings for a pytree of arrays (or shapes), following PARAM_RULES; ``stored``:
+  as the train state stores them (see the module's docstring)."""
   return jax.tree_util.tree_map_with_path(
-      lambda kp, x: NamedSharding(mesh, spec_for(_path(kp), tuple(np.shape(x)), mesh)), tree)
+      lambda kp, x: NamedSharding(mesh, spec_for(_path(kp), tuple(np.shape(x)), mesh, stored)),
+      tree)
 
 
 def waits_for_inputs() -> bool:

@@ -27,7 +27,15 @@ from absl import logging
 from etils import epath
 from jax.sharding import PartitionSpec as P
 
-from vit_jax import checkpoint, checkpoint_manager, config_base, evaluate, host_cpu, optim, sharding
+from vit_jax import (
+  checkpoint,
+  checkpoint_manager,
+  config_base,
+  cpu_backend,
+  evaluate,
+  optim,
+  sharding,
+)
 from vit_jax import workdir as workdir_lib
 from vit_jax.data import loader, preprocess, sources
 from vit_jax.models import canonical_name, get_model
@@ -58,15 +66,25 @@ class Plan:
   pp_train: Callable
   pp_eval: Callable
 
+  @property
+  def shard_state(self) -> bool:
+    """Whether the train state is stored split over the data axis (``sharding``); the
+    shard_map step keeps it replicated."""
+    return bool(self.config.mesh.shard_state) and self.config.step_impl == 'jit'
+
 
 # ---------------------------------------------------------------------------
 # Config validation: every error names the field, before anything compiles.
 
 
-def validate(config: ml_collections.ConfigDict) -> Plan:
+def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | None = None,
+             num_train_examples: int | None = None) -> Plan:
   """Checks a config and resolves it; raises ValueError naming the bad field.
 
-  Fields the config leaves out take ``config_base``'s defaults.
+  Fields the config leaves out take ``config_base``'s defaults. ``devices``: the mesh's
+  (default: all of this run's). With ``num_train_examples`` no data or file is opened
+  (planning ahead of time, ``vit_jax.aot``): the plan has no sources, and
+  ``dataset.num_classes`` must be set.
   """
   config = config_base.complete(config)
   name, options = config_base.model_options(config.model)
@@ -74,11 +92,13 @@ def validate(config: ml_collections.ConfigDict) -> Plan:
     canonical_name(name)
   except ValueError as e:
     raise ValueError(f'config.model.name: {e}') from None
+  with_data = num_train_examples is None
   data_dir = config.dataset.data_dir
-  if data_dir and not config.dataset.prepare and not epath.Path(data_dir).exists():
+  if (with_data and data_dir and not config.dataset.prepare
+      and not epath.Path(data_dir).exists()):
     raise FileNotFoundError(f'config.dataset.data_dir={config.dataset.data_dir} does not exist.')
   init_from, init_step = config.init_from, config.init_step
-  if init_from:
+  if with_data and init_from:
     if workdir_lib.is_workdir(init_from):
       workdir_lib.resolve_step(init_from, init_step)  # Raises, naming the steps there.
     elif not epath.Path(init_from).is_file():
@@ -92,7 +112,7 @@ def validate(config: ml_collections.ConfigDict) -> Plan:
 
   if config.eval_batch_size is None:
     config.eval_batch_size = config.batch_size
-  mesh = sharding.make_mesh(config.mesh)
+  mesh = sharding.make_mesh(config.mesh, devices)
   devices, accum = mesh.size, int(config.grad_accum_steps)
   for field in ('batch_size', 'eval_batch_size'):
     size = int(config[field])
@@ -108,20 +128,27 @@ def validate(config: ml_collections.ConfigDict) -> Plan:
     raise ValueError('config.step_impl="shard_map" replicates the parameters: it needs '
                      'config.mesh.fsdp=1.')
 
-  try:
-    train_source = sources.get_source(config.dataset, config.dataset.train_split)
-    eval_source = sources.get_source(config.dataset, config.dataset.eval_split)
-  except ValueError as e:
-    raise ValueError(f'config.dataset ({config.dataset.name!r}): {e}') from None
-  num_classes = int(config.dataset.num_classes or train_source.num_classes)
-  if num_classes != train_source.num_classes:
-    raise ValueError(f'config.dataset.num_classes={num_classes}, but the data has '
-                     f'{train_source.num_classes} classes.')
+  train_source = eval_source = None
+  num_classes = int(config.dataset.num_classes)
+  if with_data:
+    try:
+      train_source = sources.get_source(config.dataset, config.dataset.train_split)
+      eval_source = sources.get_source(config.dataset, config.dataset.eval_split)
+    except ValueError as e:
+      raise ValueError(f'config.dataset ({config.dataset.name!r}): {e}') from None
+    num_classes = num_classes or train_source.num_classes
+    if num_classes != train_source.num_classes:
+      raise ValueError(f'config.dataset.num_classes={num_classes}, but the data has '
+                       f'{train_source.num_classes} classes.')
+    num_train_examples = len(train_source)
+  elif not num_classes:
+    raise ValueError('config.dataset.num_classes is 0 (the data\'s): set it to plan without '
+                     'the data.')
   try:
     model = get_model(name, num_classes=num_classes, **options)
   except ValueError as e:
     raise ValueError(f'config.model: {e}') from None
-  total, warmup = optim.resolve_steps(config, len(train_source))
+  total, warmup = optim.resolve_steps(config, num_train_examples)
   return Plan(config, model, train_source, eval_source, num_classes, total, warmup, mesh, pp_train,
               pp_eval)
 
@@ -131,8 +158,13 @@ def validate(config: ml_collections.ConfigDict) -> Plan:
 
 
 def create_train_state(model: nn.Module, tx: optax.GradientTransformation, seed: int,
-                       mesh: jax.sharding.Mesh) -> tuple[TrainState, Any]:
-  """Initialises the state directly in its shardings (never gathered on one host)."""
+                       mesh: jax.sharding.Mesh, *, shard_state: bool = True,
+                       abstract: bool = False) -> tuple[TrainState, Any]:
+  """Initialises the state directly in its shardings (never gathered on one host).
+
+  ``shard_state``: stored split over the data axis too (``vit_jax.sharding``).
+  ``abstract``: only its shapes and shardings (``jax.ShapeDtypeStruct``s), nothing computed.
+  """
   images = jnp.zeros((1, *model.image_size, 3), jnp.float32)
 
   def init(rng: jax.Array) -> TrainState:
@@ -141,7 +173,10 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation, seed:
     return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), state_rng)
 
   rng = jax.random.PRNGKey(seed)
-  shardings = sharding.shardings_for(jax.eval_shape(init, rng), mesh)
+  shapes = jax.eval_shape(init, rng)
+  shardings = sharding.shardings_for(shapes, mesh, stored=shard_state)
+  if abstract:
+    return checkpoint_manager.abstract_like(shapes, shardings), shardings
   return jax.jit(init, out_shardings=shardings)(rng), shardings
 
 
@@ -206,9 +241,14 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
 
     def step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, Any]:
       rng = jax.random.fold_in(state.rng, state.step)
+      # Parameters stored split over the data axis are gathered once, for the whole step;
+      # their gradients are reduce-scattered back to the stored layout.
+      params = jax.lax.with_sharding_constraint(
+          state.params, sharding.shardings_for(state.params, mesh))
       loss, grads = loss_and_grads(
-          model, config, state.params, batch, rng,
+          model, config, params, batch, rng,
           lambda x: jax.lax.with_sharding_constraint(x, micro_sharding))
+      grads = jax.lax.with_sharding_constraint(grads, state_shardings.params)
       return apply_grads(state, loss, grads)
   else:
     def per_device(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, Any]:
@@ -299,16 +339,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """Trains (resuming from ``workdir`` if it holds a checkpoint) and evaluates."""
   plan = validate(config)
   config, model, mesh, total_steps = plan.config, plan.model, plan.mesh, plan.total_steps
-  matmul_dtype = model.matmul_dtype and jnp.dtype(model.matmul_dtype).name
-  if warning := host_cpu.emulated_bf16_warning(jax.default_backend(), matmul_dtype,
-                                               host_cpu.cpu_info()):
+  for warning in cpu_backend.warnings(model.matmul_dtype and jnp.dtype(model.matmul_dtype).name):
     logging.warning(warning)
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   metric_name = 'prec@1' if config.loss == 'sigmoid_xent' else 'accuracy'
 
   schedule = optim.make_schedule(config.schedule, total_steps, plan.warmup_steps)
   tx = optim.make_optimizer(config.optimizer, schedule)
-  state, state_shardings = create_train_state(model, tx, config.seed, mesh)
+  state, state_shardings = create_train_state(model, tx, config.seed, mesh,
+                                              shard_state=plan.shard_state)
 
   checkpoint_every = config.checkpoint_every_steps
   manager = checkpoint_manager.make_manager(workdir, every_steps=checkpoint_every,

@@ -1,0 +1,125 @@
+"""vit_jax.aot: the steps of a run compiled ahead of time, for this host or a TPU slice."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from vit_jax import accelerators, aot, evaluate, optim, sharding, train
+
+from runs import QUICKSTART, env, tiny_config
+
+needs_libtpu = pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
+                                  reason='compiling for a TPU needs libtpu (the [tpu] extra)')
+
+
+def lowered_by_train(config, devices):
+  """The train step as vit_jax.train builds it, lowered on abstract inputs."""
+  plan = train.validate(config, devices=devices, num_train_examples=1000)
+  schedule = optim.make_schedule(plan.config.schedule, plan.total_steps, plan.warmup_steps)
+  tx = optim.make_optimizer(plan.config.optimizer, schedule)
+  state, shardings = train.create_train_state(plan.model, tx, 0, plan.mesh, abstract=True)
+  step = train.make_train_step(plan.model, tx, schedule, plan.config, plan.mesh, shardings)
+  batch = {'image': (config.batch_size, *plan.model.image_size, 3),
+           'label': (config.batch_size, plan.num_classes)}
+  batch = {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=sharding.batch_sharding(plan.mesh))
+           for k, v in batch.items()}
+  return step.lower(state, batch), plan
+
+
+def test_aot_lowers_the_step_that_training_runs():
+  config = tiny_config()
+  _, lowered = aot.lower_steps(config, jax.devices(), 1000)
+  ours, _ = lowered_by_train(config, jax.devices())
+  assert lowered['train'].as_text() == ours.as_text()
+  assert evaluate.make_eval_step  # The eval step is evaluate's own (lower_steps calls it).
+
+
+def test_cpu_report_sizes_only():
+  config = tiny_config()
+  r = aot.report(config, 'cpu')
+  assert (r['topology'], r['devices'], r['fits']) == ('cpu', 8, True)
+  assert r['step_seconds'] is None and r['core_days'] is None  # XLA:CPU has no cost model.
+  params = jax.eval_shape(train.validate(config).model.init, jax.random.key(0),
+                          jnp.zeros((1, 16, 16, 3)))
+  params_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+  assert r['params_bytes_per_device'] == params_bytes  # Replicated: all of them everywhere.
+  assert r['opt_state_bytes_per_device'] > 0
+  batch_bytes = 4 * 8 * (16 * 16 * 3 + 10)  # The 64-image batch's eighth, float32.
+  assert r['train']['argument_bytes'] >= params_bytes + batch_bytes
+  assert r['hbm_bytes_per_device'] == r['train']['hbm_bytes_per_device'] > params_bytes
+
+
+@needs_libtpu
+@pytest.mark.parametrize('topology, devices, cores', [('v3-8', 8, 8), ('v4-8', 4, 8)])
+def test_tpu_report_is_the_compiled_programs(topology, devices, cores):
+  config = tiny_config(**{'model.dtype': 'bfloat16', 'total_steps': 1000})
+  r = aot.report(config, topology)
+  tpu = accelerators.tpu_slice(topology)
+  lowered, plan = lowered_by_train(config, tpu.compile_devices())
+  compiled = lowered.compile()
+  memory, cost = compiled.memory_analysis(), compiled.cost_analysis()
+  assert (r['devices'], r['cores'], r['fits']) == (devices, cores, True)
+  assert r['hbm_capacity_bytes'] == tpu.hbm_per_device
+  assert r['hbm_bytes_per_device'] == (memory.argument_size_in_bytes + memory.output_size_in_bytes
+                                       - memory.alias_size_in_bytes + memory.temp_size_in_bytes)
+  step = cost['optimal_seconds']
+  assert r['step_seconds'] == pytest.approx(step) and step > 0
+  assert r['images_per_second'] == pytest.approx(config.batch_size / step)
+  flops = 3 * plan.model.forward_flops(all_tokens=True)
+  assert r['mfu'] == pytest.approx(flops * config.batch_size / step
+                                   / (tpu.peak_flops_per_device * devices))
+  assert r['chip_hours'] == pytest.approx(1000 * step * tpu.chips / 3600)
+  assert r['core_days'] == pytest.approx(1000 * step * cores / 86_400)
+  assert r['eval']['fits'] and r['eval']['step_seconds'] > 0
+
+
+@needs_libtpu
+def test_a_batch_that_does_not_fit_is_reported_not_raised():
+  config = tiny_config(**{'model.name': 'b16', 'model.image_size': 384, 'model.patch_size': 16,
+                          'model.hidden_size': 768, 'model.mlp_dim': 3072,
+                          'model.num_heads': 12, 'model.num_layers': 2,
+                          'batch_size': 4096, 'eval_batch_size': 8})
+  r = aot.report(config, 'v3-8')
+  assert not r['fits'] and not r['train']['fits']
+  assert r['train']['required_bytes'] > r['train']['available_bytes'] > 15 * 2**30
+  assert r['step_seconds'] is None
+
+
+def test_largest_batch_bisects():
+  calls = []
+
+  def fits(units):
+    calls.append(units)
+    return units <= 37
+
+  assert aot.bisect_largest(fits, start=4) == 37
+  assert len(calls) < 12
+  assert aot.bisect_largest(lambda units: False, start=4) == 0
+
+
+def test_train_examples_follow_the_split():
+  config = tiny_config(**{'dataset.name': 'imagenet2012', 'dataset.train_split': 'train[:99%]'})
+  assert aot.train_examples(config, None) == round(1_281_167 * 0.99)  # As TFDS slices it.
+  assert aot.train_examples(config, 1234) == 1234
+  with pytest.raises(ValueError, match='pass --num_train_examples'):
+    aot.train_examples(tiny_config(**{'dataset.name': 'jft_like'}), None)
+
+
+def test_command_line_writes_the_json(tmp_path):
+  out = tmp_path / 'plan.json'
+  run = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.aot', f'--config={QUICKSTART}', '--topology=cpu',
+       f'--json={out}', '--config.model.num_layers=1'],
+      env=env(2), capture_output=True, text=True, timeout=600)
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert 'on this host (2 x cpu)' in run.stdout and 'memory per device' in run.stdout
+  r = json.loads(out.read_text())
+  for key in ('topology', 'devices', 'hbm_bytes_per_device', 'hbm_capacity_bytes', 'fits',
+              'step_seconds', 'images_per_second', 'mfu', 'core_days', 'compile_seconds'):
+    assert key in r
+  assert (r['devices'], r['fits']) == (2, True)

@@ -1,0 +1,321 @@
+r"""Plan a run before renting the slice: compile its steps for a TPU topology, here.
+
+    python -m vit_jax.aot --config=configs/vit_l16_i21k.py --topology=v3-128
+    python -m vit_jax.aot --config=configs/vit_b16_i1k.py --topology=v4-32 \
+        --config.batch_size=2048 --json=/tmp/b16.json
+    python -m vit_jax.aot --config=configs/quickstart.py --topology=cpu
+
+Builds the train step and the eval step that ``vit_jax.main`` would run for the config
+(the same model, optimizer, mesh and shardings; no data is read, only shapes) and
+compiles them ahead of time for the named Cloud TPU slice with libtpu, no TPU attached
+(``pip install -e ".[tpu]"``). The compiled program says how much HBM each device needs
+(exact buffer assignment) and, from the TPU compiler's cost model, how long a step takes;
+from these come images/s, MFU against the chip's published bfloat16 peak, and the whole
+schedule's cost in chip-hours and core-days. ``--max_batch`` finds the largest global batch
+that fits. ``--topology=cpu`` compiles for this host's devices (sizes only: XLA:CPU has no
+cost model).
+
+The cost model counts the body of a loop once: a scanned model's (``model.scan=True``)
+step time is not estimated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+import time
+import types
+from typing import Any
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file.',
+                                          lock_config=True)
+_TOPOLOGY = flags.DEFINE_string(
+    'topology', None, 'A Cloud TPU slice (v3-8, v4-32, v5p-128, v5litepod-16, v6e-256), a '
+    'libtpu topology (v4:2x2x1), or "cpu" (this host\'s devices).')
+_JSON = flags.DEFINE_string('json', None, 'Also write the report as JSON to this file.')
+_MAX_BATCH = flags.DEFINE_bool('max_batch', False, 'Find the largest global batch that fits.')
+_EXAMPLES = flags.DEFINE_integer(
+    'num_train_examples', None, 'Training examples per epoch, for schedules in epochs '
+    '(default: the dataset\'s, where it is known here: TRAIN_EXAMPLES).')
+flags.mark_flags_as_required(['config', 'topology'])
+
+# Training examples of the datasets the shipped configs name, for schedules in epochs.
+TRAIN_EXAMPLES = {
+    'imagenet2012': 1_281_167,
+    'imagenet21k': 14_197_122,  # The release's fall11_whole.tar: every image of 21,841 classes.
+    'cifar10': 50_000, 'cifar100': 50_000, 'oxford_iiit_pet': 3_680, 'oxford_flowers102': 1_020,
+}
+DAY = 86_400.
+
+
+def train_examples(config: Any, given: int | None) -> int:
+  """Examples in ``dataset.train_split``: ``given``, or the dataset's known size, sliced."""
+  if given:
+    return given
+  total = TRAIN_EXAMPLES.get(config.dataset.name)
+  if total is None:
+    raise ValueError(f'The size of dataset {config.dataset.name!r} is not known here: pass '
+                     '--num_train_examples (or set config.total_steps).')
+  import tensorflow_datasets as tfds
+
+  split = config.dataset.train_split  # A TFDS split, sliced as TFDS slices it ('train[:99%]').
+  base = re.match(r'\w+', split).group(0)
+  info = {base: types.SimpleNamespace(num_examples=total)}
+  parts = tfds.core.ReadInstruction.from_spec(split).to_absolute(info)
+  return sum((total if i.to is None else i.to) - (i.from_ or 0) for i in parts)
+
+
+def _oom(error: Exception) -> dict[str, Any] | None:
+  """A compile-time out-of-memory error as figures (the HBM required and available); None
+  for any other error."""
+  text = str(error)
+  if 'RESOURCE_EXHAUSTED' not in text and 'HbmOom' not in text:
+    return None
+  sizes = {k: float(v) * 2**30 for k, v in re.findall(
+      r'(required|available)[^(]*\(([\d.]+)G\)', text)}
+  return {'fits': False, 'required_bytes': sizes.get('required'),
+          'available_bytes': sizes.get('available')}
+
+
+def _tree_bytes_per_device(tree: Any) -> int:
+  import jax
+
+  return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+             for x in jax.tree.leaves(tree))
+
+
+def lower_steps(config: Any, devices: list, num_train_examples: int
+                ) -> tuple[dict[str, Any], dict[str, Any]]:
+  """The config's train and eval steps as ``vit_jax.main`` builds them, lowered for
+  ``devices`` on abstract inputs: (facts about the run, {'train': Lowered, 'eval': Lowered})."""
+  import jax
+  import jax.numpy as jnp
+
+  from vit_jax import evaluate, optim, sharding, train
+
+  plan = train.validate(config, devices=devices, num_train_examples=num_train_examples)
+  config, model, mesh = plan.config, plan.model, plan.mesh
+  schedule = optim.make_schedule(config.schedule, plan.total_steps, plan.warmup_steps)
+  tx = optim.make_optimizer(config.optimizer, schedule)
+  state, shardings = train.create_train_state(model, tx, config.seed, mesh,
+                                              shard_state=plan.shard_state, abstract=True)
+  batch_sharding = sharding.batch_sharding(mesh)
+
+  def batch(size: int, **extra: tuple[int, ...]) -> dict[str, jax.ShapeDtypeStruct]:
+    shapes = {'image': (size, *model.image_size, 3), 'label': (size, plan.num_classes), **extra}
+    return {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=batch_sharding)
+            for k, v in shapes.items()}
+
+  train_step = train.make_train_step(model, tx, schedule, config, mesh, shardings)
+  eval_step = evaluate.make_eval_step(model, config.loss, shardings.params, batch_sharding,
+                                      sharding.replicated(mesh))
+  facts = {'total_steps': plan.total_steps, 'num_classes': plan.num_classes,
+           'batch_size': config.batch_size, 'eval_batch_size': config.eval_batch_size,
+           'params_bytes_per_device': _tree_bytes_per_device(state.params),
+           'opt_state_bytes_per_device': _tree_bytes_per_device(state.opt_state),
+           'forward_flops_per_image': model.forward_flops(all_tokens=True),
+           'scan': model.scan}
+  eval_batch = batch(config.eval_batch_size, mask=(config.eval_batch_size,))
+  return facts, {'train': train_step.lower(state, batch(config.batch_size)),
+                 'eval': eval_step.lower(state.params, eval_batch)}
+
+
+def compiled_figures(compiled: Any, scan: bool) -> dict[str, Any]:
+  """What a compiled program says of itself: HBM per device, cost-model time, FLOPs."""
+  memory = compiled.memory_analysis()
+  cost = compiled.cost_analysis() or {}
+  cost = cost[0] if isinstance(cost, list) else cost
+  return {
+      'fits': True,
+      'hbm_bytes_per_device': (memory.argument_size_in_bytes + memory.output_size_in_bytes
+                               - memory.alias_size_in_bytes + memory.temp_size_in_bytes),
+      'argument_bytes': memory.argument_size_in_bytes,
+      'output_bytes': memory.output_size_in_bytes, 'alias_bytes': memory.alias_size_in_bytes,
+      'temp_bytes': memory.temp_size_in_bytes, 'code_bytes': memory.generated_code_size_in_bytes,
+      # The cost model counts a loop's body once: no time for a scanned model.
+      'step_seconds': None if scan else cost.get('optimal_seconds'),
+      'xla_flops_per_device': cost.get('flops')}
+
+
+def compile_steps(config: Any, devices: list, num_train_examples: int,
+                  only_train: bool = False) -> dict[str, Any]:
+  """Compiles the config's steps for ``devices``; the facts and what the compiler says."""
+  facts, lowered = lower_steps(config, devices, num_train_examples)
+  for name in ('train',) if only_train else ('train', 'eval'):
+    start = time.perf_counter()
+    try:
+      figures = compiled_figures(lowered[name].compile(), facts['scan'])
+    except Exception as e:  # noqa: BLE001 - the compiler's out-of-memory is an answer.
+      if (figures := _oom(e)) is None:
+        raise
+    facts[name] = {**figures, 'compile_seconds': time.perf_counter() - start}
+  return facts
+
+
+def report(config: Any, topology: str, num_train_examples: int | None = None) -> dict[str, Any]:
+  """Compiles the config for ``topology`` and derives speed, fit and cost (the JSON)."""
+  import jax
+
+  from vit_jax import accelerators
+
+  if topology == 'cpu':
+    devices, tpu = jax.devices('cpu'), None
+  else:
+    tpu = accelerators.tpu_slice(topology)
+    devices = tpu.compile_devices()
+  examples = num_train_examples or (None if config.get('total_steps')
+                                    else train_examples(config, None))
+  compiled = compile_steps(config, devices, examples or 0)
+  train_ = compiled['train']
+  out: dict[str, Any] = {
+      'topology': tpu.name if tpu else 'cpu', 'libtpu_topology': tpu and tpu.topology,
+      'devices': len(devices), 'device_kind': devices[0].device_kind,
+      'chips': tpu.chips if tpu else None, 'cores': tpu.cores if tpu else None,
+      **{k: v for k, v in compiled.items() if k not in ('train', 'eval')},
+      'hbm_capacity_bytes': tpu.hbm_per_device if tpu else None,
+      'fits': train_['fits'] and compiled['eval']['fits'],
+      'hbm_bytes_per_device': train_.get('hbm_bytes_per_device'),
+      'step_seconds': train_.get('step_seconds'),
+      'compile_seconds': train_['compile_seconds'] + compiled['eval']['compile_seconds'],
+      'train': train_, 'eval': compiled['eval']}
+  step, flops = out['step_seconds'], compiled['forward_flops_per_image']
+  out['train_flops_per_image'] = 3 * flops if flops else None
+  out.update(dict.fromkeys(('images_per_second', 'images_per_second_per_chip', 'mfu',
+                            'run_days', 'chip_hours', 'core_days')))
+  if tpu and step:
+    images, run = config.batch_size / step, compiled['total_steps'] * step
+    out.update({
+        'images_per_second': images, 'images_per_second_per_chip': images / tpu.chips,
+        'mfu': 3 * flops * images / (tpu.peak_flops_per_device * len(devices)) if flops else None,
+        'run_days': run / DAY, 'chip_hours': run * tpu.chips / 3600,
+        'core_days': run * tpu.cores / DAY})
+  return out
+
+
+def largest_batch(config: Any, topology: str, num_train_examples: int | None) -> int | None:
+  """The largest global batch whose train step fits (bisection over multiples of the
+  devices x grad_accum_steps); None if not even the smallest does."""
+  import jax
+
+  from vit_jax import accelerators
+
+  devices = (jax.devices('cpu') if topology == 'cpu'
+             else accelerators.tpu_slice(topology).compile_devices())
+  unit = len(devices) * int(config.get('grad_accum_steps') or 1)
+  examples = num_train_examples or (None if config.get('total_steps')
+                                    else train_examples(config, None))
+
+  def fits(units: int) -> bool:
+    probe = config.copy_and_resolve_references()
+    with probe.unlocked():
+      probe.batch_size = probe.eval_batch_size = units * unit
+    ok = compile_steps(probe, devices, examples or 0, only_train=True)['train']['fits']
+    logging.info('global batch %d: %s', units * unit, 'fits' if ok else 'does not fit')
+    return ok
+
+  return bisect_largest(fits, max(config.batch_size // unit, 1)) * unit or None
+
+
+def bisect_largest(fits: Any, start: int) -> int:
+  """The largest n >= 1 with ``fits(n)`` (0 if none), for a ``fits`` true up to some n:
+  doubling from ``start`` until it fails, then bisecting."""
+  low, high = 0, start  # fits(low) holds (0 trivially); fits(high) is not known yet.
+  while fits(high):
+    low, high = high, high * 2
+  while high - low > 1:
+    mid = (low + high) // 2
+    low, high = (mid, high) if fits(mid) else (low, mid)
+  return low
+
+
+def _gib(n: float | None) -> str:
+  if n is None:
+    return '-'
+  return f'{n / 2**30:.2f} GiB' if n >= 2**30 else f'{n / 2**20:.1f} MiB'
+
+
+def format_report(r: dict[str, Any], config_name: str) -> str:
+  """The report as a table for the terminal."""
+  train_, eval_ = r['train'], r['eval']
+  where = (f'{r["topology"]} ({r["libtpu_topology"]}: {r["devices"]} x {r["device_kind"]})'
+           if r['libtpu_topology'] else f'this host ({r["devices"]} x {r["device_kind"]})')
+  per = lambda b: f'{b} ({b // r["devices"]} per device)'
+  lines = [f'{config_name} on {where}',
+           f'global batch {per(r["batch_size"])}; eval batch {per(r["eval_batch_size"])}',
+           f'{"":28}{"train step":>14}{"eval step":>14}']
+
+  def row(label: str, key: str, fmt=_gib) -> None:
+    lines.append(f'{label:28}{fmt(train_.get(key)):>14}{fmt(eval_.get(key)):>14}')
+
+  memory = 'HBM' if r['libtpu_topology'] else 'memory'
+  if train_['fits']:
+    lines.append(f'{memory + " per device":28}{_gib(train_["hbm_bytes_per_device"]):>14}'
+                 f'{_gib(eval_.get("hbm_bytes_per_device")):>14}')
+    lines.append(f'{"  parameters":28}{_gib(r["params_bytes_per_device"]):>14}'
+                 f'{_gib(r["params_bytes_per_device"]):>14}')
+    lines.append(f'{"  optimizer state":28}{_gib(r["opt_state_bytes_per_device"]):>14}')
+    row('  temporaries', 'temp_bytes')
+    row('  program', 'code_bytes')
+  else:
+    row(f'{memory} needed per device', 'required_bytes')
+  if r['hbm_capacity_bytes']:
+    cap, used = r['hbm_capacity_bytes'], train_.get('hbm_bytes_per_device')
+    verdict = (f'fits: {_gib(cap - used)} to spare' if r['fits'] and used is not None else
+               'DOES NOT FIT' + (f' (the compiler can use {_gib(train_.get("available_bytes"))})'
+                                 if train_.get('available_bytes') else ''))
+    lines.append(f'{"HBM per device (chip)":28}{_gib(cap):>14}  {verdict}')
+  ms = lambda s: '-' if s is None else f'{1e3 * s:.1f} ms'
+  row('step time (cost model)', 'step_seconds', ms)
+  if r.get('images_per_second'):
+    lines += [f'{"images/s":28}{r["images_per_second"]:>14,.0f}  '
+              f'({r["images_per_second_per_chip"]:,.0f} per chip)']
+    if r.get('mfu'):
+      lines.append(f'{"MFU (bf16 peak)":28}{100 * r["mfu"]:>13.1f}%  '
+                   f'({r["train_flops_per_image"] / 1e9:.1f} GFLOP per image: 3 x forward)')
+    lines.append(f'{"schedule":28}{r["total_steps"]:>14,} steps: {r["run_days"]:.2f} days, '
+                 f'{r["chip_hours"]:,.0f} chip-hours, {r["core_days"]:,.1f} '
+                 f'{r["device_kind"]}-core-days')
+  elif r['scan'] and r['libtpu_topology']:
+    lines.append('step time: not estimated for model.scan=True (the cost model counts a '
+                 "loop's body once); set --config.model.scan=False.")
+  lines.append(f'{"compile time":28}{train_["compile_seconds"]:>13.0f}s'
+               f'{eval_["compile_seconds"]:>13.0f}s')
+  return '\n'.join(lines)
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  topology = _TOPOLOGY.value.strip().lower()
+  if topology != 'cpu':
+    os.environ.setdefault('JAX_PLATFORMS', 'cpu')  # Never this host's TPU: only libtpu's compiler.
+    import importlib.util
+
+    if importlib.util.find_spec('libtpu') is None:
+      sys.exit('vit_jax.aot: compiling for a TPU needs libtpu: pip install -e ".[tpu]" '
+               '(or use --topology=cpu).')
+  config = _CONFIG.value
+  if _MAX_BATCH.value:
+    best = largest_batch(config, topology, _EXAMPLES.value)
+    if best is None:
+      sys.exit(f'vit_jax.aot: not even the smallest global batch fits on {topology}.')
+    print(f'Largest global batch that fits on {topology}: {best}.')
+    config = config.copy_and_resolve_references()
+    with config.unlocked():
+      config.batch_size = best
+  r = report(config, topology, _EXAMPLES.value)
+  print(format_report(r, config_flags.get_config_filename(flags.FLAGS['config'])))
+  if _JSON.value:
+    from etils import epath
+
+    epath.Path(_JSON.value).write_text(json.dumps(r, indent=1))
+
+
+if __name__ == '__main__':
+  app.run(main)
