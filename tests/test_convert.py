@@ -51,7 +51,7 @@ def test_fashion_mnist_converts_exactly(fashion_local):
     example = converted[i]
     source_index = int(example['key'].split('/')[1])
     assert example['label'] == idx.labels[source_index]
-    image = local.decode_image(example['image'])
+    image = preprocess.decode()(example['image'], None)
     np.testing.assert_array_equal(image[..., 0], idx.images[source_index, ..., 0])
     assert image.shape == (28, 28, 3)
 
@@ -71,7 +71,7 @@ def test_imagenette_converts_exactly(imagenette_local):
     example = source[i]
     path = folder / example['key']
     with Image.open(path) as image:
-      np.testing.assert_array_equal(local.decode_image(example['image']),
+      np.testing.assert_array_equal(preprocess.decode()(example['image'], None),
                                     np.asarray(image.convert('RGB')))
     assert metadata['class_names'][example['label']] == path.parent.name
 

@@ -168,17 +168,18 @@ def test_fine_tune_starts_from_a_release_file(tmp_path):
   source = get_model(num_classes=7, **{**TINY_MODEL, 'representation_size': 32})
   source_params = source.init(jax.random.key(3), np.zeros((1, 16, 16, 3)))['params']
   checkpoint.save_npz(tmp_path / 'pretrained.npz', source_params)
-  # ... fine-tuned at 24 px on 10 classes, with a zero learning rate so that the
-  # final parameters are exactly the adapted ones.
+  # ... fine-tuned at 24 px on 10 classes. The warm-up starts at a learning rate of 0,
+  # so the parameters after step 1 are exactly the adapted ones.
   config = tiny_config(**{'init_from': str(tmp_path / 'pretrained.npz'), 'model.image_size': 24,
                           'dataset.pp_train': 'to_rgb|resize(24)|value_range(-1, 1)',
                           'dataset.pp_eval': 'to_rgb|resize(24)|value_range(-1, 1)',
-                          'schedule.base_lr': 0.0, 'total_steps': 6, 'optimizer.name': 'sgd'})
+                          'total_steps': 2, 'schedule.warmup_steps': 1,
+                          'checkpoint_every_steps': 1, 'optimizer.name': 'sgd'})
   train.train_and_evaluate(config, str(tmp_path / 'run'))
   model = get_model(num_classes=10, **{**TINY_MODEL, 'image_size': 24})
   expected = checkpoint.load_pretrained(tmp_path / 'pretrained.npz', model.init(
       jax.random.key(0), np.zeros((1, 24, 24, 3)))['params'], model)
-  final = jax.device_get(restore_state(tmp_path / 'run', config).params)
+  final = jax.device_get(restore_state(tmp_path / 'run', config, step=1).params)
   chex.assert_trees_all_equal(final, expected)
   chex.assert_shape(final['Transformer']['posembed_input']['pos_embedding'], (1, 36, 32))
   assert 'pre_logits' not in final
