@@ -4,7 +4,8 @@ Every case ends in a correct continuation (bitwise that of an uninterrupted run)
 or in one line, ``error: ...``, naming the problem and the fix. The damage cases
 share the workdir of the ``tiny_run`` fixture (10 steps, checkpoints 5 and 10),
 copied per case; ``vit_jax.benchmarks.faults`` is the long version (kill -9 at
-random steps, N times).
+random steps, N times). Each bad config is in tests/test_train.py (``validate``),
+each bad converter input in tests/test_convert.py.
 """
 
 import json
@@ -21,7 +22,6 @@ import jax
 import pytest
 
 from vit_jax import checkpoint, checkpoint_manager, errors, export, workdir
-from vit_jax.data import convert
 
 from runs import (
     QUICKSTART,
@@ -267,21 +267,3 @@ def test_two_processes_agree_on_the_checkpoint_they_fall_back_to(tiny_run, refer
   # Two processes' collectives round differently from one's (tests/test_main.py): close.
   chex.assert_trees_all_close(jax.device_get(restore_state(run, reference['config']).params),
                               reference['step10'].params, atol=1e-4, rtol=1e-3)
-
-
-def test_the_converter_refuses_loops_and_files_as_class_folders(tmp_path):
-  root = tmp_path / 'folder' / 'train'
-  (root / 'cat').mkdir(parents=True)
-  os.symlink('..', root / 'loop')  # train/loop -> train: holds itself.
-  with pytest.raises(errors.DataError, match=r'train/loop: the class folder is a symbolic link '
-                                             r'to .*folder, which holds it: a loop'):
-    convert.convert(str(tmp_path / 'folder'), str(tmp_path / 'out'))
-  (root / 'loop').unlink()
-  os.symlink('self', root / 'self')
-  with pytest.raises(errors.DataError, match='train/self: the class folder is a symbolic link '
-                                             'that cannot be followed'):
-    convert.convert(str(tmp_path / 'folder'), str(tmp_path / 'out'))
-  (root / 'self').unlink()
-  (root / 'notes.txt').write_text('not a class')
-  with pytest.raises(errors.DataError, match=r'train/notes.txt is not a folder: .* Move it out'):
-    convert.convert(str(tmp_path / 'folder'), str(tmp_path / 'out'))
