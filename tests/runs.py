@@ -39,6 +39,13 @@ def main_command(workdir, **overrides) -> list[str]:
           f'--workdir={workdir}'] + [f'--config.{k}={v}' for k, v in {**TINY, **overrides}.items()]
 
 
+def local_launch_command(workdir, **overrides) -> list[str]:
+  """launch/local.sh's command line of the same tiny recipe: 2 processes x 4 CPU devices."""
+  flags = [f'--config.{k}={v}' for k, v in {**TINY, **overrides}.items()]
+  return [str(ROOT / 'launch' / 'local.sh'), f'--workdir={workdir}', f'--config={QUICKSTART}',
+          '--num-processes=2', '--cpu-devices=4', f'--python={sys.executable}', '--', *flags]
+
+
 def env(devices: int = 8) -> dict[str, str]:
   """The environment of a subprocess run on ``devices`` simulated CPU devices."""
   return {**os.environ, 'XLA_FLAGS': f'--xla_force_host_platform_device_count={devices}',

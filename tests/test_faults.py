@@ -26,10 +26,10 @@ from vit_jax import checkpoint, checkpoint_manager, errors, export, workdir
 from runs import (
     QUICKSTART,
     ROOT,
-    TINY,
     TINY_RUN,
     abstract_state,
     env,
+    local_launch_command,
     main_command,
     read_metrics,
     restore_state,
@@ -253,11 +253,8 @@ def test_two_processes_agree_on_the_checkpoint_they_fall_back_to(tiny_run, refer
   """launch/local.sh's 2 processes x 4 devices find the damage, and resume at step 5."""
   run = copy_run(tiny_run, tmp_path)
   damage(run / 'checkpoints' / '10', 'bytes overwritten')
-  flags = [f'--config.{k}={v}' for k, v in {**TINY, **TINY_RUN}.items()]
-  launch = subprocess.run(
-      [str(ROOT / 'launch' / 'local.sh'), f'--workdir={run}', f'--config={QUICKSTART}',
-       '--num-processes=2', '--cpu-devices=4', f'--python={sys.executable}', '--', *flags],
-      cwd=ROOT, env=env(), capture_output=True, text=True, timeout=900)
+  launch = subprocess.run(local_launch_command(run, **TINY_RUN), cwd=ROOT, env=env(),
+                          capture_output=True, text=True, timeout=900)
   assert launch.returncode == 0, launch.stderr[-3000:]
   for i in range(2):
     log = (run / 'logs' / f'process_{i}.log').read_text()

@@ -40,9 +40,9 @@ def _auto_distributed() -> bool:
 
 
 def main(argv: list[str]) -> None:
+  config = _CONFIG.value  # Its errors first, before anything starts.
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  config = _CONFIG.value  # Its errors first, before anything starts.
   # glibc's malloc set up for XLA:CPU's per-step buffers, before jax allocates anything.
   malloc = os.environ.get(host_memory.ENV) or host_memory.default_mode(_CPU_DEVICES.value)
   host_memory.reexec(malloc)

@@ -2,15 +2,17 @@ r"""The long fault test: a run killed with SIGKILL at random steps, N times, the
 
     python -m vit_jax.benchmarks.faults --runs=10 --out=benchmarks/faults.json
 
-A small quickstart run (``--steps``, a checkpoint every ``--checkpoint_every``
+The quickstart recipe (``--steps``, a checkpoint every ``--checkpoint_every``
 steps, written asynchronously) is started, killed with ``kill -9`` once it has
-logged a step drawn at random after the one it resumed from (so some kills land
-while a checkpoint is being written), and started again, ``--runs`` times; then
-it runs to the end. A fault is survived when the restarted run resumed from the
-newest checkpoint that was complete before the kill, with nothing reported
-damaged. Data lost counts the complete checkpoints that a restart could not use,
-plus one if the final state differs by a single bit from that of an
-uninterrupted run of the same config (run first, in its own workdir).
+logged a step drawn at random 1 to 3 checkpoint intervals after the one it resumed
+from (every other time, the step after a checkpoint's save began: so that some kills
+land while it is being written), and started again, ``--runs`` times; then it runs
+to the end. A fault is survived when the restarted
+run resumed from the newest checkpoint that was complete before the kill, with
+nothing reported damaged. Data lost counts the complete checkpoints that a
+restart could not use, plus one if the final state differs by a single bit from
+that of an uninterrupted run of the same config (run first, in its own workdir),
+or a logged loss from the one logged at that step by the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -32,21 +34,21 @@ from absl import app, flags
 
 _RUNS = flags.DEFINE_integer('runs', 10, 'How many times the run is killed.')
 _STEPS = flags.DEFINE_integer('steps', 200, 'Steps of the run.')
-_CHECKPOINT_EVERY = flags.DEFINE_integer('checkpoint_every', 10, 'Steps between checkpoints.')
+_CHECKPOINT_EVERY = flags.DEFINE_integer('checkpoint_every', 20, 'Steps between checkpoints.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the steps at which it is killed.')
 _WORK_DIR = flags.DEFINE_string('work_dir', '/tmp/vit_jax_faults', 'Where the runs go.')
 _OUT = flags.DEFINE_string('out', '', 'JSON file for the results.')
 
 CONFIG = 'configs/quickstart.py'
 _RESUMED = re.compile(r'Resumed from \S+ at step (\d+)\.')
+_STEP = re.compile(r'\] step (\d+)/')
 
 
 def overrides() -> dict[str, Any]:
-  """A smaller quickstart model, checkpointed often, every step logged."""
-  return {'model.hidden_size': 32, 'model.mlp_dim': 64, 'model.num_layers': 2,
-          'batch_size': 64, 'eval_batch_size': 64, 'total_steps': _STEPS.value,
-          'schedule.warmup_steps': 5, 'log_every_steps': 1, 'eval_every_steps': 0,
-          'checkpoint_every_steps': _CHECKPOINT_EVERY.value, 'keep_checkpoints': 3}
+  """The quickstart recipe, shorter, checkpointed often, every step logged."""
+  return {'total_steps': _STEPS.value, 'schedule.warmup_steps': 10, 'log_every_steps': 1,
+          'eval_every_steps': 0, 'checkpoint_every_steps': _CHECKPOINT_EVERY.value,
+          'keep_checkpoints': 3}
 
 
 def start(workdir: str, log: str) -> subprocess.Popen:
@@ -67,8 +69,10 @@ def rows(workdir: str) -> list[dict[str, Any]]:
   return out
 
 
-def logged_step(workdir: str) -> int:
-  return max((row['step'] for row in rows(workdir)), default=0)
+def logged_step(log: str) -> int:
+  """The last step the process writing ``log`` reported (its progress line, every step)."""
+  steps = _STEP.findall(pathlib.Path(log).read_text())
+  return int(steps[-1]) if steps else 0
 
 
 def checkpoints(workdir: str) -> list[str]:
@@ -84,7 +88,7 @@ def wait(process: subprocess.Popen, condition: Any, what: str, timeout: float = 
       return False
     if time.time() - start_time > timeout:
       raise TimeoutError(f'{what}: nothing after {timeout} s')
-    time.sleep(0.005)
+    time.sleep(0.02)
   return True
 
 
@@ -110,6 +114,42 @@ def losses(workdir: str) -> list[tuple[int, float]]:
   return [(row['step'], row['train/loss']) for row in rows(workdir) if 'train/loss' in row]
 
 
+def kill_and_restart(processes: list[subprocess.Popen], workdir: str,
+                     rng: np.random.Generator) -> list[dict[str, Any]]:
+  """Kills the run --runs times at random steps, restarting it each time (``processes``)."""
+  faults, position, log = [], 0, os.path.join(_WORK_DIR.value, 'faulty.0.log')
+  for i in range(_RUNS.value):
+    if position + 1 >= _STEPS.value:
+      break
+    # 1 to 3 checkpoint intervals after where it resumed, so that the kills spread over
+    # the run; every other one the step after a save started, so that some hit saves.
+    every = _CHECKPOINT_EVERY.value
+    target = position + int(rng.integers(1, 3 * every))
+    if i % 2 and target // every * every > position:
+      target = target // every * every + 1
+    target = min(target, _STEPS.value - 1)
+    if not wait(processes[-1], lambda t=target, log=log: logged_step(log) >= t, f'step {target}'):
+      raise RuntimeError(f'the run ended before step {target}: see {_WORK_DIR.value}')
+    complete = [int(n) for n in checkpoints(workdir) if n.isdigit()]
+    saving = any('tmp' in n for n in checkpoints(workdir))
+    killed_at = logged_step(log)
+    processes[-1].send_signal(signal.SIGKILL)
+    processes[-1].wait()
+    log = os.path.join(_WORK_DIR.value, f'faulty.{i + 1}.log')
+    processes.append(start(workdir, log))
+    text = pathlib.Path(log).read_text
+    resumed = wait(processes[-1], lambda t=text: _RESUMED.search(t()) or 'step 1/' in t(),
+                   'restart')
+    match = _RESUMED.search(text()) if resumed else None
+    position = int(match.group(1)) if match else 0
+    newest, damaged = max(complete, default=0), 'is damaged' in text()
+    faults.append({'killed_after_step': killed_at, 'newest_complete_checkpoint': newest,
+                   'during_a_save': saving, 'resumed_at': position, 'damage_reported': damaged,
+                   'survived': position >= newest and not damaged})
+    print(json.dumps(faults[-1]), flush=True)
+  return faults
+
+
 def main(argv: list[str]) -> None:
   del argv
   import jax
@@ -127,32 +167,13 @@ def main(argv: list[str]) -> None:
   reference_seconds = time.time() - started
 
   rng = np.random.default_rng(_SEED.value)
-  faults, position = [], 0
-  process = start(faulty, os.path.join(_WORK_DIR.value, 'faulty.0.log'))
-  for i in range(_RUNS.value):
-    if position + 1 >= _STEPS.value:
-      break
-    target = int(rng.integers(position + 1, _STEPS.value))
-    if not wait(process, lambda t=target: logged_step(faulty) >= t, f'step {target}'):
-      raise RuntimeError(f'the run ended before step {target}: see {_WORK_DIR.value}')
-    complete = [int(n) for n in checkpoints(faulty) if n.isdigit()]
-    saving = any('tmp' in n for n in checkpoints(faulty))
-    killed_at = logged_step(faulty)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    log = os.path.join(_WORK_DIR.value, f'faulty.{i + 1}.log')
-    process = start(faulty, log)
-    text = pathlib.Path(log).read_text
-    resumed = wait(process, lambda t=text: _RESUMED.search(t()) or 'step 1/' in t(), 'restart')
-    match = _RESUMED.search(text()) if resumed else None
-    position = int(match.group(1)) if match else 0
-    newest, damaged = max(complete, default=0), 'is damaged' in text()
-    faults.append({'killed_after_step': killed_at, 'newest_complete_checkpoint': newest,
-                   'during_a_save': saving, 'resumed_at': position, 'damage_reported': damaged,
-                   'survived': position >= newest and not damaged})
-    print(json.dumps(faults[-1]), flush=True)
-  if process.wait():
-    raise RuntimeError(f'the last restart failed: see {_WORK_DIR.value}')
+  processes = [start(faulty, os.path.join(_WORK_DIR.value, 'faulty.0.log'))]
+  try:
+    faults = kill_and_restart(processes, faulty, rng)
+    if processes[-1].wait():
+      raise RuntimeError(f'the last restart failed: see {_WORK_DIR.value}')
+  finally:
+    processes[-1].kill()  # Not left running when this script stops early.
 
   a, b = final_state(reference), final_state(faulty)
   bitwise = all(np.array_equal(x, y) for x, y in
