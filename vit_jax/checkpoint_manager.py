@@ -169,7 +169,7 @@ def _restore_verified(manager: ocp.CheckpointManager, abstract_state: Any,
   except errors.CheckpointError as e:
     problem = str(e)
   except READ_ERRORS as e:
-    _drop_abandoned_read_noise()
+    silence_abandoned_reads()
     if arrays is None and (step_dir / STEP_METADATA).exists():
       # No record to tell damage from another model's state: leave it where it is.
       raise errors.CheckpointError(f'The checkpoint at step {step} in {manager.directory} '
@@ -182,7 +182,7 @@ def _restore_verified(manager: ocp.CheckpointManager, abstract_state: Any,
   return (None, problem) if problem else (state, '')
 
 
-def _drop_abandoned_read_noise() -> None:
+def silence_abandoned_reads() -> None:
   """Silences the reads Orbax abandons after the first failure, for this process.
 
   Their TensorStore callbacks find Orbax's event loop closed and each printed a

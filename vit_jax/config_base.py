@@ -122,8 +122,8 @@ def _merge(base: dict[str, Any], user: dict[str, Any], where: str) -> dict[str, 
       raise unknown_field(where, key, list(base))
     if isinstance(base[key], dict):
       if not isinstance(value, dict):
-        raise errors.ConfigError(f'{where}.{key} must be a group of fields, like the default '
-                         f'{base[key]}; got {value!r}.')
+        raise errors.ConfigError(f'{where}.{key} must be a group of fields, like the '
+                                 f'default {base[key]}; got {value!r}.')
       value = _merge(base[key], value, f'{where}.{key}')
     merged[key] = value
   return merged

@@ -122,6 +122,7 @@ def restore_params(workdir: str | os.PathLike, step: int | None = None,
           partial_restore=True))
     problem = checkpoint_manager.verify({'params': restored['params']}, arrays, step_dir)
   except checkpoint_manager.READ_ERRORS as e:
+    checkpoint_manager.silence_abandoned_reads()
     problem = str(e) if isinstance(e, errors.CheckpointError) else checkpoint_manager.short(e)
   if problem:
     others = [s for s in steps(workdir) if s != step]

@@ -94,9 +94,9 @@ class LocalSource:
   """One split of a local dataset; ``source[i]`` -> {'image', 'label', 'key'}.
 
   The image is the stored encoded bytes (the preprocessing pipeline's ``decode``
-  op decodes it, 16-bit images scaled to 8 bits); labels are a class index for single-label
-  data, a multi-hot float32 vector for multi-label data; the key is the source
-  path. Opening checks every shard's presence and size.
+  op decodes it, 16-bit images scaled to 8 bits); labels are a class index for
+  single-label data, a multi-hot float32 vector for multi-label data; the key is the
+  source path. Opening checks every shard's presence and size.
   """
 
   directory: str
