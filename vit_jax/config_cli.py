@@ -53,7 +53,7 @@ class ConfigFlag:
 
   @property
   def value(self) -> ml_collections.ConfigDict:
-    """The recipe of ``--NAME`` with the overrides applied, locked (no new fields)."""
+    """The recipe of ``--NAME`` with the overrides applied, locked; loaded at each read."""
     return load(self.file.value, self.overrides, flag=self.name)
 
 
