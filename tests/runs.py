@@ -39,6 +39,13 @@ def main_command(workdir, **overrides) -> list[str]:
           f'--workdir={workdir}'] + [f'--config.{k}={v}' for k, v in {**TINY, **overrides}.items()]
 
 
+def local_launch_command(workdir, **overrides) -> list[str]:
+  """launch/local.sh's command line of the same tiny recipe: 2 processes x 4 CPU devices."""
+  flags = [f'--config.{k}={v}' for k, v in {**TINY, **overrides}.items()]
+  return [str(ROOT / 'launch' / 'local.sh'), f'--workdir={workdir}', f'--config={QUICKSTART}',
+          '--num-processes=2', '--cpu-devices=4', f'--python={sys.executable}', '--', *flags]
+
+
 def env(devices: int = 8) -> dict[str, str]:
   """The environment of a subprocess run on ``devices`` simulated CPU devices."""
   return {**os.environ, 'XLA_FLAGS': f'--xla_force_host_platform_device_count={devices}',
@@ -50,15 +57,19 @@ def read_metrics(workdir):
   return [json.loads(line) for line in (pathlib.Path(workdir) / 'metrics.jsonl').open()]
 
 
-def restore_state(workdir, config, step=None):
-  """The train state of a run's checkpoint (the latest by default)."""
+def abstract_state(config):
+  """The train state of ``config`` as ShapeDtypeStructs with shardings: a restore's target."""
   plan = train.validate(config)
   schedule = optim.make_schedule(config.schedule, plan.total_steps, plan.warmup_steps)
   tx = optim.make_optimizer(config.optimizer, schedule)
   state, shardings = train.create_train_state(plan.model, tx, 0, plan.mesh)
+  return checkpoint_manager.abstract_like(state, shardings)
+
+
+def restore_state(workdir, config, step=None):
+  """The train state of a run's checkpoint (the latest by default), verified."""
   manager = checkpoint_manager.make_manager(str(workdir), every_steps=1, keep=5)
   try:
-    return checkpoint_manager.restore(
-        manager, checkpoint_manager.abstract_like(state, shardings), step)
+    return checkpoint_manager.restore(manager, abstract_state(config), step)
   finally:
     manager.close()

@@ -2,14 +2,16 @@
 
 import csv
 import json
+import os
 import shutil
 import tarfile
 
+import cv2
 import numpy as np
 import pytest
 from PIL import Image
 
-from vit_jax import sharding, train
+from vit_jax import errors, sharding, train
 from vit_jax.data import convert, loader, local, preprocess, sources
 
 from conftest import SHARED_DATA
@@ -51,7 +53,7 @@ def test_fashion_mnist_converts_exactly(fashion_local):
     example = converted[i]
     source_index = int(example['key'].split('/')[1])
     assert example['label'] == idx.labels[source_index]
-    image = local.decode_image(example['image'])
+    image = preprocess.decode()(example['image'], None)
     np.testing.assert_array_equal(image[..., 0], idx.images[source_index, ..., 0])
     assert image.shape == (28, 28, 3)
 
@@ -71,7 +73,7 @@ def test_imagenette_converts_exactly(imagenette_local):
     example = source[i]
     path = folder / example['key']
     with Image.open(path) as image:
-      np.testing.assert_array_equal(local.decode_image(example['image']),
+      np.testing.assert_array_equal(preprocess.decode()(example['image'], None),
                                     np.asarray(image.convert('RGB')))
     assert metadata['class_names'][example['label']] == path.parent.name
 
@@ -272,3 +274,52 @@ def test_command_line(tmp_path):
   missing = subprocess.run(command[:3] + [f'--source={tmp_path / "nope"}', command[4]],
                            capture_output=True, text=True)
   assert missing.returncode != 0 and 'The source' in missing.stderr
+
+
+def test_the_converter_refuses_loops_and_files_as_class_folders(tmp_path):
+  root = tmp_path / 'folder' / 'train'
+  (root / 'cat').mkdir(parents=True)
+  os.symlink('..', root / 'loop')  # train/loop -> train: holds itself.
+  with pytest.raises(errors.DataError, match=r'train/loop: the class folder is a symbolic link '
+                                             r'to .*folder, which holds it: a loop'):
+    convert.convert(str(tmp_path / 'folder'), str(tmp_path / 'out'))
+  (root / 'loop').unlink()
+  os.symlink('self', root / 'self')
+  with pytest.raises(errors.DataError, match='train/self: the class folder is a symbolic link '
+                                             'that cannot be followed'):
+    convert.convert(str(tmp_path / 'folder'), str(tmp_path / 'out'))
+  (root / 'self').unlink()
+  (root / 'notes.txt').write_text('not a class')
+  with pytest.raises(errors.DataError, match=r'train/notes.txt is not a folder: .* Move it out'):
+    convert.convert(str(tmp_path / 'folder'), str(tmp_path / 'out'))
+
+
+def test_images_above_the_pixel_limit_are_skipped_and_listed_not_decoded(tmp_path):
+  root = tmp_path / 'folder' / 'train'
+  for cls, (height, width) in (('small', (24, 32)), ('large', (64, 80))):
+    (root / cls).mkdir(parents=True)
+    cv2.imwrite(str(root / cls / 'a.png'), np.zeros((height, width, 3), np.uint8))
+  # Above PIL's decompression-bomb limit, the default: 9500 x 9500 (1 bit, 12 MB to decode).
+  Image.new('1', (9500, 9500)).save(root / 'large' / 'bomb.png')
+  metadata = convert.convert(str(tmp_path / 'folder'), str(tmp_path / 'out'), shards=1,
+                             workers=1)
+  assert convert.MAX_PIXELS == Image.MAX_IMAGE_PIXELS
+  assert [s['key'] for s in metadata['skipped']] == ['train/large/bomb.png']
+  assert metadata['skipped'][0]['reason'].startswith(
+      'too large: 9500x9500 = 90,250,000 pixels, above the limit of 89,478,485 (--max_pixels)')
+  metadata = convert.convert(str(tmp_path / 'folder'), str(tmp_path / 'out'), shards=1,
+                             workers=1, max_pixels=32 * 32, overwrite=True)
+  assert {s['key']: s['reason'] for s in metadata['skipped']}['train/large/a.png'].startswith(
+      'too large: 80x64 = 5,120 pixels, above the limit of 1,024')
+  assert metadata['splits']['train']['num_examples'] == 1 and metadata['num_classes'] == 2
+
+
+def test_16_bit_images_are_read_as_8_bits(tmp_path):
+  """OpenCV, the pipeline's decoder, scales 16-bit images (PIL's convert('RGB') clipped them)."""
+  (tmp_path / 'folder' / 'train' / 'grey').mkdir(parents=True)
+  image = (np.arange(16 * 16, dtype=np.uint16).reshape(16, 16) * 257)
+  cv2.imwrite(str(tmp_path / 'folder' / 'train' / 'grey' / 'a.png'), image)
+  convert.convert(str(tmp_path / 'folder'), str(tmp_path / 'out'), shards=1, workers=1)
+  stored = local.LocalSource(str(tmp_path / 'out'), 'train')[0]['image']
+  decoded = preprocess.decode()(stored, None)
+  np.testing.assert_array_equal(decoded, np.repeat((image >> 8).astype(np.uint8)[..., None], 3, -1))

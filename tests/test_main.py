@@ -13,7 +13,15 @@ import pytest
 
 from vit_jax import train
 
-from runs import QUICKSTART, ROOT, TINY, env, main_command, read_metrics, restore_state, tiny_config
+from runs import (
+    ROOT,
+    env,
+    local_launch_command,
+    main_command,
+    read_metrics,
+    restore_state,
+    tiny_config,
+)
 
 
 def checkpoint_steps(workdir) -> list[int]:
@@ -74,11 +82,8 @@ def test_two_processes_of_four_devices_match_one_of_eight(tmp_path):
   one = train.train_and_evaluate(config, str(tmp_path / 'one'))
 
   workdir = tmp_path / 'two'
-  flags = [f'--config.{k}={v}' for k, v in {**TINY, **overrides}.items()]
-  launch = subprocess.run(
-      [str(ROOT / 'launch' / 'local.sh'), f'--workdir={workdir}', f'--config={QUICKSTART}',
-       '--num-processes=2', '--cpu-devices=4', f'--python={sys.executable}', '--', *flags],
-      cwd=ROOT, env=env(), capture_output=True, text=True, timeout=1200)
+  launch = subprocess.run(local_launch_command(workdir, **overrides), cwd=ROOT, env=env(),
+                          capture_output=True, text=True, timeout=1200)
   assert launch.returncode == 0, launch.stderr[-3000:]
   assert 'Process 1 of 2; 4 local / 8 global devices' in (
       workdir / 'logs' / 'process_1.log').read_text()

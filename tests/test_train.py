@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import host_cpu, optim, sharding, train
+from vit_jax import errors, host_cpu, optim, sharding, train
 from vit_jax.models import get_model
 
 from runs import TINY_MODEL, read_metrics, restore_state, tiny_config
@@ -139,8 +139,29 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_good_checkpoints(tmp_path
     ({'loss': 'hinge'}, r"config.loss='hinge'"),
     ({'dataset.pp_train': 'to_rgb|sharpen(2)'}, r"Unknown preprocessing op 'sharpen\(2\)'"),
     ({'step_impl': 'shard_map', 'mesh.fsdp': 2}, r'shard_map.*needs config.mesh.fsdp=1'),
+    ({'schedule.base_lr': -0.003}, r'^config.schedule.base_lr=-0.003 must be positive \(e.g. '
+                                   r'1e-3\): a negative rate climbs the loss'),
+    ({'schedule.base_lr': 0.0}, r'^config.schedule.base_lr=0.0 must be positive'),
+    ({'schedule.end_lr': -1e-5}, r'^config.schedule.end_lr=-1e-05 must be >= 0'),
+    ({'model.image_size': 18}, r'^config.model.image_size=18: 18 px is not a multiple of the '
+                               r'patch size \(4 px\), so the last 2 px would be dropped. Use 16 '
+                               r'or 20.$'),
+    ({'model.name': 'r50_b16', 'model.patch_size': 1, 'model.image_size': 24},
+     r"^config.model.image_size=24: 24 px is not a multiple of the patch size \(1 x the BiT "
+     r"stem's stride 16 = 16 px\), so the last 8 px would be dropped. Use 16 or 32.$"),
+    ({'model.image_size': 'abc'}, r"^config.model.image_size='abc' is not a positive int or a "
+                                  r"\(height, width\) pair"),
+    ({'model.image_size': (16, 24)}, r"^config.dataset.pp_train='to_rgb\|resize\(16\)\|.*' "
+                                     r"makes 16x16x3 images \(on the first 'train' example\), "
+                                     r"but the model takes 16x24x3 .*resize\(\(16, 24\)\)"),
+    ({'dataset.pp_eval': 'resize(16)|value_range(-1, 1)'},
+     r"^config.dataset.pp_eval=.* makes 16x16x1 images \(on the first 'test' example\), but "
+     r"the model takes 16x16x3 .*\(and add to_rgb\).$"),
+    ({'batch_size': 4}, r'^config.batch_size=4 is smaller than the 8 devices: each device '
+                        r'needs at least one example'),
 ])
 def test_bad_configs_fail_before_compiling(overrides, message):
+  """Each a ConfigError, which vit_jax.main prints as one line (tests/test_faults.py)."""
   config = tiny_config()
   with config.unlocked():
     for key, value in overrides.items():
@@ -149,7 +170,7 @@ def test_bad_configs_fail_before_compiling(overrides, message):
       for p in parents:
         node = node[p]
       node[leaf] = value
-  with pytest.raises(ValueError, match=message):
+  with pytest.raises(errors.ConfigError, match=message):
     train.validate(config)
 
 
@@ -169,17 +190,18 @@ def test_fine_tune_starts_from_a_release_file(tmp_path):
   source = get_model(num_classes=7, **{**TINY_MODEL, 'representation_size': 32})
   source_params = source.init(jax.random.key(3), np.zeros((1, 16, 16, 3)))['params']
   checkpoint.save_npz(tmp_path / 'pretrained.npz', source_params)
-  # ... fine-tuned at 24 px on 10 classes, with a zero learning rate so that the
-  # final parameters are exactly the adapted ones.
+  # ... fine-tuned at 24 px on 10 classes. The warm-up starts at a learning rate of 0,
+  # so the parameters after step 1 are exactly the adapted ones.
   config = tiny_config(**{'init_from': str(tmp_path / 'pretrained.npz'), 'model.image_size': 24,
                           'dataset.pp_train': 'to_rgb|resize(24)|value_range(-1, 1)',
                           'dataset.pp_eval': 'to_rgb|resize(24)|value_range(-1, 1)',
-                          'schedule.base_lr': 0.0, 'total_steps': 6, 'optimizer.name': 'sgd'})
+                          'total_steps': 2, 'schedule.warmup_steps': 1,
+                          'checkpoint_every_steps': 1, 'optimizer.name': 'sgd'})
   train.train_and_evaluate(config, str(tmp_path / 'run'))
   model = get_model(num_classes=10, **{**TINY_MODEL, 'image_size': 24})
   expected = checkpoint.load_pretrained(tmp_path / 'pretrained.npz', model.init(
       jax.random.key(0), np.zeros((1, 24, 24, 3)))['params'], model)
-  final = jax.device_get(restore_state(tmp_path / 'run', config).params)
+  final = jax.device_get(restore_state(tmp_path / 'run', config, step=1).params)
   chex.assert_trees_all_equal(final, expected)
   chex.assert_shape(final['Transformer']['posembed_input']['pos_embedding'], (1, 36, 32))
   assert 'pre_logits' not in final

@@ -58,14 +58,15 @@ def test_params_restore_onto_a_smaller_mesh(source_run):
 
 
 def test_fine_tune_on_2_devices_at_a_higher_resolution(source_run, tmp_path):
-  # 16 px (4x4 grid) -> 24 px (6x6 grid), unrolled -> scanned, 8 devices -> 2. A zero
-  # learning rate keeps the fine-tune's parameters exactly the adapted ones.
+  # 16 px (4x4 grid) -> 24 px (6x6 grid), unrolled -> scanned, 8 devices -> 2. The
+  # warm-up starts at a learning rate of 0: after step 1 the parameters are exactly the
+  # adapted ones.
   pp = 'to_rgb|resize(24)|value_range(-1, 1)'
   command = main_command(tmp_path / 'ft', **{
       **TINY_RUN, 'init_from': source_run, 'init_step': 5, 'model.image_size': 24,
       'model.scan': True, 'dataset.pp_train': pp, 'dataset.pp_eval': pp,
-      'schedule.base_lr': 0.0, 'schedule.warmup_steps': 1, 'total_steps': 2,
-      'checkpoint_every_steps': 2, 'batch_size': 16, 'eval_batch_size': 16})
+      'schedule.warmup_steps': 1, 'total_steps': 2,
+      'checkpoint_every_steps': 1, 'batch_size': 16, 'eval_batch_size': 16})
   # --cpu_devices overrides the environment's device count.
   result = subprocess.run(command + ['--cpu_devices=2'], env=env(devices=8),
                           capture_output=True, text=True, timeout=300)
@@ -81,7 +82,7 @@ def test_fine_tune_on_2_devices_at_a_higher_resolution(source_run, tmp_path):
   assert 'head: new zero-initialised classifier (32, 10)' in log
 
   source, _ = workdir.restore_params(source_run, 5)
-  tuned, _ = workdir.restore_params(tmp_path / 'ft')
+  tuned, _ = workdir.restore_params(tmp_path / 'ft', 1)
   assert checkpoint.is_scanned(tuned) and not checkpoint.is_scanned(source)
   source, tuned = (checkpoint.flatten(checkpoint.to_release(p)) for p in (source, tuned))
   chex.assert_trees_all_close(tuned.pop(POSEMB),

@@ -23,6 +23,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
+from vit_jax import errors
 from vit_jax.models import VisionTransformer, get_model, registry
 from vit_jax.models.vit import pair
 
@@ -36,8 +37,8 @@ _LINEN_BLOCK_NAMES = {'MultiHeadDotProductAttention_0': 'MultiHeadDotProductAtte
                       'LayerNorm_1': 'LayerNorm_2', 'MlpBlock_0': 'MlpBlock_3'}
 
 
-class CheckpointMismatchError(ValueError):
-  """A checkpoint's parameters do not fit the model it is loaded into."""
+class CheckpointMismatchError(errors.CheckpointError):
+  """A checkpoint's parameters do not fit the model it is loaded into (a ValueError)."""
 
 
 def flatten(tree: Mapping[str, Any]) -> dict[str, Any]:

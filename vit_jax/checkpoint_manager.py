@@ -1,4 +1,4 @@
-"""Orbax checkpoints of a training run: the whole train state, saved and resumed.
+"""Orbax checkpoints of a training run: the whole train state, saved, verified and resumed.
 
 The train state holds the step, the parameters, the optimizer state and the
 base RNG key; the loader's position is the step itself (see
@@ -6,15 +6,39 @@ base RNG key; the loader's position is the step itself (see
 writes each checkpoint into a temporary directory and renames it when complete
 (on every process together), so a crash while saving never damages the latest
 complete checkpoint: ``latest_step`` only sees finished ones.
+
+Damage after that (a truncated, emptied or overwritten file, a missing manifest,
+metadata or item folder) is found at restore: every checkpoint records the dtype,
+shape and checksum of each array (``describe``, ``vit_jax.checksum``) in Orbax's
+step metadata, and a restore compares the shapes with the config's, then the
+checksums with what it read. ``resume`` moves a damaged step to
+``checkpoints/bad/STEP`` (Orbax only sees numbered folders) and restores the one
+before; all processes take the same decision. A checkpoint that holds another
+model's state is not damaged: that stops the run (``CheckpointMismatchError``).
 """
 
 from __future__ import annotations
 
+import json
+import logging as std_logging
+import sys
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
 from etils import epath
+from jax.experimental import multihost_utils
+
+from vit_jax import checkpoint, checksum, errors
+from vit_jax.sharding import path_name
+
+ARRAYS = 'vit_jax_arrays'  # Key of ``describe``'s record in the step's custom metadata.
+STEP_METADATA = '_CHECKPOINT_METADATA'  # Orbax's per-step metadata file.
+BAD = 'bad'  # checkpoints/bad/STEP: the damaged checkpoints, moved aside.
+# What reading a damaged checkpoint raises (TensorStore's errors are ValueErrors).
+READ_ERRORS = (ValueError, OSError, KeyError, TypeError)
 
 
 def make_manager(workdir: str, *, every_steps: int, keep: int,
@@ -24,24 +48,204 @@ def make_manager(workdir: str, *, every_steps: int, keep: int,
       epath.Path(workdir) / 'checkpoints',
       options=ocp.CheckpointManagerOptions(
           save_interval_steps=every_steps, max_to_keep=keep, create=True,
-          enable_async_checkpointing=asynchronous))
+          enable_async_checkpointing=asynchronous,
+          cleanup_tmp_directories=True),  # What a killed save left: never a checkpoint.
+      # One unnamed item: said here, not guessed from the newest step's folders (a
+      # damaged step would make Orbax expect several items in every other step too).
+      item_handlers=ocp.StandardCheckpointHandler())
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: Any, *, force: bool = False) -> bool:
-  """Saves (asynchronously) if ``step`` is due or ``force``; True if a save started."""
-  return manager.save(step, args=ocp.args.StandardSave(state), force=force)
+  """Saves (asynchronously) if ``step`` is due or ``force``, recording its arrays' checksums.
+
+  True if a save started. Call it on every process (the checksums are collective).
+  """
+  if not (force or manager.should_save(step)):
+    return False
+  return manager.save(step, args=ocp.args.StandardSave(state), force=force,
+                      custom_metadata={ARRAYS: describe(state)})
+
+
+def describe(tree: Any) -> dict[str, dict[str, Any]]:
+  """{path: {'dtype', 'shape', 'checksum'}} of every array: what a checkpoint records."""
+  sums = checksum.of(tree)
+  return {path: {'dtype': np.dtype(x.dtype).name, 'shape': list(x.shape), 'checksum': sums[path]}
+          for path, x in _leaves(tree).items()}
+
+
+def recorded(step_dir: epath.Path) -> dict[str, dict[str, Any]] | None:
+  """What ``describe`` recorded when the checkpoint was written; None for older ones.
+
+  Checkpoints of older versions have no record (they restore unverified, with a
+  warning). Raises ``errors.CheckpointError`` when the step's metadata is unreadable.
+  """
+  path = step_dir / STEP_METADATA
+  try:
+    metadata = json.loads(path.read_text())
+  except (OSError, ValueError) as e:
+    raise errors.CheckpointError(f'its {STEP_METADATA} cannot be read ({short(e)})') from None
+  return (metadata.get('custom_metadata') or {}).get(ARRAYS)
+
+
+def verify(tree: Any, arrays: dict[str, dict[str, Any]] | None, step_dir: epath.Path) -> str:
+  """The problem of the restored ``tree`` against the record ``arrays`` ('' if none)."""
+  if arrays is None:
+    logging.warning('%s has no checksums (written by an older vit_jax): restored unverified.',
+                    step_dir)
+    return ''
+  bad = [path for path, value in checksum.of(tree).items()
+         if arrays.get(path, {}).get('checksum') != value]
+  if not bad:
+    return ''
+  more = ', ...' if len(bad) > 3 else ''
+  return (f'{len(bad)} of its arrays differ from the checksums recorded when it was written '
+          f'({", ".join(bad[:3])}{more})')
 
 
 def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | None = None) -> Any:
-  """Restores onto the shardings of ``abstract_state`` (ShapeDtypeStructs with shardings).
+  """Restores and verifies onto the shardings of ``abstract_state`` (ShapeDtypeStructs).
 
   The shardings may differ from the ones it was saved with (another mesh or
-  number of devices): Orbax reshards while reading.
+  number of devices): Orbax reshards while reading. A damaged checkpoint, or one
+  that does not fit ``abstract_state``, raises ``errors.CheckpointError``.
   """
   step = manager.latest_step() if step is None else step
   if step is None:
-    raise FileNotFoundError(f'No complete checkpoint in {manager.directory}.')
-  return manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+    raise errors.MissingFileError(f'No complete checkpoint in {manager.directory}.')
+  state, problem = _restore_verified(manager, abstract_state, step)
+  if problem:
+    raise errors.CheckpointError(f'The checkpoint at step {step} in {manager.directory} is '
+                                 f'damaged: {problem}.')
+  return state
+
+
+def resume(manager: ocp.CheckpointManager, abstract_state: Any) -> Any | None:
+  """The newest checkpoint that restores and verifies; None where there is none at all.
+
+  Each damaged one on the way is logged with its problem and moved to
+  ``checkpoints/bad/STEP``. When none is left, ``errors.CheckpointError`` lists
+  every step and its problem. Call it on every process: they agree on the step.
+  """
+  problems = []
+  for step in sorted(manager.all_steps(), reverse=True):
+    state, problem = _restore_verified(manager, abstract_state, step)
+    if not problem:
+      if problems:
+        logging.warning('Resuming from step %d, the newest good checkpoint.', step)
+      return state
+    problems.append(f'step {step}: {problem}')
+    moved = _move_aside(manager, step)
+    logging.warning('The checkpoint at step %d in %s is damaged (%s): moved to %s.', step,
+                    manager.directory, problem, moved)
+  if problems:
+    raise errors.CheckpointError(
+        f'No checkpoint in {manager.directory} can be restored: {"; ".join(problems)}. They '
+        f'are in {manager.directory / BAD}. Train from the start in a new workdir (or '
+        'fine-tune from a release file with config.init_from).')
+  return None
+
+
+def _leaves(tree: Any) -> dict[str, Any]:
+  return {path_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def short(e: BaseException) -> str:
+  """An Orbax / TensorStore error in a line: without the spec it dumps, at most 300 chars."""
+  text = ' '.join(str(e).split('[tensorstore_spec')[0].split())
+  return f'{type(e).__name__}: {text[:300]}'
+
+
+def _restore_verified(manager: ocp.CheckpointManager, abstract_state: Any,
+                      step: int) -> tuple[Any, str]:
+  """(state, '') or (None, its problem); the same on every process."""
+  step_dir = epath.Path(manager.directory) / str(step)
+  state, arrays, problem = None, None, ''
+  try:
+    arrays = recorded(step_dir)
+    _check_fits(arrays, abstract_state, step_dir)
+    state = manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+  except checkpoint.CheckpointMismatchError:
+    raise  # Another model's state: the config changed, nothing is damaged.
+  except errors.CheckpointError as e:
+    problem = str(e)
+  except READ_ERRORS as e:
+    silence_abandoned_reads()
+    if arrays is None and (step_dir / STEP_METADATA).exists():
+      # No record to tell damage from another model's state: leave it where it is.
+      raise errors.CheckpointError(f'The checkpoint at step {step} in {manager.directory} '
+                                   f'cannot be restored: {short(e)}.') from None
+    problem = short(e)
+  if _anywhere(bool(problem)) and not problem:
+    problem = 'another process could not read it (see its log)'
+  if not problem:  # Collective, so only once every process holds the state.
+    problem = verify(state, arrays, step_dir)
+  return (None, problem) if problem else (state, '')
+
+
+def silence_abandoned_reads() -> None:
+  """Silences the reads Orbax abandons after the first failure, for this process.
+
+  Their TensorStore callbacks find Orbax's event loop closed and each printed a
+  traceback ("Event loop is closed", dozens around the one real error); the
+  asyncio logger added "Task exception was never retrieved" for each. Only those
+  two messages are dropped; anything else is reported as before.
+  """
+  previous = sys.unraisablehook
+  if getattr(previous, 'vit_jax', False):
+    return
+
+  def hook(unraisable: Any) -> None:
+    if not (isinstance(unraisable.exc_value, RuntimeError)
+            and str(unraisable.exc_value) == 'Event loop is closed'):
+      previous(unraisable)
+  hook.vit_jax = True
+  sys.unraisablehook = hook
+  std_logging.getLogger('asyncio').addFilter(
+      lambda record: not record.getMessage().startswith(
+          ('Task exception was never retrieved', 'Future exception was never retrieved')))
+
+
+def _check_fits(arrays: dict[str, dict[str, Any]] | None, abstract_state: Any,
+                step_dir: epath.Path) -> None:
+  """Raises CheckpointMismatchError if the record holds other paths, shapes or dtypes."""
+  if arrays is None:
+    return
+  saved = {p: f'{a["dtype"]}{a["shape"]}' for p, a in arrays.items()}
+  wanted = {p: f'{np.dtype(x.dtype).name}{list(x.shape)}'
+            for p, x in _leaves(abstract_state).items()}
+  differ = sorted(p for p in saved.keys() | wanted.keys() if saved.get(p) != wanted.get(p))
+  if differ:
+    detail = '; '.join(f'{p}: saved {saved.get(p, "none")}, this config {wanted.get(p, "none")}'
+                       for p in differ[:2])
+    raise checkpoint.CheckpointMismatchError(
+        f'The checkpoint at step {step_dir.name} in {step_dir.parent} holds another model or '
+        f'optimizer than this config makes ({len(differ)} arrays differ; {detail}). Resume with '
+        'the config it was trained with (config.json in the workdir) or train in a new workdir.')
+
+
+def _anywhere(flag: bool) -> bool:
+  """True on every process if ``flag`` is True on any."""
+  if jax.process_count() == 1:
+    return flag
+  return bool(np.any(multihost_utils.process_allgather(np.int32(flag))))
+
+
+def _move_aside(manager: ocp.CheckpointManager, step: int) -> epath.Path:
+  """Moves ``checkpoints/STEP`` to ``checkpoints/bad/STEP`` (process 0; all wait)."""
+  directory = epath.Path(manager.directory)
+  target = directory / BAD / str(step)
+  n = 1
+  while target.exists():  # The same step went bad before (a run resumed, then damaged again).
+    target, n = directory / BAD / f'{step}.{n}', n + 1
+  if jax.process_count() > 1:  # Every process named the target before it is taken.
+    multihost_utils.sync_global_devices(f'vit_jax: moving checkpoint {step} aside')
+  if jax.process_index() == 0:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    (directory / str(step)).rename(target)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(f'vit_jax: checkpoint {step} moved aside')
+  manager.reload()
+  return target
 
 
 def abstract_like(tree: Any, shardings: Any) -> Any:

@@ -16,6 +16,8 @@ from typing import Any
 
 import ml_collections
 
+from vit_jax import errors
+
 _none = ml_collections.config_dict.placeholder
 
 
@@ -26,8 +28,8 @@ def get_config() -> ml_collections.ConfigDict:
   # The model: a zoo name (vit_jax.models.get_model) and any VisionTransformer option.
   config.model = ml_collections.ConfigDict(dict(
       name='b16',  # ti16, s16, b16, l16, h14, r50_b16, ... or a release name (ViT-B_16).
-      image_size=_none(int),  # Input size in pixels (224).
-      patch_size=_none(int),  # Patch side; the name's (16 for b16).
+      image_size=_none(object),  # Input size in pixels: 224 or (height, width); the name's.
+      patch_size=_none(object),  # Patch side or (height, width); the name's (16 for b16).
       hidden_size=_none(int), mlp_dim=_none(int), num_heads=_none(int),
       num_layers=_none(int),  # The encoder's shape; the name's.
       pool=_none(str),  # 'token' (class token), 'gap' or 'map'.
@@ -107,8 +109,8 @@ def get_config() -> ml_collections.ConfigDict:
 def complete(config: Any) -> ml_collections.ConfigDict:
   """``config`` laid over the defaults, so that every field is there.
 
-  Raises ValueError for a field that the defaults do not have, at any depth, naming the
-  closest valid names (a typo would otherwise be ignored).
+  Raises ConfigError (a ValueError) for a field that the defaults do not have, at any
+  depth, naming the closest valid names (a typo would otherwise be ignored).
   """
   user = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
   return ml_collections.ConfigDict(_merge(get_config().to_dict(), user, 'config'))
@@ -118,22 +120,27 @@ def _merge(base: dict[str, Any], user: dict[str, Any], where: str) -> dict[str, 
   merged = dict(base)
   for key, value in user.items():
     if key not in base:
-      close = difflib.get_close_matches(key, list(base), n=3, cutoff=0.6)
-      hint = f' Did you mean {", ".join(f"{where}.{c}" for c in close)}?' if close else ''
-      raise ValueError(f'{where}.{key} is not a config field.{hint} The fields of {where}: '
-                       f'{", ".join(sorted(base))} (vit_jax/config_base.py).')
+      raise unknown_field(where, key, list(base))
     if isinstance(base[key], dict):
       if not isinstance(value, dict):
-        raise ValueError(f'{where}.{key} must be a group of fields, like the default '
-                         f'{base[key]}; got {value!r}.')
+        raise errors.ConfigError(f'{where}.{key} must be a group of fields, like the '
+                                 f'default {base[key]}; got {value!r}.')
       value = _merge(base[key], value, f'{where}.{key}')
     merged[key] = value
   return merged
+
+
+def unknown_field(where: str, key: str, fields: list[str]) -> errors.ConfigError:
+  """The error for ``where.key`` that is not one of ``fields``: the closest ones named."""
+  close = difflib.get_close_matches(key, fields, n=3, cutoff=0.6)
+  hint = f' Did you mean {", ".join(f"{where}.{c}" for c in close)}?' if close else ''
+  return errors.ConfigError(f'{where}.{key} is not a config field.{hint} The fields of {where}: '
+                            f'{", ".join(sorted(fields))} (vit_jax/config_base.py).')
 
 
 def model_options(model: Any) -> tuple[str, dict[str, Any]]:
   """``config.model`` as (name, options), the options left unset (None) dropped."""
   options = {k: v for k, v in dict(model).items() if v is not None}
   if 'name' not in options:
-    raise ValueError('config.model.name is missing (e.g. "ti16", "b16").')
+    raise errors.ConfigError('config.model.name is missing (e.g. "ti16", "b16").')
   return options.pop('name'), options

@@ -5,7 +5,9 @@ r"""Export a run's parameters as a release .npz file (the layout the released mo
 The file loads with ``vit_jax.checkpoint.load_npz``, in the google-research
 vision_transformer code and in timm, and can be the ``init_from`` of a fine-tune.
 ``--evaluate`` reads the file back and evaluates it and the checkpoint on the
-run's evaluation split, to show the export is faithful.
+run's evaluation split, to show the export is faithful. The checkpoint is verified
+against the checksums recorded when it was written: a damaged one is an error
+naming the other steps (``vit_jax.workdir.restore_params``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from absl import app, flags, logging
+
+from vit_jax import errors
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The workdir of a vit_jax.main run.')
 _OUT = flags.DEFINE_string('out', None, 'The .npz file to write.')
@@ -74,4 +78,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  errors.run(main)

@@ -1,6 +1,9 @@
 r"""Entry point: ``python -m vit_jax.main --config=configs/quickstart.py --workdir=DIR``.
 
-Any config field can be overridden on the command line (``--config.batch_size=256``).
+Any config field can be overridden on the command line (``--config.batch_size=256``,
+``--config.model.image_size='(16, 24)'``: ``vit_jax.config_cli``). A user error (a bad
+config, a missing file, a checkpoint that does not fit) ends the run with one line,
+``error: ...``, and exit status 2 (``vit_jax.errors``).
 On Cloud TPU and SLURM, ``jax.distributed`` finds the other processes by itself;
 elsewhere pass ``--coordinator_address``, ``--num_processes`` and ``--process_id``
 to every process.
@@ -11,12 +14,10 @@ from __future__ import annotations
 import os
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
-from vit_jax import cpu_backend
+from vit_jax import config_cli, cpu_backend
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file.',
-                                          lock_config=True)
+_CONFIG = config_cli.DEFINE_config('config', 'Training config file.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and logs.')
 _COORDINATOR = flags.DEFINE_string('coordinator_address', None,
                                    'host:port of process 0, for multi-process runs.')
@@ -39,6 +40,7 @@ def _auto_distributed() -> bool:
 
 
 def main(argv: list[str]) -> None:
+  config = _CONFIG.value  # Its errors first, before anything starts.
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if cpu_backend.runs_on_cpu():  # XLA:CPU's set-up; may re-execute this process once.
@@ -60,8 +62,8 @@ def main(argv: list[str]) -> None:
 
   from vit_jax import train
 
-  train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  train.train_and_evaluate(config, _WORKDIR.value)
 
 
 if __name__ == '__main__':
-  app.run(main)
+  config_cli.run(main)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from vit_jax import errors
 from vit_jax.checkpoint import flatten, unflatten
 
 _MU_DTYPES = {None: None, 'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
@@ -29,15 +30,15 @@ def resolve_steps(config: Any, num_train_examples: int) -> tuple[int, int]:
   elif config.get('num_epochs'):
     total = math.ceil(config.num_epochs * steps_per_epoch)
   else:
-    raise ValueError('Set config.total_steps or config.num_epochs.')
+    raise errors.ConfigError('Set config.total_steps or config.num_epochs.')
   schedule = config.schedule
   if schedule.get('warmup_epochs'):
     warmup = math.ceil(schedule.warmup_epochs * steps_per_epoch)
   else:
     warmup = int(schedule.get('warmup_steps', 0))
   if warmup >= total:
-    raise ValueError(f'config.schedule: the warm-up ({warmup} steps) is not shorter than the '
-                     f'run ({total} steps). Shorten the warm-up or train longer.')
+    raise errors.ConfigError(f'config.schedule: the warm-up ({warmup} steps) is not shorter '
+                             f'than the run ({total} steps). Shorten the warm-up or train longer.')
   return total, warmup
 
 
@@ -55,7 +56,8 @@ def make_schedule(schedule: Any, total_steps: int, warmup_steps: int) -> optax.S
   elif decay == 'constant':
     after = optax.constant_schedule(base_lr)
   else:
-    raise ValueError(f"config.schedule.decay={decay!r} is not 'linear', 'cosine' or 'constant'.")
+    raise errors.ConfigError(
+        f"config.schedule.decay={decay!r} is not 'linear', 'cosine' or 'constant'.")
   if not warmup_steps:
     return after
   return optax.join_schedules([optax.linear_schedule(0., base_lr, warmup_steps), after],
@@ -76,8 +78,8 @@ def make_optimizer(optimizer: Any, learning_rate: optax.Schedule) -> optax.Gradi
   if name == 'adam':
     mu_dtype = optimizer.get('mu_dtype')
     if mu_dtype not in _MU_DTYPES:
-      raise ValueError(f'config.optimizer.mu_dtype={mu_dtype!r} is not one of '
-                       f'{list(_MU_DTYPES)}.')
+      raise errors.ConfigError(f'config.optimizer.mu_dtype={mu_dtype!r} is not one of '
+                               f'{list(_MU_DTYPES)}.')
     chain.append(optax.scale_by_adam(optimizer.get('b1', 0.9), optimizer.get('b2', 0.999),
                                      mu_dtype=_MU_DTYPES[mu_dtype]))
     if optimizer.get('weight_decay'):
@@ -87,7 +89,7 @@ def make_optimizer(optimizer: Any, learning_rate: optax.Schedule) -> optax.Gradi
       chain.append(optax.add_decayed_weights(optimizer.weight_decay, mask=kernel_mask))
     chain.append(optax.trace(decay=optimizer.get('momentum', 0.9)))
   else:
-    raise ValueError(f"config.optimizer.name={name!r} is not 'adam' or 'sgd'.")
+    raise errors.ConfigError(f"config.optimizer.name={name!r} is not 'adam' or 'sgd'.")
   chain.append(optax.scale_by_learning_rate(learning_rate))
   return optax.chain(*chain)
 

@@ -26,6 +26,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from vit_jax import errors
+
 BATCH_AXES = ('data', 'fsdp')
 
 # Parameter (and optimizer-state) names -> partition specs, first match wins. Specs
@@ -57,9 +59,9 @@ def make_mesh(mesh_config: Any = None, devices: list[jax.Device] | None = None) 
   if data == -1:
     data = len(devices) // fsdp
   if data * fsdp != len(devices):
-    raise ValueError(f'config.mesh: data={data} x fsdp={fsdp} does not cover the '
-                     f'{len(devices)} devices. Make their product {len(devices)} '
-                     '(data=-1 fills in the rest).')
+    raise errors.ConfigError(f'config.mesh: data={data} x fsdp={fsdp} does not cover the '
+                             f'{len(devices)} devices. Make their product {len(devices)} '
+                             '(data=-1 fills in the rest).')
   return jax.make_mesh((data, fsdp), BATCH_AXES, devices=devices,
                        axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
@@ -72,7 +74,8 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, ACTIVATION_RULES['replicated'])
 
 
-def _path(key_path: tuple) -> str:
+def path_name(key_path: tuple) -> str:
+  """'params/head/kernel' for a pytree key path (dict keys, attributes, indices alike)."""
   parts = []
   for k in key_path:
     for attr in ('key', 'name', 'idx'):
@@ -106,8 +109,8 @@ def shardings_for(tree: Any, mesh: Mesh, stored: bool = False) -> Any:
   """NamedShardings for a pytree of arrays (or shapes), following PARAM_RULES; ``stored``:
   as the train state stores them (see the module's docstring)."""
   return jax.tree_util.tree_map_with_path(
-      lambda kp, x: NamedSharding(mesh, spec_for(_path(kp), tuple(np.shape(x)), mesh, stored)),
-      tree)
+      lambda kp, x: NamedSharding(mesh, spec_for(path_name(kp), tuple(np.shape(x)), mesh,
+                                                 stored)), tree)
 
 
 def waits_for_inputs() -> bool:

@@ -22,6 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 from absl import logging
 from etils import epath
@@ -32,6 +33,7 @@ from vit_jax import (
   checkpoint_manager,
   config_base,
   cpu_backend,
+  errors,
   evaluate,
   optim,
   sharding,
@@ -39,6 +41,7 @@ from vit_jax import (
 from vit_jax import workdir as workdir_lib
 from vit_jax.data import loader, preprocess, sources
 from vit_jax.models import canonical_name, get_model
+from vit_jax.models.vit import pair
 
 
 @flax.struct.dataclass
@@ -79,36 +82,52 @@ class Plan:
 
 def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | None = None,
              num_train_examples: int | None = None) -> Plan:
-  """Checks a config and resolves it; raises ValueError naming the bad field.
+  """Checks a config and resolves it; raises ``errors.UserError`` naming the bad field.
 
-  Fields the config leaves out take ``config_base``'s defaults. ``devices``: the mesh's
-  (default: all of this run's). With ``num_train_examples`` no data or file is opened
-  (planning ahead of time, ``vit_jax.aot``): the plan has no sources, and
-  ``dataset.num_classes`` must be set.
+  Fields the config leaves out take ``config_base``'s defaults. Every check runs before
+  anything compiles; the preprocessing pipelines run once, on the first example of their
+  split, to compare the size they make with the model's. ``devices``: the mesh's (default:
+  all of this run's). With ``num_train_examples`` no data or file is opened (planning ahead
+  of time, ``vit_jax.aot``): the plan has no sources, and ``dataset.num_classes`` must be set.
   """
   config = config_base.complete(config)
   name, options = config_base.model_options(config.model)
   try:
     canonical_name(name)
   except ValueError as e:
-    raise ValueError(f'config.model.name: {e}') from None
+    raise errors.ConfigError(f'config.model.name: {e}') from None
+  for field in ('image_size', 'patch_size'):
+    if field in options and not _is_size(options[field]):
+      raise errors.ConfigError(f'config.model.{field}={options[field]!r} is not a positive int '
+                               'or a (height, width) pair of them.')
   with_data = num_train_examples is None
   data_dir = config.dataset.data_dir
-  if (with_data and data_dir and not config.dataset.prepare
-      and not epath.Path(data_dir).exists()):
-    raise FileNotFoundError(f'config.dataset.data_dir={config.dataset.data_dir} does not exist.')
+  if with_data and data_dir and not config.dataset.prepare and not epath.Path(data_dir).exists():
+    raise errors.MissingFileError(
+        f'config.dataset.data_dir={config.dataset.data_dir} does not exist.')
   init_from, init_step = config.init_from, config.init_step
   if with_data and init_from:
     if workdir_lib.is_workdir(init_from):
       workdir_lib.resolve_step(init_from, init_step)  # Raises, naming the steps there.
     elif not epath.Path(init_from).is_file():
-      raise FileNotFoundError(
+      raise errors.MissingFileError(
           f'config.init_from={init_from} is neither a release .npz file nor the workdir of '
           'an earlier run (a directory with checkpoints/).')
   if config.loss not in ('softmax_xent', 'sigmoid_xent'):
-    raise ValueError(f"config.loss={config.loss!r} is not 'softmax_xent' or 'sigmoid_xent'.")
-  pp_train = preprocess.parse(config.dataset.pp_train)
-  pp_eval = preprocess.parse(config.dataset.pp_eval)
+    raise errors.ConfigError(
+        f"config.loss={config.loss!r} is not 'softmax_xent' or 'sigmoid_xent'.")
+  for field in ('base_lr', 'end_lr'):
+    lr = config.schedule[field]
+    if lr < 0 or (field == 'base_lr' and lr == 0):
+      raise errors.ConfigError(
+          f'config.schedule.{field}={lr} must be {"positive" if field == "base_lr" else ">= 0"}'
+          ' (e.g. 1e-3): a negative rate climbs the loss, a zero one trains nothing.')
+  pipelines = {}
+  for field in ('pp_train', 'pp_eval'):
+    try:
+      pipelines[field] = preprocess.parse(config.dataset[field])
+    except ValueError as e:
+      raise errors.ConfigError(f'config.dataset.{field}: {e}') from None
 
   if config.eval_batch_size is None:
     config.eval_batch_size = config.batch_size
@@ -116,17 +135,23 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
   devices, accum = mesh.size, int(config.grad_accum_steps)
   for field in ('batch_size', 'eval_batch_size'):
     size = int(config[field])
+    if size < devices:
+      raise errors.ConfigError(
+          f'config.{field}={size} is smaller than the {devices} devices: each device needs at '
+          f'least one example. Use a multiple of {devices} (or fewer devices: --cpu_devices, '
+          'config.mesh).')
     if size % devices:
-      raise ValueError(f'config.{field}={size} is not divisible by the {devices} devices. '
-                       f'Use a multiple of {devices}.')
+      raise errors.ConfigError(f'config.{field}={size} is not divisible by the {devices} '
+                               f'devices. Use a multiple of {devices}.')
   if (config.batch_size // devices) % accum:
-    raise ValueError(f'config.grad_accum_steps={accum} does not divide the per-device batch '
-                     f'{config.batch_size // devices}.')
+    raise errors.ConfigError(f'config.grad_accum_steps={accum} does not divide the per-device '
+                             f'batch {config.batch_size // devices}.')
   if config.step_impl not in ('jit', 'shard_map'):
-    raise ValueError(f"config.step_impl={config.step_impl!r} is not 'jit' or 'shard_map'.")
+    raise errors.ConfigError(
+        f"config.step_impl={config.step_impl!r} is not 'jit' or 'shard_map'.")
   if config.step_impl == 'shard_map' and mesh.shape['fsdp'] != 1:
-    raise ValueError('config.step_impl="shard_map" replicates the parameters: it needs '
-                     'config.mesh.fsdp=1.')
+    raise errors.ConfigError('config.step_impl="shard_map" replicates the parameters: it needs '
+                             'config.mesh.fsdp=1.')
 
   train_source = eval_source = None
   num_classes = int(config.dataset.num_classes)
@@ -134,23 +159,71 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
     try:
       train_source = sources.get_source(config.dataset, config.dataset.train_split)
       eval_source = sources.get_source(config.dataset, config.dataset.eval_split)
+    except FileNotFoundError as e:
+      raise errors.MissingFileError(f'config.dataset ({config.dataset.name!r}): {e}') from None
     except ValueError as e:
-      raise ValueError(f'config.dataset ({config.dataset.name!r}): {e}') from None
+      raise errors.ConfigError(f'config.dataset ({config.dataset.name!r}): {e}') from None
     num_classes = num_classes or train_source.num_classes
     if num_classes != train_source.num_classes:
-      raise ValueError(f'config.dataset.num_classes={num_classes}, but the data has '
-                       f'{train_source.num_classes} classes.')
+      raise errors.ConfigError(f'config.dataset.num_classes={num_classes}, but the data has '
+                               f'{train_source.num_classes} classes.')
     num_train_examples = len(train_source)
   elif not num_classes:
-    raise ValueError('config.dataset.num_classes is 0 (the data\'s): set it to plan without '
-                     'the data.')
+    raise errors.ConfigError('config.dataset.num_classes is 0 (the data\'s): set it to plan '
+                             'without the data.')
   try:
     model = get_model(name, num_classes=num_classes, **options)
   except ValueError as e:
-    raise ValueError(f'config.model: {e}') from None
+    raise errors.ConfigError(f'config.model: {e}') from None
+  _check_image_size(model, config.model.image_size)
+  if with_data:
+    for field, split, source in (('pp_train', config.dataset.train_split, train_source),
+                                 ('pp_eval', config.dataset.eval_split, eval_source)):
+      _check_pipeline_size(field, pipelines[field], split, source, model.image_size)
   total, warmup = optim.resolve_steps(config, num_train_examples)
-  return Plan(config, model, train_source, eval_source, num_classes, total, warmup, mesh, pp_train,
-              pp_eval)
+  optim.make_optimizer(config.optimizer, optim.make_schedule(config.schedule, total, warmup))
+  return Plan(config, model, train_source, eval_source, num_classes, total, warmup, mesh,
+              pipelines['pp_train'], pipelines['pp_eval'])
+
+
+def _is_size(value: Any) -> bool:
+  """A positive int, or a (height, width) pair of them."""
+  sides = value if isinstance(value, (tuple, list)) and len(value) == 2 else (value,)
+  return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sides)
+
+
+def _check_image_size(model: nn.Module, configured: Any) -> None:
+  """Every image side a multiple of the patch (times the hybrid stem's stride)."""
+  stride = model.stem_stride
+  for side, patch in zip(pair(model.image_size), pair(model.patch_size), strict=True):
+    unit = patch * stride
+    if side % unit:
+      lower = side // unit * unit
+      sizes = f'{lower} or {lower + unit}' if lower else f'{unit}'
+      unit_text = f'{patch} x the BiT stem\'s stride {stride} = {unit}' if stride > 1 else unit
+      raise errors.ConfigError(
+          f'config.model.image_size={configured or model.image_size}: {side} px is not a '
+          f'multiple of the patch size ({unit_text} px), so the last {side % unit} px would be '
+          f'dropped. Use {sizes}.')
+
+
+def _check_pipeline_size(field: str, pipeline: preprocess.Pipeline, split: str, source: Any,
+                         size: tuple[int, int]) -> None:
+  """The pipeline's output on the split's first example is the model's input size."""
+  expected = (*size, 3)
+  try:
+    shape = pipeline(source[0]['image'], np.random.default_rng(0)).shape
+  except Exception as e:  # Any failure of the user's pipeline on the user's data.
+    raise errors.ConfigError(f'config.dataset.{field}={pipeline.spec!r} fails on the first '
+                             f'{split!r} example: {type(e).__name__}: {e}') from None
+  if tuple(shape) != expected:
+    got = 'x'.join(map(str, shape))
+    raise errors.ConfigError(
+        f'config.dataset.{field}={pipeline.spec!r} makes {got} images (on the first {split!r} '
+        f'example), but the model takes {size[0]}x{size[1]}x3 (config.model.image_size). End '
+        f'the pipeline with resize({size[0] if size[0] == size[1] else size}) or a crop to it, '
+        f'or change the image size'
+        f'{" (and add to_rgb)" if len(shape) != 3 or shape[-1] != 3 else ""}.')
 
 
 # ---------------------------------------------------------------------------
@@ -362,8 +435,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     state = state.replace(params=jax.device_put(params, state_shardings.params))
     logging.info('Initialised from %s.', config.init_from)
   if manager.latest_step() is not None:
-    abstract = checkpoint_manager.abstract_like(state, state_shardings)
-    state = checkpoint_manager.restore(manager, abstract)
+    # The newest checkpoint that passes its checksums; damaged ones are moved aside.
+    state = checkpoint_manager.resume(
+        manager, checkpoint_manager.abstract_like(state, state_shardings))
     logging.info('Resumed from %s at step %d.', manager.directory, int(state.step))
   start_step = int(jax.device_get(state.step))
 

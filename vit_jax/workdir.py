@@ -20,7 +20,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from vit_jax import checkpoint, config_base, sharding
+from vit_jax import checkpoint, checkpoint_manager, config_base, errors, sharding
 from vit_jax.models import VisionTransformer, get_model, registry
 from vit_jax.models.vit import pair
 
@@ -47,13 +47,13 @@ def resolve_step(workdir: str | os.PathLike, step: int | None = None) -> int:
   """``step`` if ``workdir`` has it (the latest if None); an error naming the choices."""
   available = steps(workdir)
   if not available:
-    raise FileNotFoundError(f'{workdir} holds no complete checkpoint (nothing in '
-                            f'{epath.Path(workdir) / CHECKPOINTS}). Train there first.')
+    raise errors.MissingFileError(f'{workdir} holds no complete checkpoint (nothing in '
+                                  f'{epath.Path(workdir) / CHECKPOINTS}). Train there first.')
   if step is None:
     return available[-1]
   if step not in available:
-    raise FileNotFoundError(f'{workdir} has no checkpoint at step {step}; it has steps '
-                            f'{available}.')
+    raise errors.MissingFileError(f'{workdir} has no checkpoint at step {step}; it has steps '
+                                  f'{available}.')
   return step
 
 
@@ -72,8 +72,8 @@ def load_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
   """The config the run in ``workdir`` was started with."""
   path = epath.Path(workdir) / CONFIG_FILE
   if not path.exists():
-    raise FileNotFoundError(f'{path} does not exist: {workdir} is not the workdir of a '
-                            'vit_jax.main run.')
+    raise errors.MissingFileError(f'{path} does not exist: {workdir} is not the workdir of a '
+                                  'vit_jax.main run.')
   return config_base.complete(json.loads(path.read_text()))
 
 
@@ -98,24 +98,37 @@ def restore_params(workdir: str | os.PathLike, step: int | None = None,
 
   With ``mesh``, they are restored straight onto it (sharded by the rules of
   ``vit_jax.sharding``, whatever mesh they were saved from); without, as numpy
-  arrays on the host.
+  arrays on the host. They are verified against the checksums the checkpoint
+  recorded; a damaged one raises ``errors.CheckpointError`` naming the other steps.
   """
   step = resolve_step(workdir, step)
-  directory = epath.Path(workdir) / CHECKPOINTS / str(step) / 'default'
-  metadata = ocp.PyTreeCheckpointHandler().metadata(directory).tree['params']
-  with ocp.PyTreeCheckpointer() as checkpointer:
-    if mesh is None:
-      abstract = jax.tree.map(lambda m: 0, metadata)
-      restore_args = jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
-    else:
-      shapes = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), metadata)
-      shardings = sharding.shardings_for(shapes, mesh)
-      abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                              shapes, shardings)
-      restore_args = ocp.checkpoint_utils.construct_restore_args(abstract)
-    restored = checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
-        item={'params': abstract}, restore_args={'params': restore_args},
-        partial_restore=True))
+  step_dir = epath.Path(workdir) / CHECKPOINTS / str(step)
+  try:
+    arrays = checkpoint_manager.recorded(step_dir)
+    metadata = ocp.PyTreeCheckpointHandler().metadata(step_dir / 'default').tree['params']
+    with ocp.PyTreeCheckpointer() as checkpointer:
+      if mesh is None:
+        abstract = jax.tree.map(lambda m: 0, metadata)
+        restore_args = jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray),
+                                    metadata)
+      else:
+        shapes = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), metadata)
+        shardings = sharding.shardings_for(shapes, mesh)
+        abstract = jax.tree.map(
+            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
+        restore_args = ocp.checkpoint_utils.construct_restore_args(abstract)
+      restored = checkpointer.restore(step_dir / 'default', args=ocp.args.PyTreeRestore(
+          item={'params': abstract}, restore_args={'params': restore_args},
+          partial_restore=True))
+    problem = checkpoint_manager.verify({'params': restored['params']}, arrays, step_dir)
+  except checkpoint_manager.READ_ERRORS as e:
+    checkpoint_manager.silence_abandoned_reads()
+    problem = str(e) if isinstance(e, errors.CheckpointError) else checkpoint_manager.short(e)
+  if problem:
+    others = [s for s in steps(workdir) if s != step]
+    raise errors.CheckpointError(
+        f'The checkpoint at step {step} in {workdir} is damaged: {problem}. Use another step'
+        f'{f" (it has {others})" if others else ""}, or train again.')
   return restored['params'], step
 
 

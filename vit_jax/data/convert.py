@@ -12,15 +12,18 @@ Sources (``--kind=auto`` recognises them):
             validation split is carved out by ``--val_fraction`` with ``--seed``.
 
 Every image is decoded once, in parallel over all cores, and stored in its own
-encoding; an undecodable or truncated image is skipped, counted and listed in the
-metadata. Examples go to the split's shards in turn. The output is written to
-``OUT.tmp`` and renamed when complete: re-running is safe (a finished dataset is
-kept unless ``--overwrite``).
+encoding; an undecodable or truncated image, or one of more than ``--max_pixels``
+(PIL's decompression-bomb limit; not decoded at all), is skipped, counted and
+listed with its path and reason in the metadata. A class entry that is not a
+folder, or a symbolic link that loops back, is refused. Examples go to the
+split's shards in turn. The output is written to ``OUT.tmp`` and renamed when
+complete: re-running is safe (a finished dataset is kept unless ``--overwrite``).
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import io
 import json
@@ -37,9 +40,11 @@ from absl import app, flags
 from etils import epath
 from PIL import Image
 
+from vit_jax import errors
 from vit_jax.data import local
 
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp')
+MAX_PIXELS = Image.MAX_IMAGE_PIXELS  # PIL's decompression-bomb limit: 89,478,485 (~9459^2).
 
 # An item to convert: (split, key, labels, payload). The payload is a path to read,
 # encoded bytes, or a uint8 array (IDX) to encode as PNG.
@@ -61,16 +66,36 @@ def detect_kind(source: epath.Path) -> str:
   return 'folder'
 
 
+def _folder(path: epath.Path, role: str) -> epath.Path:
+  """``path`` if it is a directory that is not a link back to itself or a parent."""
+  try:
+    target = os.path.realpath(path, strict=True) if os.path.islink(path) else None
+  except (OSError, RuntimeError) as e:  # ELOOP: a link to a link ... to itself.
+    raise errors.DataError(f'{path}: the {role} folder is a symbolic link that cannot be '
+                           f'followed ({e}). Replace it with the folder itself.') from None
+  if target and os.path.commonpath([target, os.path.realpath(path.parent)]) == target:
+    raise errors.DataError(f'{path}: the {role} folder is a symbolic link to {target}, which '
+                           'holds it: a loop. Replace it with the folder itself.')
+  if not path.is_dir():
+    raise errors.DataError(f'{path} is not a folder: in a folder source every entry of '
+                           f'SPLIT/ is a {role} folder. Move it out of {path.parent}.')
+  return path
+
+
 def scan_folder(source: epath.Path) -> tuple[list[str], Iterator[Item]]:
-  splits = sorted(p for p in source.iterdir() if p.is_dir())
+  """SPLIT/CLASS/images; a class entry that is not a folder, or a link loop, is refused."""
+  splits = sorted(p for p in source.iterdir() if p.is_dir() or os.path.islink(p))
   if not splits:
-    raise ValueError(f'{source} holds no SPLIT/CLASS/ folders.')
-  classes = sorted({c.name for s in splits for c in s.iterdir() if c.is_dir()})
+    raise errors.DataError(f'{source} holds no SPLIT/CLASS/ folders.')
+  folders = {split: sorted(_folder(c, 'class') for c in _folder(split, 'split').iterdir()
+                           if not c.name.startswith('.'))
+             for split in splits}
+  classes = sorted({c.name for cs in folders.values() for c in cs})
   index = {name: i for i, name in enumerate(classes)}
 
   def items() -> Iterator[Item]:
     for split in splits:
-      for cls in sorted(c for c in split.iterdir() if c.is_dir()):
+      for cls in folders[split]:
         for path in sorted(cls.iterdir()):
           yield split.name, f'{split.name}/{cls.name}/{path.name}', [index[cls.name]], str(path)
   return classes, items()
@@ -141,8 +166,20 @@ def scan_i21k(source: epath.Path, val_fraction: float,
   return classes, items()
 
 
-def check(item: Item) -> tuple[str, str, list[int], bytes | None, str]:
-  """Reads and fully decodes one image: (split, key, labels, bytes or None, why skipped)."""
+def _no_pil_limit() -> None:
+  """Turns PIL's own limit off in a worker: ``check`` applies ours, naming the file (PIL
+  warns without a name, or raises above twice its limit)."""
+  Image.MAX_IMAGE_PIXELS = None
+
+
+def check(item: Item,
+          max_pixels: int = MAX_PIXELS) -> tuple[str, str, list[int], bytes | None, str]:
+  """Reads and fully decodes one image: (split, key, labels, bytes or None, why skipped).
+
+  An image of more than ``max_pixels`` is skipped before it is decoded (its size is
+  in its header): training would decode it again in every epoch, and it may be a
+  decompression bomb.
+  """
   split, key, labels, payload = item
   try:
     if isinstance(payload, str):
@@ -155,6 +192,11 @@ def check(item: Item) -> tuple[str, str, list[int], bytes | None, str]:
       Image.fromarray(payload).save(out, format='PNG')
       data = out.getvalue()
     with Image.open(io.BytesIO(data)) as image:
+      width, height = image.size
+      if width * height > max_pixels:
+        return split, key, labels, None, (
+            f'too large: {width}x{height} = {width * height:,} pixels, above the limit of '
+            f'{max_pixels:,} (--max_pixels); downscale it, or raise the limit')
       image.load()  # Decodes everything: truncated files fail here.
     return split, key, labels, data, ''
   except Exception as e:  # noqa: BLE001 (any failure to read an image means: skip it)
@@ -194,7 +236,8 @@ class _SplitWriter:
 
 def convert(source: str, out: str, *, shards: int = 16, kind: str = 'auto',
             val_fraction: float = 0.02, seed: int = 0, workers: int | None = None,
-            overwrite: bool = False, name: str = '') -> dict[str, Any]:
+            overwrite: bool = False, name: str = '',
+            max_pixels: int = MAX_PIXELS) -> dict[str, Any]:
   """Converts ``source`` into ``out``; returns the metadata."""
   source_path, out_path = epath.Path(source), epath.Path(out)
   kind = detect_kind(source_path) if kind == 'auto' else kind
@@ -214,8 +257,10 @@ def convert(source: str, out: str, *, shards: int = 16, kind: str = 'auto',
   writers: dict[str, _SplitWriter] = {}
   skipped: list[dict[str, str]] = []
   multi_label, done, start = False, 0, time.time()
-  with multiprocessing.get_context('spawn').Pool(workers or os.cpu_count()) as pool:
-    for split, key, labels, data, why in pool.imap(check, items, chunksize=32):
+  with multiprocessing.get_context('spawn').Pool(workers or os.cpu_count(),
+                                                 _no_pil_limit) as pool:
+    for split, key, labels, data, why in pool.imap(
+        functools.partial(check, max_pixels=max_pixels), items, chunksize=32):
       done += 1
       if data is None:
         skipped.append({'key': key, 'split': split, 'reason': why})
@@ -258,6 +303,9 @@ def main() -> None:
   workers = flags.DEFINE_integer('workers', None, 'Decoding processes (default: all cores).')
   overwrite = flags.DEFINE_bool('overwrite', False, 'Replace an existing output.')
   name = flags.DEFINE_string('name', '', 'Dataset name in the metadata.')
+  max_pixels = flags.DEFINE_integer(
+      'max_pixels', MAX_PIXELS, 'Images of more pixels are skipped and listed, not decoded '
+      '(default: PIL\'s decompression-bomb limit).')
   flags.mark_flags_as_required(['source', 'out'])
 
   def run(argv: list[str]) -> None:
@@ -265,8 +313,8 @@ def main() -> None:
       raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
     convert(source.value, out.value, shards=shards.value, kind=kind.value,
             val_fraction=val_fraction.value, seed=seed.value, workers=workers.value,
-            overwrite=overwrite.value, name=name.value)
-  app.run(run)
+            overwrite=overwrite.value, name=name.value, max_pixels=max_pixels.value)
+  errors.run(run)
 
 
 if __name__ == '__main__':

@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import struct
 from typing import Any
 
 import numpy as np
 from etils import epath
-from PIL import Image
 
 FORMAT_VERSION = 1
 METADATA = 'metadata.json'
@@ -48,12 +46,6 @@ def decode_record(record: bytes) -> tuple[dict[str, Any], bytes]:
     raise ValueError('not a vit_jax record (bad magic): the shard is corrupt or foreign.')
   (length,) = struct.unpack('<I', record[3:7])
   return json.loads(record[7:7 + length]), record[7 + length:]
-
-
-def decode_image(data: bytes) -> np.ndarray:
-  """Encoded image -> HWC uint8 RGB (greyscale and palette images converted)."""
-  with Image.open(io.BytesIO(data)) as image:
-    return np.asarray(image.convert('RGB'))
 
 
 def shard_name(split: str, index: int, count: int) -> str:
@@ -102,9 +94,9 @@ class LocalSource:
   """One split of a local dataset; ``source[i]`` -> {'image', 'label', 'key'}.
 
   The image is the stored encoded bytes (the preprocessing pipeline's ``decode``
-  op, or ``decode_image``, decodes it); labels are a class index for single-label
-  data, a multi-hot float32 vector for multi-label data; the key is the source
-  path. Opening checks every shard's presence and size.
+  op decodes it, 16-bit images scaled to 8 bits); labels are a class index for
+  single-label data, a multi-hot float32 vector for multi-label data; the key is the
+  source path. Opening checks every shard's presence and size.
   """
 
   directory: str

@@ -1,0 +1,267 @@
+"""Faults injected as they happen to users: damaged checkpoints, kill -9, SIGTERM, bad flags.
+
+Every case ends in a correct continuation (bitwise that of an uninterrupted run)
+or in one line, ``error: ...``, naming the problem and the fix. The damage cases
+share the workdir of the ``tiny_run`` fixture (10 steps, checkpoints 5 and 10),
+copied per case; ``vit_jax.benchmarks.faults`` is the long version (kill -9 at
+random steps, N times). Each bad config is in tests/test_train.py (``validate``),
+each bad converter input in tests/test_convert.py.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import chex
+import jax
+import pytest
+
+from vit_jax import checkpoint, checkpoint_manager, errors, export, workdir
+
+from runs import (
+    QUICKSTART,
+    ROOT,
+    TINY_RUN,
+    abstract_state,
+    env,
+    local_launch_command,
+    main_command,
+    read_metrics,
+    restore_state,
+    tiny_config,
+)
+
+
+def overwrite_chunk_bytes(step_dir):
+  """Overwrites 8 bytes in the middle of an array chunk stored in a data file.
+
+  OCDBT checksums its B-tree nodes, which hold the small values; larger chunks are
+  stored apart (zstd frames, raw when the values do not compress), unchecked: the
+  damage TensorStore reads without an error.
+  """
+  import tensorstore as ts
+
+  kvstore = ts.KvStore.open(f'file://{step_dir / "default"}/').result()
+  root = ts.ocdbt.dump(kvstore).result()['versions'][0]['root']['location']
+  entry = next(e for e in ts.ocdbt.dump(kvstore, root).result()['entries']
+               if 'indirect_value' in e)
+  # 'value:ocdbt.process_0/:d/FILE:OFFSET:LENGTH'
+  directory, name, offset, length = entry['indirect_value'][len('value:'):].split(':')
+  path = step_dir / 'default' / directory / name
+  data, at = path.read_bytes(), int(offset) + int(length) // 2
+  path.write_bytes(data[:at] + bytes(255 - b for b in data[at:at + 8]) + data[at + 8:])
+
+
+def damage(step_dir, kind):
+  """Damages a checkpoint as a disk or a person would."""
+  largest = max((step_dir / 'default' / 'd').iterdir(), key=lambda p: p.stat().st_size)
+  if kind == 'truncated':
+    largest.write_bytes(largest.read_bytes()[:largest.stat().st_size // 2])
+  elif kind == 'emptied':
+    largest.write_bytes(b'')
+  elif kind == 'bytes overwritten':
+    overwrite_chunk_bytes(step_dir)
+  elif kind == 'manifest removed':
+    (step_dir / 'default' / 'manifest.ocdbt').unlink()
+  elif kind == '_METADATA removed':
+    (step_dir / 'default' / '_METADATA').unlink()
+  elif kind == '_CHECKPOINT_METADATA removed':
+    (step_dir / '_CHECKPOINT_METADATA').unlink()
+  elif kind == 'item folder removed':
+    shutil.rmtree(step_dir / 'default')
+  else:
+    raise ValueError(kind)
+
+
+KINDS = ['truncated', 'emptied', 'bytes overwritten', 'manifest removed', '_METADATA removed',
+         '_CHECKPOINT_METADATA removed', 'item folder removed']
+
+
+@pytest.fixture(scope='module')
+def reference(tiny_run):
+  """The tiny run's config, the target of its restores, and its step-5 and step-10 states."""
+  config = tiny_config(**TINY_RUN)
+  return dict(config=config, abstract=abstract_state(config),
+              step5=jax.device_get(restore_state(tiny_run, config, 5)),
+              step10=jax.device_get(restore_state(tiny_run, config, 10)))
+
+
+def copy_run(tiny_run, tmp_path):
+  shutil.copytree(tiny_run, tmp_path / 'run')
+  return tmp_path / 'run'
+
+
+@pytest.mark.parametrize('kind', KINDS)
+def test_a_damaged_checkpoint_is_moved_aside_and_the_one_before_restored(
+    tiny_run, reference, tmp_path, kind, caplog):
+  run = copy_run(tiny_run, tmp_path)
+  damage(run / 'checkpoints' / '10', kind)
+  manager = checkpoint_manager.make_manager(str(run), every_steps=5, keep=5)
+  try:
+    state = checkpoint_manager.resume(manager, reference['abstract'])
+    assert manager.all_steps() == [5]
+  finally:
+    manager.close()
+  chex.assert_trees_all_equal(jax.device_get(state), reference['step5'])
+  assert workdir.steps(run) == [5] and (run / 'checkpoints' / 'bad' / '10').is_dir()
+  assert f'The checkpoint at step 10 in {run / "checkpoints"} is damaged (' in caplog.text
+  assert 'Resuming from step 5, the newest good checkpoint.' in caplog.text
+  if kind == 'bytes overwritten':  # TensorStore reads it without an error: the checksums tell.
+    assert 'of its arrays differ from the checksums recorded when it was written' in caplog.text
+
+
+def test_export_and_fine_tuning_verify_the_checkpoint(tiny_run, reference, tmp_path):
+  run = copy_run(tiny_run, tmp_path)
+  # The record and the parameters disagree (here the record was changed: the tiny
+  # model's parameters are small enough to be in OCDBT's checksummed nodes).
+  metadata = run / 'checkpoints' / '10' / checkpoint_manager.STEP_METADATA
+  record = json.loads(metadata.read_text())
+  record['custom_metadata'][checkpoint_manager.ARRAYS]['params/head/kernel']['checksum'] = '0' * 16
+  metadata.write_text(json.dumps(record))
+  message = (r'The checkpoint at step 10 in .*run is damaged: 1 of its arrays differ from the '
+             r'checksums recorded when it was written \(params/head/kernel\). Use another step '
+             r'\(it has \[5\]\), or train again.')
+  with pytest.raises(errors.CheckpointError, match=message):
+    export.export(str(run), str(tmp_path / 'model.npz'))
+  model = workdir.model_from_config(workdir.load_config(run))
+  with pytest.raises(errors.CheckpointError, match=message):
+    workdir.init_params_from(str(run), reference['step10'].params, model)
+  assert not (tmp_path / 'model.npz').exists()
+  export.export(str(run), str(tmp_path / 'model.npz'), step=5)  # The good one.
+
+
+def test_with_no_good_checkpoint_left_one_error_lists_each_step(tiny_run, reference, tmp_path):
+  run = copy_run(tiny_run, tmp_path)
+  damage(run / 'checkpoints' / '10', 'item folder removed')
+  damage(run / 'checkpoints' / '5', 'bytes overwritten')
+  manager = checkpoint_manager.make_manager(str(run), every_steps=5, keep=5)
+  with pytest.raises(errors.CheckpointError,
+                     match=r'No checkpoint in .*checkpoints can be restored: step 10: KeyError: .*'
+                           r'Item "default" was not found.*; step 5: 1 of its arrays differ .* '
+                           r'They are in .*checkpoints/bad. Train from the start'):
+    checkpoint_manager.resume(manager, reference['abstract'])
+  manager.close()
+  assert sorted(os.listdir(run / 'checkpoints' / 'bad')) == ['10', '5']
+
+
+def test_another_models_checkpoint_stops_the_run_and_moves_nothing(tiny_run, tmp_path):
+  run = copy_run(tiny_run, tmp_path)
+  other = tiny_config(**{**TINY_RUN, 'model.hidden_size': 64})
+  manager = checkpoint_manager.make_manager(str(run), every_steps=5, keep=5)
+  with pytest.raises(checkpoint.CheckpointMismatchError,
+                     match=r'step 10 in .* holds another model or optimizer than this config '
+                           r'makes \(\d+ arrays differ; .*: saved float32\[32\], this config '
+                           r'float32\[64\].*\). Resume with the config it was trained with'):
+    checkpoint_manager.resume(manager, abstract_state(other))
+  manager.close()
+  assert workdir.steps(run) == [5, 10] and not (run / 'checkpoints' / 'bad').exists()
+
+
+def run_main(workdir, overrides=TINY_RUN, devices=8):
+  return subprocess.run(main_command(workdir, **overrides), cwd=ROOT, env=env(devices),
+                        capture_output=True, text=True, timeout=600)
+
+
+def test_a_silently_damaged_latest_checkpoint_resumes_bitwise(tiny_run, reference, tmp_path):
+  """As the issue found it: 8 bytes overwritten in a data file; the run starts again."""
+  run = copy_run(tiny_run, tmp_path)
+  damage(run / 'checkpoints' / '10', 'bytes overwritten')
+  done = run_main(run)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert 'Traceback' not in done.stderr and 'Event loop is closed' not in done.stderr
+  assert 'The checkpoint at step 10' in done.stderr and 'differ from the checksums' in done.stderr
+  assert f'Resumed from {run / "checkpoints"} at step 5.' in done.stderr
+  chex.assert_trees_all_equal(jax.device_get(restore_state(run, reference['config'])),
+                              reference['step10'])
+  losses = [(m['step'], m['train/loss']) for m in read_metrics(run) if 'train/loss' in m]
+  assert losses[-1][0] == 10 and losses[-1] == losses[1]  # Step 10 again, the same loss.
+
+
+class Log:
+  """A process's stderr, read as it comes."""
+
+  def __init__(self, process):
+    self.text = ''
+    self.thread = threading.Thread(target=self._read, args=(process.stderr,), daemon=True)
+    self.thread.start()
+
+  def _read(self, stream):
+    for line in stream:
+      self.text += line
+
+  def wait_for(self, process, condition, timeout=300):
+    start = time.time()
+    while not condition():
+      assert process.poll() is None, f'the run ended early: {self.text[-2000:]}'
+      assert time.time() - start < timeout, self.text[-2000:]
+      time.sleep(0.001)
+
+
+def test_sigterm_before_the_first_step_and_kill_9_during_a_save(tiny_run, reference, tmp_path):
+  run = tmp_path / 'run'
+  # SIGTERM once jax is up, before any step: it stops, saving at step 1 if its handler
+  # was already installed, or at once (nothing saved yet) if not.
+  process = subprocess.Popen(main_command(run, **TINY_RUN), cwd=ROOT, env=env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  log = Log(process)
+  log.wait_for(process, lambda: 'Process 0 of 1' in log.text)
+  process.send_signal(signal.SIGTERM)
+  assert process.wait(timeout=300) in (0, -signal.SIGTERM)
+  log.thread.join()
+  assert 'Traceback' not in log.text
+  assert workdir.steps(run) == ([1] if process.returncode == 0 else [])
+  # Restarted, then killed while Orbax writes a checkpoint (its temporary folder exists).
+  process = subprocess.Popen(main_command(run, **TINY_RUN), cwd=ROOT, env=env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  log = Log(process)
+  saving = lambda: any('tmp' in p for p in os.listdir(run / 'checkpoints'))  # noqa: E731
+  log.wait_for(process, lambda: (run / 'checkpoints').is_dir() and saving())
+  process.kill()
+  process.wait()
+  # Restarted again: to the end, as if nothing had happened.
+  done = run_main(run)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert workdir.steps(run)[-1] == 10 and not (run / 'checkpoints' / 'bad').exists()
+  chex.assert_trees_all_equal(jax.device_get(restore_state(run, reference['config'])),
+                              reference['step10'])
+
+
+@pytest.mark.parametrize('flag, message', [
+    ('--config.no_such_key=3', 'error: config.no_such_key is not a config field. The fields '
+                               'of config: batch_size, '),
+    ('--config.schedule.base_lr=-0.003', 'error: config.schedule.base_lr=-0.003 must be '
+                                         'positive (e.g. 1e-3)'),
+    ('--config.model.image_size=(16,24)', "error: config.dataset.pp_train='to_rgb|resize(16)|"
+                                          "pad_crop(2)|value_range(-1, 1)' makes 16x16x3 "),
+])
+def test_a_bad_flag_is_one_line_without_a_traceback(tmp_path, flag, message):
+  done = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.main', f'--config={QUICKSTART}', f'--workdir={tmp_path}',
+       flag], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+  assert done.returncode == errors.EXIT_STATUS, done.stderr[-3000:]
+  errors_printed = [line for line in done.stderr.splitlines() if line.startswith('error:')]
+  assert len(errors_printed) == 1 and errors_printed[0].startswith(message)
+  assert 'Traceback' not in done.stderr
+
+
+def test_two_processes_agree_on_the_checkpoint_they_fall_back_to(tiny_run, tmp_path):
+  """launch/local.sh's 2 processes x 4 devices both find the damage and resume at step 5."""
+  run = copy_run(tiny_run, tmp_path)
+  damage(run / 'checkpoints' / '10', 'bytes overwritten')
+  # A run of 5 steps: once resumed, only the evaluation is left (no train step to compile).
+  launch = subprocess.run(
+      local_launch_command(run, **{**TINY_RUN, 'total_steps': 5, 'schedule.warmup_steps': 1}),
+      cwd=ROOT, env=env(), capture_output=True, text=True, timeout=900)
+  assert launch.returncode == 0, launch.stderr[-3000:]
+  for i in range(2):
+    log = (run / 'logs' / f'process_{i}.log').read_text()
+    assert 'The checkpoint at step 10' in log and 'differ from the checksums' in log
+    assert f'Resumed from {run / "checkpoints"} at step 5.' in log
+    assert 'is already complete (step 5)' in log
+  assert sorted(os.listdir(run / 'checkpoints' / 'bad')) == ['10']  # Moved once.
+  assert workdir.steps(run) == [5]

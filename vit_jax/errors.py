@@ -1,0 +1,58 @@
+"""User errors: problems the user can fix, reported in one line instead of a traceback.
+
+A bad config, a missing or damaged file, a checkpoint that does not fit the
+model: the message names the problem and the fix, and the entry points
+(``run``) print it as ``error: ...`` on stderr and exit with status 2. Any
+other exception is a bug and keeps its traceback (exit status 1).
+
+Each class is also the built-in exception that callers expect of it
+(``ConfigError`` is a ``ValueError``, ``MissingFileError`` a ``FileNotFoundError``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+EXIT_STATUS = 2
+
+
+class UserError(Exception):
+  """A problem with what the user gave (config, files, checkpoints), not with the code."""
+
+
+class ConfigError(UserError, ValueError):
+  """A config field that cannot work; the message names the field and the fix."""
+
+
+class MissingFileError(UserError, FileNotFoundError):
+  """A file or directory the user named is not there."""
+
+
+class DataError(UserError, ValueError):
+  """Input data that cannot be used as it is (a class folder that is a loop, a damaged shard)."""
+
+
+class CheckpointError(UserError, ValueError):
+  """A checkpoint that cannot be restored: damaged, or holding another model's state."""
+
+
+def one_line(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
+  """``main`` with a ``UserError`` printed as one line on stderr (exit status 2)."""
+
+  def wrapped(argv: list[str]) -> Any:
+    try:
+      return main(argv)
+    except UserError as e:
+      message = ' '.join(str(e).split())  # One line, whatever the message held.
+      print(f'error: {message}', file=sys.stderr, flush=True)
+      sys.exit(EXIT_STATUS)
+  return wrapped
+
+
+def run(main: Callable[[list[str]], Any], **kwargs: Any) -> None:
+  """``absl.app.run(main)`` with user errors as one line (``one_line``); kwargs go to app.run."""
+  from absl import app
+
+  app.run(one_line(main), **kwargs)
