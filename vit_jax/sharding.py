@@ -97,6 +97,7 @@ def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh, stored: bool = False
     spec[len(shape) - len(rule):] = rule  # Scanned: the layer axis first, unsharded.
   if any(axis and dim % mesh.shape[axis] for dim, axis in zip(shape, spec, strict=True)):
     spec = [None] * len(shape)
+  spec = [axis if axis and mesh.shape[axis] > 1 else None for axis in spec]
   if stored and mesh.shape['data'] > 1:
     free = [i for i, (dim, axis) in enumerate(zip(shape, spec, strict=True))
             if axis is None and dim % mesh.shape['data'] == 0]
