@@ -1,15 +1,20 @@
 """Tests of vit_jax.train on 8 simulated devices: steps, accumulation, runs, resume."""
 
+import itertools
+import logging
+import re
+
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import host_cpu, optim, sharding, train
+from vit_jax import host_cpu, mfu, optim, sharding, train
+from vit_jax.data import loader
 from vit_jax.models import get_model
 
-from runs import TINY_MODEL, read_metrics, restore_state, tiny_config
+from runs import TINY_MODEL, TINY_RUN, read_metrics, restore_state, tiny_config
 
 
 def setup_step(config, model=None):
@@ -90,27 +95,62 @@ def test_a_run_warns_where_the_cpu_emulates_bfloat16_products(tmp_path, caplog):
   assert len(warned) == (0 if host_cpu.cpu_info()['native_bf16'] else 1)
 
 
-def test_resumed_run_equals_uninterrupted_run(tmp_path):
+def test_resumed_run_equals_uninterrupted_run(tmp_path, caplog):
+  caplog.set_level(logging.INFO)
   config = tiny_config()
   result = train.train_and_evaluate(config, str(tmp_path / 'a'))
   assert result['examples'] == 359  # Every held-out example, once (6 padded batches of 64).
   steps = sorted(int(p.name) for p in (tmp_path / 'a' / 'checkpoints').iterdir())
   assert steps == [10, 20]
+  # The closing summary: steps, time, the evaluations, where everything is.
+  assert re.search(r'Done: step 20/20, 20 trained in 0h\d\dm\d\ds \(compiling \d+s, '
+                   r'evaluating \d+s\), [\d,]+ img/s, MFU \d+\.\d%', caplog.text)
+  assert f'eval accuracy: final {result["accuracy"]:.4f} (step 20), best' in caplog.text
+  assert f'Checkpoints: {tmp_path / "a" / "checkpoints"} (steps 10, 20). Logs: ' \
+         f'{tmp_path / "a" / "metrics.jsonl"}' in caplog.text
 
-  # A second run that only had the step-10 checkpoint when it was restarted.
+  # A second run that had the step-10 checkpoint when it was restarted, and the log
+  # lines of the steps after it (the first run stopped after logging them).
   import shutil
   (tmp_path / 'b' / 'checkpoints').mkdir(parents=True)
   shutil.copytree(tmp_path / 'a' / 'checkpoints' / '10', tmp_path / 'b' / 'checkpoints' / '10')
+  shutil.copy(tmp_path / 'a' / 'metrics.jsonl', tmp_path / 'b' / 'metrics.jsonl')
   resumed = train.train_and_evaluate(config, str(tmp_path / 'b'))
-  a = {m['step']: m['train/loss'] for m in read_metrics(tmp_path / 'a') if 'train/loss' in m}
-  b = {m['step']: m['train/loss'] for m in read_metrics(tmp_path / 'b') if 'train/loss' in m}
-  assert sorted(b) == [15, 20]
-  assert all(a[s] == b[s] for s in b)  # Identical, not just close.
+  a, b = read_metrics(tmp_path / 'a'), read_metrics(tmp_path / 'b')
+  assert [m['step'] for m in b] == [m['step'] for m in a] == [5, 10, 15, 20, 20]  # No repeats.
+  loss = lambda rows: [m.get('train/loss') for m in rows]
+  assert loss(a) == loss(b)  # Identical, not just close.
   chex.assert_trees_all_equal(restore_state(tmp_path / 'a', config),
                               restore_state(tmp_path / 'b', config))
   assert resumed == result
-  # A finished run, started again: nothing to train, the same evaluation.
+  # A finished run, started again: nothing to train, the same evaluation, no new row.
   assert train.train_and_evaluate(config, str(tmp_path / 'a')) == result
+  assert read_metrics(tmp_path / 'a') == a
+
+
+def test_logged_loss_is_the_mean_since_the_last_line(tiny_run):
+  """The row at step 10 of the tiny run: steps 6-10 replayed from its step-5 checkpoint."""
+  config = tiny_config(**TINY_RUN)
+  plan = train.validate(config)
+  schedule = optim.make_schedule(config.schedule, plan.total_steps, plan.warmup_steps)
+  tx = optim.make_optimizer(config.optimizer, schedule)
+  _, shardings = train.create_train_state(plan.model, tx, 0, plan.mesh)
+  step = train.make_train_step(plan.model, tx, schedule, config, plan.mesh, shardings)
+  data = loader.TrainLoader(plan.train_source, plan.pp_train, global_batch_size=config.batch_size,
+                            seed=config.seed, sharding=sharding.batch_sharding(plan.mesh),
+                            num_classes=plan.num_classes)
+  state, losses = restore_state(tiny_run, config, step=5), []
+  for _, batch in itertools.islice(data.iterate(5), 5):
+    state, metrics = step(state, batch)
+    losses.append(float(metrics['loss']))
+  row = {m['step']: m for m in read_metrics(tiny_run) if 'train/loss' in m}[10]
+  assert row['train/loss'] == pytest.approx(np.mean(losses), rel=1e-6)
+  assert len(set(losses)) == 5  # A mean of different values, not one step's.
+  # MFU: the model's FLOPs of a training image at the logged speed, over the peak.
+  peak, how = mfu.device_peak('float32')
+  assert 'measured float32 matmul peak of 8 cpu devices' in how
+  assert row['train/mfu'] == pytest.approx(
+      3 * plan.model.forward_flops() * row['train/images_per_s'] / peak)
 
 
 def test_non_finite_loss_stops_with_the_step_and_keeps_good_checkpoints(tmp_path):
@@ -206,8 +246,9 @@ def test_mixup_mixes_images_and_labels_alike():
 @pytest.mark.parametrize('append', [True, False])
 def test_metrics_log_keeps_earlier_lines_across_a_resume(tmp_path, append):
   # append=False is how gs:// workdirs are written (object stores cannot append).
-  for steps in ((1, 2), (3,)):  # A run, then its resumed continuation.
-    log = train._MetricsLog(str(tmp_path), append=append)
+  # A run logs steps 1-3 and stops; resumed from its step-2 checkpoint, it logs 3 again.
+  for start, steps in ((0, (1, 2, 3)), (2, (3,))):
+    log = train._MetricsLog(str(tmp_path), start, append=append)
     for step in steps:
       log.write(step, {'train/loss': 1. / step})
     log.close()

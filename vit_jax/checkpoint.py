@@ -175,7 +175,7 @@ def save_npz(path: str | os.PathLike, params: Mapping[str, Any]) -> None:
   tmp = path.parent / f'.{path.name}.tmp-{os.getpid()}'
   with tmp.open('wb') as f:
     np.savez(f, **flat)
-  tmp.rename(path)
+  tmp.replace(path)
 
 
 def _interpolation_matrix(n_in: int, n_out: int) -> np.ndarray:

@@ -1,6 +1,9 @@
 r"""Entry point: ``python -m vit_jax.main --config=configs/quickstart.py --workdir=DIR``.
 
 Any config field can be overridden on the command line (``--config.batch_size=256``).
+The log is vit_jax's own lines (one per ``log_every_steps``, each evaluation, a closing
+summary); ``--verbosity=0`` (absl's flag) adds the INFO lines of Orbax, jax, clu and
+TensorFlow.
 On Cloud TPU and SLURM, ``jax.distributed`` finds the other processes by itself;
 elsewhere pass ``--coordinator_address``, ``--num_processes`` and ``--process_id``
 to every process.
@@ -13,7 +16,7 @@ import os
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from vit_jax import host_memory
+from vit_jax import console, host_memory
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file.',
                                           lock_config=True)
@@ -44,6 +47,8 @@ def main(argv: list[str]) -> None:
   # glibc's malloc set up for XLA:CPU's per-step buffers, before jax allocates anything.
   malloc = os.environ.get(host_memory.ENV) or host_memory.default_mode(_CPU_DEVICES.value)
   host_memory.reexec(malloc)
+  if not flags.FLAGS['verbosity'].present:
+    console.quiet_third_party(preload_tensorflow=True)
   logging.info('malloc: %s (%s; GLIBC_TUNABLES=%r).', malloc, host_memory.ENV,
                os.environ.get('GLIBC_TUNABLES', ''))
   import jax

@@ -89,7 +89,7 @@ def record_offsets(path: str | os.PathLike, sequential: bool | None = None) -> n
   tmp = cached.parent / f'.{cached.name}.tmp-{os.getpid()}-{threading.get_ident()}'
   with tmp.open('wb') as f:
     np.save(f, offsets)
-  tmp.rename(cached)  # Atomic: another process may write the same file.
+  tmp.replace(cached)  # Atomic: another process may have written the same file.
   return offsets
 
 
