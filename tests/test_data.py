@@ -75,6 +75,28 @@ def test_preprocessing_ops():
     preprocess.parse('to_rgb|blur')
 
 
+def test_random_erasing_replaces_one_box_by_noise():
+  image = np.full((60, 80, 3), 128, np.uint8)
+  erase = preprocess.parse('random_erase(1.0)')
+  for seed in range(20):
+    out = erase(image, np.random.default_rng(seed))
+    changed = (out != image).any(-1)
+    rows, cols = np.where(changed)
+    top, bottom, left, right = rows.min(), rows.max() + 1, cols.min(), cols.max() + 1
+    assert changed[top:bottom, left:right].mean() > 0.99  # One box of noise ...
+    assert not changed.sum() > (bottom - top) * (right - left)  # ... and nothing else.
+    area, aspect = (bottom - top) * (right - left) / (60 * 80), (bottom - top) / (right - left)
+    assert 0.015 <= area <= 0.35 and 0.25 <= aspect <= 4
+    np.testing.assert_array_equal(erase(image, np.random.default_rng(seed)), out)  # Seeded.
+  # A quarter of the examples by default; a float image gets standard normal noise.
+  default = preprocess.parse('random_erase')
+  erased = sum(not np.array_equal(default(image, np.random.default_rng(s)), image)
+               for s in range(400))
+  assert 70 <= erased <= 130
+  noise = erase(np.zeros((60, 80, 3), np.float32), np.random.default_rng(0))
+  assert noise.dtype == np.float32 and 0.5 < noise[noise != 0].std() < 1.5
+
+
 def test_a_trailing_value_range_can_run_on_the_device():
   pipeline = preprocess.parse('to_rgb|resize(8)|value_range(0, 1)')
   image = np.random.default_rng(0).integers(0, 256, (10, 12, 3), dtype=np.uint8)
@@ -227,20 +249,25 @@ def test_tfds_tfrecord_dataset_reads_as_its_array_record_twin(local_tfds, local_
 
 
 def test_a_run_on_tfrecord_data_resumes_exactly(local_tfds_tfrecord, tmp_path, monkeypatch):
+  """With DeiT's ingredients too: random erasing, mixup or CutMix, the weights' moving
+  average (checkpointed and evaluated), and layer-wise learning-rate decay."""
   import shutil
 
   monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
   name, data_dir, _ = local_tfds_tfrecord
   config = tiny_config(**{'total_steps': 8, 'checkpoint_every_steps': 4, 'log_every_steps': 2,
-                          'schedule.warmup_steps': 2})
+                          'schedule.warmup_steps': 2, 'mixup_alpha': 0.8, 'cutmix_alpha': 1.0,
+                          'ema_decay': 0.9, 'optimizer.layer_decay': 0.75})
   config.dataset = ml_collections.ConfigDict(dict(
       name=name, data_dir=data_dir, num_classes=10, train_split='train', eval_split='test',
-      pp_train='to_rgb|resize(16)|flip_lr|value_range(-1, 1)',
+      pp_train='to_rgb|resize(16)|flip_lr|random_erase(0.5)|value_range(-1, 1)',
       pp_eval='to_rgb|resize(16)|value_range(-1, 1)'))
   config.profile_steps = (2, 4)
   result = train.train_and_evaluate(config, str(tmp_path / 'a'))
-  assert result['examples'] == 256
+  assert result['examples'] == 256 and result['ema/loss'] != result['loss']
   assert list((tmp_path / 'a' / 'profile').rglob('*.xplane.pb'))  # The profiler trace.
+  assert {k for m in read_metrics(tmp_path / 'a') for k in m if k.startswith('eval/')} == {
+      'eval/accuracy', 'eval/loss', 'eval/examples', 'eval/ema/accuracy', 'eval/ema/loss'}
   (tmp_path / 'b' / 'checkpoints').mkdir(parents=True)
   shutil.copytree(tmp_path / 'a' / 'checkpoints' / '4', tmp_path / 'b' / 'checkpoints' / '4')
   assert train.train_and_evaluate(config, str(tmp_path / 'b')) == result

@@ -22,7 +22,7 @@ def setup_step(config, model=None):
   mesh = sharding.make_mesh(config.get('mesh'))
   schedule = optim.make_schedule(config.schedule, 100, 5)
   tx = optim.make_optimizer(config.optimizer, schedule)
-  state, shardings = train.create_train_state(model, tx, 0, mesh)
+  state, shardings = train.create_train_state(model, tx, 0, mesh, ema=config.ema_decay > 0)
   step = train.make_train_step(model, tx, schedule, config, mesh, shardings)
   return state, step, mesh
 
@@ -38,22 +38,38 @@ def random_batches(mesh, n, batch_size=64, seed=0):
   return out
 
 
-def run_steps(config, n=3):
+def run_steps(config, n=3, weights=None):
+  """``n`` steps on random batches; the weights before and after each into ``weights``."""
   state, step, mesh = setup_step(config)
   losses = []
+  if weights is not None:
+    weights.append(jax.device_get(state.params))
   for batch in random_batches(mesh, n):
     state, metrics = step(state, batch)
     losses.append(float(metrics['loss']))
+    if weights is not None:
+      weights.append(jax.device_get(state.params))
   return state, losses
 
 
-def test_jit_and_shard_map_steps_agree():
+def test_jit_and_shard_map_steps_agree_with_the_weights_moving_average():
   assert jax.device_count() == 8
-  jit_state, jit_losses = run_steps(tiny_config(step_impl='jit'))
-  sm_state, sm_losses = run_steps(tiny_config(step_impl='shard_map'))
-  np.testing.assert_allclose(jit_losses, sm_losses, rtol=1e-6)
-  chex.assert_trees_all_close(jit_state.params, sm_state.params, atol=1e-6, rtol=1e-5)
-  assert int(sm_state.step) == 3
+  decay = 0.8
+  for step_impl in ('jit', 'shard_map'):
+    weights = []
+    state, losses = run_steps(tiny_config(step_impl=step_impl, ema_decay=decay), 3, weights)
+    if step_impl == 'jit':
+      jit_state, jit_losses = state, losses
+    # The moving average after 3 steps: d^3 w_0 + (1 - d) sum_{i=1..3} d^(3-i) w_i.
+    expected = jax.tree.map(lambda *w: decay**3 * w[0] + (1 - decay) * sum(
+        decay**(3 - i) * w[i] for i in range(1, 4)), *weights)
+    chex.assert_trees_all_close(jax.device_get(state.ema_params), expected, atol=1e-6,
+                                rtol=1e-5)
+    assert not np.allclose(expected['head']['bias'], weights[-1]['head']['bias'])
+  np.testing.assert_allclose(jit_losses, losses, rtol=1e-6)
+  chex.assert_trees_all_close(jit_state.params, state.params, atol=1e-6, rtol=1e-5)
+  chex.assert_trees_all_close(jit_state.ema_params, state.ema_params, atol=1e-6, rtol=1e-5)
+  assert int(state.step) == 3
 
 
 @pytest.mark.parametrize('step_impl', ['jit', 'shard_map'])
@@ -241,6 +257,44 @@ def test_mixup_mixes_images_and_labels_alike():
                               p * batch['image'][0] + (1 - p) * batch['image'][7], atol=1e-6)
   _, losses = run_steps(tiny_config(mixup_alpha=0.2), n=2)
   assert all(np.isfinite(losses))
+
+
+def numbered_batch(n=8, size=(12, 10)):
+  """Example j: an image of value j, one-hot label j."""
+  return {'image': jnp.broadcast_to(jnp.arange(n, dtype=jnp.float32)[:, None, None, None],
+                                    (n, *size, 3)),
+          'label': jnp.eye(n)}
+
+
+def test_cutmix_label_weights_equal_the_pasted_area():
+  batch = numbered_batch()
+  cutmix = jax.jit(jax.vmap(lambda key: train.cutmix(batch, key, alpha=1.0)))
+  outputs = jax.device_get(cutmix(jax.random.split(jax.random.key(0), 20)))
+  shares = []
+  for image, label in zip(outputs['image'], outputs['label'], strict=True):
+    pasted = image[..., 0] == np.roll(np.arange(8), 1)[:, None, None]  # The neighbour's pixels.
+    assert np.all(pasted | (image[..., 0] == np.arange(8)[:, None, None]))
+    # One box, the same for every example, its share of the pixels on the labels.
+    assert all(np.array_equal(pasted[0], pasted[j]) for j in range(8))
+    rows, cols = np.where(pasted[0])
+    if len(rows):
+      assert pasted[0, rows.min():rows.max() + 1, cols.min():cols.max() + 1].all()
+    share = pasted[0].mean()
+    np.testing.assert_allclose(np.diag(label), 1 - share, atol=1e-6)
+    np.testing.assert_allclose(label[np.arange(8), np.roll(np.arange(8), 1)], share, atol=1e-6)
+    shares.append(share)
+  assert 0.2 < np.mean(shares) < 0.8 and len(set(shares)) > 10  # Beta(1, 1) areas.
+
+
+def test_mixup_cutmix_switch():
+  """DeiT's switch: each batch takes CutMix or mixup, CutMix with probability 0.3 here."""
+  batch = numbered_batch()
+  config = tiny_config(mixup_alpha=0.8, cutmix_alpha=1.0, mixup_switch_prob=0.3)
+  mix = jax.jit(jax.vmap(lambda key: train.mix(batch, key, config)['image']))
+  images = np.asarray(mix(jax.random.split(jax.random.key(1), 200))[..., 0])
+  whole = np.isin(images, np.arange(8)).reshape(200, -1)  # CutMix pastes; mixup blends.
+  assert np.all(whole.all(1) | ~whole.any(1))
+  assert abs(whole.all(1).mean() - 0.3) <= 0.1
 
 
 @pytest.mark.parametrize('append', [True, False])

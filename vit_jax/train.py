@@ -52,6 +52,7 @@ class TrainState:
   params: Any
   opt_state: Any
   rng: jax.Array  # Base key; step s uses fold_in(rng, s), so nothing else to save.
+  ema_params: Any = None  # The weights' moving average (config.ema_decay); None: off.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,14 +143,19 @@ def validate(config: ml_collections.ConfigDict) -> Plan:
 
 
 def create_train_state(model: nn.Module, tx: optax.GradientTransformation, seed: int,
-                       mesh: jax.sharding.Mesh) -> tuple[TrainState, Any]:
-  """Initialises the state directly in its shardings (never gathered on one host)."""
+                       mesh: jax.sharding.Mesh, ema: bool = False) -> tuple[TrainState, Any]:
+  """Initialises the state directly in its shardings (never gathered on one host).
+
+  ``ema``: with a moving average of the weights (``config.ema_decay > 0``), starting at
+  the initial weights.
+  """
   images = jnp.zeros((1, *model.image_size, 3), jnp.float32)
 
   def init(rng: jax.Array) -> TrainState:
     init_rng, state_rng = jax.random.split(rng)
     params = model.init({'params': init_rng}, images, train=False)['params']
-    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), state_rng)
+    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), state_rng,
+                      params if ema else None)
 
   rng = jax.random.PRNGKey(seed)
   shardings = sharding.shardings_for(jax.eval_shape(init, rng), mesh)
@@ -167,8 +173,7 @@ def loss_and_grads(model: nn.Module, config: ml_collections.ConfigDict, params: 
     return optim.loss_fn(config.loss, logits, labels, smoothing).mean()
 
   grad_fn = jax.value_and_grad(mean_loss)
-  if config.mixup_alpha:
-    batch = mixup(batch, jax.random.fold_in(rng, 0x6D697875), config.mixup_alpha)  # 'mixu'
+  batch = mix(batch, jax.random.fold_in(rng, 0x6D697875), config)  # 'mixu'
   k = int(config.grad_accum_steps)
   if k == 1:
     return grad_fn(params, batch['image'], batch['label'], rng)
@@ -193,8 +198,49 @@ def mixup(batch: dict[str, jax.Array], rng: jax.Array, alpha: float) -> dict[str
   """
   p = jax.random.beta(rng, alpha, alpha)
   p = jnp.maximum(p, 1. - p)
-  mix = lambda x: (p * x + (1. - p) * jnp.roll(x, 1, axis=0)).astype(x.dtype)
-  return {**batch, 'image': mix(batch['image']), 'label': mix(batch['label'])}
+  blend = lambda x: (p * x + (1. - p) * jnp.roll(x, 1, axis=0)).astype(x.dtype)
+  return {**batch, 'image': blend(batch['image']), 'label': blend(batch['label'])}
+
+
+def cutmix(batch: dict[str, jax.Array], rng: jax.Array, alpha: float) -> dict[str, jax.Array]:
+  """Pastes a box of each example's neighbour (``roll(x)``) into it. Yun et al., 2019.
+
+  p ~ Beta(a, a); the box (one for the batch, as timm's) has sides sqrt(1 - p) of the
+  image's around a uniform centre, clipped to the image. Labels are weighted by the
+  areas as pasted: (1 - box share) own, box share the neighbour's.
+  """
+  height, width = batch['image'].shape[1:3]
+  k_p, k_y, k_x = jax.random.split(rng, 3)
+  side = jnp.sqrt(1. - jax.random.beta(k_p, alpha, alpha))
+
+  def span(key: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
+    centre, half = jax.random.uniform(key, (), maxval=size), side * size / 2
+    return (jnp.clip(jnp.round(centre - half), 0, size).astype(jnp.int32),
+            jnp.clip(jnp.round(centre + half), 0, size).astype(jnp.int32))
+
+  (top, bottom), (left, right) = span(k_y, height), span(k_x, width)
+  rows, cols = jnp.arange(height)[:, None], jnp.arange(width)[None, :]
+  box = (rows >= top) & (rows < bottom) & (cols >= left) & (cols < right)
+  share = (bottom - top) * (right - left) / (height * width)
+  image = jnp.where(box[None, :, :, None], jnp.roll(batch['image'], 1, axis=0), batch['image'])
+  label = ((1. - share) * batch['label']
+           + share * jnp.roll(batch['label'], 1, axis=0)).astype(batch['label'].dtype)
+  return {**batch, 'image': image, 'label': label}
+
+
+def mix(batch: dict[str, jax.Array], rng: jax.Array,
+        config: ml_collections.ConfigDict) -> dict[str, jax.Array]:
+  """Mixup and/or CutMix as configured; with both, each batch takes CutMix with
+  probability ``mixup_switch_prob``, else mixup (DeiT's switch)."""
+  mixup_alpha, cutmix_alpha = config.mixup_alpha, config.cutmix_alpha
+  if mixup_alpha and cutmix_alpha:
+    k_switch, k_mix = jax.random.split(rng)
+    return jax.lax.cond(jax.random.bernoulli(k_switch, config.mixup_switch_prob),
+                        lambda b: cutmix(b, k_mix, cutmix_alpha),
+                        lambda b: mixup(b, k_mix, mixup_alpha), batch)
+  if cutmix_alpha:
+    return cutmix(batch, rng, cutmix_alpha)
+  return mixup(batch, rng, mixup_alpha) if mixup_alpha else batch
 
 
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
@@ -207,7 +253,12 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     params = optax.apply_updates(state.params, updates)
     metrics = {'loss': loss, 'grad_norm': optax.tree.norm(grads),
                'learning_rate': schedule(state.step)}
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    ema = state.ema_params
+    if ema is not None:
+      decay = config.ema_decay
+      ema = jax.tree.map(lambda e, p: (decay * e + (1. - decay) * p).astype(e.dtype), ema, params)
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                         ema_params=ema), metrics
 
   batch_sharding = sharding.batch_sharding(mesh)
   replicated = sharding.replicated(mesh)
@@ -372,7 +423,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   schedule = optim.make_schedule(config.schedule, total_steps, plan.warmup_steps)
   tx = optim.make_optimizer(config.optimizer, schedule)
-  state, state_shardings = create_train_state(model, tx, config.seed, mesh)
+  state, state_shardings = create_train_state(model, tx, config.seed, mesh,
+                                              ema=config.ema_decay > 0)
 
   checkpoint_every = config.checkpoint_every_steps
   manager = checkpoint_manager.make_manager(workdir, every_steps=checkpoint_every,
@@ -409,16 +461,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       num_classes=plan.num_classes, num_workers=config.input_workers)
 
   def run_eval(step: int) -> dict[str, float]:
+    """The weights' metrics, and the moving average's as 'ema/...'."""
     started = time.perf_counter()
-    batches = loader.eval_batches(
-        plan.eval_source, plan.pp_eval, global_batch_size=config.eval_batch_size,
-        sharding=sharding.batch_sharding(mesh), num_classes=plan.num_classes,
-        num_workers=config.input_workers)
-    result = evaluate.evaluate(eval_step, state.params, batches, metric_name)
+    result, line = {}, f'eval at step {step}:'
+    for prefix, params in (('', state.params), ('ema/', state.ema_params)):
+      if params is None:
+        continue
+      batches = loader.eval_batches(
+          plan.eval_source, plan.pp_eval, global_batch_size=config.eval_batch_size,
+          sharding=sharding.batch_sharding(mesh), num_classes=plan.num_classes,
+          num_workers=config.input_workers)
+      metrics = evaluate.evaluate(eval_step, params, batches, metric_name)
+      result.update({prefix + k: v for k, v in metrics.items() if not prefix or k != 'examples'})
+      line += (f'{"; EMA" if prefix else ""} {metric_name} {metrics[metric_name]:.4f}, loss '
+               f'{metrics["loss"]:.4f}')
     if step not in log.evals:  # A finished run evaluated again adds no row.
       log.write(step, {f'eval/{k}': v for k, v in result.items()})
-    logging.info('eval at step %d: %s %.4f, loss %.4f (%d examples)', step, metric_name,
-                 result[metric_name], result['loss'], result['examples'])
+    logging.info('%s (%d examples)', line, result['examples'])
     clock.eval += time.perf_counter() - started
     return result
 
@@ -433,12 +492,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       if flops_per_image:
         line += f', MFU {100 * flops_per_image * images_per_s / peak:.1f}%'
     logging.info('%s.', line)
-    key = f'eval/{metric_name}'
-    if evals := {s: row[key] for s, row in log.evals.items() if key in row}:
-      best = max(evals, key=evals.get)
-      final = max(evals)
-      logging.info('eval %s: final %.4f (step %d), best %.4f (step %d).', metric_name,
-                   evals[final], final, evals[best], best)
+    for name in ('', 'EMA '):
+      key = f'eval/{"ema/" if name else ""}{metric_name}'
+      if evals := {s: row[key] for s, row in log.evals.items() if key in row}:
+        best, final = max(evals, key=evals.get), max(evals)
+        logging.info('%seval %s: final %.4f (step %d), best %.4f (step %d).', name,
+                     metric_name, evals[final], final, evals[best], best)
     logging.info('Checkpoints: %s (steps %s). Logs: %s, TensorBoard events in %s.',
                  manager.directory, ', '.join(map(str, manager.all_steps())) or 'none',
                  log.jsonl, workdir)
