@@ -27,10 +27,9 @@ def get_config():
   config.mixup_alpha = 0.8
   config.cutmix_alpha = 1.0
   config.mixup_switch_prob = 0.5
-  config.ema_decay = 0.99996
   config.batch_size = 1024
   config.num_epochs = 300
-  config.optimizer.update(weight_decay=0.05, grad_clip_norm=0.0)
+  config.optimizer.update(weight_decay=0.05, grad_clip_norm=0.0, ema_decay=0.99996)
   config.schedule.update(base_lr=1e-3, end_lr=1e-5, warmup_steps=0, warmup_epochs=5,
                          decay='cosine')
   config.eval_every_steps = 2500

@@ -55,8 +55,7 @@ def restore_state(workdir, config, step=None):
   plan = train.validate(config)
   schedule = optim.make_schedule(config.schedule, plan.total_steps, plan.warmup_steps)
   tx = optim.make_optimizer(config.optimizer, schedule)
-  state, shardings = train.create_train_state(plan.model, tx, 0, plan.mesh,
-                                              ema=plan.config.ema_decay > 0)
+  state, shardings = train.create_train_state(plan.model, tx, 0, plan.mesh)
   manager = checkpoint_manager.make_manager(str(workdir), every_steps=1, keep=5)
   try:
     return checkpoint_manager.restore(

@@ -60,7 +60,7 @@ def test_s16_i1k_is_big_visions_plain_vit_recipe():
 def test_deit_s16_is_the_deit_recipe():
   config = load(pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'deit_s16_i1k.py')
   assert (config.mixup_alpha, config.cutmix_alpha, config.mixup_switch_prob) == (0.8, 1.0, 0.5)
-  assert (config.label_smoothing, config.ema_decay, config.model.stochastic_depth) == (
+  assert (config.label_smoothing, config.optimizer.ema_decay, config.model.stochastic_depth) == (
       0.1, 0.99996, 0.1)
   assert (config.optimizer.weight_decay, config.schedule.warmup_epochs) == (0.05, 5)
   assert 'random_erase(0.25)' in config.dataset.pp_train

@@ -257,7 +257,7 @@ def test_a_run_on_tfrecord_data_resumes_exactly(local_tfds_tfrecord, tmp_path, m
   name, data_dir, _ = local_tfds_tfrecord
   config = tiny_config(**{'total_steps': 8, 'checkpoint_every_steps': 4, 'log_every_steps': 2,
                           'schedule.warmup_steps': 2, 'mixup_alpha': 0.8, 'cutmix_alpha': 1.0,
-                          'ema_decay': 0.9, 'optimizer.layer_decay': 0.75})
+                          'optimizer.ema_decay': 0.9, 'optimizer.layer_decay': 0.75})
   config.dataset = ml_collections.ConfigDict(dict(
       name=name, data_dir=data_dir, num_classes=10, train_split='train', eval_split='test',
       pp_train='to_rgb|resize(16)|flip_lr|random_erase(0.5)|value_range(-1, 1)',

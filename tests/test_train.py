@@ -22,7 +22,7 @@ def setup_step(config, model=None):
   mesh = sharding.make_mesh(config.get('mesh'))
   schedule = optim.make_schedule(config.schedule, 100, 5)
   tx = optim.make_optimizer(config.optimizer, schedule)
-  state, shardings = train.create_train_state(model, tx, 0, mesh, ema=config.ema_decay > 0)
+  state, shardings = train.create_train_state(model, tx, 0, mesh)
   step = train.make_train_step(model, tx, schedule, config, mesh, shardings)
   return state, step, mesh
 
@@ -57,7 +57,8 @@ def test_jit_and_shard_map_steps_agree_with_the_weights_moving_average():
   decay = 0.8
   for step_impl in ('jit', 'shard_map'):
     weights = []
-    state, losses = run_steps(tiny_config(step_impl=step_impl, ema_decay=decay), 3, weights)
+    config = tiny_config(**{'step_impl': step_impl, 'optimizer.ema_decay': decay})
+    state, losses = run_steps(config, 3, weights)
     if step_impl == 'jit':
       jit_state, jit_losses = state, losses
     # The moving average after 3 steps: d^3 w_0 + (1 - d) sum_{i=1..3} d^(3-i) w_i.

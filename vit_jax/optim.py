@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -109,11 +109,42 @@ def scale_by_layer(decay: float) -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
+class WeightEmaState(NamedTuple):
+  ema: Any  # The moving average of the weights, in their layout.
+
+
+def weight_ema(decay: float) -> optax.GradientTransformation:
+  """Keeps ema = decay * ema + (1 - decay) * weights, of the weights after each update.
+
+  Last in a chain, it sees the final updates: the new weights are
+  ``optax.apply_updates(params, updates)``, as the train step computes them. The
+  average starts at the initial weights; the updates pass through unchanged.
+  """
+  def update(updates: Any, state: WeightEmaState, params: Any = None) -> tuple[Any, Any]:
+    weights = optax.apply_updates(params, updates)
+    ema = jax.tree.map(lambda e, w: (decay * e + (1. - decay) * w).astype(e.dtype), state.ema,
+                       weights)
+    return updates, WeightEmaState(ema)
+  return optax.GradientTransformation(lambda params: WeightEmaState(params), update)
+
+
+def ema_params(opt_state: Any) -> Any:
+  """The ``weight_ema`` average in an optimizer state (a chain's), or None."""
+  if isinstance(opt_state, WeightEmaState):
+    return opt_state.ema
+  if isinstance(opt_state, tuple):
+    for inner in opt_state:
+      if (found := ema_params(inner)) is not None:
+        return found
+  return None
+
+
 def make_optimizer(optimizer: Any, learning_rate: optax.Schedule) -> optax.GradientTransformation:
   """Adam with decoupled weight decay, or SGD with momentum; clipping first.
 
   ``layer_decay`` < 1 scales each parameter's step (its weight decay included, which
-  the learning rate scales too) by ``layer_scales``.
+  the learning rate scales too) by ``layer_scales``; ``ema_decay`` > 0 keeps a moving
+  average of the weights in the optimizer state (``weight_ema``).
   """
   name = optimizer.get('name', 'adam')
   clip = optimizer.get('grad_clip_norm')
@@ -140,6 +171,12 @@ def make_optimizer(optimizer: Any, learning_rate: optax.Schedule) -> optax.Gradi
   if layer_decay < 1:
     chain.append(scale_by_layer(layer_decay))
   chain.append(optax.scale_by_learning_rate(learning_rate))
+  ema_decay = optimizer.get('ema_decay', 0.)
+  if not 0 <= ema_decay < 1:
+    raise ValueError(f'config.optimizer.ema_decay={ema_decay} is not in [0, 1) (0: off; '
+                     'DeiT: 0.99996).')
+  if ema_decay:
+    chain.append(weight_ema(ema_decay))
   return optax.chain(*chain)
 
 

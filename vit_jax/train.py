@@ -52,7 +52,15 @@ class TrainState:
   params: Any
   opt_state: Any
   rng: jax.Array  # Base key; step s uses fold_in(rng, s), so nothing else to save.
-  ema_params: Any = None  # The weights' moving average (config.ema_decay); None: off.
+
+  @property
+  def ema_params(self) -> Any:
+    """The weights' moving average (``config.optimizer.ema_decay``), or None.
+
+    Kept in the optimizer state (``optim.weight_ema``): saved, restored and sharded
+    with it, and the state of a run without one is what it always was.
+    """
+    return optim.ema_params(self.opt_state)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,19 +151,14 @@ def validate(config: ml_collections.ConfigDict) -> Plan:
 
 
 def create_train_state(model: nn.Module, tx: optax.GradientTransformation, seed: int,
-                       mesh: jax.sharding.Mesh, ema: bool = False) -> tuple[TrainState, Any]:
-  """Initialises the state directly in its shardings (never gathered on one host).
-
-  ``ema``: with a moving average of the weights (``config.ema_decay > 0``), starting at
-  the initial weights.
-  """
+                       mesh: jax.sharding.Mesh) -> tuple[TrainState, Any]:
+  """Initialises the state directly in its shardings (never gathered on one host)."""
   images = jnp.zeros((1, *model.image_size, 3), jnp.float32)
 
   def init(rng: jax.Array) -> TrainState:
     init_rng, state_rng = jax.random.split(rng)
     params = model.init({'params': init_rng}, images, train=False)['params']
-    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), state_rng,
-                      params if ema else None)
+    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), state_rng)
 
   rng = jax.random.PRNGKey(seed)
   shardings = sharding.shardings_for(jax.eval_shape(init, rng), mesh)
@@ -253,12 +256,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     params = optax.apply_updates(state.params, updates)
     metrics = {'loss': loss, 'grad_norm': optax.tree.norm(grads),
                'learning_rate': schedule(state.step)}
-    ema = state.ema_params
-    if ema is not None:
-      decay = config.ema_decay
-      ema = jax.tree.map(lambda e, p: (decay * e + (1. - decay) * p).astype(e.dtype), ema, params)
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                         ema_params=ema), metrics
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   batch_sharding = sharding.batch_sharding(mesh)
   replicated = sharding.replicated(mesh)
@@ -423,8 +421,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   schedule = optim.make_schedule(config.schedule, total_steps, plan.warmup_steps)
   tx = optim.make_optimizer(config.optimizer, schedule)
-  state, state_shardings = create_train_state(model, tx, config.seed, mesh,
-                                              ema=config.ema_decay > 0)
+  state, state_shardings = create_train_state(model, tx, config.seed, mesh)
 
   checkpoint_every = config.checkpoint_every_steps
   manager = checkpoint_manager.make_manager(workdir, every_steps=checkpoint_every,
