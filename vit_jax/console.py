@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import vit_jax
 
-_OURS = os.path.dirname(os.path.abspath(vit_jax.__file__))
+_OURS = os.path.dirname(os.path.abspath(vit_jax.__file__)) + os.sep
 
 
 def _ours_or_warning(record: logging.LogRecord) -> bool:
@@ -31,7 +31,7 @@ def quiet_third_party(preload_tensorflow: bool = False) -> None:
   prints its start-up INFO lines (oneDNN) from C++ before any log setting applies. A
   failing import still raises its Python exception.
   """
-  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')  # TensorFlow's later C++ INFO lines.
   from absl import logging as absl_logging
 
   handler = absl_logging.get_absl_handler()

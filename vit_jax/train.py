@@ -386,14 +386,15 @@ def _host_metrics(pending: list[tuple[int, Any]], manager: Any) -> list[dict[str
 
 @dataclasses.dataclass
 class _Clock:
-  """Where the wall time goes: compiling, evaluating, and training (the rest)."""
+  """The run's wall time, and the loop's: compiling, evaluating, training (the rest)."""
 
   start: float = dataclasses.field(default_factory=time.perf_counter)
+  loop: float = 0.  # When the loop started.
   compile: float = 0.
   eval: float = 0.
 
   def training(self) -> float:
-    return time.perf_counter() - self.start - self.compile - self.eval
+    return time.perf_counter() - self.loop - self.compile - self.eval
 
 
 def _parameter_overview(model: nn.Module, params: Any, workdir: str) -> None:
@@ -506,8 +507,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   pending: list[tuple[int, Any]] = []  # The steps since the last log line.
   result: dict[str, float] = {}
   flops_per_image, peak = None, 1.
-  interval_step = start_step
   batches = train_loader.iterate(start_step)
+  clock.loop = time.perf_counter()
+  interval_step, interval_time = start_step, 0.
   try:
     for step in range(start_step + 1, total_steps + 1):
       if profile and step == profile[0]:
