@@ -249,25 +249,20 @@ def test_tfds_tfrecord_dataset_reads_as_its_array_record_twin(local_tfds, local_
 
 
 def test_a_run_on_tfrecord_data_resumes_exactly(local_tfds_tfrecord, tmp_path, monkeypatch):
-  """With DeiT's ingredients too: random erasing, mixup or CutMix, the weights' moving
-  average (checkpointed and evaluated), and layer-wise learning-rate decay."""
   import shutil
 
   monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
   name, data_dir, _ = local_tfds_tfrecord
   config = tiny_config(**{'total_steps': 8, 'checkpoint_every_steps': 4, 'log_every_steps': 2,
-                          'schedule.warmup_steps': 2, 'mixup_alpha': 0.8, 'cutmix_alpha': 1.0,
-                          'optimizer.ema_decay': 0.9, 'optimizer.layer_decay': 0.75})
+                          'schedule.warmup_steps': 2})
   config.dataset = ml_collections.ConfigDict(dict(
       name=name, data_dir=data_dir, num_classes=10, train_split='train', eval_split='test',
-      pp_train='to_rgb|resize(16)|flip_lr|random_erase(0.5)|value_range(-1, 1)',
+      pp_train='to_rgb|resize(16)|flip_lr|value_range(-1, 1)',
       pp_eval='to_rgb|resize(16)|value_range(-1, 1)'))
   config.profile_steps = (2, 4)
   result = train.train_and_evaluate(config, str(tmp_path / 'a'))
-  assert result['examples'] == 256 and result['ema/loss'] != result['loss']
+  assert result['examples'] == 256
   assert list((tmp_path / 'a' / 'profile').rglob('*.xplane.pb'))  # The profiler trace.
-  assert {k for m in read_metrics(tmp_path / 'a') for k in m if k.startswith('eval/')} == {
-      'eval/accuracy', 'eval/loss', 'eval/examples', 'eval/ema/accuracy', 'eval/ema/loss'}
   (tmp_path / 'b' / 'checkpoints').mkdir(parents=True)
   shutil.copytree(tmp_path / 'a' / 'checkpoints' / '4', tmp_path / 'b' / 'checkpoints' / '4')
   assert train.train_and_evaluate(config, str(tmp_path / 'b')) == result

@@ -1,6 +1,5 @@
 """Tests of vit_jax.train on 8 simulated devices: steps, accumulation, runs, resume."""
 
-import itertools
 import logging
 import re
 
@@ -11,10 +10,9 @@ import numpy as np
 import pytest
 
 from vit_jax import host_cpu, mfu, optim, sharding, train
-from vit_jax.data import loader
 from vit_jax.models import get_model
 
-from runs import TINY_MODEL, TINY_RUN, read_metrics, restore_state, tiny_config
+from runs import TINY_MODEL, read_metrics, restore_state, tiny_config
 
 
 def setup_step(config, model=None):
@@ -113,61 +111,62 @@ def test_a_run_warns_where_the_cpu_emulates_bfloat16_products(tmp_path, caplog):
 
 
 def test_resumed_run_equals_uninterrupted_run(tmp_path, caplog):
+  """With DeiT's ingredients: random erasing, mixup or CutMix, layer-wise learning-rate
+  decay, and the weights' moving average (checkpointed, and evaluated too)."""
   caplog.set_level(logging.INFO)
-  config = tiny_config()
+  config = tiny_config(**{
+      'dataset.pp_train': 'to_rgb|resize(16)|pad_crop(2)|random_erase(0.5)|value_range(-1, 1)',
+      'mixup_alpha': 0.8, 'cutmix_alpha': 1.0, 'optimizer.layer_decay': 0.75,
+      'optimizer.ema_decay': 0.9})
   result = train.train_and_evaluate(config, str(tmp_path / 'a'))
   assert result['examples'] == 359  # Every held-out example, once (6 padded batches of 64).
+  assert result['ema/loss'] != result['loss']
   steps = sorted(int(p.name) for p in (tmp_path / 'a' / 'checkpoints').iterdir())
   assert steps == [10, 20]
   # The closing summary: steps, time, the evaluations, where everything is.
   assert re.search(r'Done: step 20/20, 20 trained in 0h\d\dm\d\ds \(compiling \d+s, '
                    r'evaluating \d+s\), [\d,]+ img/s, MFU \d+\.\d%', caplog.text)
   assert f'eval accuracy: final {result["accuracy"]:.4f} (step 20), best' in caplog.text
+  assert f'EMA eval accuracy: final {result["ema/accuracy"]:.4f} (step 20)' in caplog.text
+  assert re.search(r'eval at step 20: accuracy [\d.]+, loss [\d.]+; EMA accuracy [\d.]+, '
+                   r'loss [\d.]+ \(359 examples\)', caplog.text)
   assert f'Checkpoints: {tmp_path / "a" / "checkpoints"} (steps 10, 20). Logs: ' \
          f'{tmp_path / "a" / "metrics.jsonl"}' in caplog.text
 
+  a = read_metrics(tmp_path / 'a')
+  assert [m['step'] for m in a] == [5, 10, 15, 20, 20]
+  assert set(a[-1]) == {'step', 'eval/accuracy', 'eval/loss', 'eval/examples',
+                        'eval/ema/accuracy', 'eval/ema/loss'}
+  # MFU: the model's FLOPs of a training image at the logged speed, over the peak.
+  peak, how = mfu.device_peak('float32')
+  assert 'measured float32 matmul peak of 8 cpu devices' in how
+  assert a[0]['train/mfu'] == pytest.approx(
+      3 * train.validate(config).model.forward_flops() * a[0]['train/images_per_s'] / peak)
+
   # A second run that had the step-10 checkpoint when it was restarted, and the log
-  # lines of the steps after it (the first run stopped after logging them).
+  # lines of the steps after it (the first run stopped after logging them); it logs
+  # every step.
   import shutil
   (tmp_path / 'b' / 'checkpoints').mkdir(parents=True)
   shutil.copytree(tmp_path / 'a' / 'checkpoints' / '10', tmp_path / 'b' / 'checkpoints' / '10')
   shutil.copy(tmp_path / 'a' / 'metrics.jsonl', tmp_path / 'b' / 'metrics.jsonl')
+  config.log_every_steps = 1
   resumed = train.train_and_evaluate(config, str(tmp_path / 'b'))
-  a, b = read_metrics(tmp_path / 'a'), read_metrics(tmp_path / 'b')
-  assert [m['step'] for m in b] == [m['step'] for m in a] == [5, 10, 15, 20, 20]  # No repeats.
-  loss = lambda rows: [m.get('train/loss') for m in rows]
-  assert loss(a) == loss(b)  # Identical, not just close.
+  b = read_metrics(tmp_path / 'b')
+  assert [m['step'] for m in b] == [5, 10, *range(11, 21), 20]  # None twice.
+  assert b[:2] == a[:2] and b[-1] == a[-1]
+  # Each line's loss is the mean since the last line: a's at 15 and 20 are the means of
+  # the losses of b's steps 11-15 and 16-20, which are a's steps, bit for bit.
+  losses = [m['train/loss'] for m in b[2:-1]]
+  assert len(set(losses)) == 10
+  assert a[2]['train/loss'] == pytest.approx(np.mean(losses[:5]), rel=1e-6)
+  assert a[3]['train/loss'] == pytest.approx(np.mean(losses[5:]), rel=1e-6)
   chex.assert_trees_all_equal(restore_state(tmp_path / 'a', config),
                               restore_state(tmp_path / 'b', config))
   assert resumed == result
   # A finished run, started again: nothing to train, the same evaluation, no new row.
   assert train.train_and_evaluate(config, str(tmp_path / 'a')) == result
   assert read_metrics(tmp_path / 'a') == a
-
-
-def test_logged_loss_is_the_mean_since_the_last_line(tiny_run):
-  """The row at step 10 of the tiny run: steps 6-10 replayed from its step-5 checkpoint."""
-  config = tiny_config(**TINY_RUN)
-  plan = train.validate(config)
-  schedule = optim.make_schedule(config.schedule, plan.total_steps, plan.warmup_steps)
-  tx = optim.make_optimizer(config.optimizer, schedule)
-  _, shardings = train.create_train_state(plan.model, tx, 0, plan.mesh)
-  step = train.make_train_step(plan.model, tx, schedule, config, plan.mesh, shardings)
-  data = loader.TrainLoader(plan.train_source, plan.pp_train, global_batch_size=config.batch_size,
-                            seed=config.seed, sharding=sharding.batch_sharding(plan.mesh),
-                            num_classes=plan.num_classes)
-  state, losses = restore_state(tiny_run, config, step=5), []
-  for _, batch in itertools.islice(data.iterate(5), 5):
-    state, metrics = step(state, batch)
-    losses.append(float(metrics['loss']))
-  row = {m['step']: m for m in read_metrics(tiny_run) if 'train/loss' in m}[10]
-  assert row['train/loss'] == pytest.approx(np.mean(losses), rel=1e-6)
-  assert len(set(losses)) == 5  # A mean of different values, not one step's.
-  # MFU: the model's FLOPs of a training image at the logged speed, over the peak.
-  peak, how = mfu.device_peak('float32')
-  assert 'measured float32 matmul peak of 8 cpu devices' in how
-  assert row['train/mfu'] == pytest.approx(
-      3 * plan.model.forward_flops() * row['train/images_per_s'] / peak)
 
 
 def test_non_finite_loss_stops_with_the_step_and_keeps_good_checkpoints(tmp_path):
