@@ -35,7 +35,11 @@ def test_published_figures_per_device():
   v3, v4 = accelerators.tpu_slice('v3-8'), accelerators.tpu_slice('v4-8')
   assert (v3.hbm_per_device, v3.peak_flops_per_device) == (16 * 2**30, 61.5e12)  # Per core.
   assert (v4.hbm_per_device, v4.peak_flops_per_device) == (32 * 2**30, 275e12)  # Megacore.
-  assert accelerators.PEAK_BF16_FLOPS['TPU v3'] == v3.peak_flops_per_device
+  assert accelerators.peak_bf16_flops('TPU v3') == v3.peak_flops_per_device
+  assert accelerators.peak_bf16_flops('TPU v5 lite') == 197e12  # Not v5p's 459e12.
+  assert accelerators.peak_bf16_flops('NVIDIA H100 PCIe') == 756e12
+  assert accelerators.peak_bf16_flops('NVIDIA H100 80GB HBM3') == 989e12
+  assert accelerators.peak_bf16_flops('cpu') is None
 
 
 @pytest.mark.parametrize('name, message', [

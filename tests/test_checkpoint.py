@@ -1,5 +1,8 @@
 """Tests of vit_jax.checkpoint: the release .npz layout, both ways, and adaptation."""
 
+import logging
+import pathlib
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -142,23 +145,66 @@ def test_exported_file_gives_our_logits_in_independent_implementation(tmp_path):
                               model.apply({'params': params}, x), atol=1e-4, rtol=1e-4)
 
 
-def test_big_vision_layout_loads(tmp_path):
-  model = small(num_classes=6)
-  params = randomise(init(model))
-  flat = checkpoint.flatten(checkpoint.to_model_layout(params, scanned=True))
-  renames = {'MultiHeadDotProductAttention_1': 'MultiHeadDotProductAttention_0',
-             'LayerNorm_2': 'LayerNorm_1', 'MlpBlock_3': 'MlpBlock_0'}
-  bv = {}
-  for key, value in flat.items():
-    parts = key.split('/')
-    if parts[:2] == ['Transformer', 'encoderblock']:
-      parts[2] = renames.get(parts[2], parts[2])
-    key = 'pos_embedding' if key == checkpoint.POSEMB_KEY else '/'.join(parts)
-    bv['params/' + key] = np.asarray(value)
-  bv['opt/state/mu'] = np.zeros(3)  # Optimizer state in the same file is ignored.
-  np.savez(tmp_path / 'bv.npz', **bv)
-  chex.assert_trees_all_equal(checkpoint.load_npz(tmp_path / 'bv.npz'),
-                              jax.tree.map(np.asarray, params))
+# Checkpoints written by big_vision's own model code (how: tests/data/big_vision/README.md),
+# with the options of ours that are the same model: file -> (options, big_vision's pool_type).
+BIG_VISION = pathlib.Path(__file__).resolve().parent / 'data' / 'big_vision'
+BIG_VISION_FILES = {
+    'tok_params': dict(pool='token', representation_size=8),  # 'params/' prefix.
+    'tok_scan': dict(pool='token'),
+    'gap_scan_params': dict(pool='gap'),
+    'map_sincos2d': dict(pool='map', posemb='sincos2d'),
+}
+
+
+def big_vision_model(image_size=(16, 24), **kw):
+  return get_model('ti16', num_classes=5, image_size=image_size, patch_size=4, hidden_size=16,
+                   mlp_dim=32, num_heads=2, num_layers=2, **kw)
+
+
+def zeros_like_init(model):
+  """The model's params tree as zeros: all that loading takes from it (traced, not run)."""
+  shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, *model.image_size, 3)))
+  return jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), shapes['params'])
+
+
+@pytest.mark.parametrize('name', BIG_VISION_FILES)
+def test_big_vision_checkpoints_give_big_vision_logits(name):
+  expected = np.load(BIG_VISION / 'logits.npz')
+  path = BIG_VISION / f'{name}.npz'
+  released = checkpoint.load_npz(path)
+  for scan in (False, True):
+    model = big_vision_model(scan=scan, **BIG_VISION_FILES[name])
+    params = checkpoint.to_model_layout(released, scanned=scan)
+    chex.assert_trees_all_close(jax.jit(model.apply)({'params': params}, expected['images']),
+                                expected[name], atol=1e-5, rtol=1e-5)
+    loaded = checkpoint.load_pretrained(path, zeros_like_init(model), model, keep_head=True)
+    chex.assert_trees_all_equal(loaded, params)
+  if BIG_VISION_FILES[name]['pool'] == 'token':  # The class token's row: zero, added.
+    posemb = released['Transformer']['posembed_input']['pos_embedding']
+    chex.assert_shape(posemb, (1, 1 + 4 * 6, 16))
+    chex.assert_trees_all_equal(posemb[:, 0], np.zeros((1, 16), np.float32))
+    with np.load(path) as f:
+      bv_posemb = f['params/pos_embedding' if 'params' in name else 'pos_embedding']
+    chex.assert_trees_all_equal(posemb[:, 1:], bv_posemb)
+
+
+def test_big_vision_checkpoint_fine_tunes_at_other_grids(caplog):
+  path = BIG_VISION / 'tok_params.npz'
+  source = checkpoint.load_npz(path)['Transformer']['posembed_input']['pos_embedding']
+  caplog.set_level(logging.INFO)
+  for size, grid in (((24, 16), (6, 4)), ((32, 32), (8, 8))):  # Transposed; larger.
+    model = big_vision_model(size, pool='token')
+    caplog.clear()
+    params = checkpoint.load_pretrained(path, zeros_like_init(model), model, source_grid=(4, 6))
+    chex.assert_trees_all_close(params['Transformer']['posembed_input']['pos_embedding'],
+                                bilinear_reference(source, (4, 6), grid, 1), atol=1e-6)
+    assert f'from the 4x6 grid to the {grid[0]}x{grid[1]} grid' in caplog.text
+  # Without its grid, a same-sized source is taken as the model's grid, and that is said.
+  transposed = big_vision_model((24, 16), pool='token')
+  caplog.clear()
+  params = checkpoint.load_pretrained(path, zeros_like_init(transposed), transposed)
+  chex.assert_trees_all_equal(params['Transformer']['posembed_input']['pos_embedding'], source)
+  assert "taken as the model's 6x4 grid (pass source_grid" in caplog.text
 
 
 @pytest.mark.parametrize('pool', ['token', 'gap'])
@@ -214,6 +260,14 @@ def test_non_square_source_needs_its_grid(tmp_path):
   params = checkpoint.load_pretrained(tmp_path / 'wide.npz', init(target), target,
                                       source_grid=(4, 6))
   chex.assert_shape(params['Transformer']['posembed_input']['pos_embedding'], (1, 37, 32))
+  # The transposed grid has as many positions, and is resized all the same.
+  transposed = small(image_size=(48, 32))
+  params = checkpoint.load_pretrained(tmp_path / 'wide.npz', zeros_like_init(transposed),
+                                      transposed, source_grid=(4, 6))
+  source = checkpoint.load_npz(tmp_path / 'wide.npz')['Transformer']['posembed_input']
+  chex.assert_trees_all_close(params['Transformer']['posembed_input']['pos_embedding'],
+                              bilinear_reference(source['pos_embedding'], (4, 6), (6, 4), 1),
+                              atol=1e-6)
 
 
 @pytest.mark.parametrize('scan', [False, True])

@@ -47,6 +47,25 @@ def test_l16_i21k_is_the_paper_recipe():
   assert sum(math.prod(x.shape) for x in jax.tree.leaves(params)) == expected
 
 
+def test_s16_i1k_is_big_visions_plain_vit_recipe():
+  config = load(pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'vit_s16_i1k.py')
+  assert (config.model.name, config.model.pool, config.model.posemb) == ('s16', 'gap', 'sincos2d')
+  assert (config.batch_size, config.num_epochs, config.mixup_alpha) == (1024, 300, 0.2)
+  assert (config.schedule.base_lr, config.schedule.warmup_steps) == (1e-3, 10_000)
+  # big_vision's weight decay 1e-4 is not scaled by the learning rate; here it is.
+  assert config.optimizer.weight_decay * config.schedule.base_lr == pytest.approx(1e-4)
+  assert 'randaug(2, 10)' in config.dataset.pp_train
+
+
+def test_deit_s16_is_the_deit_recipe():
+  config = load(pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'deit_s16_i1k.py')
+  assert (config.mixup_alpha, config.cutmix_alpha, config.mixup_switch_prob) == (0.8, 1.0, 0.5)
+  assert (config.label_smoothing, config.optimizer.ema_decay, config.model.stochastic_depth) == (
+      0.1, 0.99996, 0.1)
+  assert (config.optimizer.weight_decay, config.schedule.warmup_epochs) == (0.05, 5)
+  assert 'random_erase(0.25)' in config.dataset.pp_train
+
+
 @pytest.mark.parametrize('dataset', ['imagenet2012', 'cifar10', 'cifar100', 'oxford_iiit_pet',
                                      'oxford_flowers102'])
 def test_recipes_pass_validation_up_to_their_data(dataset, tmp_path):
@@ -56,7 +75,8 @@ def test_recipes_pass_validation_up_to_their_data(dataset, tmp_path):
   spec = importlib.util.spec_from_file_location('finetune', root / 'vit_b16_finetune.py')
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  for config in (module.get_config(dataset), load(root / 'vit_b16_i1k.py')):
+  for config in (module.get_config(dataset), load(root / 'vit_b16_i1k.py'),
+                 load(root / 'vit_s16_i1k.py'), load(root / 'deit_s16_i1k.py')):
     config.init_from = ''
     config.dataset.data_dir = str(tmp_path)
     # Everything else checks out (model, batch sizes on 8 devices, ops, schedule):

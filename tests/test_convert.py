@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import re
 import shutil
 import tarfile
 
@@ -155,7 +156,7 @@ def test_multi_label_manifest_round_trip(tmp_path, suffix):
   assert len(local.LocalSource(str(tmp_path / 'out'), 'validation')) == 2
 
 
-def test_imagenet21k_tar_layout_with_a_seeded_validation_split(tmp_path):
+def test_imagenet21k_tar_layout_with_a_seeded_validation_split(tmp_path, capsys):
   needs_shared_data()
   root = tmp_path / 'i21k'
   root.mkdir()
@@ -167,7 +168,9 @@ def test_imagenet21k_tar_layout_with_a_seeded_validation_split(tmp_path):
       for f in files:
         tar.add(f, arcname=f.name)
   first = convert.convert(str(root), str(tmp_path / 'a'), shards=2, val_fraction=0.25,
-                          seed=7, workers=1)
+                          seed=7, workers=1, progress_every=0)
+  # No total without reading every tar: the ETA comes from the share of tars done.
+  assert re.search(r'convert: 41 images \(33%\), [\d,]+/s, ETA', capsys.readouterr().err)
   assert first['kind'] == 'i21k' and first['class_names'] == sorted(counts)
   splits = {s: v['num_examples'] for s, v in first['splits'].items()}
   assert splits['train'] + splits['validation'] == 120 and 15 < splits['validation'] < 45
@@ -267,9 +270,10 @@ def test_command_line(tmp_path):
     shutil.copy(f, root / f.name)
   command = [sys.executable, '-m', 'vit_jax.data.convert', f'--source={tmp_path / "folder"}',
              f'--out={tmp_path / "out"}', '--shards=2', '--workers=1']
-  done = subprocess.run(command, capture_output=True, text=True)
+  done = subprocess.run(command + ['--progress_every=0'], capture_output=True, text=True)
   assert done.returncode == 0, done.stderr[-2000:]
   assert 'wrote' in done.stderr and '(val 3; 1 classes; 0 skipped)' in done.stderr
+  assert re.search(r'convert: 1/3 images \(33%\), [\d,]+/s, ETA 0h00m\d\ds', done.stderr)
   assert local.read_metadata(tmp_path / 'out')['splits']['val']['num_examples'] == 3
   missing = subprocess.run(command[:3] + [f'--source={tmp_path / "nope"}', command[4]],
                            capture_output=True, text=True)

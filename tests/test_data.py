@@ -1,7 +1,9 @@
 """Tests of vit_jax.data on real data: sources, preprocessing, the loader."""
 
+import functools
 import gzip
 import io
+import pathlib
 
 import chex
 import jax
@@ -12,10 +14,10 @@ import pytest
 from PIL import Image
 
 from vit_jax import sharding, train
-from vit_jax.data import loader, preprocess, sources
+from vit_jax.data import loader, preprocess, sources, tfrecord
 
 from conftest import SHARED_DATA
-from runs import tiny_config
+from runs import read_metrics, restore_state, tiny_config
 
 
 def test_fashion_mnist_idx_matches_the_published_counts(shared_data):
@@ -73,6 +75,28 @@ def test_preprocessing_ops():
     preprocess.parse('to_rgb|blur')
 
 
+def test_random_erasing_replaces_one_box_by_noise():
+  image = np.full((60, 80, 3), 128, np.uint8)
+  erase = preprocess.parse('random_erase(1.0)')
+  for seed in range(20):
+    out = erase(image, np.random.default_rng(seed))
+    changed = (out != image).any(-1)
+    rows, cols = np.where(changed)
+    top, bottom, left, right = rows.min(), rows.max() + 1, cols.min(), cols.max() + 1
+    assert changed[top:bottom, left:right].mean() > 0.99  # One box of noise ...
+    assert not changed.sum() > (bottom - top) * (right - left)  # ... and nothing else.
+    area, aspect = (bottom - top) * (right - left) / (60 * 80), (bottom - top) / (right - left)
+    assert 0.015 <= area <= 0.35 and 0.25 <= aspect <= 4
+    np.testing.assert_array_equal(erase(image, np.random.default_rng(seed)), out)  # Seeded.
+  # A quarter of the examples by default; a float image gets standard normal noise.
+  default = preprocess.parse('random_erase')
+  erased = sum(not np.array_equal(default(image, np.random.default_rng(s)), image)
+               for s in range(400))
+  assert 70 <= erased <= 130
+  noise = erase(np.zeros((60, 80, 3), np.float32), np.random.default_rng(0))
+  assert noise.dtype == np.float32 and 0.5 < noise[noise != 0].std() < 1.5
+
+
 def test_a_trailing_value_range_can_run_on_the_device():
   pipeline = preprocess.parse('to_rgb|resize(8)|value_range(0, 1)')
   image = np.random.default_rng(0).integers(0, 256, (10, 12, 3), dtype=np.uint8)
@@ -128,16 +152,10 @@ def test_eval_batches_cover_every_example_once():
   np.testing.assert_array_equal(labels.argmax(-1), source.labels)
 
 
-@pytest.fixture(scope='module')
-def local_tfds(tmp_path_factory):
-  """A TFDS dataset built here, in ArrayRecord format, from 512 + 256 Fashion-MNIST images."""
+@functools.cache
+def _sample_builder():
+  """A TFDS builder of 512 + 256 Fashion-MNIST images (a class: TFDS registers it by name)."""
   import tensorflow_datasets as tfds
-
-  if not SHARED_DATA.is_dir():
-    pytest.skip(f'real data not found at {SHARED_DATA}')
-  shared_data, tmp_path = SHARED_DATA, tmp_path_factory.mktemp('tfds')
-  idx = {split: sources.idx_dataset(shared_data / 'fashion_mnist', split)
-         for split in ('train', 'test')}
 
   class FashionMnistSample(tfds.core.GeneratorBasedBuilder):
     VERSION = tfds.core.Version('1.0.0')
@@ -148,16 +166,38 @@ def local_tfds(tmp_path_factory):
           'label': tfds.features.ClassLabel(names=sources.FASHION_MNIST_CLASSES)}))
 
     def _split_generators(self, dl_manager):
-      return {'train': self._generate_examples(idx['train'], 512),
-              'test': self._generate_examples(idx['test'], 256)}
+      return {'train': self._generate_examples('train', 512),
+              'test': self._generate_examples('test', 256)}
 
-    def _generate_examples(self, source, n):
+    def _generate_examples(self, split, n):
+      source = sources.idx_dataset(SHARED_DATA / 'fashion_mnist', split)
       for i in range(n):
         yield i, {'image': source.images[i], 'label': int(source.labels[i])}
 
-  builder = FashionMnistSample(data_dir=str(tmp_path / 'tfds'))
-  builder.download_and_prepare(file_format='array_record')
-  return builder.name, str(tmp_path / 'tfds'), idx
+  return FashionMnistSample
+
+
+def _prepare_tfds(directory, file_format):
+  """The sample prepared in ``file_format``: (name, data_dir, the IDX data it came from)."""
+  if not SHARED_DATA.is_dir():
+    pytest.skip(f'real data not found at {SHARED_DATA}')
+  idx = {split: sources.idx_dataset(SHARED_DATA / 'fashion_mnist', split)
+         for split in ('train', 'test')}
+  builder = _sample_builder()(data_dir=str(directory))
+  builder.download_and_prepare(file_format=file_format)
+  return builder.name, str(directory), idx
+
+
+@pytest.fixture(scope='module')
+def local_tfds(tmp_path_factory):
+  """The sample in ArrayRecord format: (name, data_dir, the IDX data it came from)."""
+  return _prepare_tfds(tmp_path_factory.mktemp('tfds'), 'array_record')
+
+
+@pytest.fixture(scope='module')
+def local_tfds_tfrecord(tmp_path_factory):
+  """The same sample in TFRecord format, TFDS's default."""
+  return _prepare_tfds(tmp_path_factory.mktemp('tfds_tfrecord'), 'tfrecord')
 
 
 def test_tfds_source_reads_a_prepared_dataset(local_tfds):
@@ -173,20 +213,61 @@ def test_tfds_source_reads_a_prepared_dataset(local_tfds):
   assert got == want
 
 
-def test_training_on_a_tfds_dataset(local_tfds, tmp_path):
-  name, data_dir, _ = local_tfds
-  config = tiny_config(**{'total_steps': 8, 'checkpoint_every_steps': 8})
-  config.dataset = ml_collections.ConfigDict(dict(
-      name=name, data_dir=data_dir, num_classes=10, train_split='train', eval_split='test',
-      pp_train='to_rgb|resize(16)|value_range(-1, 1)',
-      pp_eval='to_rgb|resize(16)|value_range(-1, 1)'))
-  config.profile_steps = (2, 4)
-  result = train.train_and_evaluate(config, str(tmp_path / 'run'))
-  assert result['examples'] == 256
-  assert list((tmp_path / 'run' / 'profile').rglob('*.xplane.pb'))  # The profiler trace.
-
-
 def test_unprepared_tfds_dataset_is_explained(tmp_path):
   config = ml_collections.ConfigDict(dict(name='cifar10', data_dir=str(tmp_path)))
   with pytest.raises(FileNotFoundError, match="TFDS dataset 'cifar10' is not prepared in"):
     sources.get_source(config, 'train')
+
+
+def test_tfds_tfrecord_dataset_reads_as_its_array_record_twin(local_tfds, local_tfds_tfrecord,
+                                                              tmp_path, monkeypatch):
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+  name, array_record_dir, _ = local_tfds
+  _, tfrecord_dir, _ = local_tfds_tfrecord
+  for split, examples in (('test', 256), ('train[25%:75%]', 256)):
+    twin = sources.get_source(ml_collections.ConfigDict(dict(name=name,
+                                                             data_dir=array_record_dir)), split)
+    source = sources.get_source(ml_collections.ConfigDict(dict(name=name,
+                                                               data_dir=tfrecord_dir)), split)
+    assert len(source) == len(twin) == examples
+    for i in range(examples):  # Example i is the same example, in the same order.
+      a, b = source[i], twin[i]
+      assert int(a['label']) == int(b['label'])
+      np.testing.assert_array_equal(a['image'], b['image'])
+  # The offsets are kept, one file a shard; walked in chunks (remote files), the same.
+  shards = sorted(pathlib.Path(tfrecord_dir).rglob('*.tfrecord-*'))
+  assert len(list((tmp_path / 'cache' / 'vit_jax' / 'tfrecord_offsets').iterdir())) == len(shards)
+  hop = tfrecord.record_offsets(shards[0])
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'other'))
+  np.testing.assert_array_equal(tfrecord.record_offsets(shards[0], sequential=True), hop)
+  # A truncated shard is an error, not a shifted dataset.
+  truncated = tmp_path / 'truncated.tfrecord'
+  truncated.write_bytes(shards[0].read_bytes()[:-100])
+  for sequential in (False, True):
+    with pytest.raises(ValueError, match='truncated.tfrecord is not a complete TFRecord file'):
+      tfrecord.record_offsets(truncated, sequential=sequential)
+
+
+def test_a_run_on_tfrecord_data_resumes_exactly(local_tfds_tfrecord, tmp_path, monkeypatch):
+  import shutil
+
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+  name, data_dir, _ = local_tfds_tfrecord
+  config = tiny_config(**{'total_steps': 8, 'checkpoint_every_steps': 4, 'log_every_steps': 2,
+                          'schedule.warmup_steps': 2})
+  config.dataset = ml_collections.ConfigDict(dict(
+      name=name, data_dir=data_dir, num_classes=10, train_split='train', eval_split='test',
+      pp_train='to_rgb|resize(16)|flip_lr|value_range(-1, 1)',
+      pp_eval='to_rgb|resize(16)|value_range(-1, 1)'))
+  config.profile_steps = (2, 4)
+  result = train.train_and_evaluate(config, str(tmp_path / 'a'))
+  assert result['examples'] == 256
+  assert list((tmp_path / 'a' / 'profile').rglob('*.xplane.pb'))  # The profiler trace.
+  (tmp_path / 'b' / 'checkpoints').mkdir(parents=True)
+  shutil.copytree(tmp_path / 'a' / 'checkpoints' / '4', tmp_path / 'b' / 'checkpoints' / '4')
+  assert train.train_and_evaluate(config, str(tmp_path / 'b')) == result
+  losses = lambda run: {m['step']: m['train/loss'] for m in read_metrics(tmp_path / run)
+                        if 'train/loss' in m}
+  assert losses('b') == {s: loss for s, loss in losses('a').items() if s > 4}
+  chex.assert_trees_all_equal(restore_state(tmp_path / 'a', config),
+                              restore_state(tmp_path / 'b', config))

@@ -97,3 +97,39 @@ def test_bad_optimizer_config():
     optim.make_optimizer(cfg(name='lamb'), optax.constant_schedule(1.))
   with pytest.raises(ValueError, match="config.schedule.decay='step'"):
     optim.make_schedule(cfg(base_lr=1., decay='step'), 10, 1)
+
+
+def test_layer_wise_lr_decay_scales_each_block_by_its_depth():
+  from vit_jax import checkpoint
+  from vit_jax.models import get_model
+
+  decay, depth = 0.5, 3
+  kw = dict(num_classes=4, image_size=16, patch_size=8, hidden_size=8, mlp_dim=16, num_heads=2,
+            num_layers=depth, pool='map')
+  params = {scan: jax.eval_shape(get_model('ti16', scan=scan, **kw).init, jax.random.key(0),
+                                 jnp.zeros((1, 16, 16, 3)))['params'] for scan in (False, True)}
+  scales = checkpoint.flatten(optim.layer_scales(params[False], decay))
+  for key, scale in scales.items():
+    if key.startswith('Transformer/encoderblock_'):  # Block i (from 0) of 3: 0.5^(3 - i).
+      assert scale == decay ** (depth - int(key.split('/')[1].split('_')[1])), key
+    elif key.split('/')[0] in ('embedding', 'cls') or 'posembed_input' in key:
+      assert scale == decay ** (depth + 1), key
+    else:  # The final LayerNorm, the MAP head, the classifier.
+      assert scale == 1., key
+  assert scales['embedding/kernel'] == 1 / 16 and scales['head/kernel'] == 1.
+  assert scales['MAPHead_0/probe'] == 1.
+  # Through the optimizer (SGD, lr 1, unit gradients): each step is minus its scale, and
+  # a scanned model's stacked blocks get the same steps as the unrolled ones.
+  config = cfg(name='sgd', momentum=0., grad_clip_norm=0., layer_decay=decay)
+  steps = {}
+  for scan, shapes in params.items():
+    tx = optim.make_optimizer(config, optax.constant_schedule(1.))
+    p = jax.tree.map(lambda s: jnp.ones(s.shape), shapes)
+    steps[scan], _ = jax.jit(tx.update)(jax.tree.map(jnp.ones_like, p), tx.init(p), p)
+  chex.assert_trees_all_close(checkpoint.flatten(steps[False]),
+                              {k: -np.full(np.shape(v), s) for k, v, s in zip(
+                                  scales, checkpoint.flatten(steps[False]).values(),
+                                  scales.values(), strict=True)})
+  chex.assert_trees_all_close(checkpoint.to_release(steps[True]), steps[False])
+  with pytest.raises(ValueError, match='config.optimizer.layer_decay=1.5 is not in'):
+    optim.make_optimizer(cfg(name='adam', layer_decay=1.5), optax.constant_schedule(1.))

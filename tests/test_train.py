@@ -1,12 +1,15 @@
 """Tests of vit_jax.train on 8 simulated devices: steps, accumulation, runs, resume."""
 
+import logging
+import re
+
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import errors, host_cpu, optim, sharding, train
+from vit_jax import errors, host_cpu, mfu, optim, sharding, train
 from vit_jax.models import get_model
 
 from runs import TINY_MODEL, read_metrics, restore_state, tiny_config
@@ -33,22 +36,39 @@ def random_batches(mesh, n, batch_size=64, seed=0):
   return out
 
 
-def run_steps(config, n=3):
+def run_steps(config, n=3, weights=None):
+  """``n`` steps on random batches; the weights before and after each into ``weights``."""
   state, step, mesh = setup_step(config)
   losses = []
+  if weights is not None:
+    weights.append(jax.device_get(state.params))
   for batch in random_batches(mesh, n):
     state, metrics = step(state, batch)
     losses.append(float(metrics['loss']))
+    if weights is not None:
+      weights.append(jax.device_get(state.params))
   return state, losses
 
 
-def test_jit_and_shard_map_steps_agree():
+def test_jit_and_shard_map_steps_agree_with_the_weights_moving_average():
   assert jax.device_count() == 8
-  jit_state, jit_losses = run_steps(tiny_config(step_impl='jit'))
-  sm_state, sm_losses = run_steps(tiny_config(step_impl='shard_map'))
-  np.testing.assert_allclose(jit_losses, sm_losses, rtol=1e-6)
-  chex.assert_trees_all_close(jit_state.params, sm_state.params, atol=1e-6, rtol=1e-5)
-  assert int(sm_state.step) == 3
+  decay = 0.8
+  for step_impl in ('jit', 'shard_map'):
+    weights = []
+    config = tiny_config(**{'step_impl': step_impl, 'optimizer.ema_decay': decay})
+    state, losses = run_steps(config, 3, weights)
+    if step_impl == 'jit':
+      jit_state, jit_losses = state, losses
+    # The moving average after 3 steps: d^3 w_0 + (1 - d) sum_{i=1..3} d^(3-i) w_i.
+    expected = jax.tree.map(lambda *w: decay**3 * w[0] + (1 - decay) * sum(
+        decay**(3 - i) * w[i] for i in range(1, 4)), *weights)
+    chex.assert_trees_all_close(jax.device_get(state.ema_params), expected, atol=1e-6,
+                                rtol=1e-5)
+    assert not np.allclose(expected['head']['bias'], weights[-1]['head']['bias'])
+  np.testing.assert_allclose(jit_losses, losses, rtol=1e-6)
+  chex.assert_trees_all_close(jit_state.params, state.params, atol=1e-6, rtol=1e-5)
+  chex.assert_trees_all_close(jit_state.ema_params, state.ema_params, atol=1e-6, rtol=1e-5)
+  assert int(state.step) == 3
 
 
 @pytest.mark.parametrize('step_impl', ['jit', 'shard_map'])
@@ -91,27 +111,63 @@ def test_a_run_warns_where_the_cpu_emulates_bfloat16_products(tmp_path, caplog):
   assert len(warned) == (0 if host_cpu.cpu_info()['native_bf16'] else 1)
 
 
-def test_resumed_run_equals_uninterrupted_run(tmp_path):
-  config = tiny_config()
+def test_resumed_run_equals_uninterrupted_run(tmp_path, caplog):
+  """With DeiT's ingredients: random erasing, mixup or CutMix, layer-wise learning-rate
+  decay, and the weights' moving average (checkpointed, and evaluated too)."""
+  caplog.set_level(logging.INFO)
+  config = tiny_config(**{
+      'dataset.pp_train': 'to_rgb|resize(16)|pad_crop(2)|random_erase(0.5)|value_range(-1, 1)',
+      'mixup_alpha': 0.8, 'cutmix_alpha': 1.0, 'optimizer.layer_decay': 0.75,
+      'optimizer.ema_decay': 0.9})
   result = train.train_and_evaluate(config, str(tmp_path / 'a'))
   assert result['examples'] == 359  # Every held-out example, once (6 padded batches of 64).
+  assert result['ema/loss'] != result['loss']
   steps = sorted(int(p.name) for p in (tmp_path / 'a' / 'checkpoints').iterdir())
   assert steps == [10, 20]
+  # The closing summary: steps, time, the evaluations, where everything is.
+  assert re.search(r'Done: step 20/20, 20 trained in 0h\d\dm\d\ds \(compiling \d+s, '
+                   r'evaluating \d+s\), [\d,]+ img/s, MFU \d+\.\d%', caplog.text)
+  assert f'eval accuracy: final {result["accuracy"]:.4f} (step 20), best' in caplog.text
+  assert f'EMA eval accuracy: final {result["ema/accuracy"]:.4f} (step 20)' in caplog.text
+  assert re.search(r'eval at step 20: accuracy [\d.]+, loss [\d.]+; EMA accuracy [\d.]+, '
+                   r'loss [\d.]+ \(359 examples\)', caplog.text)
+  assert f'Checkpoints: {tmp_path / "a" / "checkpoints"} (steps 10, 20). Logs: ' \
+         f'{tmp_path / "a" / "metrics.jsonl"}' in caplog.text
 
-  # A second run that only had the step-10 checkpoint when it was restarted.
+  a = read_metrics(tmp_path / 'a')
+  assert [m['step'] for m in a] == [5, 10, 15, 20, 20]
+  assert set(a[-1]) == {'step', 'eval/accuracy', 'eval/loss', 'eval/examples',
+                        'eval/ema/accuracy', 'eval/ema/loss'}
+  # MFU: the model's FLOPs of a training image at the logged speed, over the peak.
+  peak, how = mfu.device_peak('float32')
+  assert 'measured float32 matmul peak of 8 cpu devices' in how
+  assert a[0]['train/mfu'] == pytest.approx(
+      3 * train.validate(config).model.forward_flops() * a[0]['train/images_per_s'] / peak)
+
+  # A second run that had the step-10 checkpoint when it was restarted, and the log
+  # lines of the steps after it (the first run stopped after logging them); it logs
+  # every step.
   import shutil
   (tmp_path / 'b' / 'checkpoints').mkdir(parents=True)
   shutil.copytree(tmp_path / 'a' / 'checkpoints' / '10', tmp_path / 'b' / 'checkpoints' / '10')
+  shutil.copy(tmp_path / 'a' / 'metrics.jsonl', tmp_path / 'b' / 'metrics.jsonl')
+  config.log_every_steps = 1
   resumed = train.train_and_evaluate(config, str(tmp_path / 'b'))
-  a = {m['step']: m['train/loss'] for m in read_metrics(tmp_path / 'a') if 'train/loss' in m}
-  b = {m['step']: m['train/loss'] for m in read_metrics(tmp_path / 'b') if 'train/loss' in m}
-  assert sorted(b) == [15, 20]
-  assert all(a[s] == b[s] for s in b)  # Identical, not just close.
+  b = read_metrics(tmp_path / 'b')
+  assert [m['step'] for m in b] == [5, 10, *range(11, 21), 20]  # None twice.
+  assert b[:2] == a[:2] and b[-1] == a[-1]
+  # Each line's loss is the mean since the last line: a's at 15 and 20 are the means of
+  # the losses of b's steps 11-15 and 16-20, which are a's steps, bit for bit.
+  losses = [m['train/loss'] for m in b[2:-1]]
+  assert len(set(losses)) == 10
+  assert a[2]['train/loss'] == pytest.approx(np.mean(losses[:5]), rel=1e-6)
+  assert a[3]['train/loss'] == pytest.approx(np.mean(losses[5:]), rel=1e-6)
   chex.assert_trees_all_equal(restore_state(tmp_path / 'a', config),
                               restore_state(tmp_path / 'b', config))
   assert resumed == result
-  # A finished run, started again: nothing to train, the same evaluation.
+  # A finished run, started again: nothing to train, the same evaluation, no new row.
   assert train.train_and_evaluate(config, str(tmp_path / 'a')) == result
+  assert read_metrics(tmp_path / 'a') == a
 
 
 def test_non_finite_loss_stops_with_the_step_and_keeps_good_checkpoints(tmp_path):
@@ -226,11 +282,50 @@ def test_mixup_mixes_images_and_labels_alike():
   assert all(np.isfinite(losses))
 
 
+def numbered_batch(n=8, size=(12, 10)):
+  """Example j: an image of value j, one-hot label j."""
+  return {'image': jnp.broadcast_to(jnp.arange(n, dtype=jnp.float32)[:, None, None, None],
+                                    (n, *size, 3)),
+          'label': jnp.eye(n)}
+
+
+def test_cutmix_label_weights_equal_the_pasted_area():
+  batch = numbered_batch()
+  cutmix = jax.jit(jax.vmap(lambda key: train.cutmix(batch, key, alpha=1.0)))
+  outputs = jax.device_get(cutmix(jax.random.split(jax.random.key(0), 20)))
+  shares = []
+  for image, label in zip(outputs['image'], outputs['label'], strict=True):
+    pasted = image[..., 0] == np.roll(np.arange(8), 1)[:, None, None]  # The neighbour's pixels.
+    assert np.all(pasted | (image[..., 0] == np.arange(8)[:, None, None]))
+    # One box, the same for every example, its share of the pixels on the labels.
+    assert all(np.array_equal(pasted[0], pasted[j]) for j in range(8))
+    rows, cols = np.where(pasted[0])
+    if len(rows):
+      assert pasted[0, rows.min():rows.max() + 1, cols.min():cols.max() + 1].all()
+    share = pasted[0].mean()
+    np.testing.assert_allclose(np.diag(label), 1 - share, atol=1e-6)
+    np.testing.assert_allclose(label[np.arange(8), np.roll(np.arange(8), 1)], share, atol=1e-6)
+    shares.append(share)
+  assert 0.2 < np.mean(shares) < 0.8 and len(set(shares)) > 10  # Beta(1, 1) areas.
+
+
+def test_mixup_cutmix_switch():
+  """DeiT's switch: each batch takes CutMix or mixup, CutMix with probability 0.3 here."""
+  batch = numbered_batch()
+  config = tiny_config(mixup_alpha=0.8, cutmix_alpha=1.0, mixup_switch_prob=0.3)
+  mix = jax.jit(jax.vmap(lambda key: train.mix(batch, key, config)['image']))
+  images = np.asarray(mix(jax.random.split(jax.random.key(1), 200))[..., 0])
+  whole = np.isin(images, np.arange(8)).reshape(200, -1)  # CutMix pastes; mixup blends.
+  assert np.all(whole.all(1) | ~whole.any(1))
+  assert abs(whole.all(1).mean() - 0.3) <= 0.1
+
+
 @pytest.mark.parametrize('append', [True, False])
 def test_metrics_log_keeps_earlier_lines_across_a_resume(tmp_path, append):
   # append=False is how gs:// workdirs are written (object stores cannot append).
-  for steps in ((1, 2), (3,)):  # A run, then its resumed continuation.
-    log = train._MetricsLog(str(tmp_path), append=append)
+  # A run logs steps 1-3 and stops; resumed from its step-2 checkpoint, it logs 3 again.
+  for start, steps in ((0, (1, 2, 3)), (2, (3,))):
+    log = train._MetricsLog(str(tmp_path), start, append=append)
     for step in steps:
       log.write(step, {'train/loss': 1. / step})
     log.close()

@@ -5,6 +5,7 @@ Orbax checkpoint at another resolution, in another layout (scanned) and on 2
 devices, exactly as a user runs it; its export loads back with the same logits.
 """
 
+import re
 import subprocess
 import sys
 
@@ -123,8 +124,14 @@ def test_export_command_evaluates_both_alike(source_run, tmp_path):
   out = tmp_path / 'cli.npz'
   result = subprocess.run(
       [sys.executable, '-m', 'vit_jax.export', f'--workdir={source_run}', f'--out={out}',
-       '--evaluate'], env=env(devices=1), capture_output=True, text=True, timeout=300)
+       '--evaluate', '--progress_every=0'], env=env(devices=1), capture_output=True, text=True,
+      timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
+  for name in ('checkpoint', 'exported .npz'):  # Progress lines with an ETA, then the total.
+    assert re.search(f'evaluating the {name}: [\\d,]+/359 images \\(\\d+%\\), [\\d,]+/s, ETA',
+                     result.stderr)
+    assert re.search(f'evaluating the {name}: 359/359 images, [\\d,]+/s, in', result.stderr)
+  assert 'checkpoint_manager.py' not in result.stderr  # Orbax's INFO lines: --verbosity.
   lines = [line for line in result.stdout.splitlines() if 'accuracy' in line]
   assert len(lines) == 2 and out.exists()
   assert lines[0].split(':', 1)[1] == lines[1].split(':', 1)[1], lines

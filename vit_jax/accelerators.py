@@ -41,16 +41,21 @@ CHIPS: dict[str, Chip] = {c.name: c for c in (
 )}
 _ALIASES = {'v5e': 'v5litepod', 'v6': 'v6e'}
 
-# Published dense bfloat16 peaks per device, by jax's ``device_kind`` (for MFU).
+# Published dense bfloat16 peaks per JAX device, by the start of its ``device_kind`` (for
+# MFU): a v2 or v3 device is one TensorCore, half a chip.
 PEAK_BF16_FLOPS: dict[str, float] = {
     'TPU v2': CHIPS['v2'].bf16_flops / 2, 'TPU v3': CHIPS['v3'].bf16_flops / 2,
-    'TPU v4': CHIPS['v4'].bf16_flops, 'TPU v5': CHIPS['v5p'].bf16_flops,
-    'TPU v5p': CHIPS['v5p'].bf16_flops, 'TPU v5 lite': CHIPS['v5litepod'].bf16_flops,
-    'TPU v5e': CHIPS['v5litepod'].bf16_flops, 'TPU v6 lite': CHIPS['v6e'].bf16_flops,
-    'TPU v6e': CHIPS['v6e'].bf16_flops,
-    'NVIDIA A100-SXM4-40GB': 312e12, 'NVIDIA A100-SXM4-80GB': 312e12,
-    'NVIDIA H100 80GB HBM3': 989e12, 'NVIDIA H100': 989e12, 'NVIDIA H200': 989e12,
+    'TPU v4': CHIPS['v4'].bf16_flops, 'TPU v5 lite': CHIPS['v5litepod'].bf16_flops,
+    'TPU v5': CHIPS['v5p'].bf16_flops, 'TPU v6 lite': CHIPS['v6e'].bf16_flops,
+    'NVIDIA A100': 312e12, 'NVIDIA H100 PCIe': 756e12, 'NVIDIA H100': 989e12,
+    'NVIDIA H200': 989e12,
 }
+
+
+def peak_bf16_flops(device_kind: str) -> float | None:
+  """The published bfloat16 peak of one device of this kind (None: not published here)."""
+  known = [k for k in PEAK_BF16_FLOPS if device_kind.startswith(k)]
+  return PEAK_BF16_FLOPS[max(known, key=len)] if known else None
 
 
 @dataclasses.dataclass(frozen=True)

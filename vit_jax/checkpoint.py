@@ -4,9 +4,18 @@ The release layout is the flat key set of the published ViT files (numpy
 archives of float32 arrays, keys joined by '/'). An unrolled model's params
 tree equals it; a scanned model differs only in stacking
 ``Transformer/encoderblock_{i}`` into one ``Transformer/encoderblock`` with a
-leading layer axis. ``load_npz`` also reads big_vision's files (``params/``
-prefix, Linen's automatic block names, top-level ``pos_embedding``) and returns
+leading layer axis. ``load_npz`` also reads big_vision's files and returns
 them in the release layout; ``save_npz`` always writes the release layout.
+
+big_vision's ViT (``big_vision/models/vit.py``) differs in names only, except for
+one thing: it adds its top-level ``pos_embedding`` (h * w rows) to the patches
+*before* it prepends the class token, where the release adds h * w + 1 rows after.
+The two are the same function when the class token's row is zero, so that is the
+row ``load_npz`` puts in. Its other differences: a ``params/`` (or Flax optimizer
+``opt/target/``) prefix, Linen's automatic block names (``LayerNorm_1``,
+``MultiHeadDotProductAttention_0``, ``MlpBlock_0``), bfloat16 arrays stored as
+2-byte voids; its pool types ``tok``, ``gap`` and ``map`` are ours ``token``,
+``gap`` and ``map`` (``MAPHead_0``, the same names), scanned or not.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import logging
 from etils import epath
@@ -103,10 +113,18 @@ def to_model_layout(params: Mapping[str, Any], scanned: bool) -> Params:
 
 def _canonicalise(flat: dict[str, np.ndarray], path: Any) -> dict[str, np.ndarray]:
   """Maps big_vision's names onto the release layout and checks it is a ViT file."""
-  if any(k.startswith('params/') for k in flat):  # big_vision: params/..., opt/...
-    flat = {k[len('params/'):]: v for k, v in flat.items() if k.startswith('params/')}
-  if 'pos_embedding' in flat:
-    flat[POSEMB_KEY] = flat.pop('pos_embedding')
+  for prefix in ('params/', 'opt/target/'):  # big_vision: params/..., opt/...
+    if any(k.startswith(prefix) for k in flat):
+      flat = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
+      break
+  # numpy stores bfloat16 as 2-byte voids.
+  flat = {k: v.view(jnp.bfloat16) if v.dtype.kind == 'V' and v.dtype.itemsize == 2 else v
+          for k, v in flat.items()}
+  if 'pos_embedding' in flat:  # big_vision's: no class-token row, that row is zero.
+    posemb = flat.pop('pos_embedding')
+    if 'cls' in flat:
+      posemb = np.concatenate([np.zeros_like(posemb[:, :1]), posemb], axis=1)
+    flat[POSEMB_KEY] = posemb
   renamed = {}
   for key, value in flat.items():
     if _BLOCK.match(key) or key.startswith(_SCANNED):
@@ -158,7 +176,7 @@ def save_npz(path: str | os.PathLike, params: Mapping[str, Any]) -> None:
   tmp = path.parent / f'.{path.name}.tmp-{os.getpid()}'
   with tmp.open('wb') as f:
     np.savez(f, **flat)
-  tmp.rename(path)
+  tmp.replace(path)
 
 
 def _interpolation_matrix(n_in: int, n_out: int) -> np.ndarray:
@@ -173,6 +191,21 @@ def _interpolation_matrix(n_in: int, n_out: int) -> np.ndarray:
   return m
 
 
+def posemb_grid(n: int, grid: tuple[int, int] | None = None) -> tuple[int, int]:
+  """The (rows, columns) of ``n`` patch positions: ``grid`` checked, or else the square."""
+  if grid is None:
+    side = math.isqrt(n)
+    if side * side != n:
+      raise ValueError(f'The position embeddings hold {n} patch positions, not a square grid: '
+                       'pass the source grid as (rows, columns).')
+    return (side, side)
+  grid = pair(grid)
+  if grid[0] * grid[1] != n:
+    raise ValueError(f'A {grid[0]}x{grid[1]} grid has {grid[0] * grid[1]} '
+                     f'positions, the embeddings hold {n}.')
+  return grid
+
+
 def resize_posemb(posemb: np.ndarray, new_grid: tuple[int, int],
                   old_grid: tuple[int, int] | None = None,
                   num_prefix_tokens: int = 1) -> np.ndarray:
@@ -184,21 +217,37 @@ def resize_posemb(posemb: np.ndarray, new_grid: tuple[int, int],
   posemb = np.asarray(posemb)
   prefix, patches = posemb[:, :num_prefix_tokens], posemb[0, num_prefix_tokens:]
   n, width = patches.shape
-  if old_grid is None:
-    side = math.isqrt(n)
-    if side * side != n:
-      raise ValueError(f'The position embeddings hold {n} patch positions, not a square grid: '
-                       'pass the source grid as (rows, columns).')
-    old_grid = (side, side)
-  if old_grid[0] * old_grid[1] != n:
-    raise ValueError(f'A {old_grid[0]}x{old_grid[1]} grid has {old_grid[0] * old_grid[1]} '
-                     f'positions, the embeddings hold {n}.')
+  old_grid = posemb_grid(n, old_grid)
   grid = patches.reshape(*old_grid, width).astype(np.float64)
   rows = _interpolation_matrix(old_grid[0], new_grid[0])
   cols = _interpolation_matrix(old_grid[1], new_grid[1])
   grid = np.einsum('ih,jw,hwd->ijd', rows, cols, grid)
   resized = grid.reshape(1, new_grid[0] * new_grid[1], width).astype(posemb.dtype)
   return np.concatenate([prefix, resized], axis=1)
+
+
+def _fit_posemb(posemb: np.ndarray, shape: tuple[int, ...], model: VisionTransformer,
+                source_grid: tuple[int, int] | None, log: Any) -> np.ndarray:
+  """Position embeddings resized from the source's grid to the model's, where they differ.
+
+  The source grid is ``source_grid`` where known; else the model's when the number of
+  positions is the same, else the square one. Same-sized grids are resized too (4x6
+  into 6x4 is a different layout of the same 24 positions).
+  """
+  n = posemb.shape[1] - model.num_prefix_tokens
+  grid = source_grid
+  if grid is None and posemb.shape == tuple(shape):
+    grid = model.grid
+    if grid[0] != grid[1]:
+      log('%s taken as the model\'s %dx%d grid (pass source_grid=(rows, columns) if the '
+          'checkpoint\'s is another, e.g. the transposed one)', POSEMB_KEY, *grid)
+  grid = posemb_grid(n, grid)
+  if grid == model.grid:
+    return posemb
+  resized = resize_posemb(posemb, model.grid, grid, model.num_prefix_tokens)
+  log('%s resized %s -> %s (bilinear, from the %dx%d grid to the %dx%d grid)', POSEMB_KEY,
+      posemb.shape, resized.shape, *grid, *model.grid)
+  return resized
 
 
 def _as_model(model_config: Any) -> VisionTransformer:
@@ -291,8 +340,10 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
       ``get_model`` options); its ``image_size`` and ``patch_size`` give the grid.
     keep_head: keep the source's classifier (it must have the model's classes)
       instead of the fresh zero-initialised one.
-    source_grid: (rows, columns) of the source's position embeddings, for
-      non-square sources; square ones are recognised.
+    source_grid: (rows, columns) of the source's position embeddings. Without it,
+      the model's grid when the number of positions is the same, else the square
+      one; give it for a non-square source (a transposed one, 4x6 into 6x4, is
+      resized only when it is given).
     origin: where the parameters come from, for the log and the errors.
 
   Returns:
@@ -320,10 +371,8 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
         missing.append(key)
       continue
     value = source[key]
-    if key == POSEMB_KEY and value.shape != ref.shape and value.shape[-1] == ref.shape[-1]:
-      value = resize_posemb(value, model.grid, source_grid, model.num_prefix_tokens)
-      log('%s resized %s -> %s (bilinear, to the %dx%d grid)', key, source[key].shape,
-          value.shape, *model.grid)
+    if key == POSEMB_KEY and value.shape[-1] == ref.shape[-1]:
+      value = _fit_posemb(value, ref.shape, model, source_grid, log)
     if value.shape != tuple(ref.shape):
       shapes.append((key, value.shape, tuple(ref.shape)))
       continue

@@ -64,6 +64,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.loss = 'softmax_xent'  # Or 'sigmoid_xent' (multi-label data).
   config.label_smoothing = 0.0
   config.mixup_alpha = 0.0  # Mixup's Beta(a, a); 0: off.
+  config.cutmix_alpha = 0.0  # CutMix's Beta(a, a) (the share of the image kept); 0: off.
+  config.mixup_switch_prob = 0.5  # Both on: the share of batches that take CutMix (DeiT's 0.5).
   config.batch_size = 4096  # Global, over all devices and processes.
   config.eval_batch_size = _none(int)  # None: batch_size.
   config.grad_accum_steps = 1  # Micro-batches per step (same result, less memory).
@@ -78,6 +80,10 @@ def get_config() -> ml_collections.ConfigDict:
       weight_decay=0.0,  # Scaled by the learning rate, as in the paper's code.
       grad_clip_norm=1.0,  # 0: no clipping.
       mu_dtype=_none(str),  # Adam's first moment in 'bfloat16' saves memory.
+      # Layer-wise lr decay d: block i of L learns at lr * d^(L - i), the embeddings at
+      # lr * d^(L + 1), the head at lr (BEiT, MAE fine-tuning); 1: off.
+      layer_decay=1.0,
+      ema_decay=0.0,  # The weights' moving average: d * ema + (1 - d) * weights a step; 0: off.
   ))
   # Linear warm-up from 0 to base_lr, then 'linear', 'cosine' or 'constant' to end_lr.
   config.schedule = ml_collections.ConfigDict(dict(

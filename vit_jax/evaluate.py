@@ -37,12 +37,18 @@ def make_eval_step(model: nn.Module, loss_name: str, param_shardings: Any,
 
 
 def evaluate(eval_step: Callable, params: Any, batches: Iterable[dict[str, Any]],
-             metric_name: str = 'accuracy') -> dict[str, float]:
-  """Runs ``eval_step`` over all batches; returns the metric and the mean loss."""
+             metric_name: str = 'accuracy',
+             on_batch: Callable[[int], None] | None = None) -> dict[str, float]:
+  """Runs ``eval_step`` over all batches; returns the metric and the mean loss.
+
+  ``on_batch``: called after each batch with the number of examples counted so far.
+  """
   totals = {'correct': 0., 'loss': 0., 'count': 0.}
   for batch in batches:
     for k, v in jax.device_get(eval_step(*sharding.inputs_ready((params, batch)))).items():
       totals[k] += float(np.asarray(v))
+    if on_batch:
+      on_batch(int(totals['count']))
   count = max(totals['count'], 1.)
   return {metric_name: totals['correct'] / count, 'loss': totals['loss'] / count,
           'examples': totals['count']}

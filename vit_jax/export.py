@@ -5,9 +5,10 @@ r"""Export a run's parameters as a release .npz file (the layout the released mo
 The file loads with ``vit_jax.checkpoint.load_npz``, in the google-research
 vision_transformer code and in timm, and can be the ``init_from`` of a fine-tune.
 ``--evaluate`` reads the file back and evaluates it and the checkpoint on the
-run's evaluation split, to show the export is faithful. The checkpoint is verified
-against the checksums recorded when it was written: a damaged one is an error
-naming the other steps (``vit_jax.workdir.restore_params``).
+run's evaluation split, to show the export is faithful; progress lines with an ETA
+go to stderr every ``--progress_every`` seconds. The checkpoint is verified against the
+checksums recorded when it was written: a damaged one is an error naming the other steps
+(``vit_jax.workdir.restore_params``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ _OUT = flags.DEFINE_string('out', None, 'The .npz file to write.')
 _STEP = flags.DEFINE_integer('step', None, 'The checkpoint step (default: the latest).')
 _EVALUATE = flags.DEFINE_bool('evaluate', False, 'Evaluate the checkpoint and the written '
                               'file on the run\'s evaluation split, and print both.')
+_PROGRESS_EVERY = flags.DEFINE_float('progress_every', 10., 'Seconds between the progress '
+                                     'lines (with an ETA) of --evaluate.')
 flags.mark_flags_as_required(['workdir', 'out'])
 
 
@@ -36,11 +39,16 @@ def export(workdir: str, out: str, step: int | None = None) -> int:
   return step
 
 
-def evaluate_params(config: Any, params: Any) -> dict[str, float]:
-  """Evaluates ``params`` (model layout) with a run's config, on its evaluation split."""
+def evaluate_params(config: Any, params: Any,
+                    progress: str | None = None, progress_every: float = 10.) -> dict[str, float]:
+  """Evaluates ``params`` (model layout) with a run's config, on its evaluation split.
+
+  ``progress``: a name for progress lines on stderr (done, rate, ETA), one every
+  ``progress_every`` seconds and a closing one.
+  """
   import jax
 
-  from vit_jax import evaluate, sharding, train
+  from vit_jax import console, evaluate, sharding, train
   from vit_jax.data import loader
 
   plan = train.validate(config)
@@ -53,15 +61,22 @@ def evaluate_params(config: Any, params: Any) -> dict[str, float]:
       plan.eval_source, plan.pp_eval, global_batch_size=config.eval_batch_size,
       sharding=batch_sharding, num_classes=plan.num_classes, num_workers=config.input_workers)
   metric = 'prec@1' if config.loss == 'sigmoid_xent' else 'accuracy'
-  return evaluate.evaluate(eval_step, jax.device_put(params, shardings), batches, metric)
+  meter = progress and console.Progress(progress, len(plan.eval_source), every=progress_every)
+  result = evaluate.evaluate(eval_step, jax.device_put(params, shardings), batches, metric,
+                             on_batch=meter and meter.update)
+  if meter:
+    meter.finish(int(result['examples']))
+  return result
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  from vit_jax import checkpoint
+  from vit_jax import checkpoint, console
   from vit_jax import workdir as workdir_lib
 
+  if not flags.FLAGS['verbosity'].present:  # Orbax's INFO lines only with --verbosity.
+    console.quiet_third_party()
   step = export(_WORKDIR.value, _OUT.value, _STEP.value)
   print(f'Wrote {_OUT.value}: the parameters of {_WORKDIR.value} at step {step}.')
   if _EVALUATE.value:
@@ -70,7 +85,7 @@ def main(argv: list[str]) -> None:
     exported = checkpoint.to_model_layout(checkpoint.load_npz(_OUT.value),
                                           scanned=checkpoint.is_scanned(params))
     for name, tree in (('checkpoint', params), ('exported .npz', exported)):
-      result = evaluate_params(config, tree)
+      result = evaluate_params(config, tree, f'evaluating the {name}', _PROGRESS_EVERY.value)
       metric = next(iter(result))
       print(f'{name:>14}: {metric} {result[metric]:.4f}, loss {result["loss"]:.4f} '
             f'({int(result["examples"])} examples)')

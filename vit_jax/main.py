@@ -3,7 +3,9 @@ r"""Entry point: ``python -m vit_jax.main --config=configs/quickstart.py --workd
 Any config field can be overridden on the command line (``--config.batch_size=256``,
 ``--config.model.image_size='(16, 24)'``: ``vit_jax.config_cli``). A user error (a bad
 config, a missing file, a checkpoint that does not fit) ends the run with one line,
-``error: ...``, and exit status 2 (``vit_jax.errors``).
+``error: ...``, and exit status 2 (``vit_jax.errors``). The log is vit_jax's own lines
+(one per ``log_every_steps``, each evaluation, a closing summary); ``--verbosity=0``
+(absl's flag) adds the INFO lines of Orbax, jax, clu and TensorFlow.
 On Cloud TPU and SLURM, ``jax.distributed`` finds the other processes by itself;
 elsewhere pass ``--coordinator_address``, ``--num_processes`` and ``--process_id``
 to every process.
@@ -15,7 +17,7 @@ import os
 
 from absl import app, flags, logging
 
-from vit_jax import config_cli, cpu_backend
+from vit_jax import config_cli, console, cpu_backend
 
 _CONFIG = config_cli.DEFINE_config('config', 'Training config file.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and logs.')
@@ -45,6 +47,9 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if cpu_backend.runs_on_cpu():  # XLA:CPU's set-up; may re-execute this process once.
     malloc = cpu_backend.prepare(_CPU_DEVICES.value)
+  if not flags.FLAGS['verbosity'].present:
+    console.quiet_third_party(preload_tensorflow=True)
+  if cpu_backend.runs_on_cpu():
     logging.info('XLA:CPU: malloc %s (VIT_JAX_MALLOC; GLIBC_TUNABLES=%r).', malloc,
                  os.environ.get('GLIBC_TUNABLES', ''))
   import jax

@@ -10,10 +10,12 @@ each kernel per step.
 from __future__ import annotations
 
 import math
-from typing import Any
+import re
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from vit_jax import errors
@@ -70,8 +72,82 @@ def kernel_mask(params: Any) -> Any:
   return unflatten({k: k.endswith('/kernel') for k in flat})
 
 
+_BLOCK = re.compile(r'^Transformer/encoderblock_(\d+)/')
+# The input side, below the first block: the patch embedding, the class token, the
+# position embeddings and the BiT stem of the hybrids (conv_root, gn_root, block{i}).
+_EMBEDDINGS = re.compile(r'^(embedding|cls|Transformer/posembed_input|conv_root|gn_root|'
+                         r'block\d+)/?')
+
+
+def layer_scales(params: Any, decay: float) -> Any:
+  """Each parameter's learning-rate factor for layer-wise decay ``decay``, as a tree.
+
+  With L blocks, block i (``Transformer/encoderblock_{i}``, from 0) gets
+  decay^(L - i), the embeddings decay^(L + 1), everything above the blocks (the final
+  LayerNorm, MAP head, pre-logits, head) 1. A scanned model's stacked blocks
+  (``Transformer/encoderblock``, layer axis first) get a vector over that axis, shaped
+  to broadcast. The release names give the depth, as in BEiT's and MAE's fine-tuning.
+  """
+  flat = flatten(params)
+  scanned = [np.shape(v)[0] for k, v in flat.items() if k.startswith('Transformer/encoderblock/')]
+  depth = scanned[0] if scanned else len({m.group(1) for k in flat if (m := _BLOCK.match(k))})
+
+  def scale(key: str, value: Any) -> Any:
+    if m := _BLOCK.match(key):
+      return decay ** (depth - int(m.group(1)))
+    if key.startswith('Transformer/encoderblock/'):
+      factors = decay ** (depth - np.arange(depth, dtype=np.float64))
+      return jnp.asarray(factors.reshape((depth,) + (1,) * (np.ndim(value) - 1)), jnp.float32)
+    return decay ** (depth + 1) if _EMBEDDINGS.match(key) else 1.
+  return unflatten({k: scale(k, v) for k, v in flat.items()})
+
+
+def scale_by_layer(decay: float) -> optax.GradientTransformation:
+  """Multiplies each update by its ``layer_scales`` factor."""
+  def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+    del params
+    scales = layer_scales(updates, decay)
+    return jax.tree.map(lambda u, s: (u * s).astype(u.dtype), updates, scales), state
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+class WeightEmaState(NamedTuple):
+  ema: Any  # The moving average of the weights, in their layout.
+
+
+def weight_ema(decay: float) -> optax.GradientTransformation:
+  """Keeps ema = decay * ema + (1 - decay) * weights, of the weights after each update.
+
+  Last in a chain, it sees the final updates: the new weights are
+  ``optax.apply_updates(params, updates)``, as the train step computes them. The
+  average starts at the initial weights; the updates pass through unchanged.
+  """
+  def update(updates: Any, state: WeightEmaState, params: Any = None) -> tuple[Any, Any]:
+    weights = optax.apply_updates(params, updates)
+    ema = jax.tree.map(lambda e, w: (decay * e + (1. - decay) * w).astype(e.dtype), state.ema,
+                       weights)
+    return updates, WeightEmaState(ema)
+  return optax.GradientTransformation(lambda params: WeightEmaState(params), update)
+
+
+def ema_params(opt_state: Any) -> Any:
+  """The ``weight_ema`` average in an optimizer state (a chain's), or None."""
+  if isinstance(opt_state, WeightEmaState):
+    return opt_state.ema
+  if isinstance(opt_state, tuple):
+    for inner in opt_state:
+      if (found := ema_params(inner)) is not None:
+        return found
+  return None
+
+
 def make_optimizer(optimizer: Any, learning_rate: optax.Schedule) -> optax.GradientTransformation:
-  """Adam with decoupled weight decay, or SGD with momentum; clipping first."""
+  """Adam with decoupled weight decay, or SGD with momentum; clipping first.
+
+  ``layer_decay`` < 1 scales each parameter's step (its weight decay included, which
+  the learning rate scales too) by ``layer_scales``; ``ema_decay`` > 0 keeps a moving
+  average of the weights in the optimizer state (``weight_ema``).
+  """
   name = optimizer.get('name', 'adam')
   clip = optimizer.get('grad_clip_norm')
   chain = [optax.clip_by_global_norm(clip)] if clip else []
@@ -90,7 +166,19 @@ def make_optimizer(optimizer: Any, learning_rate: optax.Schedule) -> optax.Gradi
     chain.append(optax.trace(decay=optimizer.get('momentum', 0.9)))
   else:
     raise errors.ConfigError(f"config.optimizer.name={name!r} is not 'adam' or 'sgd'.")
+  layer_decay = optimizer.get('layer_decay', 1.)
+  if not 0 < layer_decay <= 1:
+    raise errors.ConfigError(f'config.optimizer.layer_decay={layer_decay} is not in (0, 1] '
+                             '(1: off; 0.65-0.75 for fine-tuning a ViT-B).')
+  if layer_decay < 1:
+    chain.append(scale_by_layer(layer_decay))
   chain.append(optax.scale_by_learning_rate(learning_rate))
+  ema_decay = optimizer.get('ema_decay', 0.)
+  if not 0 <= ema_decay < 1:
+    raise ValueError(f'config.optimizer.ema_decay={ema_decay} is not in [0, 1) (0: off; '
+                     'DeiT: 0.99996).')
+  if ema_decay:
+    chain.append(weight_ema(ema_decay))
   return optax.chain(*chain)
 
 

@@ -32,9 +32,11 @@ from vit_jax import (
   checkpoint,
   checkpoint_manager,
   config_base,
+  console,
   cpu_backend,
   errors,
   evaluate,
+  mfu,
   optim,
   sharding,
 )
@@ -52,6 +54,15 @@ class TrainState:
   params: Any
   opt_state: Any
   rng: jax.Array  # Base key; step s uses fold_in(rng, s), so nothing else to save.
+
+  @property
+  def ema_params(self) -> Any:
+    """The weights' moving average (``config.optimizer.ema_decay``), or None.
+
+    Kept in the optimizer state (``optim.weight_ema``): saved, restored and sharded
+    with it, and the state of a run without one is what it always was.
+    """
+    return optim.ema_params(self.opt_state)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,8 +275,7 @@ def loss_and_grads(model: nn.Module, config: ml_collections.ConfigDict, params: 
     return optim.loss_fn(config.loss, logits, labels, smoothing).mean()
 
   grad_fn = jax.value_and_grad(mean_loss)
-  if config.mixup_alpha:
-    batch = mixup(batch, jax.random.fold_in(rng, 0x6D697875), config.mixup_alpha)  # 'mixu'
+  batch = mix(batch, jax.random.fold_in(rng, 0x6D697875), config)  # 'mixu'
   k = int(config.grad_accum_steps)
   if k == 1:
     return grad_fn(params, batch['image'], batch['label'], rng)
@@ -290,8 +300,49 @@ def mixup(batch: dict[str, jax.Array], rng: jax.Array, alpha: float) -> dict[str
   """
   p = jax.random.beta(rng, alpha, alpha)
   p = jnp.maximum(p, 1. - p)
-  mix = lambda x: (p * x + (1. - p) * jnp.roll(x, 1, axis=0)).astype(x.dtype)
-  return {**batch, 'image': mix(batch['image']), 'label': mix(batch['label'])}
+  blend = lambda x: (p * x + (1. - p) * jnp.roll(x, 1, axis=0)).astype(x.dtype)
+  return {**batch, 'image': blend(batch['image']), 'label': blend(batch['label'])}
+
+
+def cutmix(batch: dict[str, jax.Array], rng: jax.Array, alpha: float) -> dict[str, jax.Array]:
+  """Pastes a box of each example's neighbour (``roll(x)``) into it. Yun et al., 2019.
+
+  p ~ Beta(a, a); the box (one for the batch, as timm's) has sides sqrt(1 - p) of the
+  image's around a uniform centre, clipped to the image. Labels are weighted by the
+  areas as pasted: (1 - box share) own, box share the neighbour's.
+  """
+  height, width = batch['image'].shape[1:3]
+  k_p, k_y, k_x = jax.random.split(rng, 3)
+  side = jnp.sqrt(1. - jax.random.beta(k_p, alpha, alpha))
+
+  def span(key: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
+    centre, half = jax.random.uniform(key, (), maxval=size), side * size / 2
+    return (jnp.clip(jnp.round(centre - half), 0, size).astype(jnp.int32),
+            jnp.clip(jnp.round(centre + half), 0, size).astype(jnp.int32))
+
+  (top, bottom), (left, right) = span(k_y, height), span(k_x, width)
+  rows, cols = jnp.arange(height)[:, None], jnp.arange(width)[None, :]
+  box = (rows >= top) & (rows < bottom) & (cols >= left) & (cols < right)
+  share = (bottom - top) * (right - left) / (height * width)
+  image = jnp.where(box[None, :, :, None], jnp.roll(batch['image'], 1, axis=0), batch['image'])
+  label = ((1. - share) * batch['label']
+           + share * jnp.roll(batch['label'], 1, axis=0)).astype(batch['label'].dtype)
+  return {**batch, 'image': image, 'label': label}
+
+
+def mix(batch: dict[str, jax.Array], rng: jax.Array,
+        config: ml_collections.ConfigDict) -> dict[str, jax.Array]:
+  """Mixup and/or CutMix as configured; with both, each batch takes CutMix with
+  probability ``mixup_switch_prob``, else mixup (DeiT's switch)."""
+  mixup_alpha, cutmix_alpha = config.mixup_alpha, config.cutmix_alpha
+  if mixup_alpha and cutmix_alpha:
+    k_switch, k_mix = jax.random.split(rng)
+    return jax.lax.cond(jax.random.bernoulli(k_switch, config.mixup_switch_prob),
+                        lambda b: cutmix(b, k_mix, cutmix_alpha),
+                        lambda b: mixup(b, k_mix, mixup_alpha), batch)
+  if cutmix_alpha:
+    return cutmix(batch, rng, cutmix_alpha)
+  return mixup(batch, rng, mixup_alpha) if mixup_alpha else batch
 
 
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
@@ -345,28 +396,53 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
 
 
 class _MetricsLog:
-  """TensorBoard (clu) and a JSON-lines file in the workdir; process 0 only.
+  """TensorBoard events and ``metrics.jsonl`` in the workdir; process 0 only.
 
-  Local files are appended to. Object stores (``gs://``) cannot append, so there the
-  file is rewritten whole at each write, after reading what a resumed run left.
+  The JSON-lines file keeps the rows up to the step the run starts from: a resumed
+  run writes the rows after it again (the same training, bit for bit), so nothing is
+  there twice, and a finished run started again adds no row. Local files are
+  appended to; object stores (``gs://``) cannot append, so there the file is
+  rewritten whole at each write.
   """
 
-  def __init__(self, workdir: str, append: bool | None = None):
+  def __init__(self, workdir: str, start_step: int = 0, append: bool | None = None):
     from clu import metric_writers
 
     self.main = jax.process_index() == 0
-    self.writer = metric_writers.create_default_writer(workdir, just_logging=not self.main)
     self.jsonl = epath.Path(workdir) / 'metrics.jsonl'
     self.append = '://' not in str(workdir) if append is None else append
     self.lines: list[str] = []
-    if self.main and not self.append and self.jsonl.exists():
-      self.lines = self.jsonl.read_text().splitlines(keepends=True)
-
-  def write(self, step: int, scalars: dict[str, float]) -> None:
-    self.writer.write_scalars(step, scalars)
+    self.evals: dict[int, dict[str, float]] = {}  # Step -> its eval row.
+    self.writer = None
     if not self.main:
       return
-    line = json.dumps({'step': step, **{k: float(v) for k, v in scalars.items()}}) + '\n'
+    self.writer = metric_writers.AsyncWriter(metric_writers.SummaryWriter(workdir))
+    if self.jsonl.exists():
+      old = self.jsonl.read_text().splitlines(keepends=True)
+      for line in old:
+        try:
+          row = json.loads(line)
+        except json.JSONDecodeError:  # A line cut short by a crash.
+          continue
+        if row['step'] <= start_step:
+          self.lines.append(line)
+          self._note(row)
+      if self.lines != old:
+        tmp = self.jsonl.parent / f'.{self.jsonl.name}.tmp'
+        tmp.write_text(''.join(self.lines))
+        tmp.replace(self.jsonl)
+
+  def _note(self, row: dict[str, float]) -> None:
+    if any(k.startswith('eval/') for k in row):
+      self.evals[int(row['step'])] = row
+
+  def write(self, step: int, scalars: dict[str, float]) -> None:
+    if not self.main:
+      return
+    self.writer.write_scalars(step, scalars)
+    row = {'step': step, **{k: float(v) for k, v in scalars.items()}}
+    self._note(row)
+    line = json.dumps(row) + '\n'
     if self.append:
       with self.jsonl.open('a') as f:
         f.write(line)
@@ -375,7 +451,8 @@ class _MetricsLog:
       self.jsonl.write_text(''.join(self.lines))
 
   def close(self) -> None:
-    self.writer.close()
+    if self.writer:
+      self.writer.close()
 
 
 class _Preemption:
@@ -398,21 +475,50 @@ class _Preemption:
     return self.requested or (jax.process_count() > 1 and manager.reached_preemption(step))
 
 
-def _check_finite(pending: list[tuple[int, Any]], manager: Any) -> None:
-  for step, metrics in pending:
-    loss = float(jax.device_get(metrics['loss']))
+def _host_metrics(pending: list[tuple[int, Any]], manager: Any) -> list[dict[str, float]]:
+  """The metrics of ``pending`` steps on the host; raises at the first non-finite loss."""
+  host = jax.device_get([metrics for _, metrics in pending])
+  for (step, _), metrics in zip(pending, host, strict=True):
+    loss = float(metrics['loss'])
     if not math.isfinite(loss):
-      latest = manager.latest_step()
       raise FloatingPointError(
           f'Non-finite loss ({loss}) at step {step}. The run stopped; the last good '
-          f'checkpoint is step {latest}. Lower the learning rate or check the input.')
+          f'checkpoint is step {manager.latest_step()}. Lower the learning rate or check '
+          'the input.')
+  return host
+
+
+@dataclasses.dataclass
+class _Clock:
+  """The run's wall time, and the loop's: compiling, evaluating, training (the rest)."""
+
+  start: float = dataclasses.field(default_factory=time.perf_counter)
+  loop: float = 0.  # When the loop started.
+  compile: float = 0.
+  eval: float = 0.
+
+  def training(self) -> float:
+    return time.perf_counter() - self.loop - self.compile - self.eval
+
+
+def _parameter_overview(model: nn.Module, params: Any, workdir: str) -> None:
+  """One line for the log; the per-array table into workdir/parameters.txt."""
+  from clu import parameter_overview
+
+  path = epath.Path(workdir) / 'parameters.txt'
+  path.write_text(parameter_overview.get_parameter_overview(params) + '\n')
+  count = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+  logging.info('%s: %s parameters in %d arrays (table: %s).', model.model_name, f'{count:,}',
+               len(jax.tree.leaves(params)), path)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains (resuming from ``workdir`` if it holds a checkpoint) and evaluates."""
+  clock = _Clock()
   plan = validate(config)
   config, model, mesh, total_steps = plan.config, plan.model, plan.mesh, plan.total_steps
-  for warning in cpu_backend.warnings(model.matmul_dtype and jnp.dtype(model.matmul_dtype).name):
+  matmul_dtype = model.matmul_dtype and jnp.dtype(model.matmul_dtype).name
+  for warning in cpu_backend.warnings(matmul_dtype):
     logging.warning(warning)
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   metric_name = 'prec@1' if config.loss == 'sigmoid_xent' else 'accuracy'
@@ -441,14 +547,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     logging.info('Resumed from %s at step %d.', manager.directory, int(state.step))
   start_step = int(jax.device_get(state.step))
 
-  log = _MetricsLog(workdir)
+  log = _MetricsLog(workdir, start_step)
   if log.main:  # What this workdir holds, for the tools that read it later.
     workdir_lib.write_run_info(workdir, config, plan.num_classes,
                                tuple(getattr(plan.train_source, 'class_names', ())))
   if start_step == 0 and log.main:
-    from clu import parameter_overview
-    logging.info('Parameters of %s:\n%s', model.model_name,
-                 parameter_overview.get_parameter_overview(state.params))
+    _parameter_overview(model, state.params, workdir)
     log.writer.write_hparams({k: str(v) for k, v in config.items()})
 
   train_step = make_train_step(model, tx, schedule, config, mesh, state_shardings)
@@ -460,64 +564,118 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       num_classes=plan.num_classes, num_workers=config.input_workers)
 
   def run_eval(step: int) -> dict[str, float]:
-    batches = loader.eval_batches(
-        plan.eval_source, plan.pp_eval, global_batch_size=config.eval_batch_size,
-        sharding=sharding.batch_sharding(mesh), num_classes=plan.num_classes,
-        num_workers=config.input_workers)
-    result = evaluate.evaluate(eval_step, state.params, batches, metric_name)
-    log.write(step, {f'eval/{k}': v for k, v in result.items()})
-    logging.info('eval at step %d: %s %.4f, loss %.4f (%d examples)', step, metric_name,
-                 result[metric_name], result['loss'], result['examples'])
+    """The weights' metrics, and the moving average's as 'ema/...'."""
+    started = time.perf_counter()
+    result, line = {}, f'eval at step {step}:'
+    for prefix, params in (('', state.params), ('ema/', state.ema_params)):
+      if params is None:
+        continue
+      batches = loader.eval_batches(
+          plan.eval_source, plan.pp_eval, global_batch_size=config.eval_batch_size,
+          sharding=sharding.batch_sharding(mesh), num_classes=plan.num_classes,
+          num_workers=config.input_workers)
+      metrics = evaluate.evaluate(eval_step, params, batches, metric_name)
+      result.update({prefix + k: v for k, v in metrics.items() if not prefix or k != 'examples'})
+      line += (f'{"; EMA" if prefix else ""} {metric_name} {metrics[metric_name]:.4f}, loss '
+               f'{metrics["loss"]:.4f}')
+    if step not in log.evals:  # A finished run evaluated again adds no row.
+      log.write(step, {f'eval/{k}': v for k, v in result.items()})
+    logging.info('%s (%d examples)', line, result['examples'])
+    clock.eval += time.perf_counter() - started
     return result
+
+  def summary(step: int) -> None:
+    trained = step - start_step
+    line = f'Done: step {step}/{total_steps}'
+    if trained:
+      images_per_s = trained * config.batch_size / max(clock.training(), 1e-9)
+      line += (f', {trained} trained in {console.duration(time.perf_counter() - clock.start)} '
+               f'(compiling {clock.compile:.0f}s, evaluating {clock.eval:.0f}s), '
+               f'{images_per_s:,.0f} img/s')
+      if flops_per_image:
+        line += f', MFU {100 * flops_per_image * images_per_s / peak:.1f}%'
+    logging.info('%s.', line)
+    for name in ('', 'EMA '):
+      key = f'eval/{"ema/" if name else ""}{metric_name}'
+      if evals := {s: row[key] for s, row in log.evals.items() if key in row}:
+        best, final = max(evals, key=evals.get), max(evals)
+        logging.info('%seval %s: final %.4f (step %d), best %.4f (step %d).', name,
+                     metric_name, evals[final], final, evals[best], best)
+    logging.info('Checkpoints: %s (steps %s). Logs: %s, TensorBoard events in %s.',
+                 manager.directory, ', '.join(map(str, manager.all_steps())) or 'none',
+                 log.jsonl, workdir)
 
   preemption = _Preemption()
   log_every = config.log_every_steps
   eval_every = config.eval_every_steps
   profile = tuple(config.profile_steps or ())
-  pending: list[tuple[int, Any]] = []
+  pending: list[tuple[int, Any]] = []  # The steps since the last log line.
   result: dict[str, float] = {}
-  timer_step, timer = start_step, time.perf_counter()
+  flops_per_image, peak = None, 1.
   batches = train_loader.iterate(start_step)
+  clock.loop = time.perf_counter()
+  interval_step, interval_time = start_step, 0.
   try:
     for step in range(start_step + 1, total_steps + 1):
       if profile and step == profile[0]:
         jax.profiler.start_trace(str(epath.Path(workdir) / 'profile'))
       _, batch = next(batches)
-      state, metrics = train_step(*sharding.inputs_ready((state, batch)))
+      inputs = sharding.inputs_ready((state, batch))
+      if step == start_step + 1:  # Compiled ahead (the call below reuses it), for its FLOPs.
+        started = time.perf_counter()
+        compiled = train_step.lower(*inputs).compile()
+        clock.compile = time.perf_counter() - started
+        flops_per_image = mfu.train_flops_per_image(model, compiled, mesh.size,
+                                                    config.batch_size)
+        peak, how = mfu.device_peak('bfloat16' if 'bfloat16' in (
+            matmul_dtype, jnp.dtype(model.dtype).name) else 'float32')
+        logging.info('Training steps %d-%d, batch %d. MFU: %.4g MFLOP a training image '
+                     '(model FLOPs) over %s.', step, total_steps, config.batch_size,
+                     (flops_per_image or 0) / 1e6, how)
+        interval_time = clock.training()
+      state, metrics = train_step(*inputs)
       pending.append((step, metrics))
       if profile and step == profile[1]:
         jax.profiler.stop_trace()
 
       if step % log_every == 0 or step == total_steps:
-        _check_finite(pending, manager)
-        scalars = {f'train/{k}': float(v) for k, v in jax.device_get(metrics).items()}
-        elapsed = time.perf_counter() - timer
-        images_per_s = (step - timer_step) * config.batch_size / elapsed
-        scalars.update({'train/images_per_s': images_per_s,
-                        'train/images_per_s_per_device': images_per_s / mesh.size})
+        host = _host_metrics(pending, manager)
+        elapsed = clock.training() - interval_time
+        images_per_s = (step - interval_step) * config.batch_size / elapsed
+        scalars = {'train/loss': np.mean([m['loss'] for m in host]),  # Since the last line.
+                   'train/grad_norm': np.mean([m['grad_norm'] for m in host]),
+                   'train/learning_rate': host[-1]['learning_rate'],
+                   'train/images_per_s': images_per_s,
+                   'train/images_per_s_per_device': images_per_s / mesh.size}
+        if flops_per_image:
+          scalars['train/mfu'] = flops_per_image * images_per_s / peak
         log.write(step, scalars)
-        eta = (total_steps - step) * elapsed / max(step - timer_step, 1)
-        logging.info('step %d/%d  loss %.4f  lr %.2e  %.1f img/s (%.1f/device)  ETA %s',
-                     step, total_steps, scalars['train/loss'], scalars['train/learning_rate'],
-                     images_per_s, images_per_s / mesh.size, _duration(eta))
-        pending, timer_step, timer = [], step, time.perf_counter()
+        eta = (total_steps - step) * elapsed / (step - interval_step)
+        logging.info('step %d/%d  loss %.4f  lr %.2e  %s img/s%s  ETA %s', step, total_steps,
+                     scalars['train/loss'], scalars['train/learning_rate'],
+                     f'{images_per_s:,.0f}',
+                     f'  MFU {100 * scalars["train/mfu"]:.1f}%' if flops_per_image else '',
+                     console.duration(eta))
+        pending, interval_step, interval_time = [], step, clock.training()
 
       if preemption.reached(manager, step):
-        _check_finite(pending, manager)
+        _host_metrics(pending, manager)
         checkpoint_manager.save(manager, step, state, force=True)
         manager.wait_until_finished()
         logging.warning('Preempted: saved step %d; restart with the same workdir to resume.',
                         step)
+        summary(step)
         return result
       if step % checkpoint_every == 0 or step == total_steps:
-        _check_finite(pending, manager)
-        pending = []
+        _host_metrics(pending, manager)
         checkpoint_manager.save(manager, step, state, force=True)
       if (eval_every and step % eval_every == 0) or step == total_steps:
         result = run_eval(step)
     if start_step >= total_steps:
       logging.info('The run in %s is already complete (step %d).', workdir, start_step)
       result = run_eval(start_step)
+    manager.wait_until_finished()
+    summary(max(start_step, total_steps))
   finally:
     preemption.close()
     batches.close()
@@ -525,9 +683,3 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     manager.close()
     log.close()
   return result
-
-
-def _duration(seconds: float) -> str:
-  seconds = int(seconds)
-  return f'{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s'
-

@@ -49,7 +49,7 @@ from typing import Any
 
 from absl import app, flags
 
-from vit_jax import host_cpu, host_memory
+from vit_jax import host_cpu, host_memory, mfu
 from vit_jax.benchmarks import results, timm_step
 
 DTYPES = ('float32', 'bfloat16')
@@ -93,46 +93,6 @@ _OUT = flags.DEFINE_string('out', '', 'JSON file for the results.')
 _CELL = flags.DEFINE_string('cell', '', 'Internal: one cell as JSON, measured in this process.')
 
 
-def analytic_train_flops(model: Any, all_tokens: bool = False) -> int | None:
-  """Model FLOPs of one image's training step: forward + backward = 3 x forward.
-
-  ``all_tokens``: as if the last block computed every token's output, as timm's does
-  (vit_jax's computes only the class token's there; ``VisionTransformer.head_tokens``).
-  """
-  forward = model.forward_flops(all_tokens)
-  return None if forward is None else 3 * forward
-
-
-def matmul_peak(dtype: str, n: int, repeats: int) -> float:
-  """FLOP/s per device of n x n x n products (float32 accumulation) on all devices at once."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-
-  devices = jax.devices()
-  mesh = jax.sharding.Mesh(np.array(devices), ('devices',))
-  one_each = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('devices'))
-  a, b = (jax.device_put(np.random.default_rng(i).standard_normal(
-      (len(devices), n, n), np.float32).astype(dtype), one_each) for i in (0, 1))
-  matmul = jax.jit(lambda a, b: jnp.einsum('dij,djk->dik', a, b,
-                                           preferred_element_type=jnp.float32),
-                   out_shardings=one_each)
-  matmul(a, b).block_until_ready()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    matmul(a, b).block_until_ready()
-    times.append(time.perf_counter() - start)
-  return 2 * n**3 / float(np.median(times))
-
-
-def _cost(compiled: Any) -> dict[str, float]:
-  cost = compiled.cost_analysis()
-  if isinstance(cost, (list, tuple)):  # Older jax: one dict per program.
-    cost = cost[0] if cost else {}
-  return dict(cost or {})
-
-
 def _memory(compiled: Any, device: Any) -> dict[str, int | None]:
   stats = device.memory_stats() or {}
   analysis = compiled.memory_analysis()
@@ -157,15 +117,15 @@ def measure(cell: dict[str, Any]) -> dict[str, Any]:
   devices = jax.devices()
   backend = jax.default_backend()
   n = cell['peak_size'] or (2048 if backend == 'cpu' else 8192)
-  peaks = {dtype: matmul_peak(dtype, n, cell['peak_repeats']) for dtype in DTYPES}
+  peaks = {dtype: mfu.matmul_peak(dtype, n, cell['peak_repeats']) for dtype in DTYPES}
 
   model = get_model(cell['model'], num_classes=1000, image_size=cell['image_size'],
                     dtype=cell['dtype'], attention_impl=cell['attention'],
                     matmul_dtype=None if cell['matmul_dtype'] == 'none' else cell['matmul_dtype'],
                     remat_policy=cell['remat'], scan=cell['scan'])
   config = ml_collections.ConfigDict(dict(
-      loss='softmax_xent', label_smoothing=0., mixup_alpha=0., grad_accum_steps=1,
-      step_impl=cell['step_impl']))
+      loss='softmax_xent', label_smoothing=0., mixup_alpha=0., cutmix_alpha=0.,
+      grad_accum_steps=1, step_impl=cell['step_impl']))
   schedule = optim.make_schedule(
       ml_collections.ConfigDict(dict(base_lr=1e-3, warmup_steps=1, decay='cosine')),
       total_steps=1_000_000, warmup_steps=1)
@@ -204,10 +164,10 @@ def measure(cell: dict[str, Any]) -> dict[str, Any]:
 
   step_s = float(np.median(times))
   images_per_s = batch_size / step_s
-  analytic = analytic_train_flops(model)
-  xla_flops = _cost(compiled).get('flops')  # Of one device's share of the step.
+  analytic = mfu.analytic_train_flops(model)
+  xla_flops = mfu.cost(compiled).get('flops')  # Of one device's share of the step.
   xla_per_image = xla_flops * len(devices) / batch_size if xla_flops else None
-  flops_per_image = analytic or xla_per_image  # Model FLOPs; XLA's for hybrids.
+  flops_per_image = mfu.train_flops_per_image(model, compiled, len(devices), batch_size)
   achieved = flops_per_image * images_per_s if flops_per_image else None
   return {
       **cell,
@@ -217,7 +177,7 @@ def measure(cell: dict[str, Any]) -> dict[str, Any]:
       'compile_s': compile_s, 'step_s_median': step_s, 'step_s_all': times,
       'images_per_s': images_per_s, 'images_per_s_per_device': images_per_s / len(devices),
       'analytic_flops_per_image': analytic, 'xla_flops_per_image': xla_per_image,
-      'analytic_flops_all_tokens_per_image': analytic_train_flops(model, all_tokens=True),
+      'analytic_flops_all_tokens_per_image': mfu.analytic_train_flops(model, all_tokens=True),
       'xla_over_analytic': (xla_per_image / analytic) if analytic and xla_per_image else None,
       'achieved_flops': achieved,  # MFU: in main(), over the best peak of all cells.
       'memory': _memory(compiled, devices[0]),

@@ -40,7 +40,7 @@ from absl import app, flags
 from etils import epath
 from PIL import Image
 
-from vit_jax import errors
+from vit_jax import console, errors
 from vit_jax.data import local
 
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp')
@@ -82,7 +82,7 @@ def _folder(path: epath.Path, role: str) -> epath.Path:
   return path
 
 
-def scan_folder(source: epath.Path) -> tuple[list[str], Iterator[Item]]:
+def scan_folder(source: epath.Path) -> tuple[list[str], Iterator[Item], int | None]:
   """SPLIT/CLASS/images; a class entry that is not a folder, or a link loop, is refused."""
   splits = sorted(p for p in source.iterdir() if p.is_dir() or os.path.islink(p))
   if not splits:
@@ -92,27 +92,29 @@ def scan_folder(source: epath.Path) -> tuple[list[str], Iterator[Item]]:
              for split in splits}
   classes = sorted({c.name for cs in folders.values() for c in cs})
   index = {name: i for i, name in enumerate(classes)}
+  total = sum(1 for cs in folders.values() for c in cs for _ in c.iterdir())
 
   def items() -> Iterator[Item]:
     for split in splits:
       for cls in folders[split]:
         for path in sorted(cls.iterdir()):
           yield split.name, f'{split.name}/{cls.name}/{path.name}', [index[cls.name]], str(path)
-  return classes, items()
+  return classes, items(), total
 
 
-def scan_idx(source: epath.Path) -> tuple[list[str], Iterator[Item]]:
+def scan_idx(source: epath.Path) -> tuple[list[str], Iterator[Item], int | None]:
   from vit_jax.data import sources
 
+  data = {split: sources.idx_dataset(source, split) for split in ('train', 'test')}
+
   def items() -> Iterator[Item]:
-    for split in ('train', 'test'):
-      data = sources.idx_dataset(source, split)
-      for i in range(len(data)):
-        yield split, f'{split}/{i:06d}', [int(data.labels[i])], data.images[i, ..., 0]
+    for split, split_data in data.items():
+      for i in range(len(split_data)):
+        yield split, f'{split}/{i:06d}', [int(split_data.labels[i])], split_data.images[i, ..., 0]
   names = [str(i) for i in range(10)]
   if 'fashion' in source.name.lower():
     names = list(sources.FASHION_MNIST_CLASSES)
-  return names, items()
+  return names, items(), sum(len(d) for d in data.values())
 
 
 def _manifest_rows(source: epath.Path) -> Iterator[tuple[str, list[str], str]]:
@@ -136,19 +138,21 @@ def _manifest_rows(source: epath.Path) -> Iterator[tuple[str, list[str], str]]:
             raise ValueError(f'{source}:{n}: not a {{"path", "labels"}} JSON line ({e}).') from e
 
 
-def scan_manifest(source: epath.Path) -> tuple[list[str], Iterator[Item]]:
-  classes = sorted({label for _, labels, _ in _manifest_rows(source) for label in labels})
+def scan_manifest(source: epath.Path) -> tuple[list[str], Iterator[Item], int | None]:
+  rows = [labels for _, labels, _ in _manifest_rows(source)]
+  classes = sorted({label for labels in rows for label in labels})
   index = {name: i for i, name in enumerate(classes)}
 
   def items() -> Iterator[Item]:
     for path, labels, split in _manifest_rows(source):
       full = path if os.path.isabs(path) else str(source.parent / path)
       yield split, path, sorted(index[label] for label in labels), full
-  return classes, items()
+  return classes, items(), len(rows)
 
 
 def scan_i21k(source: epath.Path, val_fraction: float,
-              seed: int) -> tuple[list[str], Iterator[Item]]:
+              seed: int) -> tuple[list[str], Iterator[Item], int | None]:
+  """One tar a class; the total is not known without reading every tar's headers."""
   tars = sorted(p for p in source.iterdir() if p.name.endswith('.tar'))
   classes = [p.name[:-len('.tar')] for p in tars]
 
@@ -163,7 +167,7 @@ def scan_i21k(source: epath.Path, val_fraction: float,
           if member.isfile():
             key = f'{classes[label]}/{member.name}'
             yield split_of(key), key, [label], tar.extractfile(member).read()
-  return classes, items()
+  return classes, items(), None
 
 
 def _no_pil_limit() -> None:
@@ -237,8 +241,12 @@ class _SplitWriter:
 def convert(source: str, out: str, *, shards: int = 16, kind: str = 'auto',
             val_fraction: float = 0.02, seed: int = 0, workers: int | None = None,
             overwrite: bool = False, name: str = '',
-            max_pixels: int = MAX_PIXELS) -> dict[str, Any]:
-  """Converts ``source`` into ``out``; returns the metadata."""
+            max_pixels: int = MAX_PIXELS, progress_every: float = 10.) -> dict[str, Any]:
+  """Converts ``source`` into ``out``; returns the metadata.
+
+  Progress (images, rate, ETA) goes to stderr every ``progress_every`` seconds; for
+  ImageNet-21k's tars the ETA is from the share of the classes' tars done.
+  """
   source_path, out_path = epath.Path(source), epath.Path(out)
   kind = detect_kind(source_path) if kind == 'auto' else kind
   if (out_path / local.METADATA).exists() and not overwrite:
@@ -248,7 +256,8 @@ def convert(source: str, out: str, *, shards: int = 16, kind: str = 'auto',
               'i21k': lambda s: scan_i21k(s, val_fraction, seed)}
   if kind not in scanners:
     raise ValueError(f'--kind={kind!r} is not one of {sorted(scanners)} or auto.')
-  classes, items = scanners[kind](source_path)
+  classes, items, total = scanners[kind](source_path)
+  progress = console.Progress('convert', total, every=progress_every)
 
   tmp = epath.Path(f'{out}.tmp')
   if tmp.exists():
@@ -269,9 +278,7 @@ def convert(source: str, out: str, *, shards: int = 16, kind: str = 'auto',
           writers[split] = _SplitWriter(tmp, split, shards)
         writers[split].write(local.encode_record(data, labels, key))
         multi_label |= len(labels) != 1
-      if done % 5000 == 0:
-        print(f'convert: {done} images, {len(skipped)} skipped, '
-              f'{done / (time.time() - start):.0f}/s', file=sys.stderr)
+      progress.update(done, None if total else labels[0] / len(classes))
   metadata = {
       'format_version': local.FORMAT_VERSION, 'name': name or source_path.name,
       'source': str(source), 'kind': kind, 'num_classes': len(classes),
@@ -306,6 +313,7 @@ def main() -> None:
   max_pixels = flags.DEFINE_integer(
       'max_pixels', MAX_PIXELS, 'Images of more pixels are skipped and listed, not decoded '
       '(default: PIL\'s decompression-bomb limit).')
+  progress_every = flags.DEFINE_float('progress_every', 10., 'Seconds between progress lines.')
   flags.mark_flags_as_required(['source', 'out'])
 
   def run(argv: list[str]) -> None:
@@ -313,7 +321,8 @@ def main() -> None:
       raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
     convert(source.value, out.value, shards=shards.value, kind=kind.value,
             val_fraction=val_fraction.value, seed=seed.value, workers=workers.value,
-            overwrite=overwrite.value, name=name.value, max_pixels=max_pixels.value)
+            overwrite=overwrite.value, name=name.value, max_pixels=max_pixels.value,
+            progress_every=progress_every.value)
   errors.run(run)
 
 

@@ -2,7 +2,7 @@
 
 In-memory sources for small real datasets (scikit-learn's bundled 8x8 digits,
 so the quickstart runs offline; IDX files of MNIST and Fashion-MNIST) and any
-prepared TFDS image-classification dataset.
+prepared TFDS image-classification dataset, in ArrayRecord or TFRecord format.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from vit_jax.data import local
+from vit_jax.data import local, tfrecord
 
 FASHION_MNIST_CLASSES = ('T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal',
                          'Shirt', 'Sneaker', 'Bag', 'Ankle boot')
@@ -93,8 +93,10 @@ def idx_dataset(directory: str | pathlib.Path, split: str,
 class TFDSSource:
   """A prepared TFDS image-classification dataset, read with random access.
 
-  TFDS's ``as_data_source`` reads ArrayRecord files directly (no TensorFlow at
-  read time). ``source[i]`` is ``{'image': HWC uint8, 'label': int}``.
+  In the format it was prepared in: ArrayRecord (or another random-access format)
+  through TFDS's ``as_data_source``, TFRecord through an index of record offsets
+  (``vit_jax.data.tfrecord``); the same decoding, no TensorFlow at read time.
+  ``source[i]`` is ``{'image': HWC uint8, 'label': int}``.
   """
 
   def __init__(self, name: str, split: str, data_dir: str | None = None,
@@ -115,11 +117,16 @@ class TFDSSource:
             f'config.dataset.data_dir at a prepared copy.')
       config = tfds.download.DownloadConfig(manual_dir=manual_dir)
       builder.download_and_prepare(download_config=config, file_format='array_record')
+    file_format = builder.info.file_format
     try:
-      self._source = builder.as_data_source(split=split)
+      if file_format == tfds.core.FileFormat.TFRECORD:
+        self._source = tfrecord.TFRecordSource(builder, split)
+      else:
+        self._source = builder.as_data_source(split=split)
     except (ValueError, NotImplementedError) as e:
-      raise ValueError(f'TFDS dataset {name!r} ({builder.data_dir}) cannot be read with '
-                       f'random access: prepare it with file_format="array_record" ({e}).') from e
+      raise ValueError(f'TFDS dataset {name!r} ({builder.data_dir}, {file_format}) cannot be '
+                       f'read with random access: prepare it with file_format="array_record" '
+                       f'or "tfrecord" ({e}).') from e
     label = builder.info.features['label']
     self.num_classes = label.num_classes
     self.class_names = tuple(label.names)
