@@ -1,6 +1,6 @@
 """Everything vit_jax does only for XLA:CPU, and the checks that decide it.
 
-vit_jax is tested on CPUs and tuned for the TPUs and GPUs it trains on. Three things help
+vit_jax is tested on CPUs and tuned for the TPUs and GPUs it trains on. These things help
 only where XLA runs on the host's CPU, and they stay here, behind these checks:
 
 * glibc's malloc tunables for XLA:CPU's per-step host buffers (``vit_jax.host_memory``),
@@ -9,7 +9,9 @@ only where XLA runs on the host's CPU, and they stay here, behind these checks:
   ``warnings``;
 * the operand layouts XLA:CPU's bfloat16 matmul kernels take (``vit_jax.models.matmul``),
   chosen when a product is lowered for the CPU, so that a program compiled here for a TPU
-  (``vit_jax.aot``) gets the plain products: ``lowered_for_cpu``.
+  (``vit_jax.aot``) gets the plain products: ``lowered_for_cpu``;
+* independent programs with collectives (the checkpoints' checksums) run one at a time,
+  as XLA:CPU's collectives can otherwise deadlock: ``one_program_at_a_time``.
 
 A TPU or GPU host starts ``vit_jax.main`` with none of it: no re-execution.
 """
@@ -71,6 +73,16 @@ def warnings(matmul_dtype: str | None) -> list[str]:
   warning = host_cpu.emulated_bf16_warning(jax.default_backend(), matmul_dtype,
                                            host_cpu.cpu_info())
   return [warning] if warning else []
+
+
+def one_program_at_a_time() -> bool:
+  """Whether independent programs with collectives must run one after the other: on
+  XLA:CPU with several devices, whose collectives wait on the threads that run the
+  programs; several dispatched at once can each hold some of the devices (seen: 7 of 8
+  devices in one checksum program's all-reduce, the 8th in another's)."""
+  import jax
+
+  return jax.default_backend() == 'cpu' and jax.device_count() > 1
 
 
 def lowered_for_cpu(for_cpu: Callable[..., Any],
