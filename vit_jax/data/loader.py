@@ -73,24 +73,17 @@ def permute(indices: np.ndarray, n: int, key: tuple[int, ...]) -> np.ndarray:
   return out.astype(np.int64)
 
 
-def _rows(global_batch_size: int, sharding: jax.sharding.Sharding, index: int | None = None,
-          count: int | None = None) -> np.ndarray:
-  """The rows of a global batch that a process reads, in order.
+def process_rows(sharding: jax.sharding.Sharding, global_batch_size: int,
+                 devices: Any = None) -> np.ndarray:
+  """The rows of a global batch that a process's devices hold, in order.
 
-  This process's by default: the rows that its devices hold under ``sharding``. With
-  ``index`` and ``count``, the contiguous share of process ``index`` of ``count``
-  (processes simulated in one).
+  This process's devices by default. Processes whose devices hold the same rows (along
+  a 'tensor' axis that spans hosts) read the same rows.
   """
-  if index is None and count is None:
-    slices = sharding.addressable_devices_indices_map((global_batch_size,)).values()
-    return np.unique(np.concatenate([np.arange(global_batch_size)[s[0]] for s in slices]))
-  count = jax.process_count() if count is None else count
-  index = jax.process_index() if index is None else index
-  if global_batch_size % count:
-    raise ValueError(f'The batch size {global_batch_size} is not divisible by the '
-                     f'{count} processes.')
-  size = global_batch_size // count
-  return np.arange(index * size, (index + 1) * size)
+  devices = sharding.addressable_devices if devices is None else set(devices)
+  indices = sharding.devices_indices_map((global_batch_size,))
+  rows = [np.arange(global_batch_size)[index[0]] for d, index in indices.items() if d in devices]
+  return np.unique(np.concatenate(rows))
 
 
 def _load(source: Any, preprocess: Callable, index: int,
@@ -151,7 +144,12 @@ class TrainLoader:
     if not self.steps_per_epoch:
       raise ValueError(f'The batch size {global_batch_size} is larger than the '
                        f'{len(source)} training examples.')
-    self.rows = _rows(global_batch_size, sharding, process_index, process_count)
+    devices = None
+    if process_count:  # Process `process_index` of `process_count`, simulated in this one.
+      ordered = sorted(sharding.device_set, key=lambda d: d.id)
+      share = len(ordered) // process_count
+      devices = ordered[process_index * share:(process_index + 1) * share]
+    self.rows = process_rows(sharding, global_batch_size, devices)
 
   def indices(self, step: int) -> np.ndarray:
     """The dataset indices of global batch ``step`` (last partial batch of an epoch dropped)."""
@@ -197,7 +195,7 @@ def eval_batches(source: Any, preprocess: Callable, *, global_batch_size: int,
                  sharding: jax.sharding.Sharding, num_classes: int,
                  num_workers: int = 4) -> Iterator[Batch]:
   """Every example exactly once, in order; the last batch padded, with a 0/1 'mask'."""
-  batch_rows = _rows(global_batch_size, sharding)
+  batch_rows = process_rows(sharding, global_batch_size)
   n = len(source)
   preprocess, on_device = _split(preprocess)
 
