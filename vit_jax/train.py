@@ -93,12 +93,14 @@ def validate(config: ml_collections.ConfigDict) -> Plan:
   if config.eval_batch_size is None:
     config.eval_batch_size = config.batch_size
   mesh = sharding.make_mesh(config.mesh)
-  devices, accum = mesh.size, int(config.grad_accum_steps)
+  # The devices that split the batch; those along 'tensor' share their rows.
+  devices = math.prod(mesh.shape[a] for a in sharding.BATCH_AXES)
+  accum = int(config.grad_accum_steps)
   for field in ('batch_size', 'eval_batch_size'):
     size = int(config[field])
     if size % devices:
-      raise ValueError(f'config.{field}={size} is not divisible by the {devices} devices. '
-                       f'Use a multiple of {devices}.')
+      raise ValueError(f'config.{field}={size} is not divisible by the {devices} devices that '
+                       f'split it (config.mesh data x fsdp). Use a multiple of {devices}.')
   if (config.batch_size // devices) % accum:
     raise ValueError(f'config.grad_accum_steps={accum} does not divide the per-device batch '
                      f'{config.batch_size // devices}.')
@@ -362,8 +364,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                tuple(getattr(plan.train_source, 'class_names', ())))
   if start_step == 0 and log.main:
     from clu import parameter_overview
+    # Shapes and shardings: statistics would copy every parameter to this host, and
+    # cannot read the shards that only other processes hold.
     logging.info('Parameters of %s:\n%s', model.model_name,
-                 parameter_overview.get_parameter_overview(state.params))
+                 parameter_overview.get_parameter_overview(state.params,
+                                                           include_stats='sharding'))
     log.writer.write_hparams({k: str(v) for k, v in config.items()})
 
   train_step = make_train_step(model, tx, schedule, config, mesh, state_shardings)
