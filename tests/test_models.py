@@ -58,8 +58,11 @@ def test_giant_parameter_counts_match_the_papers():
   # Zhai et al., 2022 (table 2) count the encoder, in millions: g/14 1011, G/14 1843.
   assert round(encoder_parameters('g14') / 1e6) == 1011
   assert round(encoder_parameters('G14') / 1e6) == 1843
-  # PaLI (Chen et al., 2022): ViT-e 3.9B, counting its MAP head (the encoder alone: 3.81B).
-  assert round(encoder_parameters('e14', pool='map') / 1e9, 1) == 3.9
+  # PaLI (Chen et al., 2022): ViT-e 3.9B; Dehghani et al., 2023 (table 1): 3926M. Both
+  # count its MAP head and its classifier for JFT-3B's 29,593 classes (the number of
+  # big_vision's ViT-g/G config); the encoder alone has 3.81B.
+  e14 = encoder_parameters('e14', pool='map') + (1792 + 1) * 29_593
+  assert round(e14 / 1e6) == 3926 and round(e14 / 1e9, 1) == 3.9
   # Dehghani et al., 2023 (table 1): ViT-22B 21,743M, the weight matrices of its 48 blocks.
   # With patch and position embeddings, norms and biases the encoder has 21.75B.
   assert encoder_parameters('22b14', kernels_only=True) // 10**6 == 21_743

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import checkpoint, config_base, host_cpu, optim, sharding, train
+from vit_jax import checkpoint, checkpoint_manager, config_base, host_cpu, optim, sharding, train
 from vit_jax.models import get_model
 
 from runs import TINY_MODEL, read_metrics, restore_state, tiny_config
@@ -82,8 +82,8 @@ def test_every_mesh_matches_data_parallelism(mesh, step_impl, matmul_dtype, more
   """(data, fsdp, tensor) meshes train as plain data parallelism does, with either step.
 
   Every run starts from the reference's initial parameters (``create_train_state`` gives
-  the same ones on any mesh: test_checkpoint_manager.py), in the scanned layout where
-  the run scans; gradient accumulation and remat do not change the update.
+  the same ones on any mesh: the next test), in the scanned layout where the run scans;
+  gradient accumulation and remat do not change the update.
   """
   initial, reference, losses, grad_norms = data_parallel_run(matmul_dtype)
   config = tiny_config(step_impl=step_impl, **{**SGD, 'model.matmul_dtype': matmul_dtype, **more},
@@ -109,6 +109,26 @@ def test_every_mesh_matches_data_parallelism(mesh, step_impl, matmul_dtype, more
   chex.assert_trees_all_close(checkpoint.to_model_layout(jax.device_get(state.params), False),
                               reference.params, atol=5e-5 if matmul_dtype else 1e-6, rtol=1e-5)
   assert int(state.step) == 4
+
+
+def test_a_state_written_on_one_mesh_restores_on_another(tmp_path):
+  config = tiny_config(**SGD)
+  initial = data_parallel_run(None)[0]  # Created on the (8, 1, 1) mesh.
+  state, _, _ = setup_step(tiny_config(**SGD, **{'mesh.fsdp': 2, 'mesh.tensor': 2}))
+  chex.assert_trees_all_equal(jax.device_get(state), initial)  # Whatever the mesh.
+
+  state = jax.jit(lambda s: jax.tree.map(lambda x: x + 1, s))(state)  # Not the initial state.
+  manager = checkpoint_manager.make_manager(str(tmp_path), every_steps=1, keep=1)
+  checkpoint_manager.save(manager, 1, state, force=True)
+  manager.wait_until_finished()
+  expected = jax.device_get(state)
+  for mesh in ({'fsdp': 4, 'tensor': 2}, {'tensor': 8}, config.mesh):
+    shardings = sharding.shardings_for(expected, sharding.make_mesh(mesh))
+    restored = checkpoint_manager.restore(
+        manager, checkpoint_manager.abstract_like(expected, shardings))
+    chex.assert_trees_all_equal(jax.device_get(restored), expected)
+    chex.assert_trees_all_equal(jax.tree.map(lambda x: x.sharding, restored), shardings)
+  manager.close()
 
 
 @pytest.mark.parametrize('step_impl', ['jit', 'shard_map'])
