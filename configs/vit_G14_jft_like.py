@@ -2,14 +2,15 @@ r"""ViT-G/14 pre-trained on a JFT-like dataset: "Scaling Vision Transformers" (Z
 
 Meant for a TPU v4-256 slice (128 chips of 32 GiB): mesh (data, fsdp, tensor) =
 (1, 64, 2), the parameters and optimizer state split 128 ways, each example's heads and
-MLP units over 2 chips. On N chips, keep fsdp x tensor = N (e.g. --config.mesh.fsdp=128
---config.mesh.tensor=1 for plain FSDP).
+MLP units over 2 chips. On a larger slice the data axis (-1) takes what fsdp x tensor
+leave; plain FSDP is --config.mesh.fsdp=128 --config.mesh.tensor=1.
 
 The paper's recipe, as its authors' big_vision config ``scaling_laws/train_vit_g.py``
-gives it for G/14: ViT-G/14 (width 1664, 48 layers, MLP 8192, 16 heads: 1843M
-parameters) with a MAP head, 224 px inception crops and flips, JFT-3B (29,593 classes,
-multi-label: sigmoid cross-entropy, head bias -10), batch 16,384, 1M steps, learning
-rate 8e-4 after a 10k-step warm-up, decoupled weight decay 0.03, clipping at 1.
+gives it for G/14: ViT-G/14 (width 1664, 48 layers, MLP 8192, 16 heads; 1843M
+parameters in the encoder) with a MAP head, 224 px inception crops and flips, JFT-3B
+(29,593 classes, multi-label: sigmoid cross-entropy, head bias -10), batch 16,384, 1M
+steps, learning rate 8e-4 after a 10k-step warm-up, decoupled weight decay 0.03,
+clipping at 1.
 
 Where vit_jax has no equivalent of the paper's choice, the closest it has: Adam with a
 bfloat16 first moment for the paper's Adafactor variant (bfloat16 first moment, factored

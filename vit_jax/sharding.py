@@ -124,16 +124,16 @@ def constrain(x: jax.Array, name: str) -> jax.Array:
   """``x`` laid out as ``ACTIVATION_RULES[name]`` on the mesh being traced for.
 
   The model calls this; the train and eval steps trace it under their mesh
-  (``jax.sharding.use_abstract_mesh``). Outside any mesh (a plain ``model.apply``)
-  it returns ``x`` as it is, and inside ``shard_map`` it constrains only the axes
-  that are not manual there.
+  (``jax.sharding.use_abstract_mesh``). Outside any mesh (a plain ``model.apply``) or
+  on one device it returns ``x`` as it is, and inside ``shard_map`` it constrains only
+  the axes that are not manual there.
   """
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
-    return x
+  manual = frozenset(mesh.manual_axes)
+  if all(size == 1 or axis in manual for axis, size in mesh.shape.items()):
+    return x  # No mesh, or nothing left to lay out (one device, or all axes manual).
   spec = ACTIVATION_RULES[name]
-  spec = fit(list(spec) + [None] * (x.ndim - len(spec)), x.shape, dict(mesh.shape),
-             frozenset(mesh.manual_axes))
+  spec = fit(list(spec) + [None] * (x.ndim - len(spec)), x.shape, dict(mesh.shape), manual)
   return jax.lax.with_sharding_constraint(x, spec)
 
 

@@ -20,9 +20,9 @@ Module and parameter names are those of the released .npz checkpoints, so the
 ViT-22B's block options keep these names: a ``parallel_block`` has no ``LayerNorm_2``,
 ``qk_norm`` adds ``query_ln`` and ``key_ln`` (flax's names) to the attention, and
 ``qkv_bias=False`` / ``norm='rmsnorm'`` drop biases. Hybrids add the BiT stem's
-``conv_root``, ``gn_root`` and ``block{i}`` at the top level. With ``scan=True`` the blocks are a single ``Transformer/encoderblock``
-whose parameters have a leading layer axis; ``vit_jax.checkpoint`` converts
-between the two layouts.
+``conv_root``, ``gn_root`` and ``block{i}`` at the top level. With ``scan=True`` the
+blocks are a single ``Transformer/encoderblock`` whose parameters have a leading layer
+axis; ``vit_jax.checkpoint`` converts between the two layouts.
 """
 
 from __future__ import annotations
