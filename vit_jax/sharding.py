@@ -23,6 +23,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -70,8 +71,11 @@ def make_mesh(mesh_config: Any = None, devices: list[jax.Device] | None = None) 
     raise ValueError(f'config.mesh: data={data} x fsdp={fsdp} x tensor={tensor} does not '
                      f'cover the {len(devices)} devices. Make their product {len(devices)} '
                      '(data=-1 fills in the rest).')
-  return jax.make_mesh((data, fsdp, tensor), AXES, devices=devices,
-                       axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  # jax.make_mesh's placement on the device torus, but splitting a torus axis where a mesh
+  # axis is not a product of whole ones (jax.make_mesh refuses (1, 64, 2) on a 4x4x8 v4).
+  grid = mesh_utils.create_device_mesh((data, fsdp, tensor), devices,
+                                       allow_split_physical_axes=True)
+  return Mesh(grid, AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
