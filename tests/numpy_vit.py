@@ -8,13 +8,21 @@ code with.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 
 def random_release_params(rng: np.random.Generator, *, width: int, depth: int, heads: int,
                           mlp: int, patch: int, grid: tuple[int, int], classes: int,
-                          representation: int | None = None) -> dict[str, np.ndarray]:
-  """A flat release-layout dict of random float32 arrays."""
+                          representation: int | None = None,
+                          vit22b: bool = False) -> dict[str, np.ndarray]:
+  """A flat release-layout dict of random float32 arrays.
+
+  ``vit22b``: ViT-22B's blocks (Dehghani et al., 2023, section 2): attention and MLP in
+  parallel on one norm; norms without centering and bias; queries and keys normalised
+  per head (``query_ln``, ``key_ln``); no query/key/value biases.
+  """
   hd = width // heads
 
   def normal(*shape, scale=None):
@@ -32,13 +40,16 @@ def random_release_params(rng: np.random.Generator, *, width: int, depth: int, h
   }
   for i in range(depth):
     b = f'Transformer/encoderblock_{i}/'
-    for ln in ('LayerNorm_0', 'LayerNorm_2'):
+    for ln in ('LayerNorm_0',) if vit22b else ('LayerNorm_0', 'LayerNorm_2'):
       p[b + ln + '/scale'] = 1 + normal(width, scale=0.1)
       p[b + ln + '/bias'] = normal(width, scale=0.1)
     att = b + 'MultiHeadDotProductAttention_1/'
     for name in ('query', 'key', 'value'):
       p[att + name + '/kernel'] = normal(width, heads, hd)
       p[att + name + '/bias'] = normal(heads, hd, scale=0.1)
+    if vit22b:
+      for name in ('query_ln', 'key_ln'):
+        p[att + name + '/scale'] = 1 + normal(hd, scale=0.1)
     p[att + 'out/kernel'] = normal(heads, hd, width, scale=1 / np.sqrt(width))
     p[att + 'out/bias'] = normal(width, scale=0.1)
     p[b + 'MlpBlock_3/Dense_0/kernel'] = normal(width, mlp)
@@ -52,6 +63,10 @@ def random_release_params(rng: np.random.Generator, *, width: int, depth: int, h
     out = representation
   p['head/kernel'] = normal(out, classes)
   p['head/bias'] = normal(classes, scale=0.1)
+  if vit22b:
+    p = {k: v for k, v in p.items()
+         if not ((k.endswith('/bias') and ('norm' in k or 'LayerNorm' in k))
+                 or re.search(r'/(query|key|value)/bias$', k))}
   return p
 
 
@@ -59,6 +74,13 @@ def _layer_norm(x, scale, bias):
   mean = x.mean(-1, keepdims=True)
   var = ((x - mean) ** 2).mean(-1, keepdims=True)
   return (x - mean) / np.sqrt(var + 1e-6) * scale + bias
+
+
+def _norm(x, p, name):
+  """LayerNorm; where the file has no bias, ViT-22B's norm: no centering, no bias."""
+  if name + '/bias' not in p:
+    return x / np.sqrt((x**2).mean(-1, keepdims=True) + 1e-6) * p[name + '/scale']
+  return _layer_norm(x, p[name + '/scale'], p[name + '/bias'])
 
 
 def _gelu_tanh(x):
@@ -85,19 +107,24 @@ def forward(params: dict[str, np.ndarray], images: np.ndarray) -> np.ndarray:
 
   depth = len({k.split('/')[1] for k in p if k.startswith('Transformer/encoderblock_')})
   for i in range(depth):
-    g = lambda name, i=i: p[f'Transformer/encoderblock_{i}/{name}']
-    y = _layer_norm(x, g('LayerNorm_0/scale'), g('LayerNorm_0/bias'))
+    blk = f'Transformer/encoderblock_{i}/'
+    g = lambda name, blk=blk: p.get(blk + name, 0.)  # 0 for a bias the file does not have.
+    y = _norm(x, p, blk + 'LayerNorm_0')
     att = 'MultiHeadDotProductAttention_1/'
     q, k, v = (np.einsum('bnd,dhk->bnhk', y, g(att + n + '/kernel')) + g(att + n + '/bias')
                for n in ('query', 'key', 'value'))
+    if blk + att + 'query_ln/scale' in p:  # Each head's queries and keys normalised.
+      q, k = _norm(q, p, blk + att + 'query_ln'), _norm(k, p, blk + att + 'key_ln')
     logits = np.einsum('bqhk,bshk->bhqs', q, k) / np.sqrt(q.shape[-1])
     o = np.einsum('bhqs,bshk->bqhk', _softmax(logits), v)
-    x = x + np.einsum('bqhk,hkd->bqd', o, g(att + 'out/kernel')) + g(att + 'out/bias')
-    y = _layer_norm(x, g('LayerNorm_2/scale'), g('LayerNorm_2/bias'))
+    attention = np.einsum('bqhk,hkd->bqd', o, g(att + 'out/kernel')) + g(att + 'out/bias')
+    x = x + attention
+    if blk + 'LayerNorm_2/scale' in p:  # Else parallel: the MLP reads the attention's input.
+      y = _norm(x, p, blk + 'LayerNorm_2')
     y = _gelu_tanh(y @ g('MlpBlock_3/Dense_0/kernel') + g('MlpBlock_3/Dense_0/bias'))
     x = x + y @ g('MlpBlock_3/Dense_1/kernel') + g('MlpBlock_3/Dense_1/bias')
 
-  x = _layer_norm(x, p['Transformer/encoder_norm/scale'], p['Transformer/encoder_norm/bias'])
+  x = _norm(x, p, 'Transformer/encoder_norm')
   x = x[:, 0]
   if 'pre_logits/kernel' in p:
     x = np.tanh(x @ p['pre_logits/kernel'] + p['pre_logits/bias'])

@@ -66,6 +66,24 @@ def test_deit_s16_is_the_deit_recipe():
   assert 'random_erase(0.25)' in config.dataset.pp_train
 
 
+@pytest.mark.parametrize('name, chips', [('vit_G14_jft_like', 128), ('vit_22b_jft_like', 1024)])
+def test_giant_recipes_divide_evenly_on_their_slices(name, chips):
+  """The slice a giant recipe names (TPU v4-N: N/2 chips) fits its mesh, model and batch."""
+  path = CONFIGS[[p.stem for p in CONFIGS].index(name)]
+  assert f'v4-{2 * chips} slice' in path.read_text()
+  config = config_base.complete(load(path))
+  model_name, options = config_base.model_options(config.model)
+  model = get_model(model_name, num_classes=config.dataset.num_classes, **options)
+  fsdp, tensor = config.mesh.fsdp, config.mesh.tensor
+  batch_devices = chips // tensor  # data x fsdp (data=-1: what fsdp and tensor leave).
+  assert config.mesh.data == -1 and batch_devices % fsdp == 0
+  assert model.num_heads % tensor == 0 and model.mlp_dim % tensor == 0
+  assert model.hidden_size % fsdp == 0 and model.mlp_dim % fsdp == 0
+  assert (config.batch_size // batch_devices) % config.grad_accum_steps == 0
+  assert (config.loss, model.pool, model.head_bias_init, model.image_size) == (
+      'sigmoid_xent', 'map', -10.0, (224, 224))
+
+
 @pytest.mark.parametrize('dataset', ['imagenet2012', 'cifar10', 'cifar100', 'oxford_iiit_pet',
                                      'oxford_flowers102'])
 def test_recipes_pass_validation_up_to_their_data(dataset, tmp_path):

@@ -140,6 +140,22 @@ def test_shuffling_is_deterministic_per_seed_and_new_each_epoch():
   np.testing.assert_allclose(jax.device_get(resumed['image']), np.stack(expected), atol=1e-6)
 
 
+def test_each_process_reads_the_rows_its_devices_hold():
+  devices = jax.devices()
+  host = devices[:4]  # The first of two processes of four devices.
+  rows = lambda mesh, order=range(8): loader.process_rows(sharding.batch_sharding(
+      sharding.make_mesh(mesh, [devices[i] for i in order])), 64, host)
+  np.testing.assert_array_equal(rows({'data': 2, 'tensor': 4}), np.arange(32))
+  np.testing.assert_array_equal(rows({'fsdp': 2, 'tensor': 4}), np.arange(32))
+  # A tensor axis across the hosts: both hold (and read) every row.
+  np.testing.assert_array_equal(rows({'tensor': 8}), np.arange(64))
+  np.testing.assert_array_equal(rows({'data': 4, 'tensor': 2}, (0, 4, 1, 5, 2, 6, 3, 7)),
+                                np.arange(64))
+  # Hosts that alternate along the data axis read alternate blocks.
+  np.testing.assert_array_equal(rows({'data': 4, 'tensor': 2}, (0, 1, 4, 5, 2, 3, 6, 7)),
+                                np.r_[0:16, 32:48])
+
+
 def test_eval_batches_cover_every_example_once():
   source = sources.digits('test')
   mesh = sharding.make_mesh(None)

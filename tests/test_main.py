@@ -84,8 +84,9 @@ def test_kill_9_and_sigterm_then_resume_equal_an_uninterrupted_run(tmp_path):
 
 
 def test_two_processes_of_four_devices_match_one_of_eight(tmp_path):
-  """launch/local.sh's 2 processes x 4 CPU devices train as 1 process x 8 devices."""
-  overrides = {'total_steps': 20, 'eval_every_steps': 10}
+  """launch/local.sh's 2 processes x 4 CPU devices train as 1 process x 8 devices, on a
+  (data, fsdp, tensor) = (2, 2, 2) mesh: data across the processes, fsdp and tensor in each."""
+  overrides = {'total_steps': 20, 'eval_every_steps': 10, 'mesh.fsdp': 2, 'mesh.tensor': 2}
   config = tiny_config(**overrides)
   one = train.train_and_evaluate(config, str(tmp_path / 'one'))
 

@@ -11,8 +11,12 @@ import pytest
 from vit_jax import checkpoint
 from vit_jax.models import canonical_name, get_model, list_models, release_name
 
+import numpy_vit
+
 # A small ViT for tests: 32 px images, 8 px patches (a 4x4 grid), width 32.
 SMALL = dict(hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2, patch_size=8, image_size=32)
+
+VIT22B_BLOCK = dict(parallel_block=True, qk_norm=True, qkv_bias=False, norm='rmsnorm')
 
 # REFERENCE.md: 224 px, 1000 classes, no pre-logits.
 PARAM_COUNTS = {
@@ -42,6 +46,52 @@ def test_parameter_count(name):
   assert count_params(get_model(name, num_classes=1000)) == PARAM_COUNTS[name]
 
 
+def encoder_parameters(name, pool='gap', kernels_only=False):
+  """Parameters of a model without classifier (and so without class token for 'gap')."""
+  model = get_model(name, num_classes=0, pool=pool, scan=True)  # Scanned: traces fast.
+  shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 224, 224, 3)))
+  return sum(math.prod(x.shape) for path, x in checkpoint.flatten(shapes['params']).items()
+             if not kernels_only or ('encoderblock' in path and path.endswith('/kernel')))
+
+
+def test_giant_parameter_counts_match_the_papers():
+  # Zhai et al., 2022 (table 2) count the encoder, in millions: g/14 1011, G/14 1843.
+  assert round(encoder_parameters('g14') / 1e6) == 1011
+  assert round(encoder_parameters('G14') / 1e6) == 1843
+  # PaLI (Chen et al., 2022): ViT-e 3.9B; Dehghani et al., 2023 (table 1): 3926M. Both
+  # count its MAP head and its classifier for JFT-3B's 29,593 classes (the number of
+  # big_vision's ViT-g/G config); the encoder alone has 3.81B.
+  e14 = encoder_parameters('e14', pool='map') + (1792 + 1) * 29_593
+  assert round(e14 / 1e6) == 3926 and round(e14 / 1e9, 1) == 3.9
+  # Dehghani et al., 2023 (table 1): ViT-22B 21,743M, the weight matrices of its 48 blocks.
+  # With patch and position embeddings, norms and biases the encoder has 21.75B.
+  assert encoder_parameters('22b14', kernels_only=True) // 10**6 == 21_743
+  assert round(encoder_parameters('22b14') / 1e9, 2) == 21.75
+  model = get_model('22b14', num_classes=1000)
+  assert (model.hidden_size, model.num_layers, model.mlp_dim, model.num_heads,
+          model.patch_size) == (6144, 48, 24576, 48, (14, 14))
+  assert (model.parallel_block, model.qk_norm, model.qkv_bias, model.norm) == (
+      True, True, False, 'rmsnorm')
+
+
+def test_vit22b_block_matches_an_independent_implementation():
+  """Parallel attention and MLP, QK norms, no QKV or norm biases: numpy_vit's reading."""
+  flat = numpy_vit.random_release_params(np.random.default_rng(0), width=32, depth=2, heads=4,
+                                         mlp=64, patch=8, grid=(4, 4), classes=6, vit22b=True)
+  model = get_model('ti16', num_classes=6, **SMALL, **VIT22B_BLOCK)
+  params = checkpoint.unflatten(flat)
+  x = images_for(model)
+  chex.assert_trees_all_equal_shapes(  # The same names and shapes.
+      params, jax.eval_shape(model.init, jax.random.key(0), x)['params'])
+  logits = jax.jit(model.apply)({'params': params}, x)
+  chex.assert_trees_all_close(logits, numpy_vit.forward(flat, np.asarray(x)).astype(np.float32),
+                              atol=1e-4, rtol=1e-4)
+  scanned = get_model('ti16', num_classes=6, scan=True, **SMALL, **VIT22B_BLOCK)
+  stacked = checkpoint.to_model_layout(params, scanned=True)
+  chex.assert_trees_all_close(jax.jit(scanned.apply)({'params': stacked}, x), logits,
+                              atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize('name, expected', [('b16', 86_566_120), ('s16', 22_049_896)])
 def test_parameter_count_gap(name, expected):
   assert count_params(get_model(name, num_classes=1000, pool='gap')) == expected
@@ -53,6 +103,9 @@ def test_every_registered_name_builds_with_release_name():
     assert canonical_name(model.model_name) == name
   assert canonical_name('ViT-B/16') == 'b16'
   assert canonical_name('r50+vit-b_16') == 'r50_b16'
+  # big_vision's g (giant) and G (gigantic) differ by case; every other size ignores it.
+  assert [canonical_name(n) for n in ('g/14', 'ViT-g_14', 'G/14', 'vit-G_14', 'VIT-22B/14')] == [
+      'g14', 'g14', 'G14', 'G14', '22b14']
   # Any size with any patch size.
   assert get_model('s8', num_classes=1).patch_size == (8, 8)
 
@@ -252,6 +305,8 @@ def test_bad_inputs_get_clear_errors():
     get_model('b16', num_classes=10, pool='cls')
   with pytest.raises(ValueError, match="dtype='fp8' is not one of"):
     get_model('b16', num_classes=10, dtype='fp8')
+  with pytest.raises(ValueError, match="norm='batchnorm' is not one of"):
+    get_model('b16', num_classes=10, norm='batchnorm')
   model = get_model('ti16', num_classes=2, **SMALL)
   params = init(model)
   with pytest.raises(ValueError, match=r'expects NHWC images of shape \(batch, 32, 32, 3\).*'

@@ -27,7 +27,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   # The model: a zoo name (vit_jax.models.get_model) and any VisionTransformer option.
   config.model = ml_collections.ConfigDict(dict(
-      name='b16',  # ti16, s16, b16, l16, h14, r50_b16, ... or a release name (ViT-B_16).
+      name='b16',  # ti16, b16, h14, r50_b16, g14, G14, e14, 22b14, ... or ViT-B_16.
       image_size=_none(object),  # Input size in pixels: 224 or (height, width); the name's.
       patch_size=_none(object),  # Patch side or (height, width); the name's (16 for b16).
       hidden_size=_none(int), mlp_dim=_none(int), num_heads=_none(int),
@@ -47,6 +47,10 @@ def get_config() -> ml_collections.ConfigDict:
       matmul_dtype=_none(str),
       resnet_layers=_none(tuple),  # BiT stem units per stage (hybrids); the name's.
       resnet_width=_none(int),  # BiT width factor (1).
+      parallel_block=_none(bool),  # Attention and MLP side by side on one LayerNorm (False).
+      qk_norm=_none(bool),  # Normalise each head's queries and keys (False).
+      qkv_bias=_none(bool),  # Biases in the query/key/value projections (True).
+      norm=_none(str),  # 'layernorm' or 'rmsnorm' (no centering, no bias; ViT-22B).
   ))
 
   # The data: a TFDS name, 'digits', 'mnist', 'fashion_mnist', or a local-format dataset.
@@ -92,11 +96,13 @@ def get_config() -> ml_collections.ConfigDict:
       warmup_epochs=_none(float),  # Instead of warmup_steps.
   ))
 
-  config.step_impl = 'jit'  # 'jit' (GSPMD shardings) or 'shard_map' (explicit).
-  # The device mesh: data parallelism x fully-sharded data parallelism. data=-1 takes
-  # the devices that fsdp leaves. shard_state: the parameters and optimizer state are
-  # stored split over the data axis too, gathered once per step (vit_jax/sharding.py).
-  config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, shard_state=True))
+  # 'jit' (GSPMD shardings) or 'shard_map' (explicit over data and fsdp; tensor by XLA).
+  config.step_impl = 'jit'
+  # The device mesh (vit_jax/sharding.py): data parallelism x fully-sharded data
+  # parallelism x tensor parallelism (heads and MLP units split). data=-1 takes the
+  # devices that fsdp and tensor leave. shard_state: the parameters and optimizer state
+  # are stored split over the data axis too, gathered once per step.
+  config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, shard_state=True))
 
   config.init_from = ''  # A run's workdir or a release .npz to fine-tune from.
   config.init_step = _none(int)  # Its checkpoint; None: the latest.

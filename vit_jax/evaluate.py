@@ -23,7 +23,8 @@ def make_eval_step(model: nn.Module, loss_name: str, param_shardings: Any,
   """A jitted (params, batch) -> {'correct', 'loss', 'count'} of masked sums."""
 
   def eval_step(params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    logits = model.apply({'params': params}, batch['image'], train=False)
+    with jax.sharding.use_abstract_mesh(batch_sharding.mesh.abstract_mesh):
+      logits = model.apply({'params': params}, batch['image'], train=False)  # Constrained.
     labels, mask = batch['label'], batch['mask']
     # Precision@1: is the top-scoring class among the labels? For one-hot labels
     # this is top-1 accuracy.

@@ -1,10 +1,20 @@
 """The device mesh and every partitioning rule, in one place.
 
-The mesh has two axes: ``data`` (data parallelism) and ``fsdp`` (fully-sharded data
-parallelism: the batch is split over it too, and the large weight matrices are split
-along one dimension, gathered by XLA where each is used). ``config.mesh.fsdp = 1`` (the
-default) is data parallelism; ``fsdp > 1`` is for models whose parameters do not fit
-on a device, not even for the length of a step.
+The mesh has three axes:
+
+- ``data``: data parallelism (the batch is split);
+- ``fsdp``: fully-sharded data parallelism (the batch is split over it too, and the
+  large weight matrices along one dimension, gathered by XLA where they are used);
+- ``tensor``: Megatron-style tensor parallelism (Shoeybi et al., 2019): every device of
+  the axis holds the same examples, and a slice of each block's attention heads and
+  MLP hidden units. The query/key/value and first MLP kernels are split by their
+  outputs, the attention-out and second MLP kernels by their inputs, so each
+  sub-block ends in one all-reduce of its output.
+
+``config.mesh``: ``data=-1, fsdp=1, tensor=1`` (the default) is data parallelism;
+``fsdp > 1`` is for models whose parameters do not fit on a device even for the length
+of a step, ``tensor > 1`` for models whose activations or per-layer weights are too large
+for one device (ViT-e, ViT-22B).
 
 Over the ``data`` axis the train state is *stored* split as well
 (``config.mesh.shard_state``, on by default): each device keeps 1/N of the parameters and
@@ -23,47 +33,62 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from vit_jax import errors
 
+AXES = ('data', 'fsdp', 'tensor')
 BATCH_AXES = ('data', 'fsdp')
 
 # Parameter (and optimizer-state) names -> partition specs, first match wins. Specs
 # are written for the unrolled layout; a scanned model's leading layer axis is left
-# unsharded. A dimension that the fsdp axis does not divide stays replicated.
+# unsharded. An axis that does not divide its dimension is left out (replicated there).
 PARAM_RULES: tuple[tuple[str, P], ...] = (
-    (r'(query|key|value)/kernel$', P('fsdp', None, None)),  # (D, heads, head_dim)
-    (r'out/kernel$', P(None, None, 'fsdp')),  # (heads, head_dim, D)
-    (r'Dense_0/kernel$', P('fsdp', None)),  # (D, mlp)
-    (r'Dense_1/kernel$', P(None, 'fsdp')),  # (mlp, D)
+    (r'(query|key|value)/kernel$', P('fsdp', 'tensor', None)),  # (D, heads, head_dim)
+    (r'(query|key|value)/bias$', P('tensor', None)),  # (heads, head_dim)
+    (r'out/kernel$', P('tensor', None, 'fsdp')),  # (heads, head_dim, D)
+    (r'Dense_0/kernel$', P('fsdp', 'tensor')),  # (D, mlp)
+    (r'Dense_0/bias$', P('tensor')),  # (mlp,)
+    (r'Dense_1/kernel$', P('tensor', 'fsdp')),  # (mlp, D)
     (r'embedding/kernel$', P(None, None, None, 'fsdp')),  # (P, P, C, D)
     (r'pos_embedding$', P(None, None, 'fsdp')),  # (1, N, D)
     (r'(head|pre_logits)/kernel$', P('fsdp', None)),  # (D, classes)
-    (r'.*', P()),  # Biases, norms, class token, step counters: replicated.
+    (r'.*', P()),  # Other biases, norms, class token, step counters: replicated.
 )
 
-# Activations: the batch dimension over every data-parallel axis.
+# Activations, by the names the model and the step constrain them with
+# (``constrain``): the batch dimension over every data-parallel axis; between blocks
+# every tensor device holds the whole width, inside them its heads / hidden units.
 ACTIVATION_RULES: dict[str, P] = {
-    'batch': P(BATCH_AXES),
+    'batch': P(BATCH_AXES),  # Input batches (batch, ...).
+    'micro_batches': P(None, BATCH_AXES),  # Gradient accumulation (steps, batch, ...).
+    'tokens': P(BATCH_AXES, None, None),  # The residual stream (batch, tokens, D).
+    'heads': P(BATCH_AXES, None, 'tensor', None),  # q, k, v (batch, tokens, heads, head_dim).
+    'hidden': P(BATCH_AXES, None, 'tensor'),  # The MLP's hidden units (batch, tokens, mlp).
     'replicated': P(),
 }
 
 
 def make_mesh(mesh_config: Any = None, devices: list[jax.Device] | None = None) -> Mesh:
-  """A ('data', 'fsdp') mesh over all devices; ``data=-1`` takes what fsdp leaves."""
+  """A ('data', 'fsdp', 'tensor') mesh over all devices; ``data=-1`` takes what is left."""
   devices = devices if devices is not None else jax.devices()
-  fsdp = int((mesh_config or {}).get('fsdp', 1))
-  data = int((mesh_config or {}).get('data', -1))
+  mesh_config = mesh_config or {}
+  fsdp, tensor = int(mesh_config.get('fsdp', 1)), int(mesh_config.get('tensor', 1))
+  data = int(mesh_config.get('data', -1))
   if data == -1:
-    data = len(devices) // fsdp
-  if data * fsdp != len(devices):
-    raise errors.ConfigError(f'config.mesh: data={data} x fsdp={fsdp} does not cover the '
-                             f'{len(devices)} devices. Make their product {len(devices)} '
-                             '(data=-1 fills in the rest).')
-  return jax.make_mesh((data, fsdp), BATCH_AXES, devices=devices,
-                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    data = len(devices) // (fsdp * tensor)
+  if min(data, fsdp, tensor) < 1 or data * fsdp * tensor != len(devices):
+    raise errors.ConfigError(
+        f'config.mesh: data={data} x fsdp={fsdp} x tensor={tensor} does not cover the '
+        f'{len(devices)} devices. Make their product {len(devices)} (data=-1 fills in the '
+        'rest).')
+  # jax.make_mesh's placement on the device torus, but splitting a torus axis where a mesh
+  # axis is not a product of whole ones (jax.make_mesh refuses (1, 64, 2) on a 4x4x8 v4).
+  grid = mesh_utils.create_device_mesh((data, fsdp, tensor), devices,
+                                       allow_split_physical_axes=True)
+  return Mesh(grid, AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
@@ -85,6 +110,19 @@ def path_name(key_path: tuple) -> str:
   return '/'.join(parts)
 
 
+def fit(spec: list[Any], shape: tuple[int, ...], mesh_shape: dict[str, int],
+        skip: frozenset[str] = frozenset()) -> P:
+  """A spec (one entry per dimension of ``shape``) without the axes that have size 1,
+  are in ``skip``, or do not divide their dimension. P() where nothing is left."""
+  out = []
+  for dim, entry in zip(shape, spec, strict=True):
+    axes = [a for a in ((entry,) if isinstance(entry, str) else entry or ())
+            if mesh_shape[a] > 1 and a not in skip]
+    size = int(np.prod([mesh_shape[a] for a in axes]))
+    out.append(None if not axes or dim % size else axes[0] if len(axes) == 1 else tuple(axes))
+  return P(*out) if any(out) else P()
+
+
 def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh, stored: bool = False) -> P:
   """The partition spec of one array, by the first rule that matches its path.
 
@@ -94,15 +132,15 @@ def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh, stored: bool = False
   rule = next(spec for pattern, spec in PARAM_RULES if re.search(pattern, path))
   spec = [None] * len(shape)
   if len(rule) <= len(shape):
-    spec[len(shape) - len(rule):] = rule  # Scanned: the layer axis first, unsharded.
-  if any(axis and dim % mesh.shape[axis] for dim, axis in zip(shape, spec, strict=True)):
-    spec = [None] * len(shape)
-  spec = [axis if axis and mesh.shape[axis] > 1 else None for axis in spec]
-  if stored and mesh.shape['data'] > 1:
-    free = [i for i, (dim, axis) in enumerate(zip(shape, spec, strict=True))
-            if axis is None and dim % mesh.shape['data'] == 0]
-    if free:
-      spec[free[0]] = 'data'
+    spec[len(shape) - len(rule):] = rule  # A scanned model's layer axis comes first.
+  fitted = fit(spec, shape, dict(mesh.shape))
+  if not stored or mesh.shape['data'] == 1:
+    return fitted
+  spec = list(fitted) + [None] * (len(shape) - len(fitted))
+  free = [i for i, (dim, axis) in enumerate(zip(shape, spec, strict=True))
+          if axis is None and dim % mesh.shape['data'] == 0]
+  if free:
+    spec[free[0]] = 'data'
   return P(*spec) if any(spec) else P()
 
 
@@ -112,6 +150,23 @@ def shardings_for(tree: Any, mesh: Mesh, stored: bool = False) -> Any:
   return jax.tree_util.tree_map_with_path(
       lambda kp, x: NamedSharding(mesh, spec_for(path_name(kp), tuple(np.shape(x)), mesh,
                                                  stored)), tree)
+
+
+def constrain(x: jax.Array, name: str) -> jax.Array:
+  """``x`` laid out as ``ACTIVATION_RULES[name]`` on the mesh being traced for.
+
+  The model calls this; the train and eval steps trace it under their mesh
+  (``jax.sharding.use_abstract_mesh``). Outside any mesh (a plain ``model.apply``) or
+  on one device it returns ``x`` as it is, and inside ``shard_map`` it constrains only
+  the axes that are not manual there.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  manual = frozenset(mesh.manual_axes)
+  if all(size == 1 or axis in manual for axis, size in mesh.shape.items()):
+    return x  # No mesh, or nothing left to lay out (one device, or all axes manual).
+  spec = ACTIVATION_RULES[name]
+  spec = fit(list(spec) + [None] * (x.ndim - len(spec)), x.shape, dict(mesh.shape), manual)
+  return jax.lax.with_sharding_constraint(x, spec)
 
 
 def waits_for_inputs() -> bool:

@@ -2,8 +2,8 @@
 
 Read top to bottom: ``TrainState`` is the whole state of a run; ``validate``
 checks a config before anything compiles; ``make_train_step`` builds the pure
-step (``jax.jit`` with explicit shardings, or an explicit ``shard_map``
-data-parallel step); ``train_and_evaluate`` runs it with evaluation, logging,
+step (``jax.jit`` with explicit shardings, or ``shard_map``, explicit over the batch
+axes); ``train_and_evaluate`` runs it with evaluation, logging,
 Orbax checkpoints and exact resume.
 """
 
@@ -143,7 +143,9 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
   if config.eval_batch_size is None:
     config.eval_batch_size = config.batch_size
   mesh = sharding.make_mesh(config.mesh, devices)
-  devices, accum = mesh.size, int(config.grad_accum_steps)
+  # The devices that split the batch; those along 'tensor' share their rows.
+  devices = math.prod(mesh.shape[a] for a in sharding.BATCH_AXES)
+  accum = int(config.grad_accum_steps)
   for field in ('batch_size', 'eval_batch_size'):
     size = int(config[field])
     if size < devices:
@@ -153,16 +155,14 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
           'config.mesh).')
     if size % devices:
       raise errors.ConfigError(f'config.{field}={size} is not divisible by the {devices} '
-                               f'devices. Use a multiple of {devices}.')
+                               'devices that split it (config.mesh data x fsdp). Use a '
+                               f'multiple of {devices}.')
   if (config.batch_size // devices) % accum:
     raise errors.ConfigError(f'config.grad_accum_steps={accum} does not divide the per-device '
                              f'batch {config.batch_size // devices}.')
   if config.step_impl not in ('jit', 'shard_map'):
     raise errors.ConfigError(
         f"config.step_impl={config.step_impl!r} is not 'jit' or 'shard_map'.")
-  if config.step_impl == 'shard_map' and mesh.shape['fsdp'] != 1:
-    raise errors.ConfigError('config.step_impl="shard_map" replicates the parameters: it needs '
-                             'config.mesh.fsdp=1.')
 
   train_source = eval_source = None
   num_classes = int(config.dataset.num_classes)
@@ -266,12 +266,17 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation, seed:
 
 def loss_and_grads(model: nn.Module, config: ml_collections.ConfigDict, params: Any,
                    batch: dict[str, jax.Array], rng: jax.Array,
-                   constrain: Callable = lambda x: x) -> tuple[jax.Array, Any]:
-  """Mean loss and its gradients, over ``grad_accum_steps`` micro-batches in sequence."""
+                   constrain: Callable = lambda x: x,
+                   gather: Callable = lambda p: p) -> tuple[jax.Array, Any]:
+  """Mean loss and its gradients, over ``grad_accum_steps`` micro-batches in sequence.
+
+  ``gather`` maps ``params`` to what the model takes, inside the differentiated
+  function (the shard_map step gathers its parameter shards there).
+  """
   smoothing = config.label_smoothing
 
   def mean_loss(p: Any, images: jax.Array, labels: jax.Array, key: jax.Array) -> jax.Array:
-    logits = model.apply({'params': p}, images, train=True, rngs={'dropout': key})
+    logits = model.apply({'params': gather(p)}, images, train=True, rngs={'dropout': key})
     return optim.loss_fn(config.loss, logits, labels, smoothing).mean()
 
   grad_fn = jax.value_and_grad(mean_loss)
@@ -348,7 +353,16 @@ def mix(batch: dict[str, jax.Array], rng: jax.Array,
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                     schedule: optax.Schedule, config: ml_collections.ConfigDict,
                     mesh: jax.sharding.Mesh, state_shardings: Any) -> Callable:
-  """The jitted (state, batch) -> (state, metrics) step; the input state is donated."""
+  """The jitted (state, batch) -> (state, metrics) step; the input state is donated.
+
+  'jit': one program for the whole mesh, laid out by XLA (GSPMD) from the state's
+  shardings and the model's activation constraints (``sharding.constrain``).
+  'shard_map': explicit over the batch axes ('data', 'fsdp'): each device computes the
+  loss and gradients of its own rows, with its fsdp parameter shards gathered where
+  they are used (autodiff turns each gather into a reduce-scatter of the gradients),
+  then averages them over the batch axes; the 'tensor' axis stays with XLA inside it.
+  The optimizer update then runs on the sharded state, outside the shard_map.
+  """
 
   def apply_grads(state: TrainState, loss: jax.Array, grads: Any) -> tuple[TrainState, Any]:
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -361,31 +375,48 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
   replicated = sharding.replicated(mesh)
 
   if config.step_impl == 'jit':
-    micro_sharding = jax.sharding.NamedSharding(mesh, P(None, sharding.BATCH_AXES))
-
     def step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, Any]:
       rng = jax.random.fold_in(state.rng, state.step)
       # Parameters stored split over the data axis are gathered once, for the whole step;
       # their gradients are reduce-scattered back to the stored layout.
       params = jax.lax.with_sharding_constraint(
           state.params, sharding.shardings_for(state.params, mesh))
-      loss, grads = loss_and_grads(
-          model, config, params, batch, rng,
-          lambda x: jax.lax.with_sharding_constraint(x, micro_sharding))
+      with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # For sharding.constrain.
+        loss, grads = loss_and_grads(model, config, params, batch, rng,
+                                     lambda x: sharding.constrain(x, 'micro_batches'))
       grads = jax.lax.with_sharding_constraint(grads, state_shardings.params)
       return apply_grads(state, loss, grads)
   else:
-    def per_device(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, Any]:
-      # Each device: its own slice of the batch (and dropout key), then the mean
-      # of the gradients over all devices.
-      device = jax.lax.axis_index(sharding.BATCH_AXES)
-      rng = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), device)
-      loss, grads = loss_and_grads(model, config, state.params, batch, rng)
-      loss, grads = jax.lax.pmean((loss, grads), sharding.BATCH_AXES)
-      return apply_grads(state, loss, grads)
+    # The parameters' specs over the batch axes: each device gets its fsdp shards.
+    specs = jax.tree.map(lambda s: P(*(a if a == 'fsdp' else None for a in s.spec)),
+                         state_shardings.params)
+    devices = math.prod(mesh.shape[a] for a in sharding.BATCH_AXES)
 
-    step = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(sharding.BATCH_AXES)),
-                         out_specs=(P(), P()), check_vma=False)
+    def gather(params: Any) -> Any:
+      return jax.tree.map(lambda p, spec: jax.lax.all_gather(
+          p, 'fsdp', axis=spec.index('fsdp'), tiled=True) if 'fsdp' in spec else p,
+          params, specs)
+
+    def per_device(params: Any, batch: dict[str, jax.Array],
+                   rng: jax.Array) -> tuple[jax.Array, Any]:
+      # Each device: its own rows of the batch (and dropout key). A gradient of fsdp
+      # shards is already summed over 'fsdp' (the gather's reduce-scatter); the rest is
+      # summed here, then everything divided by the number of devices: the mean.
+      rng = jax.random.fold_in(rng, jax.lax.axis_index(sharding.BATCH_AXES))
+      loss, grads = loss_and_grads(model, config, params, batch, rng, gather=gather)
+      grads = jax.tree.map(
+          lambda g, spec: jax.lax.psum(g, tuple(a for a in sharding.BATCH_AXES
+                                                if a not in spec)) / devices, grads, specs)
+      return jax.lax.pmean(loss, sharding.BATCH_AXES), grads
+
+    grads_fn = jax.shard_map(per_device, mesh=mesh,
+                             in_specs=(specs, P(sharding.BATCH_AXES), P()),
+                             out_specs=(P(), specs), axis_names=set(sharding.BATCH_AXES),
+                             check_vma=False)
+
+    def step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, Any]:
+      loss, grads = grads_fn(state.params, batch, jax.random.fold_in(state.rng, state.step))
+      return apply_grads(state, loss, grads)
 
   return jax.jit(step, in_shardings=(state_shardings, batch_sharding),
                  out_shardings=(state_shardings, replicated), donate_argnums=0)
@@ -506,7 +537,10 @@ def _parameter_overview(model: nn.Module, params: Any, workdir: str) -> None:
   from clu import parameter_overview
 
   path = epath.Path(workdir) / 'parameters.txt'
-  path.write_text(parameter_overview.get_parameter_overview(params) + '\n')
+  # Shapes and shardings: statistics would copy every parameter to this host, and cannot
+  # read the shards that only other processes hold.
+  path.write_text(parameter_overview.get_parameter_overview(params, include_stats='sharding')
+                  + '\n')
   count = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
   logging.info('%s: %s parameters in %d arrays (table: %s).', model.model_name, f'{count:,}',
                len(jax.tree.leaves(params)), path)

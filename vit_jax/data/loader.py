@@ -7,8 +7,9 @@ slice of it, and example ``j`` of a batch is augmented with a generator seeded b
 (seed, k, j). So the loader's whole state is the step: a run resumed at step k
 sees exactly the batches an uninterrupted run would have, and 1 process x 8
 devices sees the same global batches as 2 processes x 4 devices. Each process
-reads only its share of every batch; the shares are joined into one global
-``jax.Array`` sharded over the mesh's data axes.
+reads only the rows of every batch that its devices hold (processes that hold the
+same rows, along a 'tensor' axis that spans hosts, read the same ones); the rows
+are joined into one global ``jax.Array`` sharded over the mesh's data axes.
 
 A pipeline's trailing ``value_range`` runs on the devices, after the transfer
 (``preprocess.Pipeline``): the host assembles and copies uint8 batches, a quarter of
@@ -72,16 +73,17 @@ def permute(indices: np.ndarray, n: int, key: tuple[int, ...]) -> np.ndarray:
   return out.astype(np.int64)
 
 
-def _share(global_batch_size: int, index: int | None = None,
-           count: int | None = None) -> tuple[int, int]:
-  """(offset, size) of a process's rows in a global batch (this process by default)."""
-  count = jax.process_count() if count is None else count
-  index = jax.process_index() if index is None else index
-  if global_batch_size % count:
-    raise ValueError(f'The batch size {global_batch_size} is not divisible by the '
-                     f'{count} processes.')
-  size = global_batch_size // count
-  return index * size, size
+def process_rows(sharding: jax.sharding.Sharding, global_batch_size: int,
+                 devices: Any = None) -> np.ndarray:
+  """The rows of a global batch that a process's devices hold, in order.
+
+  This process's devices by default. Processes whose devices hold the same rows (along
+  a 'tensor' axis that spans hosts) read the same rows.
+  """
+  devices = sharding.addressable_devices if devices is None else set(devices)
+  indices = sharding.devices_indices_map((global_batch_size,))
+  rows = [np.arange(global_batch_size)[index[0]] for d, index in indices.items() if d in devices]
+  return np.unique(np.concatenate(rows))
 
 
 def _load(source: Any, preprocess: Callable, index: int,
@@ -142,7 +144,12 @@ class TrainLoader:
     if not self.steps_per_epoch:
       raise ValueError(f'The batch size {global_batch_size} is larger than the '
                        f'{len(source)} training examples.')
-    self.offset, self.local_size = _share(global_batch_size, process_index, process_count)
+    devices = None
+    if process_count:  # Process `process_index` of `process_count`, simulated in this one.
+      ordered = sorted(sharding.device_set, key=lambda d: d.id)
+      share = len(ordered) // process_count
+      devices = ordered[process_index * share:(process_index + 1) * share]
+    self.rows = process_rows(sharding, global_batch_size, devices)
 
   def indices(self, step: int) -> np.ndarray:
     """The dataset indices of global batch ``step`` (last partial batch of an epoch dropped)."""
@@ -153,11 +160,10 @@ class TrainLoader:
 
   def local_batch(self, step: int) -> Batch:
     """This process's rows of batch ``step``, preprocessed, as numpy arrays."""
-    rows = range(self.offset, self.offset + self.local_size)
     indices = self.indices(step)
     return _assemble((_load(self.source, self.preprocess, indices[j],
-                            np.random.default_rng([self.seed, step, j])) for j in rows),
-                     self.local_size, self.num_classes)
+                            np.random.default_rng([self.seed, step, j])) for j in self.rows),
+                     len(self.rows), self.num_classes)
 
   def iterate_local(self, start_step: int = 0) -> Iterator[tuple[int, Batch]]:
     """(step, this process's numpy batch), assembled ahead in ``num_workers`` threads."""
@@ -189,15 +195,15 @@ def eval_batches(source: Any, preprocess: Callable, *, global_batch_size: int,
                  sharding: jax.sharding.Sharding, num_classes: int,
                  num_workers: int = 4) -> Iterator[Batch]:
   """Every example exactly once, in order; the last batch padded, with a 0/1 'mask'."""
-  offset, size = _share(global_batch_size)
+  batch_rows = process_rows(sharding, global_batch_size)
   n = len(source)
   preprocess, on_device = _split(preprocess)
 
   def local_batch(b: int) -> Batch:
-    rows = np.arange(b * global_batch_size + offset, b * global_batch_size + offset + size)
+    rows = b * global_batch_size + batch_rows
     mask = rows < n
     local = _assemble((_load(source, preprocess, i, np.random.default_rng(0))
-                       for i in np.where(mask, rows, 0)), size, num_classes)
+                       for i in np.where(mask, rows, 0)), len(rows), num_classes)
     local['mask'] = mask.astype(np.float32)
     return local
 

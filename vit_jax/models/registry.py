@@ -1,9 +1,10 @@
-"""The model zoo: every ViT of the paper by short name and by release name.
+"""The model zoo: every ViT of the paper, and the giant ones that followed, by name.
 
 Short names are ``{size}{patch}`` (``ti16``, ``b8``, ``h14``; any size of
-Ti/S/B/L/H with any patch size) and the hybrids ``r50_b16``, ``r26_s32`` and
+Ti/S/B/L/H/g/G/e/22B with any patch size) and the hybrids ``r50_b16``, ``r26_s32`` and
 ``r_ti16``. Release names are the file names of the released checkpoints:
-``ViT-B_16``, ``R50+ViT-B_16`` (``ViT-B/16`` is accepted too).
+``ViT-B_16``, ``R50+ViT-B_16`` (``ViT-B/16`` is accepted too). Names are
+case-insensitive except for big_vision's g (giant, ``g14``) and G (gigantic, ``G14``).
 """
 
 from __future__ import annotations
@@ -17,15 +18,24 @@ import jax.numpy as jnp
 
 from vit_jax.models.vit import VisionTransformer, pair
 
-# Encoder shapes of the paper's table 1 (plus DeiT's Ti and S).
-SIZES: dict[str, dict[str, int]] = {
+# Encoder shapes of the paper's table 1 (plus DeiT's Ti and S); g and G of "Scaling
+# Vision Transformers" (Zhai et al., 2022, table 2), e of PaLI (Chen et al., 2022), and
+# ViT-22B (Dehghani et al., 2023, table 1) with its block: attention and MLP in
+# parallel, QK normalisation, no QKV biases, LayerNorms without centering and bias.
+SIZES: dict[str, dict[str, Any]] = {
     'ti': dict(hidden_size=192, mlp_dim=768, num_heads=3, num_layers=12),
     's': dict(hidden_size=384, mlp_dim=1536, num_heads=6, num_layers=12),
     'b': dict(hidden_size=768, mlp_dim=3072, num_heads=12, num_layers=12),
     'l': dict(hidden_size=1024, mlp_dim=4096, num_heads=16, num_layers=24),
     'h': dict(hidden_size=1280, mlp_dim=5120, num_heads=16, num_layers=32),
+    'g': dict(hidden_size=1408, mlp_dim=6144, num_heads=16, num_layers=40),
+    'G': dict(hidden_size=1664, mlp_dim=8192, num_heads=16, num_layers=48),
+    'e': dict(hidden_size=1792, mlp_dim=15360, num_heads=16, num_layers=56),
+    '22b': dict(hidden_size=6144, mlp_dim=24576, num_heads=48, num_layers=48,
+                parallel_block=True, qk_norm=True, qkv_bias=False, norm='rmsnorm'),
 }
-_RELEASE_SIZE = {'ti': 'Ti', 's': 'S', 'b': 'B', 'l': 'L', 'h': 'H'}
+_RELEASE_SIZE = {'ti': 'Ti', 's': 'S', 'b': 'B', 'l': 'L', 'h': 'H', 'g': 'g', 'G': 'G',
+                 'e': 'e', '22b': '22B'}
 
 # Hybrids: (encoder size, patch size on the feature map, BiT units per stage).
 # The BiT root downsamples 4x and each stage after the first 2x, so R50 (3, 4, 9)
@@ -37,11 +47,13 @@ HYBRIDS: dict[str, tuple[str, int, tuple[int, ...], str]] = {
     'r_ti16': ('ti', 8, (), 'R+ViT-Ti_16'),
 }
 
-# The variants of the paper and the releases, listed by `list_models()`.
-NAMED = ('ti16', 's16', 's32', 'b8', 'b16', 'b32', 'l16', 'l32', 'h14', *HYBRIDS)
+# The variants of the papers and the releases, listed by `list_models()`.
+NAMED = ('ti16', 's16', 's32', 'b8', 'b16', 'b32', 'l16', 'l32', 'h14', *HYBRIDS,
+         'g14', 'G14', 'e14', '22b14')
 
-_PLAIN = re.compile(r'^(ti|s|b|l|h)(\d+)$')
-_RELEASE = re.compile(r'^vit-(ti|s|b|l|h)_(\d+)$')
+_SIZE = r'(ti|s|b|l|h|g|e|22b)'
+_PLAIN = re.compile(rf'^{_SIZE}_?(\d+)$', re.IGNORECASE)  # b16, G/14 (big_vision).
+_RELEASE = re.compile(rf'^vit-{_SIZE}_(\d+)$', re.IGNORECASE)
 _DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 
 
@@ -51,16 +63,22 @@ def release_name(name: str) -> str:
   if short in HYBRIDS:
     return HYBRIDS[short][3]
   size, patch = _PLAIN.match(short).groups()
-  return f'ViT-{_RELEASE_SIZE[size]}_{patch}'
+  return f'ViT-{_RELEASE_SIZE[_size(size)]}_{patch}'
+
+
+def _size(letters: str) -> str:
+  """A size's key in SIZES: lower case, but for big_vision's g (giant) and G (gigantic)."""
+  return letters if letters in ('g', 'G') else letters.lower()
 
 
 def canonical_name(name: str) -> str:
   """Maps any accepted spelling of a model name to its short name."""
-  key = str(name).strip().lower().replace('/', '_')
-  if _PLAIN.match(key) or key in HYBRIDS:
+  spelled = str(name).strip().replace('/', '_')
+  if m := _PLAIN.match(spelled) or _RELEASE.match(spelled):
+    return _size(m.group(1)) + m.group(2)
+  key = spelled.lower()
+  if key in HYBRIDS:
     return key
-  if m := _RELEASE.match(key):
-    return ''.join(m.groups())
   for short, (*_, release) in HYBRIDS.items():
     if key == release.lower():
       return short
@@ -68,7 +86,7 @@ def canonical_name(name: str) -> str:
   close = difflib.get_close_matches(str(name), known, n=3)
   hint = f' Did you mean {", ".join(close)}?' if close else ''
   raise ValueError(f'Unknown model {name!r}.{hint} Known models: {", ".join(known)} '
-                   '(and any {ti,s,b,l,h}{patch}, e.g. "s8").')
+                   '(and any {ti,s,b,l,h,g,G,e,22b}{patch}, e.g. "s8").')
 
 
 def model_kwargs(name: str) -> dict[str, Any]:
@@ -79,11 +97,11 @@ def model_kwargs(name: str) -> dict[str, Any]:
     return dict(SIZES[size], patch_size=patch, resnet_layers=layers,
                 model_name=release_name(short))
   size, patch = _PLAIN.match(short).groups()
-  return dict(SIZES[size], patch_size=int(patch), model_name=release_name(short))
+  return dict(SIZES[_size(size)], patch_size=int(patch), model_name=release_name(short))
 
 
 def list_models() -> tuple[str, ...]:
-  """The short names of the paper's variants."""
+  """The short names of the paper's variants and of the giant ones."""
   return NAMED
 
 

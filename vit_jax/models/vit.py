@@ -17,10 +17,12 @@ Module and parameter names are those of the released .npz checkpoints, so the
     pre_logits                                optional Dense + tanh
     head                                      zero-initialised classifier
 
-Hybrids add the BiT stem's ``conv_root``, ``gn_root`` and ``block{i}`` at the top
-level. With ``scan=True`` the blocks are a single ``Transformer/encoderblock``
-whose parameters have a leading layer axis; ``vit_jax.checkpoint`` converts
-between the two layouts.
+ViT-22B's block options keep these names: a ``parallel_block`` has no ``LayerNorm_2``,
+``qk_norm`` adds ``query_ln`` and ``key_ln`` (flax's names) to the attention, and
+``qkv_bias=False`` / ``norm='rmsnorm'`` drop biases. Hybrids add the BiT stem's
+``conv_root``, ``gn_root`` and ``block{i}`` at the top level. With ``scan=True`` the
+blocks are a single ``Transformer/encoderblock`` whose parameters have a leading layer
+axis; ``vit_jax.checkpoint`` converts between the two layouts.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax import sharding
 from vit_jax.models import resnet
 from vit_jax.models.matmul import dot_general_for
 
@@ -41,6 +44,7 @@ Array = jax.Array
 Dtype = Any
 
 LN_EPSILON = 1e-6
+NORMS = ('layernorm', 'rmsnorm')
 POOLS = ('token', 'gap', 'map')
 POSEMBS = ('learn', 'sincos2d')
 ATTENTION_IMPLS = ('einsum', 'xla', 'cudnn')
@@ -77,6 +81,13 @@ def posemb_sincos_2d(grid: tuple[int, int], width: int,
   return pe[None].astype(np.float32)
 
 
+def norm_layer(kind: str, *, use_bias: bool = True, **kw: Any) -> nn.Module:
+  """A 'layernorm', or an 'rmsnorm': LayerNorm without centering and bias (ViT-22B)."""
+  if kind == 'rmsnorm':
+    return nn.RMSNorm(epsilon=LN_EPSILON, **kw)
+  return nn.LayerNorm(epsilon=LN_EPSILON, use_bias=use_bias, **kw)
+
+
 def drop_path(x: Array, rate: float | Array, rng: Array) -> Array:
   """Stochastic depth: zeroes whole examples of a residual branch."""
   keep = 1. - rate
@@ -100,6 +111,7 @@ class MlpBlock(nn.Module):
                                kernel_init=_dense_init, bias_init=_bias_init)
     width = x.shape[-1]
     x = nn.gelu(dense(self.mlp_dim)(x))
+    x = sharding.constrain(x, 'hidden')
     x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
     x = dense(width)(x)
     return nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
@@ -112,7 +124,8 @@ class MultiHeadAttention(nn.Module):
   (heads, head_dim, D). ``implementation`` picks the kernel: 'einsum' (plain
   softmax attention; the only one that supports attention dropout and records the
   weights in the 'intermediates' collection), or ``jax.nn.dot_product_attention``
-  with 'xla' or 'cudnn' (the fused flash kernel on NVIDIA GPUs).
+  with 'xla' or 'cudnn' (the fused flash kernel on NVIDIA GPUs). ``qk_norm``
+  normalises each head's queries and keys (ViT-22B; flax's ``normalize_qk`` names).
   """
 
   num_heads: int
@@ -121,6 +134,9 @@ class MultiHeadAttention(nn.Module):
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   matmul_dtype: Dtype | None = None
+  qk_norm: bool = False
+  qkv_bias: bool = True
+  norm: str = 'layernorm'
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array, *, deterministic: bool) -> Array:
@@ -131,14 +147,20 @@ class MultiHeadAttention(nn.Module):
     dot_general = dot_general_for(self.matmul_dtype)
     proj = lambda name: nn.DenseGeneral(
         (self.num_heads, head_dim), dtype=self.dtype, param_dtype=self.param_dtype,
-        dot_general=dot_general, kernel_init=_dense_init, name=name)
+        dot_general=dot_general, kernel_init=_dense_init, use_bias=self.qkv_bias, name=name)
     q = proj('query')(inputs_q)
     k = proj('key')(inputs_kv)
     v = proj('value')(inputs_kv)
+    q, k, v = (sharding.constrain(t, 'heads') for t in (q, k, v))
+    if self.qk_norm:
+      qk_norm = lambda name: norm_layer(self.norm, use_bias=False, dtype=self.dtype,
+                                        param_dtype=self.param_dtype, name=name)
+      q, k = qk_norm('query_ln')(q), qk_norm('key_ln')(k)
 
     if self.implementation == 'einsum':
-      # Heads next to the batch, (b, h, tokens, d): the batched matmuls' preferred
-      # layout (the two products run 1.3x and 2x faster on XLA:CPU than in (b, tokens, h, d)).
+      # Heads next to the batch, (b, h, tokens, d): the batched matmuls' preferred layout
+      # on XLA:CPU (the two products 1.3x and 2x faster than in (b, tokens, h, d)); the TPU
+      # compiler lays them out itself (the same step time either way, cost model).
       q, k, v = (t.swapaxes(1, 2) for t in (q / jnp.sqrt(head_dim).astype(q.dtype), k, v))
       # Batched over (b, h): q k^T -> (b, h, q, k), then weights v -> (b, h, q, d). Both
       # products accumulate in float32 and return `dtype`; the softmax computes in float32.
@@ -158,6 +180,7 @@ class MultiHeadAttention(nn.Module):
         raise ValueError('attention_dropout_rate > 0 needs attention_impl="einsum".')
       x = jax.nn.dot_product_attention(q, k, v, implementation=self.implementation)
 
+    x = sharding.constrain(x, 'heads')
     return nn.DenseGeneral(width, axis=(-2, -1), dtype=self.dtype, param_dtype=self.param_dtype,
                            dot_general=dot_general, kernel_init=_dense_init, name='out')(x)
 
@@ -165,6 +188,8 @@ class MultiHeadAttention(nn.Module):
 class EncoderBlock(nn.Module):
   """One pre-LayerNorm Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)).
 
+  ``parallel_block``: x + MSA(LN(x)) + MLP(LN(x)) with one LayerNorm (ViT-22B, PaLM);
+  its parameters keep the names of the sequential block's (no ``LayerNorm_2``).
   Returns ``(x, None)`` so that the same module can be ``nn.scan``-ned.
   """
 
@@ -177,6 +202,10 @@ class EncoderBlock(nn.Module):
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   matmul_dtype: Dtype | None = None
+  parallel_block: bool = False
+  qk_norm: bool = False
+  qkv_bias: bool = True
+  norm: str = 'layernorm'
 
   @nn.compact
   def __call__(self, x: Array, drop_path_rate: float | Array, deterministic: bool,
@@ -184,7 +213,7 @@ class EncoderBlock(nn.Module):
     """``query_tokens``: compute only the first this many tokens' outputs (all tokens are
     still keys and values); the rest are not computed and not returned."""
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-    layer_norm = lambda name: nn.LayerNorm(epsilon=LN_EPSILON, name=name, **kw)
+    layer_norm = lambda name: norm_layer(self.norm, name=name, **kw)
 
     def residual(branch: Array) -> Array:
       if self.stochastic_depth and not deterministic:
@@ -195,17 +224,22 @@ class EncoderBlock(nn.Module):
     if query_tokens is not None:  # LayerNorm is per token: slicing after it is exact.
       x, queries = x[:, :query_tokens], y[:, :query_tokens]
     y = MultiHeadAttention(self.num_heads, self.attention_dropout_rate, self.attention_impl,
-                           matmul_dtype=self.matmul_dtype,
+                           matmul_dtype=self.matmul_dtype, qk_norm=self.qk_norm,
+                           qkv_bias=self.qkv_bias, norm=self.norm,
                            name='MultiHeadDotProductAttention_1', **kw)(
                                queries, y, deterministic=deterministic)
     y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
-    x = x + residual(y)
+    if self.parallel_block:
+      y = y + MlpBlock(self.mlp_dim, self.dropout_rate, matmul_dtype=self.matmul_dtype,
+                       name='MlpBlock_3', **kw)(queries, deterministic=deterministic)
+      return sharding.constrain(x + residual(y), 'tokens'), None
+    x = sharding.constrain(x + residual(y), 'tokens')
 
     y = layer_norm('LayerNorm_2')(x)
     y = MlpBlock(self.mlp_dim, self.dropout_rate, matmul_dtype=self.matmul_dtype,
                  name='MlpBlock_3', **kw)(
         y, deterministic=deterministic)
-    return x + residual(y), None
+    return sharding.constrain(x + residual(y), 'tokens'), None
 
 
 class Encoder(nn.Module):
@@ -226,6 +260,10 @@ class Encoder(nn.Module):
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   matmul_dtype: Dtype | None = None
+  parallel_block: bool = False
+  qk_norm: bool = False
+  qkv_bias: bool = True
+  norm: str = 'layernorm'
 
   @nn.compact
   def __call__(self, x: Array, *, train: bool, output_tokens: int | None = None) -> Array:
@@ -239,6 +277,7 @@ class Encoder(nn.Module):
       pe = np.pad(pe, ((0, 0), (self.num_prefix_tokens, 0), (0, 0)))
       x = x + jnp.asarray(pe, self.dtype)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=not train).astype(self.dtype)
+    x = sharding.constrain(x, 'tokens')
 
     block = EncoderBlock
     if self.remat_policy != 'none':
@@ -250,7 +289,9 @@ class Encoder(nn.Module):
     kw = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout_rate=self.dropout_rate,
               attention_dropout_rate=self.attention_dropout_rate,
               stochastic_depth=self.stochastic_depth > 0, attention_impl=self.attention_impl,
-              dtype=self.dtype, param_dtype=self.param_dtype, matmul_dtype=self.matmul_dtype)
+              dtype=self.dtype, param_dtype=self.param_dtype, matmul_dtype=self.matmul_dtype,
+              parallel_block=self.parallel_block, qk_norm=self.qk_norm, qkv_bias=self.qkv_bias,
+              norm=self.norm)
     if self.scan:
       if output_tokens is not None:
         raise ValueError('output_tokens needs unrolled blocks (scan=False).')
@@ -266,8 +307,8 @@ class Encoder(nn.Module):
         last = i == self.num_layers - 1
         x, _ = block(name=f'encoderblock_{i}', **kw)(
             x, float(rates[i]), not train, output_tokens if last else None)
-    return nn.LayerNorm(epsilon=LN_EPSILON, dtype=self.dtype, param_dtype=self.param_dtype,
-                        name='encoder_norm')(x)
+    return norm_layer(self.norm, dtype=self.dtype, param_dtype=self.param_dtype,
+                      name='encoder_norm')(x)
 
 
 class AddPositionEmbs(nn.Module):
@@ -290,16 +331,20 @@ class MAPHead(nn.Module):
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   matmul_dtype: Dtype | None = None
+  qk_norm: bool = False
+  qkv_bias: bool = True
+  norm: str = 'layernorm'
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, matmul_dtype=self.matmul_dtype)
     probe = self.param('probe', _dense_init, (1, 1, x.shape[-1]), self.param_dtype)
     probe = jnp.tile(probe, (x.shape[0], 1, 1)).astype(x.dtype)
-    x = MultiHeadAttention(self.num_heads, name='MultiHeadDotProductAttention_0', **kw)(
+    x = MultiHeadAttention(self.num_heads, qk_norm=self.qk_norm, qkv_bias=self.qkv_bias,
+                           norm=self.norm, name='MultiHeadDotProductAttention_0', **kw)(
         probe, x, deterministic=True)
-    y = nn.LayerNorm(epsilon=LN_EPSILON, name='LayerNorm_0', dtype=self.dtype,
-                     param_dtype=self.param_dtype)(x)
+    y = norm_layer(self.norm, name='LayerNorm_0', dtype=self.dtype,
+                   param_dtype=self.param_dtype)(x)
     x = x + MlpBlock(self.mlp_dim, name='MlpBlock_0', **kw)(y, deterministic=True)
     return x[:, 0]
 
@@ -327,6 +372,10 @@ class VisionTransformer(nn.Module):
     matmul_dtype: if set (bfloat16), the encoder's matmuls take their operands in this
       dtype and accumulate in float32, forward and backward (``models.matmul``);
       everything else computes in ``dtype``. PyTorch's bfloat16 autocast, in effect.
+    parallel_block: attention and MLP side by side on one LayerNorm (ViT-22B).
+    qk_norm: normalise each head's queries and keys before their product (ViT-22B).
+    qkv_bias: biases in the query/key/value projections (ViT-22B has none).
+    norm: 'layernorm', or 'rmsnorm' (no centering, no bias: ViT-22B's), everywhere.
     model_name: the registry name, for logs and exports.
   """
 
@@ -352,12 +401,17 @@ class VisionTransformer(nn.Module):
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   matmul_dtype: Dtype | None = None
+  parallel_block: bool = False
+  qk_norm: bool = False
+  qkv_bias: bool = True
+  norm: str = 'layernorm'
   model_name: str | None = None
 
   def __post_init__(self):
     for field, value, allowed in (('pool', self.pool, POOLS), ('posemb', self.posemb, POSEMBS),
                                   ('attention_impl', self.attention_impl, ATTENTION_IMPLS),
-                                  ('remat_policy', self.remat_policy, tuple(REMAT_POLICIES))):
+                                  ('remat_policy', self.remat_policy, tuple(REMAT_POLICIES)),
+                                  ('norm', self.norm, NORMS)):
       if value not in allowed:
         raise ValueError(f'{field}={value!r} is not one of {allowed}.')
     if self.hidden_size % self.num_heads:
@@ -452,7 +506,8 @@ class VisionTransformer(nn.Module):
         dropout_rate=self.dropout_rate, attention_dropout_rate=self.attention_dropout_rate,
         stochastic_depth=self.stochastic_depth, attention_impl=self.attention_impl,
         scan=self.scan, remat_policy=self.remat_policy, matmul_dtype=self.matmul_dtype,
-        name='Transformer', **kw)(x, train=train, output_tokens=output_tokens)
+        parallel_block=self.parallel_block, qk_norm=self.qk_norm, qkv_bias=self.qkv_bias,
+        norm=self.norm, name='Transformer', **kw)(x, train=train, output_tokens=output_tokens)
 
     if self.pool == 'token':
       x = x[:, 0]
@@ -460,6 +515,7 @@ class VisionTransformer(nn.Module):
       x = jnp.mean(x, axis=1)
     else:
       x = MAPHead(self.num_heads, self.mlp_dim, matmul_dtype=self.matmul_dtype,
+                  qk_norm=self.qk_norm, qkv_bias=self.qkv_bias, norm=self.norm,
                   name='MAPHead_0', **kw)(x)
 
     if self.representation_size is not None:
