@@ -9,9 +9,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from vit_jax import accelerators, aot, evaluate, optim, sharding, train
+from vit_jax import aot, evaluate, optim, sharding, train
 
 from runs import QUICKSTART, env, tiny_config
+from tpu_probe import probe
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
                                   reason='compiling for a TPU needs libtpu (the [tpu] extra)')
@@ -59,34 +60,28 @@ def test_cpu_report_sizes_only():
 @needs_libtpu
 @pytest.mark.parametrize('topology, devices, cores', [('v3-8', 8, 8), ('v4-8', 4, 8)])
 def test_tpu_report_is_the_compiled_programs(topology, devices, cores):
-  config = tiny_config(**{'model.dtype': 'bfloat16', 'total_steps': 1000})
-  r = aot.report(config, topology)
-  tpu = accelerators.tpu_slice(topology)
-  lowered, plan = lowered_by_train(config, tpu.compile_devices())
-  compiled = lowered.compile()
-  memory, cost = compiled.memory_analysis(), compiled.cost_analysis()
+  answer = probe('report', topology, json.dumps({'model.dtype': 'bfloat16',
+                                                 'total_steps': 1000}))
+  r, step = answer['report'], answer['step_seconds']
   assert (r['devices'], r['cores'], r['fits']) == (devices, cores, True)
-  assert r['hbm_capacity_bytes'] == tpu.hbm_per_device
-  assert r['hbm_bytes_per_device'] == (memory.argument_size_in_bytes + memory.output_size_in_bytes
-                                       - memory.alias_size_in_bytes + memory.temp_size_in_bytes)
-  step = cost['optimal_seconds']
+  assert r['hbm_capacity_bytes'] == answer['hbm_per_device']
+  assert r['hbm_bytes_per_device'] == answer['hbm_bytes_per_device']
   assert r['step_seconds'] == pytest.approx(step) and step > 0
-  assert r['images_per_second'] == pytest.approx(config.batch_size / step)
-  flops = 3 * plan.model.forward_flops()  # What the model computes (vit_jax.mfu).
-  assert r['mfu'] == pytest.approx(flops * config.batch_size / step
-                                   / (tpu.peak_flops_per_device * devices))
-  assert r['chip_hours'] == pytest.approx(1000 * step * tpu.chips / 3600)
+  assert r['images_per_second'] == pytest.approx(64 / step)  # The tiny recipe's batch.
+  assert r['train_flops_per_image'] == answer['train_flops_per_image']
+  assert r['mfu'] == pytest.approx(answer['train_flops_per_image'] * 64 / step
+                                   / (answer['peak_flops_per_device'] * devices))
+  assert r['chip_hours'] == pytest.approx(1000 * step * answer['chips'] / 3600)
   assert r['core_days'] == pytest.approx(1000 * step * cores / 86_400)
   assert r['eval']['fits'] and r['eval']['step_seconds'] > 0
 
 
 @needs_libtpu
 def test_a_batch_that_does_not_fit_is_reported_not_raised():
-  config = tiny_config(**{'model.name': 'b16', 'model.image_size': 384, 'model.patch_size': 16,
-                          'model.hidden_size': 768, 'model.mlp_dim': 3072,
-                          'model.num_heads': 12, 'model.num_layers': 2,
-                          'batch_size': 4096, 'eval_batch_size': 8})
-  r = aot.report(config, 'v3-8')
+  r = probe('report', 'v3-8', json.dumps({
+      'model.name': 'b16', 'model.image_size': 384, 'model.patch_size': 16,
+      'model.hidden_size': 768, 'model.mlp_dim': 3072, 'model.num_heads': 12,
+      'model.num_layers': 2, 'batch_size': 4096, 'eval_batch_size': 8}))['report']
   assert not r['fits'] and not r['train']['fits']
   assert r['train']['required_bytes'] > r['train']['available_bytes'] > 15 * 2**30
   assert r['step_seconds'] is None

@@ -25,25 +25,34 @@ import json
 import math
 import os
 import re
-import sys
 import time
 import types
 from typing import Any
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file.',
-                                          lock_config=True)
-_TOPOLOGY = flags.DEFINE_string(
-    'topology', None, 'A Cloud TPU slice (v3-8, v4-32, v5p-128, v5litepod-16, v6e-256), a '
-    'libtpu topology (v4:2x2x1), or "cpu" (this host\'s devices).')
-_JSON = flags.DEFINE_string('json', None, 'Also write the report as JSON to this file.')
-_MAX_BATCH = flags.DEFINE_bool('max_batch', False, 'Find the largest global batch that fits.')
-_EXAMPLES = flags.DEFINE_integer(
-    'num_train_examples', None, 'Training examples per epoch, for schedules in epochs '
-    '(default: the dataset\'s, where it is known here: TRAIN_EXAMPLES).')
-flags.mark_flags_as_required(['config', 'topology'])
+from vit_jax import errors
+
+
+def _define_flags() -> types.SimpleNamespace:
+  """The command line's flags (defined when run as a program, so that the functions below
+  can be imported beside other programs' flags)."""
+  from vit_jax import config_cli
+
+  names = types.SimpleNamespace(
+      config=config_cli.DEFINE_config('config', 'Training config file.'),
+      topology=flags.DEFINE_string(
+          'topology', None, 'A Cloud TPU slice (v3-8, v4-32, v5p-128, v5litepod-16, v6e-256), '
+          'a libtpu topology (v4:2x2x1), or "cpu" (this host\'s devices).'),
+      json=flags.DEFINE_string('json', None, 'Also write the report as JSON to this file.'),
+      max_batch=flags.DEFINE_bool('max_batch', False,
+                                  'Find the largest global batch that fits.'),
+      examples=flags.DEFINE_integer(
+          'num_train_examples', None, 'Training examples per epoch, for schedules in epochs '
+          '(default: the dataset\'s, where it is known here: TRAIN_EXAMPLES).'))
+  flags.mark_flags_as_required(['topology'])
+  return names
+
 
 # Training examples of the datasets the shipped configs name, for schedules in epochs.
 TRAIN_EXAMPLES = {
@@ -90,17 +99,21 @@ def _tree_bytes_per_device(tree: Any) -> int:
              for x in jax.tree.leaves(tree))
 
 
-def lower_steps(config: Any, devices: list, num_train_examples: int
+def lower_steps(config: Any, devices: list, num_train_examples: int, model: Any = None
                 ) -> tuple[dict[str, Any], dict[str, Any]]:
   """The config's train and eval steps as ``vit_jax.main`` builds them, lowered for
-  ``devices`` on abstract inputs: (facts about the run, {'train': Lowered, 'eval': Lowered})."""
+  ``devices`` on abstract inputs: (facts about the run, {'train': Lowered, 'eval': Lowered}).
+
+  ``model``: another Linen classifier in the same steps (a benchmark's reference), with
+  the config's model's ``image_size``, ``scan`` and ``forward_flops``.
+  """
   import jax
   import jax.numpy as jnp
 
   from vit_jax import evaluate, mfu, optim, sharding, train
 
   plan = train.validate(config, devices=devices, num_train_examples=num_train_examples)
-  config, model, mesh = plan.config, plan.model, plan.mesh
+  config, model, mesh = plan.config, model or plan.model, plan.mesh
   schedule = optim.make_schedule(config.schedule, plan.total_steps, plan.warmup_steps)
   tx = optim.make_optimizer(config.optimizer, schedule)
   state, shardings = train.create_train_state(model, tx, config.seed, mesh,
@@ -145,9 +158,9 @@ def compiled_figures(compiled: Any, scan: bool) -> dict[str, Any]:
 
 
 def compile_steps(config: Any, devices: list, num_train_examples: int,
-                  only_train: bool = False) -> dict[str, Any]:
+                  only_train: bool = False, model: Any = None) -> dict[str, Any]:
   """Compiles the config's steps for ``devices``; the facts and what the compiler says."""
-  facts, lowered = lower_steps(config, devices, num_train_examples)
+  facts, lowered = lower_steps(config, devices, num_train_examples, model)
   for name in ('train',) if only_train else ('train', 'eval'):
     start = time.perf_counter()
     try:
@@ -297,30 +310,33 @@ def format_report(r: dict[str, Any], config_name: str) -> str:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  topology = _TOPOLOGY.value.strip().lower()
+  topology = _FLAGS.topology.value.strip().lower()
   if topology != 'cpu':
     os.environ.setdefault('JAX_PLATFORMS', 'cpu')  # Never this host's TPU: only libtpu's compiler.
     import importlib.util
 
     if importlib.util.find_spec('libtpu') is None:
-      sys.exit('vit_jax.aot: compiling for a TPU needs libtpu: pip install -e ".[tpu]" '
-               '(or use --topology=cpu).')
-  config = _CONFIG.value
-  if _MAX_BATCH.value:
-    best = largest_batch(config, topology, _EXAMPLES.value)
+      raise errors.UserError('compiling for a TPU needs libtpu: pip install -e ".[tpu]" (or '
+                             'use --topology=cpu).')
+  config, examples = _FLAGS.config.value, _FLAGS.examples.value
+  if _FLAGS.max_batch.value:
+    best = largest_batch(config, topology, examples)
     if best is None:
-      sys.exit(f'vit_jax.aot: not even the smallest global batch fits on {topology}.')
+      raise errors.UserError(f'not even the smallest global batch fits on {topology}.')
     print(f'Largest global batch that fits on {topology}: {best}.')
     config = config.copy_and_resolve_references()
     with config.unlocked():
       config.batch_size = best
-  r = report(config, topology, _EXAMPLES.value)
-  print(format_report(r, config_flags.get_config_filename(flags.FLAGS['config'])))
-  if _JSON.value:
+  r = report(config, topology, examples)
+  print(format_report(r, _FLAGS.config.file.value))
+  if _FLAGS.json.value:
     from etils import epath
 
-    epath.Path(_JSON.value).write_text(json.dumps(r, indent=1))
+    epath.Path(_FLAGS.json.value).write_text(json.dumps(r, indent=1))
 
 
 if __name__ == '__main__':
-  app.run(main)
+  from vit_jax import config_cli
+
+  _FLAGS = _define_flags()
+  config_cli.run(main)

@@ -54,11 +54,13 @@ def runs_on_cpu(environ: dict[str, str] | None = None) -> bool:
 
 
 def prepare(cpu_devices: int) -> str:
-  """Sets up a CPU run before jax is imported: glibc's malloc for XLA:CPU's buffers
-  (``VIT_JAX_MALLOC``, else ``host_memory.default_mode``). Re-executes the process once
-  where that adds tunables; returns the mode."""
+  """Sets up a CPU run before jax is imported: jax told to use the CPU (JAX_PLATFORMS, where
+  unset: no accelerator plugin is tried, and an installed libtpu stays silent), and glibc's
+  malloc for XLA:CPU's buffers (``VIT_JAX_MALLOC``, else ``host_memory.default_mode``).
+  Re-executes the process once where that adds tunables; returns the malloc mode."""
   from vit_jax import host_memory
 
+  os.environ.setdefault('JAX_PLATFORMS', 'cpu')
   mode = os.environ.get(host_memory.ENV) or host_memory.default_mode(cpu_devices)
   host_memory.reexec(mode)
   return mode

@@ -1,0 +1,92 @@
+"""What the TPU compiler says, computed in a process of its own for the tests.
+
+libtpu, once loaded into a process to compile for a TPU topology, breaks jax's profiler
+there (``jax.profiler.start_trace`` segfaults), so the tests that compile for a TPU run
+this file in a fresh Python (``probe``) and read the one JSON line it prints.
+
+    python tests/tpu_probe.py report v3-8 '{"model.dtype": "bfloat16"}'
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+
+def probe(*args: str) -> dict:
+  """Runs this file with ``args`` in a fresh Python on 8 CPU devices; its JSON answer."""
+  from runs import env
+
+  here = pathlib.Path(__file__).resolve()
+  done = subprocess.run([sys.executable, str(here), *args], capture_output=True, text=True,
+                        timeout=900, cwd=here.parents[1],
+                        env={**env(8), 'PYTHONPATH': str(here.parent)})
+  lines = [ln for ln in done.stdout.splitlines() if ln.startswith('{')]
+  if done.returncode or not lines:
+    raise RuntimeError(f'tpu_probe {args} failed ({done.returncode}):\n{done.stderr[-3000:]}')
+  return json.loads(lines[-1])
+
+
+def report(topology: str, overrides: str) -> dict:
+  """``aot.report`` of the tiny recipe, and the numbers of the train step that vit_jax.train
+  builds, compiled here independently of aot."""
+  import jax
+  import jax.numpy as jnp
+
+  from vit_jax import accelerators, aot, optim, sharding, train
+
+  from runs import tiny_config
+
+  config = tiny_config(**json.loads(overrides))
+  result = aot.report(config, topology)
+  tpu = accelerators.tpu_slice(topology)
+  plan = train.validate(config, devices=tpu.compile_devices(), num_train_examples=1000)
+  schedule = optim.make_schedule(plan.config.schedule, plan.total_steps, plan.warmup_steps)
+  tx = optim.make_optimizer(plan.config.optimizer, schedule)
+  state, shardings = train.create_train_state(plan.model, tx, 0, plan.mesh, abstract=True)
+  step = train.make_train_step(plan.model, tx, schedule, plan.config, plan.mesh, shardings)
+  batch = {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=sharding.batch_sharding(plan.mesh))
+           for k, v in {'image': (config.batch_size, *plan.model.image_size, 3),
+                        'label': (config.batch_size, plan.num_classes)}.items()}
+  if not result['fits']:
+    return {'report': result}
+  compiled = step.lower(state, batch).compile()
+  memory = compiled.memory_analysis()
+  return {'report': result,
+          'hbm_bytes_per_device': (memory.argument_size_in_bytes + memory.output_size_in_bytes
+                                   - memory.alias_size_in_bytes + memory.temp_size_in_bytes),
+          'step_seconds': compiled.cost_analysis()['optimal_seconds'],
+          'train_flops_per_image': 3 * plan.model.forward_flops(),
+          'chips': tpu.chips, 'hbm_per_device': tpu.hbm_per_device,
+          'peak_flops_per_device': tpu.peak_flops_per_device}
+
+
+def devices(name: str) -> dict:
+  from vit_jax import accelerators
+
+  found = accelerators.tpu_slice(name).compile_devices()
+  return {'count': len(found), 'kinds': sorted({d.device_kind for d in found})}
+
+
+def lowered_for_cpu() -> dict:
+  """A program compiled for a TPU from this CPU process: which branch it took."""
+  import jax
+  import jax.numpy as jnp
+
+  from vit_jax import accelerators, cpu_backend
+
+  device = accelerators.tpu_slice('v3-8').compile_devices()[:1]
+  mesh = jax.make_mesh((1,), ('x',), devices=device)
+  arg = jax.ShapeDtypeStruct((4,), jnp.float32, sharding=jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec()))
+  f = cpu_backend.lowered_for_cpu(lambda x: x * 3., lambda x: x * 5.)
+  text = jax.jit(f).lower(arg).compile().as_text()
+  return {'cpu_branch': 'constant(3)' in text, 'other_branch': 'constant(5)' in text}
+
+
+if __name__ == '__main__':
+  os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+  command, *args = sys.argv[1:]
+  print(json.dumps({'report': report, 'devices': devices,
+                    'lowered_for_cpu': lowered_for_cpu}[command](*args)))

@@ -1,0 +1,146 @@
+r"""The train step on a TPU slice, from the TPU compiler (no TPU needed), against big_vision.
+
+    python -m vit_jax.benchmarks.tpu_step --topology=v3-8 --json=benchmarks/tpu_step_v3.json \
+        --big_vision=/path/to/big_vision
+
+Each cell (a model and a global batch; by default the three of issue 20: ViT-B/16 at 1024,
+L/16 at 256, H/14 at 256, 224 px) is compiled ahead of time for the topology, as
+``vit_jax.aot`` does: the step time is the TPU compiler's cost model
+(``cost_analysis()['optimal_seconds']``), the memory its exact buffer assignment per
+device. vit_jax's step takes the setting of a shipped pre-training config (``--setting``:
+its model's dtypes, scan and remat, its optimizer, its mesh), with softmax cross-entropy,
+no dropout, no pre-logits layer and 1000 classes; ``--sweep=KEY=A,B`` adds cells with
+other values of one of the setting's fields.
+
+``--big_vision=PATH`` (a checkout of google-research/big_vision; not a dependency) adds
+big_vision's ViT with ``dtype_mm='bfloat16'`` and its class token, in the same step:
+the same optimizer and loss, its parameters and optimizer state replicated as
+big_vision's own train step keeps them (its default ``sharding_strategy``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from absl import app, flags
+
+_TOPOLOGY = flags.DEFINE_string('topology', 'v3-8', 'A Cloud TPU slice (vit_jax.aot).')
+_CELLS = flags.DEFINE_list('cells', ['b16:1024', 'l16:256', 'h14:256'],
+                           'MODEL:GLOBAL_BATCH cells.')
+_SETTING = flags.DEFINE_string('setting', 'configs/vit_b16_i1k.py',
+                               'The config whose precision, optimizer and mesh vit_jax runs.')
+_SWEEP = flags.DEFINE_multi_string('sweep', [], 'KEY=A,B: more vit_jax cells, e.g. '
+                                   'model.remat_policy=none,dots.')
+_BIG_VISION = flags.DEFINE_string('big_vision', None, 'A big_vision checkout, for its ViT.')
+_JSON = flags.DEFINE_string('json', None, 'Write the results here.')
+
+# What a cell takes from the setting: how the model computes, not what it is.
+SETTING_MODEL_KEYS = ('dtype', 'param_dtype', 'matmul_dtype', 'scan', 'remat_policy',
+                      'attention_impl')
+
+
+def cell_config(setting: Any, model: str, batch: int) -> Any:
+  """A cell's config: ``setting``'s precision, optimizer and mesh; the cell's model and
+  batch; softmax cross-entropy, no dropout, no pre-logits layer, 1000 classes."""
+  from vit_jax import config_base
+
+  return config_base.complete({
+      'model': {'name': model, **{k: setting.model[k] for k in SETTING_MODEL_KEYS}},
+      'dataset': {'name': 'imagenet2012', 'num_classes': 1000},
+      'optimizer': setting.optimizer.to_dict(), 'mesh': setting.mesh.to_dict(),
+      'loss': 'softmax_xent', 'batch_size': batch, 'eval_batch_size': batch,
+      'total_steps': 1000, 'schedule': {'warmup_steps': 100}})
+
+
+def big_vision_model(path: str, config: Any) -> Any:
+  """big_vision's ViT of the cell's size (``dtype_mm='bfloat16'``, class token), as a Linen
+  module that returns the logits; its FLOPs are vit_jax's count of all tokens."""
+  import flax.linen as nn
+
+  from vit_jax import config_base
+  from vit_jax.models import get_model, registry
+
+  sys.path.insert(0, os.path.abspath(path))
+  from big_vision.models import vit as bv  # noqa: PLC0415 (a checkout given by path)
+
+  name, _ = config_base.model_options(config.model)
+  ours = get_model(name, num_classes=1000)
+  size = registry.model_kwargs(name)
+  variant = {768: 'B', 1024: 'L', 1280: 'H', 384: 'S', 192: 'Ti'}[size['hidden_size']]
+
+  class BigVision(nn.Module):
+    image_size: tuple[int, int] = ours.image_size
+    scan: bool = False
+
+    def forward_flops(self, all_tokens: bool = False) -> int | None:
+      return ours.forward_flops(all_tokens=True)  # big_vision computes every token.
+
+    @nn.compact
+    def __call__(self, images, train: bool = False):
+      return bv.Model(num_classes=1000, variant=f'{variant}/{size["patch_size"]}',
+                      pool_type='tok', dtype_mm='bfloat16', name='vit')(images, train=train)[0]
+
+  return BigVision()
+
+
+def run_cell(config: Any, devices: list, label: str, model: Any = None) -> dict[str, Any]:
+  from vit_jax import aot
+
+  facts = aot.compile_steps(config, devices, 0, only_train=True, model=model)
+  train = facts['train']
+  row = {'cell': label, 'model': config.model.name, 'batch_size': config.batch_size,
+         'fits': train['fits'], 'step_seconds': train.get('step_seconds'),
+         'hbm_bytes_per_device': train.get('hbm_bytes_per_device') or train.get(
+             'required_bytes'), 'compile_seconds': train['compile_seconds']}
+  print(f'{label:60} {_ms(row["step_seconds"]):>10} {_gib(row["hbm_bytes_per_device"]):>10}'
+        f'{"" if row["fits"] else "  does not fit"}', flush=True)
+  return row
+
+
+def _ms(s: float | None) -> str:
+  return '-' if s is None else f'{1e3 * s:.1f} ms'
+
+
+def _gib(n: float | None) -> str:
+  return '-' if n is None else f'{n / 2**30:.2f} GiB'
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+  from vit_jax import accelerators, config_cli
+  from vit_jax.benchmarks import results
+
+  tpu = accelerators.tpu_slice(_TOPOLOGY.value)
+  devices = tpu.compile_devices()
+  setting = config_cli.load(_SETTING.value, [])
+  print(f'{tpu.name} ({tpu.topology}), {len(devices)} x {devices[0].device_kind}; step time '
+        'from the TPU cost model, HBM per device from the compiled program.')
+  rows = []
+  for cell in _CELLS.value:
+    model, batch = cell.split(':')
+    config = cell_config(setting, model, int(batch))
+    label = f'{model} @ {batch}'
+    rows.append(run_cell(config, devices, f'{label} vit_jax ({_SETTING.value})') | {
+        'implementation': 'vit_jax'})
+    for sweep in _SWEEP.value:
+      key, values = sweep.split('=')
+      for value in values.split(','):
+        swept = cell_config(config_cli.load(_SETTING.value, [(key, value)]), model, int(batch))
+        rows.append(run_cell(swept, devices, f'{label} vit_jax {key}={value}') | {
+            'implementation': 'vit_jax', 'sweep': {key: value}})
+    if _BIG_VISION.value:
+      reference = config.copy_and_resolve_references()
+      reference.mesh.shard_state = False  # As big_vision's own step keeps its state.
+      rows.append(run_cell(reference, devices, f'{label} big_vision dtype_mm=bfloat16',
+                           big_vision_model(_BIG_VISION.value, reference)) | {
+                               'implementation': 'big_vision'})
+  if _JSON.value:
+    results.write(_JSON.value, 'vit_jax.benchmarks.tpu_step', cpu={}, load=os.getloadavg(),
+                  topology=tpu.name, libtpu_topology=tpu.topology, cells=rows)
+
+
+if __name__ == '__main__':
+  app.run(main)
