@@ -18,7 +18,9 @@ TINY_MODEL = dict(name='ti16', image_size=16, patch_size=4, hidden_size=32, mlp_
 TINY = {'model.hidden_size': 32, 'model.mlp_dim': 64, 'model.num_layers': 2,
         'batch_size': 64, 'eval_batch_size': 64, 'total_steps': 20,
         'schedule.warmup_steps': 5, 'log_every_steps': 5, 'eval_every_steps': 0,
-        'checkpoint_every_steps': 10, 'keep_checkpoints': 5}
+        'checkpoint_every_steps': 10, 'keep_checkpoints': 5,
+        # The state stored split over the devices, as on TPUs and GPUs (CPUs default to not).
+        'mesh.shard_state': True}
 # The run of the shared ``tiny_run`` fixture (conftest.py).
 TINY_RUN = {'model.pool': 'token', 'total_steps': 10, 'checkpoint_every_steps': 5}
 
@@ -62,7 +64,8 @@ def abstract_state(config):
   plan = train.validate(config)
   schedule = optim.make_schedule(config.schedule, plan.total_steps, plan.warmup_steps)
   tx = optim.make_optimizer(config.optimizer, schedule)
-  state, shardings = train.create_train_state(plan.model, tx, 0, plan.mesh)
+  state, shardings = train.create_train_state(plan.model, tx, 0, plan.mesh,
+                                              shard_state=plan.shard_state)
   return checkpoint_manager.abstract_like(state, shardings)
 
 

@@ -21,7 +21,7 @@ def test_complete_fills_in_the_defaults():
   assert (config.model.name, config.model.pool, config.batch_size) == ('s16', None, 64)
   assert (config.schedule.base_lr, config.schedule.warmup_steps) == (0.5, 10_000)
   assert config.optimizer.name == 'adam'
-  assert config.mesh.to_dict() == dict(data=-1, fsdp=1, tensor=1, shard_state=True)
+  assert config.mesh.to_dict() == dict(data=-1, fsdp=1, tensor=1, shard_state=None)
   assert config_base.model_options(config.model) == ('s16', {})
 
 

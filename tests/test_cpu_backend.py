@@ -46,3 +46,14 @@ def test_lowered_for_cpu_picks_by_the_compilation_platform():
     pytest.skip('compiling for a TPU needs libtpu')
   # That process's backend is the CPU; a program compiled for a TPU takes the other branch.
   assert probe('lowered_for_cpu') == {'cpu_branch': False, 'other_branch': True}
+
+
+def test_the_state_stays_replicated_over_cpu_devices_unless_asked():
+  from vit_jax import train
+
+  from runs import tiny_config
+
+  assert cpu_backend.shards_state_by_default('tpu') and cpu_backend.shards_state_by_default('gpu')
+  assert not cpu_backend.shards_state_by_default('cpu')
+  for asked, stored in ((None, False), (True, True), (False, False)):
+    assert train.validate(tiny_config(**{'mesh.shard_state': asked})).shard_state == stored

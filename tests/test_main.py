@@ -121,7 +121,7 @@ def test_quickstart_command_reaches_95_percent(tmp_path):
   assert done.returncode == 0, done.stderr[-3000:]
   assert 'step 1500/1500' in done.stderr and 'img/s' in done.stderr and 'ETA' in done.stderr
   assert 'MFU' in done.stderr and 'Done: step 1500/1500, 1500 trained in' in done.stderr
-  assert 'malloc: huge_pages (VIT_JAX_MALLOC;' in done.stderr  # One device: no keep_freed.
+  assert 'XLA:CPU: malloc huge_pages (VIT_JAX_MALLOC;' in done.stderr  # One device: no keep_freed.
   # One screen: a line per 100 steps and per evaluation, a few more at the start and end.
   assert len(done.stderr.splitlines()) <= 40, done.stderr
   final = [m for m in read_metrics(tmp_path) if 'eval/accuracy' in m][-1]

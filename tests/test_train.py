@@ -38,10 +38,11 @@ def setup_step(config, model=None, state=None):
   mesh = sharding.make_mesh(config.mesh)
   schedule = optim.make_schedule(config.schedule, 100, 5)
   tx = optim.make_optimizer(config.optimizer, schedule)
+  stored = bool(config.mesh.shard_state)  # As Plan.shard_state on these CPU devices.
   if state is None:
-    state, shardings = train.create_train_state(model, tx, 0, mesh)
+    state, shardings = train.create_train_state(model, tx, 0, mesh, shard_state=stored)
   else:
-    shardings = sharding.shardings_for(state, mesh, stored=True)
+    shardings = sharding.shardings_for(state, mesh, stored=stored)
     state = jax.device_put(state, shardings)
   step = train.make_train_step(model, tx, schedule, config, mesh, shardings)
   return state, step, mesh

@@ -44,7 +44,8 @@ def report(topology: str, overrides: str) -> dict:
   plan = train.validate(config, devices=tpu.compile_devices(), num_train_examples=1000)
   schedule = optim.make_schedule(plan.config.schedule, plan.total_steps, plan.warmup_steps)
   tx = optim.make_optimizer(plan.config.optimizer, schedule)
-  state, shardings = train.create_train_state(plan.model, tx, 0, plan.mesh, abstract=True)
+  state, shardings = train.create_train_state(
+      plan.model, tx, 0, plan.mesh, shard_state=plan.shard_state, abstract=True)
   step = train.make_train_step(plan.model, tx, schedule, plan.config, plan.mesh, shardings)
   batch = {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=sharding.batch_sharding(plan.mesh))
            for k, v in {'image': (config.batch_size, *plan.model.image_size, 3),

@@ -101,8 +101,10 @@ def get_config() -> ml_collections.ConfigDict:
   # The device mesh (vit_jax/sharding.py): data parallelism x fully-sharded data
   # parallelism x tensor parallelism (heads and MLP units split). data=-1 takes the
   # devices that fsdp and tensor leave. shard_state: the parameters and optimizer state
-  # are stored split over the data axis too, gathered once per step.
-  config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, shard_state=True))
+  # are stored split over the data axis too, gathered once per step; None: on TPUs and
+  # GPUs, off on CPUs (vit_jax/cpu_backend.py).
+  config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1,
+                                               shard_state=_none(bool)))
 
   config.init_from = ''  # A run's workdir or a release .npz to fine-tune from.
   config.init_step = _none(int)  # Its checkpoint; None: the latest.

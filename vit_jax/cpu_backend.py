@@ -11,7 +11,9 @@ only where XLA runs on the host's CPU, and they stay here, behind these checks:
   chosen when a product is lowered for the CPU, so that a program compiled here for a TPU
   (``vit_jax.aot``) gets the plain products: ``lowered_for_cpu``;
 * independent programs with collectives (the checkpoints' checksums) run one at a time,
-  as XLA:CPU's collectives can otherwise deadlock: ``one_program_at_a_time``.
+  as XLA:CPU's collectives can otherwise deadlock: ``one_program_at_a_time``;
+* the train state stays replicated over CPU devices unless the config asks otherwise:
+  ``shards_state_by_default``.
 
 A TPU or GPU host starts ``vit_jax.main`` with none of it: no re-execution.
 """
@@ -85,6 +87,14 @@ def one_program_at_a_time() -> bool:
   import jax
 
   return jax.default_backend() == 'cpu' and jax.device_count() > 1
+
+
+def shards_state_by_default(platform: str) -> bool:
+  """Whether the train state is stored split over the data axis where the config leaves it
+  to vit_jax (``config.mesh.shard_state=None``): not on CPU devices, where the step's
+  gather and reduce-scatter cost more than the optimizer work they save (ViT-Ti/16 on 2
+  CPU devices: 3-4% fewer images/s, benchmarks/RESULTS.md); on TPUs and GPUs, yes."""
+  return platform != 'cpu'
 
 
 def lowered_for_cpu(for_cpu: Callable[..., Any],

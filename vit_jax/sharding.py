@@ -17,13 +17,13 @@ of a step, ``tensor > 1`` for models whose activations or per-layer weights are 
 for one device (ViT-e, ViT-22B).
 
 Over the ``data`` axis the train state is *stored* split as well
-(``config.mesh.shard_state``, on by default): each device keeps 1/N of the parameters and
-of the optimizer state and updates only its part; the step gathers the parameters once,
-at its start, for its forward and backward passes, and reduce-scatters the gradients
-(ZeRO stage 2, PyTorch FSDP's SHARD_GRAD_OP). The communication is that of an all-reduce
-of the gradients; the optimizer's memory and work fall N-fold (TPU v3-8, ViT-L/16 at
-batch 256: 7.87 -> 5.46 GiB per core, 249.6 -> 234.2 ms per step, cost model;
-benchmarks/RESULTS.md).
+(``config.mesh.shard_state``; by default on TPUs and GPUs, not on CPUs): each device keeps
+1/N of the parameters and of the optimizer state and updates only its part; the step
+gathers the parameters once, at its start, for its forward and backward passes, and
+reduce-scatters the gradients (ZeRO stage 2, PyTorch FSDP's SHARD_GRAD_OP). The
+communication is that of an all-reduce of the gradients; the optimizer's memory and work
+fall N-fold (TPU v3-8, ViT-L/16 at batch 256: 246.8 -> 233.9 ms per step, 7.31 -> 5.39
+GiB per core, cost model; benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations

@@ -82,9 +82,12 @@ class Plan:
 
   @property
   def shard_state(self) -> bool:
-    """Whether the train state is stored split over the data axis (``sharding``); the
-    shard_map step keeps it replicated."""
-    return bool(self.config.mesh.shard_state) and self.config.step_impl == 'jit'
+    """Whether the train state is stored split over the data axis (``sharding``): as
+    ``config.mesh.shard_state`` says; where it says None, on TPUs and GPUs but not on CPUs
+    (``cpu_backend``)."""
+    if self.config.mesh.shard_state is None:
+      return cpu_backend.shards_state_by_default(self.mesh.devices.flat[0].platform)
+    return self.config.mesh.shard_state
 
 
 # ---------------------------------------------------------------------------
@@ -242,11 +245,12 @@ def _check_pipeline_size(field: str, pipeline: preprocess.Pipeline, split: str, 
 
 
 def create_train_state(model: nn.Module, tx: optax.GradientTransformation, seed: int,
-                       mesh: jax.sharding.Mesh, *, shard_state: bool = True,
+                       mesh: jax.sharding.Mesh, *, shard_state: bool = False,
                        abstract: bool = False) -> tuple[TrainState, Any]:
   """Initialises the state directly in its shardings (never gathered on one host).
 
-  ``shard_state``: stored split over the data axis too (``vit_jax.sharding``).
+  ``shard_state``: stored split over the data axis too (``vit_jax.sharding``;
+  ``Plan.shard_state`` says where a config asks for it).
   ``abstract``: only its shapes and shardings (``jax.ShapeDtypeStruct``s), nothing computed.
   """
   images = jnp.zeros((1, *model.image_size, 3), jnp.float32)

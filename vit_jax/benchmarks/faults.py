@@ -101,7 +101,8 @@ def final_state(workdir: str) -> Any:
   plan = train.validate(config)
   tx = optim.make_optimizer(config.optimizer, optim.make_schedule(
       config.schedule, plan.total_steps, plan.warmup_steps))
-  state, shardings = train.create_train_state(plan.model, tx, config.seed, plan.mesh)
+  state, shardings = train.create_train_state(plan.model, tx, config.seed, plan.mesh,
+                                              shard_state=plan.shard_state)
   manager = checkpoint_manager.make_manager(workdir, every_steps=1, keep=3)
   try:
     return jax.device_get(checkpoint_manager.restore(
