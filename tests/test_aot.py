@@ -78,6 +78,29 @@ def test_tpu_report_is_the_compiled_programs(topology, devices, cores):
 
 
 @needs_libtpu
+def test_no_step_time_where_the_step_loops():
+  # The cost model counts a loop's body once: micro-batches (and a scanned model) get none.
+  r = probe('report', 'v3-8', json.dumps({'model.dtype': 'bfloat16', 'grad_accum_steps': 2}))[
+      'report']
+  assert r['fits'] and r['step_seconds'] is None and r['core_days'] is None
+  assert r['eval']['step_seconds'] > 0  # The eval step has no loop.
+  assert 'not estimated for grad_accum_steps=2' in aot.format_report(r, 'tiny')
+
+
+@needs_libtpu
+def test_a_negative_cost_model_time_is_no_time():
+  # libtpu 0.0.52's cost model answers negative times for TPU v4 programs like this one.
+  r = probe('report', 'v4-8', json.dumps({
+      'model.name': 'l16', 'model.image_size': 224, 'model.patch_size': 16,
+      'model.hidden_size': 1024, 'model.mlp_dim': 4096, 'model.num_heads': 16,
+      'model.num_layers': 1, 'model.dtype': 'bfloat16', 'batch_size': 64,
+      'eval_batch_size': 64}))['report']
+  assert r['fits'] and r['train']['cost_model_seconds'] < 0
+  assert r['step_seconds'] is None and r['mfu'] is None and r['core_days'] is None
+  assert 'the cost model of this libtpu gives none' in aot.format_report(r, 'l16')
+
+
+@needs_libtpu
 def test_a_batch_that_does_not_fit_is_reported_not_raised():
   r = probe('report', 'v3-8', json.dumps({
       'model.name': 'b16', 'model.image_size': 384, 'model.patch_size': 16,

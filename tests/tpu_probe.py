@@ -21,7 +21,7 @@ def probe(*args: str) -> dict:
   here = pathlib.Path(__file__).resolve()
   done = subprocess.run([sys.executable, str(here), *args], capture_output=True, text=True,
                         timeout=900, cwd=here.parents[1],
-                        env={**env(8), 'PYTHONPATH': str(here.parent)})
+                        env={**env(8), 'PYTHONPATH': os.pathsep.join(map(str, here.parents[:2]))})
   lines = [ln for ln in done.stdout.splitlines() if ln.startswith('{')]
   if done.returncode or not lines:
     raise RuntimeError(f'tpu_probe {args} failed ({done.returncode}):\n{done.stderr[-3000:]}')

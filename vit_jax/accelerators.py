@@ -92,9 +92,13 @@ class TpuSlice:
     """Compile-only JAX devices of this slice (libtpu; no TPU needed)."""
     from jax.experimental import topologies
 
-    # Compile-only: take no TPU (also beside a run on a TPU VM), ask no metadata server.
-    for key in ('ALLOW_MULTIPLE_LIBTPU_LOAD', 'TPU_SKIP_MDS_QUERY'):
-      os.environ.setdefault(key, '1')
+    # Compile-only: take no TPU (also beside a run on a TPU VM), ask no metadata server,
+    # and tell libtpu the slice and host that it would otherwise look up (and log errors
+    # about not finding); the devices are get_topology_desc's either way.
+    for key, value in (('ALLOW_MULTIPLE_LIBTPU_LOAD', '1'), ('TPU_SKIP_MDS_QUERY', '1'),
+                       ('TPU_ACCELERATOR_TYPE', self.name),
+                       ('TPU_WORKER_HOSTNAMES', 'localhost')):
+      os.environ.setdefault(key, value)
     megacore = self.chip.devices < self.chip.cores  # One device drives both cores.
     return list(topologies.get_topology_desc(
         platform='tpu', topology_name=self.topology,

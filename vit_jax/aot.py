@@ -15,8 +15,9 @@ schedule's cost in chip-hours and core-days. ``--max_batch`` finds the largest g
 that fits. ``--topology=cpu`` compiles for this host's devices (sizes only: XLA:CPU has no
 cost model).
 
-The cost model counts the body of a loop once: a scanned model's (``model.scan=True``)
-step time is not estimated.
+The cost model counts the body of a loop once: the step time of a scanned model
+(``model.scan=True``), and the train step's with micro-batches (``grad_accum_steps>1``),
+are not estimated.
 """
 
 from __future__ import annotations
@@ -136,17 +137,19 @@ def lower_steps(config: Any, devices: list, num_train_examples: int, model: Any 
            'opt_state_bytes_per_device': _tree_bytes_per_device(state.opt_state),
            # Model FLOPs as the training log and the benchmark count them (vit_jax.mfu).
            'train_flops_per_image': mfu.analytic_train_flops(model),
-           'scan': model.scan}
+           'scan': model.scan, 'grad_accum_steps': int(config.grad_accum_steps)}
   eval_batch = batch(config.eval_batch_size, mask=(config.eval_batch_size,))
   return facts, {'train': train_step.lower(state, batch(config.batch_size)),
                  'eval': eval_step.lower(state.params, eval_batch)}
 
 
-def compiled_figures(compiled: Any, scan: bool) -> dict[str, Any]:
-  """What a compiled program says of itself: HBM per device, cost-model time, FLOPs."""
+def compiled_figures(compiled: Any, loops: bool) -> dict[str, Any]:
+  """What a compiled program says of itself: HBM per device, cost-model time (not where
+  the step ``loops``: the cost model counts a loop's body once), FLOPs."""
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis() or {}
   cost = cost[0] if isinstance(cost, list) else cost
+  seconds = cost.get('optimal_seconds')
   return {
       'fits': True,
       'hbm_bytes_per_device': (memory.argument_size_in_bytes + memory.output_size_in_bytes
@@ -154,8 +157,9 @@ def compiled_figures(compiled: Any, scan: bool) -> dict[str, Any]:
       'argument_bytes': memory.argument_size_in_bytes,
       'output_bytes': memory.output_size_in_bytes, 'alias_bytes': memory.alias_size_in_bytes,
       'temp_bytes': memory.temp_size_in_bytes, 'code_bytes': memory.generated_code_size_in_bytes,
-      # The cost model counts a loop's body once: no time for a scanned model.
-      'step_seconds': None if scan else cost.get('optimal_seconds'),
+      # libtpu 0.0.52's cost model for TPU v4 returns negative times: none, then.
+      'step_seconds': None if loops or not seconds or seconds <= 0 else seconds,
+      'cost_model_seconds': seconds,
       'xla_flops_per_device': cost.get('flops')}
 
 
@@ -166,7 +170,8 @@ def compile_steps(config: Any, devices: list, num_train_examples: int,
   for name in ('train',) if only_train else ('train', 'eval'):
     start = time.perf_counter()
     try:
-      figures = compiled_figures(lowered[name].compile(), facts['scan'])
+      loops = facts['scan'] or (name == 'train' and facts['grad_accum_steps'] > 1)
+      figures = compiled_figures(lowered[name].compile(), loops)
     except Exception as e:  # noqa: BLE001 - the compiler's out-of-memory is an answer.
       if (figures := _oom(e)) is None:
         raise
@@ -280,7 +285,7 @@ def format_report(r: dict[str, Any], config_name: str) -> str:
                  f'{_gib(r["params_bytes_per_device"]):>14}')
     lines.append(f'{"  optimizer state":28}{_gib(r["opt_state_bytes_per_device"]):>14}')
     row('  temporaries', 'temp_bytes')
-    row('  program', 'code_bytes')
+    row('program code (apart)', 'code_bytes')
   else:
     row(f'{memory} needed per device', 'required_bytes')
   if r['hbm_capacity_bytes']:
@@ -301,9 +306,19 @@ def format_report(r: dict[str, Any], config_name: str) -> str:
     lines.append(f'{"schedule":28}{r["total_steps"]:>14,} steps: {r["run_days"]:.2f} days, '
                  f'{r["chip_hours"]:,.0f} chip-hours, {r["core_days"]:,.1f} '
                  f'{r["device_kind"]}-core-days')
-  elif r['scan'] and r['libtpu_topology']:
+  elif r['libtpu_topology'] and r['scan']:
     lines.append('step time: not estimated for model.scan=True (the cost model counts a '
-                 "loop's body once); set --config.model.scan=False.")
+                 "loop's body once); compile it unrolled (--config.model.scan=False), or, "
+                 'where that is too large to compile here, 1 and 2 blocks of it unrolled '
+                 '(--config.model.num_layers=1, then 2) and extrapolate.')
+  elif r['libtpu_topology'] and (train_.get('cost_model_seconds') or 1) <= 0:
+    lines.append(f'step time: the cost model of this libtpu gives none for {r["device_kind"]} '
+                 f'(it answers {train_.get("cost_model_seconds")} s); try another generation.')
+  elif r['libtpu_topology'] and r['grad_accum_steps'] > 1:
+    k = r['grad_accum_steps']
+    lines.append(f'train step time: not estimated for grad_accum_steps={k} (the cost model '
+                 "counts a loop's body once); one micro-batch's is about 1/k of it: "
+                 f'--config.grad_accum_steps=1 --config.batch_size={r["batch_size"] // k}.')
   lines.append(f'{"compile time":28}{train_["compile_seconds"]:>13.0f}s'
                f'{eval_["compile_seconds"]:>13.0f}s')
   return '\n'.join(lines)
