@@ -11,7 +11,7 @@ import pytest
 from vit_jax import host_cpu, host_memory
 from vit_jax.benchmarks import timm_step
 
-from runs import env
+from runs import ROOT, env
 
 # A Python with torch, torchvision and timm: a venv of their own, as the README sets it up
 # (VIT_JAX_TIMM_PYTHON=/tmp/timmenv/bin/python), or this one if timm is installed here.
@@ -152,3 +152,21 @@ def test_timm_step_without_timm_says_how_to_install_it():
   assert done.returncode == 1
   assert 'autocast=none failed' in done.stderr
   assert 'needs torch, torchvision and timm, which vit_jax does not depend on' in done.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
+                    reason='compiling for a TPU needs libtpu (the [tpu] extra)')
+def test_tpu_step_prints_and_writes_its_cells(tmp_path):
+  out = tmp_path / 'tpu_step.json'
+  done = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.benchmarks.tpu_step', '--topology=v3-8',
+       '--cells=ti16:64', '--sweep=mesh.shard_state=False', f'--json={out}'],
+      capture_output=True, text=True, env=env(devices=1), cwd=ROOT, timeout=600, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  cells = json.loads(out.read_text())['cells']
+  assert [c['cell'] for c in cells] == ['ti16 @ 64 vit_jax (configs/vit_b16_i1k.py)',
+                                        'ti16 @ 64 vit_jax mesh.shard_state=False']
+  assert all(c['fits'] and c['step_seconds'] > 0 for c in cells)
+  # The shipped setting stores the state split over the 8 devices: less HBM each.
+  assert cells[0]['hbm_bytes_per_device'] < cells[1]['hbm_bytes_per_device']
+  assert 'ti16 @ 64 vit_jax mesh.shard_state=False' in done.stdout and ' ms ' in done.stdout

@@ -83,6 +83,24 @@ def train_examples(config: Any, given: int | None) -> int:
   return sum((total if i.to is None else i.to) - (i.from_ or 0) for i in parts)
 
 
+def _examples(config: Any, given: int | None) -> int:
+  """Training examples for the config's schedule: ``given``; 0 where ``total_steps`` sets
+  it; else the dataset's (``train_examples``)."""
+  return given or (0 if config.get('total_steps') else train_examples(config, None))
+
+
+def _target(topology: str) -> tuple[list, Any]:
+  """The devices to compile for and the TPU slice (None for 'cpu': this host's)."""
+  import jax
+
+  from vit_jax import accelerators
+
+  if topology == 'cpu':
+    return jax.devices('cpu'), None
+  tpu = accelerators.tpu_slice(topology)
+  return tpu.compile_devices(), tpu
+
+
 def _oom(error: Exception) -> dict[str, Any] | None:
   """A compile-time out-of-memory error as figures (the HBM required and available); None
   for any other error."""
@@ -185,18 +203,8 @@ def compile_steps(config: Any, devices: list, num_train_examples: int,
 
 def report(config: Any, topology: str, num_train_examples: int | None = None) -> dict[str, Any]:
   """Compiles the config for ``topology`` and derives speed, fit and cost (the JSON)."""
-  import jax
-
-  from vit_jax import accelerators
-
-  if topology == 'cpu':
-    devices, tpu = jax.devices('cpu'), None
-  else:
-    tpu = accelerators.tpu_slice(topology)
-    devices = tpu.compile_devices()
-  examples = num_train_examples or (None if config.get('total_steps')
-                                    else train_examples(config, None))
-  compiled = compile_steps(config, devices, examples or 0)
+  devices, tpu = _target(topology)
+  compiled = compile_steps(config, devices, _examples(config, num_train_examples))
   train_ = compiled['train']
   out: dict[str, Any] = {
       'topology': tpu.name if tpu else 'cpu', 'libtpu_topology': tpu and tpu.topology,
@@ -225,21 +233,15 @@ def report(config: Any, topology: str, num_train_examples: int | None = None) ->
 def largest_batch(config: Any, topology: str, num_train_examples: int | None) -> int | None:
   """The largest global batch whose train step fits (bisection over multiples of the
   devices x grad_accum_steps); None if not even the smallest does."""
-  import jax
-
-  from vit_jax import accelerators
-
-  devices = (jax.devices('cpu') if topology == 'cpu'
-             else accelerators.tpu_slice(topology).compile_devices())
+  devices, _ = _target(topology)
   unit = len(devices) * int(config.get('grad_accum_steps') or 1)
-  examples = num_train_examples or (None if config.get('total_steps')
-                                    else train_examples(config, None))
+  examples = _examples(config, num_train_examples)
 
   def fits(units: int) -> bool:
     probe = config.copy_and_resolve_references()
     with probe.unlocked():
       probe.batch_size = probe.eval_batch_size = units * unit
-    ok = compile_steps(probe, devices, examples or 0, only_train=True)['train']['fits']
+    ok = compile_steps(probe, devices, examples, only_train=True)['train']['fits']
     logging.info('global batch %d: %s', units * unit, 'fits' if ok else 'does not fit')
     return ok
 
@@ -258,10 +260,16 @@ def bisect_largest(fits: Any, start: int) -> int:
   return low
 
 
-def _gib(n: float | None) -> str:
+def gib(n: float | None) -> str:
+  """Bytes for a table: GiB, MiB below one GiB, '-' for none."""
   if n is None:
     return '-'
   return f'{n / 2**30:.2f} GiB' if n >= 2**30 else f'{n / 2**20:.1f} MiB'
+
+
+def ms(seconds: float | None) -> str:
+  """Seconds for a table, in milliseconds; '-' for none."""
+  return '-' if seconds is None else f'{1e3 * seconds:.1f} ms'
 
 
 def format_report(r: dict[str, Any], config_name: str) -> str:
@@ -274,27 +282,26 @@ def format_report(r: dict[str, Any], config_name: str) -> str:
            f'global batch {per(r["batch_size"])}; eval batch {per(r["eval_batch_size"])}',
            f'{"":28}{"train step":>14}{"eval step":>14}']
 
-  def row(label: str, key: str, fmt=_gib) -> None:
+  def row(label: str, key: str, fmt=gib) -> None:
     lines.append(f'{label:28}{fmt(train_.get(key)):>14}{fmt(eval_.get(key)):>14}')
 
   memory = 'HBM' if r['libtpu_topology'] else 'memory'
   if train_['fits']:
-    lines.append(f'{memory + " per device":28}{_gib(train_["hbm_bytes_per_device"]):>14}'
-                 f'{_gib(eval_.get("hbm_bytes_per_device")):>14}')
-    lines.append(f'{"  parameters":28}{_gib(r["params_bytes_per_device"]):>14}'
-                 f'{_gib(r["params_bytes_per_device"]):>14}')
-    lines.append(f'{"  optimizer state":28}{_gib(r["opt_state_bytes_per_device"]):>14}')
+    lines.append(f'{memory + " per device":28}{gib(train_["hbm_bytes_per_device"]):>14}'
+                 f'{gib(eval_.get("hbm_bytes_per_device")):>14}')
+    lines.append(f'{"  parameters":28}{gib(r["params_bytes_per_device"]):>14}'
+                 f'{gib(r["params_bytes_per_device"]):>14}')
+    lines.append(f'{"  optimizer state":28}{gib(r["opt_state_bytes_per_device"]):>14}')
     row('  temporaries', 'temp_bytes')
     row('program code (apart)', 'code_bytes')
   else:
     row(f'{memory} needed per device', 'required_bytes')
   if r['hbm_capacity_bytes']:
     cap, used = r['hbm_capacity_bytes'], train_.get('hbm_bytes_per_device')
-    verdict = (f'fits: {_gib(cap - used)} to spare' if r['fits'] and used is not None else
-               'DOES NOT FIT' + (f' (the compiler can use {_gib(train_.get("available_bytes"))})'
+    verdict = (f'fits: {gib(cap - used)} to spare' if r['fits'] and used is not None else
+               'DOES NOT FIT' + (f' (the compiler can use {gib(train_.get("available_bytes"))})'
                                  if train_.get('available_bytes') else ''))
-    lines.append(f'{"HBM per device (chip)":28}{_gib(cap):>14}  {verdict}')
-  ms = lambda s: '-' if s is None else f'{1e3 * s:.1f} ms'
+    lines.append(f'{"HBM per device (chip)":28}{gib(cap):>14}  {verdict}')
   row('step time (cost model)', 'step_seconds', ms)
   if r.get('images_per_second'):
     lines += [f'{"images/s":28}{r["images_per_second"]:>14,.0f}  '

@@ -94,17 +94,9 @@ def run_cell(config: Any, devices: list, label: str, model: Any = None) -> dict[
          'fits': train['fits'], 'step_seconds': train.get('step_seconds'),
          'hbm_bytes_per_device': train.get('hbm_bytes_per_device') or train.get(
              'required_bytes'), 'compile_seconds': train['compile_seconds']}
-  print(f'{label:60} {_ms(row["step_seconds"]):>10} {_gib(row["hbm_bytes_per_device"]):>10}'
+  print(f'{label:60} {aot.ms(row["step_seconds"]):>10} {aot.gib(row["hbm_bytes_per_device"]):>10}'
         f'{"" if row["fits"] else "  does not fit"}', flush=True)
   return row
-
-
-def _ms(s: float | None) -> str:
-  return '-' if s is None else f'{1e3 * s:.1f} ms'
-
-
-def _gib(n: float | None) -> str:
-  return '-' if n is None else f'{n / 2**30:.2f} GiB'
 
 
 def main(argv: list[str]) -> None:
