@@ -29,24 +29,23 @@ class Chip:
   libtpu_name: str  # The generation in libtpu's topology names.
   dims: int  # Torus dimensions: 2 or 3.
   sized_by: str  # What the number in the slice name counts: 'cores' or 'chips'.
+  device_kind: str  # How JAX names its devices ('TPU v5' is v5p's).
 
 
 CHIPS: dict[str, Chip] = {c.name: c for c in (
-    Chip('v2', 16 * GiB, 45e12, 2, 2, 'v2', 2, 'cores'),
-    Chip('v3', 32 * GiB, 123e12, 2, 2, 'v3', 2, 'cores'),
-    Chip('v4', 32 * GiB, 275e12, 2, 1, 'v4', 3, 'cores'),
-    Chip('v5p', 95 * GiB, 459e12, 2, 1, 'v5', 3, 'cores'),
-    Chip('v5litepod', 16 * GiB, 197e12, 1, 1, 'v5e', 2, 'chips'),
-    Chip('v6e', 32 * GiB, 918e12, 1, 1, 'v6e', 2, 'chips'),
+    Chip('v2', 16 * GiB, 45e12, 2, 2, 'v2', 2, 'cores', 'TPU v2'),
+    Chip('v3', 32 * GiB, 123e12, 2, 2, 'v3', 2, 'cores', 'TPU v3'),
+    Chip('v4', 32 * GiB, 275e12, 2, 1, 'v4', 3, 'cores', 'TPU v4'),
+    Chip('v5p', 95 * GiB, 459e12, 2, 1, 'v5', 3, 'cores', 'TPU v5'),
+    Chip('v5litepod', 16 * GiB, 197e12, 1, 1, 'v5e', 2, 'chips', 'TPU v5 lite'),
+    Chip('v6e', 32 * GiB, 918e12, 1, 1, 'v6e', 2, 'chips', 'TPU v6 lite'),
 )}
 _ALIASES = {'v5e': 'v5litepod', 'v6': 'v6e'}
 
 # Published dense bfloat16 peaks per JAX device, by the start of its ``device_kind`` (for
 # MFU): a v2 or v3 device is one TensorCore, half a chip.
 PEAK_BF16_FLOPS: dict[str, float] = {
-    'TPU v2': CHIPS['v2'].bf16_flops / 2, 'TPU v3': CHIPS['v3'].bf16_flops / 2,
-    'TPU v4': CHIPS['v4'].bf16_flops, 'TPU v5 lite': CHIPS['v5litepod'].bf16_flops,
-    'TPU v5': CHIPS['v5p'].bf16_flops, 'TPU v6 lite': CHIPS['v6e'].bf16_flops,
+    **{c.device_kind: c.bf16_flops / c.devices for c in CHIPS.values()},
     'NVIDIA A100': 312e12, 'NVIDIA H100 PCIe': 756e12, 'NVIDIA H100': 989e12,
     'NVIDIA H200': 989e12,
 }

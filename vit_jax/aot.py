@@ -164,9 +164,10 @@ def lower_steps(config: Any, devices: list, num_train_examples: int, model: Any 
 def compiled_figures(compiled: Any, loops: bool) -> dict[str, Any]:
   """What a compiled program says of itself: HBM per device, cost-model time (not where
   the step ``loops``: the cost model counts a loop's body once), FLOPs."""
+  from vit_jax import mfu
+
   memory = compiled.memory_analysis()
-  cost = compiled.cost_analysis() or {}
-  cost = cost[0] if isinstance(cost, list) else cost
+  cost = mfu.cost(compiled)
   seconds = cost.get('optimal_seconds')
   return {
       'fits': True,
