@@ -4,7 +4,7 @@ Adam (0.9, 0.999), batch 4096, 300 epochs, base learning rate 3e-3 with a 10k-st
 linear warm-up then linear decay, weight decay 0.3, global-norm clipping at 1,
 dropout 0.1, a pre-logits layer, 224 px inception crops and flips.
 
-Meant for a TPU v3-128 slice (32 images per core; ``python -m vit_jax.aot
+Meant for a TPU v3-128 slice (32 images per core; ``python -m vit_jax.tools.aot
 --config=configs/vit_b16_i1k.py --topology=v3-128`` shows the fit, the step time and the
 cost). Adam's first moment in bfloat16, as in big_vision's ViT recipes; the blocks unrolled
 (``scan=False``): faster on TPUs than scanned, and timed by the TPU compiler's cost model.

@@ -10,10 +10,10 @@ picks the model, its learning rate and epochs: b16 (8e-4, 7 epochs), l16 (4e-4, 
 h14 (3e-4, 14). Adam's first moment in bfloat16, as in big_vision's ViT recipes; the
 blocks unrolled (``scan=False``): faster on TPUs, and timed by the TPU compiler's cost model.
 
-Each is meant for a TPU v3-128 slice (32 images per core); ``vit_jax.aot`` shows the fit,
+Each is meant for a TPU v3-128 slice (32 images per core); ``vit_jax.tools.aot`` shows the fit,
 the step time and the cost (JFT-300M's 303M images; README):
 
-    python -m vit_jax.aot --config=configs/vit_jft_like.py:h14 --topology=v3-128 \
+    python -m vit_jax.tools.aot --config=configs/vit_jft_like.py:h14 --topology=v3-128 \
         --config.dataset.num_classes=18291 --num_train_examples=303000000
     python -m vit_jax.main --config=configs/vit_jft_like.py:l16 --workdir=DIR \
         --config.dataset.data_dir=/data/jft_like

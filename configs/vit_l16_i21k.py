@@ -6,7 +6,7 @@ dropout 0.1, 224 px. ImageNet-21k is multi-label: sigmoid cross-entropy with the
 classifier bias initialised to -10, and a pre-logits (representation) layer of
 the model's width, as in the released i21k checkpoints.
 
-Meant for a TPU v3-128 slice (32 images per core; ``python -m vit_jax.aot
+Meant for a TPU v3-128 slice (32 images per core; ``python -m vit_jax.tools.aot
 --config=configs/vit_l16_i21k.py --topology=v3-128`` shows the fit, the step time and the
 cost: about half the paper's 230 TPUv3-core-days, README). The blocks unrolled
 (``scan=False``): faster on TPUs than scanned, and timed by the TPU compiler's cost model.

@@ -8,7 +8,8 @@ import sys
 
 import ml_collections
 
-from vit_jax import checkpoint_manager, optim, train
+from vit_jax import optim, train
+from vit_jax.checkpoints import manager as manager_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / 'configs' / 'quickstart.py'
@@ -66,13 +67,13 @@ def abstract_state(config):
   tx = optim.make_optimizer(config.optimizer, schedule)
   state, shardings = train.create_train_state(plan.model, tx, 0, plan.mesh,
                                               shard_state=plan.shard_state)
-  return checkpoint_manager.abstract_like(state, shardings)
+  return manager_lib.abstract_like(state, shardings)
 
 
 def restore_state(workdir, config, step=None):
   """The train state of a run's checkpoint (the latest by default), verified."""
-  manager = checkpoint_manager.make_manager(str(workdir), every_steps=1, keep=5)
+  manager = manager_lib.make_manager(str(workdir), every_steps=1, keep=5)
   try:
-    return checkpoint_manager.restore(manager, abstract_state(config), step)
+    return manager_lib.restore(manager, abstract_state(config), step)
   finally:
     manager.close()

@@ -1,4 +1,4 @@
-"""vit_jax.analysis: attention capture, attention distance, rollout, embedding analyses."""
+"""vit_jax.tools.analysis: attention capture, attention distance, rollout, embedding analyses."""
 
 import itertools
 import math
@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import analysis
 from vit_jax.models import get_model
 from vit_jax.models.vit import posemb_sincos_2d
+from vit_jax.tools import analysis
 
 TINY = dict(image_size=(24, 40), patch_size=8, hidden_size=32, mlp_dim=64, num_heads=4,
             num_layers=3)  # A non-square 3x5 grid: transposed axes show.
@@ -57,12 +57,12 @@ def test_capture_leaves_the_logits_unchanged(captured):
 
 def test_capture_of_a_scanned_fused_attention_model(captured):
   """scan=True stacks the weights by layer; 'xla' attention is swapped for einsum to record."""
-  from vit_jax import checkpoint
+  from vit_jax.checkpoints import release
 
   model, params, plain, _, weights = captured
   scanned = model.clone(scan=True, attention_impl='xla')
   logits, scanned_weights = jax.jit(lambda p, x: analysis.attention_weights(scanned, p, x))(
-      checkpoint.to_model_layout(params, scanned=True), _images())
+      release.to_model_layout(params, scanned=True), _images())
   chex.assert_trees_all_close(logits, plain, atol=1e-5, rtol=1e-5)
   chex.assert_trees_all_close(scanned_weights, weights, atol=1e-5)
 

@@ -1,4 +1,4 @@
-"""vit_jax.aot: the steps of a run compiled ahead of time, for this host or a TPU slice."""
+"""vit_jax.tools.aot: the steps of a run compiled ahead of time, for this host or a TPU slice."""
 
 import importlib.util
 import json
@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from vit_jax import aot, evaluate, optim, sharding, train
+from vit_jax import evaluate, optim, sharding, train
+from vit_jax.tools import aot
 
 from runs import QUICKSTART, env, tiny_config
 from tpu_probe import probe
@@ -134,7 +135,7 @@ def test_train_examples_follow_the_split():
 def test_command_line_writes_the_json(tmp_path):
   out = tmp_path / 'plan.json'
   run = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.aot', f'--config={QUICKSTART}', '--topology=cpu',
+      [sys.executable, '-m', 'vit_jax.tools.aot', f'--config={QUICKSTART}', '--topology=cpu',
        f'--json={out}', '--config.model.num_layers=1'],
       env=env(2), capture_output=True, text=True, timeout=600)
   assert run.returncode == 0, run.stderr[-2000:]

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from vit_jax import host_cpu, host_memory
 from vit_jax.benchmarks import timm_step
+from vit_jax.cpu import host_cpu, host_memory
 
 from runs import ROOT, env
 

@@ -7,7 +7,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from vit_jax import checksum, sharding
+from vit_jax import sharding
+from vit_jax.checkpoints import checksum
 
 
 def test_the_same_sharded_over_8_devices_and_on_the_host():

@@ -21,19 +21,21 @@ import chex
 import jax
 import pytest
 
-from vit_jax import checkpoint, checkpoint_manager, errors, export, workdir
+from vit_jax import errors, workdir
+from vit_jax.checkpoints import manager as manager_lib
+from vit_jax.tools import export
 
 from runs import (
-    QUICKSTART,
-    ROOT,
-    TINY_RUN,
-    abstract_state,
-    env,
-    local_launch_command,
-    main_command,
-    read_metrics,
-    restore_state,
-    tiny_config,
+  QUICKSTART,
+  ROOT,
+  TINY_RUN,
+  abstract_state,
+  env,
+  local_launch_command,
+  main_command,
+  read_metrics,
+  restore_state,
+  tiny_config,
 )
 
 
@@ -101,9 +103,9 @@ def test_a_damaged_checkpoint_is_moved_aside_and_the_one_before_restored(
     tiny_run, reference, tmp_path, kind, caplog):
   run = copy_run(tiny_run, tmp_path)
   damage(run / 'checkpoints' / '10', kind)
-  manager = checkpoint_manager.make_manager(str(run), every_steps=5, keep=5)
+  manager = manager_lib.make_manager(str(run), every_steps=5, keep=5)
   try:
-    state = checkpoint_manager.resume(manager, reference['abstract'])
+    state = manager_lib.resume(manager, reference['abstract'])
     assert manager.all_steps() == [5]
   finally:
     manager.close()
@@ -119,9 +121,9 @@ def test_export_and_fine_tuning_verify_the_checkpoint(tiny_run, reference, tmp_p
   run = copy_run(tiny_run, tmp_path)
   # The record and the parameters disagree (here the record was changed: the tiny
   # model's parameters are small enough to be in OCDBT's checksummed nodes).
-  metadata = run / 'checkpoints' / '10' / checkpoint_manager.STEP_METADATA
+  metadata = run / 'checkpoints' / '10' / manager_lib.STEP_METADATA
   record = json.loads(metadata.read_text())
-  record['custom_metadata'][checkpoint_manager.ARRAYS]['params/head/kernel']['checksum'] = '0' * 16
+  record['custom_metadata'][manager_lib.ARRAYS]['params/head/kernel']['checksum'] = '0' * 16
   metadata.write_text(json.dumps(record))
   message = (r'The checkpoint at step 10 in .*run is damaged: 1 of its arrays differ from the '
              r'checksums recorded when it was written \(params/head/kernel\). Use another step '
@@ -139,12 +141,12 @@ def test_with_no_good_checkpoint_left_one_error_lists_each_step(tiny_run, refere
   run = copy_run(tiny_run, tmp_path)
   damage(run / 'checkpoints' / '10', 'item folder removed')
   damage(run / 'checkpoints' / '5', 'bytes overwritten')
-  manager = checkpoint_manager.make_manager(str(run), every_steps=5, keep=5)
+  manager = manager_lib.make_manager(str(run), every_steps=5, keep=5)
   with pytest.raises(errors.CheckpointError,
                      match=r'No checkpoint in .*checkpoints can be restored: step 10: KeyError: .*'
                            r'Item "default" was not found.*; step 5: 1 of its arrays differ .* '
                            r'They are in .*checkpoints/bad. Train from the start'):
-    checkpoint_manager.resume(manager, reference['abstract'])
+    manager_lib.resume(manager, reference['abstract'])
   manager.close()
   assert sorted(os.listdir(run / 'checkpoints' / 'bad')) == ['10', '5']
 
@@ -152,12 +154,12 @@ def test_with_no_good_checkpoint_left_one_error_lists_each_step(tiny_run, refere
 def test_another_models_checkpoint_stops_the_run_and_moves_nothing(tiny_run, tmp_path):
   run = copy_run(tiny_run, tmp_path)
   other = tiny_config(**{**TINY_RUN, 'model.hidden_size': 64})
-  manager = checkpoint_manager.make_manager(str(run), every_steps=5, keep=5)
-  with pytest.raises(checkpoint.CheckpointMismatchError,
+  manager = manager_lib.make_manager(str(run), every_steps=5, keep=5)
+  with pytest.raises(errors.CheckpointMismatchError,
                      match=r'step 10 in .* holds another model or optimizer than this config '
                            r'makes \(\d+ arrays differ; .*: saved float32\[32\], this config '
                            r'float32\[64\].*\). Resume with the config it was trained with'):
-    checkpoint_manager.resume(manager, abstract_state(other))
+    manager_lib.resume(manager, abstract_state(other))
   manager.close()
   assert workdir.steps(run) == [5, 10] and not (run / 'checkpoints' / 'bad').exists()
 

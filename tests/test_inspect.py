@@ -10,9 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import analysis, checkpoint, inspect, predict, workdir
+from vit_jax import workdir
+from vit_jax.checkpoints import release
 from vit_jax.data import preprocess, sources
 from vit_jax.models import get_model
+from vit_jax.tools import analysis, inspect, predict
 
 PNG = b'\x89PNG\r\n\x1a\n'
 FIGURES = ('embedding_pca', 'position_similarity', 'attention_distance', 'attention_rollout')
@@ -49,7 +51,7 @@ def npz_file(tmp_path_factory):
   rng = np.random.default_rng(0)
   params = jax.tree.map(lambda s: rng.normal(0., 0.2, s.shape).astype(np.float32), shapes)
   path = tmp_path_factory.mktemp('npz') / 'tiny.npz'
-  checkpoint.save_npz(path, params)
+  release.save_npz(path, params)
   return path, model, params
 
 

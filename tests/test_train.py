@@ -10,17 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import (
-  checkpoint,
-  checkpoint_manager,
-  config_base,
-  errors,
-  host_cpu,
-  mfu,
-  optim,
-  sharding,
-  train,
-)
+from vit_jax import config_base, errors, mfu, optim, sharding, train
+from vit_jax.checkpoints import manager as manager_lib
+from vit_jax.checkpoints import release
+from vit_jax.cpu import host_cpu
 from vit_jax.models import get_model
 
 from runs import TINY_MODEL, read_metrics, restore_state, tiny_config
@@ -130,7 +123,7 @@ def test_every_mesh_matches_data_parallelism(mesh, step_impl, matmul_dtype, more
                        **dict(zip(('mesh.data', 'mesh.fsdp', 'mesh.tensor'), mesh, strict=True)))
   scan = bool(config.model.scan)
   tx = optim.make_optimizer(config.optimizer, optim.make_schedule(config.schedule, 100, 5))
-  params = checkpoint.to_model_layout(initial.params, scanned=scan)
+  params = release.to_model_layout(initial.params, scanned=scan)
   start = initial.replace(params=params, opt_state=tx.init(params))
   state, mesh_losses, mesh_grad_norms = run_steps(config, 4, state=start)
 
@@ -149,7 +142,7 @@ def test_every_mesh_matches_data_parallelism(mesh, step_impl, matmul_dtype, more
   # differs by 2e-5 too.
   np.testing.assert_allclose(mesh_losses, losses, rtol=1e-5)
   np.testing.assert_allclose(mesh_grad_norms, grad_norms, rtol=3e-4 if matmul_dtype else 1e-5)
-  chex.assert_trees_all_close(checkpoint.to_model_layout(jax.device_get(state.params), False),
+  chex.assert_trees_all_close(release.to_model_layout(jax.device_get(state.params), False),
                               reference.params, atol=5e-5 if matmul_dtype else 1e-6, rtol=1e-5)
   assert int(state.step) == 4
 
@@ -160,14 +153,14 @@ def test_a_state_written_on_one_mesh_restores_on_another(tmp_path):
   chex.assert_trees_all_equal(jax.device_get(state), initial)  # Whatever the mesh.
 
   state = jax.jit(lambda s: jax.tree.map(lambda x: x + 1, s))(state)  # Not the initial state.
-  manager = checkpoint_manager.make_manager(str(tmp_path), every_steps=1, keep=1)
-  checkpoint_manager.save(manager, 1, state, force=True)
+  manager = manager_lib.make_manager(str(tmp_path), every_steps=1, keep=1)
+  manager_lib.save(manager, 1, state, force=True)
   manager.wait_until_finished()
   expected = jax.device_get(state)
   for mesh in ({'fsdp': 4, 'tensor': 2}, {'tensor': 8}, None):  # (1, 4, 2), (1, 1, 8), (8, 1, 1)
     shardings = sharding.shardings_for(expected, sharding.make_mesh(mesh))
-    restored = checkpoint_manager.restore(
-        manager, checkpoint_manager.abstract_like(expected, shardings))
+    restored = manager_lib.restore(
+        manager, manager_lib.abstract_like(expected, shardings))
     chex.assert_trees_all_equal(jax.device_get(restored), expected)
     chex.assert_trees_all_equal(jax.tree.map(lambda x: x.sharding, restored), shardings)
   manager.close()
@@ -328,12 +321,12 @@ def test_missing_data_path_is_named(tmp_path):
 
 
 def test_fine_tune_starts_from_a_release_file(tmp_path):
-  from vit_jax import checkpoint
+  from vit_jax.checkpoints import release
 
   # A "pre-trained" 16 px model with 7 classes and a pre-logits layer...
   source = get_model(num_classes=7, **{**TINY_MODEL, 'representation_size': 32})
   source_params = source.init(jax.random.key(3), np.zeros((1, 16, 16, 3)))['params']
-  checkpoint.save_npz(tmp_path / 'pretrained.npz', source_params)
+  release.save_npz(tmp_path / 'pretrained.npz', source_params)
   # ... fine-tuned at 24 px on 10 classes. The warm-up starts at a learning rate of 0,
   # so the parameters after step 1 are exactly the adapted ones.
   config = tiny_config(**{'init_from': str(tmp_path / 'pretrained.npz'), 'model.image_size': 24,
@@ -343,7 +336,7 @@ def test_fine_tune_starts_from_a_release_file(tmp_path):
                           'checkpoint_every_steps': 1, 'optimizer.name': 'sgd'})
   train.train_and_evaluate(config, str(tmp_path / 'run'))
   model = get_model(num_classes=10, **{**TINY_MODEL, 'image_size': 24})
-  expected = checkpoint.load_pretrained(tmp_path / 'pretrained.npz', model.init(
+  expected = release.load_pretrained(tmp_path / 'pretrained.npz', model.init(
       jax.random.key(0), np.zeros((1, 24, 24, 3)))['params'], model)
   final = jax.device_get(restore_state(tmp_path / 'run', config, step=1).params)
   chex.assert_trees_all_equal(final, expected)

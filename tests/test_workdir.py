@@ -1,4 +1,4 @@
-"""Tests of vit_jax.workdir and vit_jax.export: fine-tunes that start from an earlier run.
+"""Tests of vit_jax.workdir and vit_jax.tools.export: fine-tunes that start from an earlier run.
 
 The source run trains on 8 simulated devices; the fine-tune starts from its
 Orbax checkpoint at another resolution, in another layout (scanned) and on 2
@@ -15,12 +15,15 @@ import numpy as np
 import pytest
 import scipy.ndimage
 
-from vit_jax import checkpoint, export, host_memory, sharding, train, workdir
+from vit_jax import errors, sharding, train, workdir
+from vit_jax.checkpoints import release
+from vit_jax.cpu import host_memory
 from vit_jax.models import get_model
+from vit_jax.tools import export
 
 from runs import TINY_MODEL, TINY_RUN, env, main_command, tiny_config
 
-POSEMB = checkpoint.POSEMB_KEY
+POSEMB = release.POSEMB_KEY
 
 
 @pytest.fixture
@@ -84,8 +87,8 @@ def test_fine_tune_on_2_devices_at_a_higher_resolution(source_run, tmp_path):
 
   source, _ = workdir.restore_params(source_run, 5)
   tuned, _ = workdir.restore_params(tmp_path / 'ft', 1)
-  assert checkpoint.is_scanned(tuned) and not checkpoint.is_scanned(source)
-  source, tuned = (checkpoint.flatten(checkpoint.to_release(p)) for p in (source, tuned))
+  assert release.is_scanned(tuned) and not release.is_scanned(source)
+  source, tuned = (release.flatten(release.to_release(p)) for p in (source, tuned))
   chex.assert_trees_all_close(tuned.pop(POSEMB),
                               bilinear_reference(source.pop(POSEMB), (4, 4), (6, 6), 1),
                               atol=1e-6, rtol=1e-6)
@@ -104,7 +107,7 @@ def test_init_from_errors_name_the_field(source_run, tmp_path):
     train.validate(config)
   wider = get_model(num_classes=10, **{**TINY_MODEL, 'pool': 'token', 'hidden_size': 64})
   init_params = wider.init(jax.random.key(0), np.zeros((1, 16, 16, 3)))['params']
-  with pytest.raises(checkpoint.CheckpointMismatchError,
+  with pytest.raises(errors.CheckpointMismatchError,
                      match=r'(?s)shape mismatch.*embedding/kernel: \(4, 4, 3, 32\) vs '
                            r'\(4, 4, 3, 64\).*width 32, 2 layers'):
     workdir.init_params_from(str(source_run), init_params, wider)
@@ -116,14 +119,14 @@ def test_export_loads_back_with_identical_logits(source_run, tmp_path):
   loaded = workdir.load_run(source_run)
   images = np.random.default_rng(0).uniform(-1, 1, (4, 16, 16, 3)).astype(np.float32)
   expected = loaded.model.apply({'params': loaded.params}, images)
-  from_file = loaded.model.apply({'params': checkpoint.load_npz(out)}, images)
+  from_file = loaded.model.apply({'params': release.load_npz(out)}, images)
   chex.assert_trees_all_equal(from_file, expected)
 
 
 def test_export_command_evaluates_both_alike(source_run, tmp_path):
   out = tmp_path / 'cli.npz'
   result = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.export', f'--workdir={source_run}', f'--out={out}',
+      [sys.executable, '-m', 'vit_jax.tools.export', f'--workdir={source_run}', f'--out={out}',
        '--evaluate', '--progress_every=0'], env=env(devices=1), capture_output=True, text=True,
       timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]

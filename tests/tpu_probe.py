@@ -34,7 +34,8 @@ def report(topology: str, overrides: str) -> dict:
   import jax
   import jax.numpy as jnp
 
-  from vit_jax import accelerators, aot, optim, sharding, train
+  from vit_jax import accelerators, optim, sharding, train
+  from vit_jax.tools import aot
 
   from runs import tiny_config
 
@@ -75,13 +76,13 @@ def lowered_for_cpu() -> dict:
   import jax
   import jax.numpy as jnp
 
-  from vit_jax import accelerators, cpu_backend
+  from vit_jax import accelerators, cpu
 
   device = accelerators.tpu_slice('v3-8').compile_devices()[:1]
   mesh = jax.make_mesh((1,), ('x',), devices=device)
   arg = jax.ShapeDtypeStruct((4,), jnp.float32, sharding=jax.sharding.NamedSharding(
       mesh, jax.sharding.PartitionSpec()))
-  f = cpu_backend.lowered_for_cpu(lambda x: x * 3., lambda x: x * 5.)
+  f = cpu.lowered_for_cpu(lambda x: x * 3., lambda x: x * 5.)
   text = jax.jit(f).lower(arg).compile().as_text()
   return {'cpu_branch': 'constant(3)' in text, 'other_branch': 'constant(5)' in text}
 

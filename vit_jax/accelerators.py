@@ -3,7 +3,7 @@
 Cloud TPU names a slice by generation and size: ``v3-8``, ``v4-32`` and ``v5p-128`` count
 TensorCores, ``v5litepod-16`` and ``v6e-256`` count chips. ``tpu_slice`` maps such a name to
 its chips and to the topology that libtpu compiles for (``v3:2x2``, ``v4:2x2x1``, ...), so
-that ``vit_jax.aot`` can compile for a slice with no TPU attached. The figures are the
+that ``vit_jax.tools.aot`` can compile for a slice with no TPU attached. The figures are the
 published ones (cloud.google.com/tpu/docs, per chip; NVIDIA's data sheets, dense).
 """
 

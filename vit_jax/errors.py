@@ -38,6 +38,11 @@ class CheckpointError(UserError, ValueError):
   """A checkpoint that cannot be restored: damaged, or holding another model's state."""
 
 
+class CheckpointMismatchError(CheckpointError):
+  """A checkpoint that holds another model's parameters or state than the one it is loaded
+  into (a release file or a run's Orbax state): nothing is damaged, so nothing falls back."""
+
+
 def one_line(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
   """``main`` with a ``UserError`` printed as one line on stderr (exit status 2)."""
 

@@ -17,7 +17,7 @@ import os
 
 from absl import app, flags, logging
 
-from vit_jax import config_cli, console, cpu_backend
+from vit_jax import config_cli, console, cpu
 
 _CONFIG = config_cli.DEFINE_config('config', 'Training config file.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and logs.')
@@ -31,7 +31,7 @@ _DISTRIBUTED = flags.DEFINE_bool(
 _CPU_DEVICES = flags.DEFINE_integer(
     'cpu_devices', 0, 'Split a CPU host into this many devices (data-parallel, one per core '
     'is fastest on a CPU-only machine: benchmarks/RESULTS.md; 2 or more also keep freed '
-    'memory, VIT_JAX_MALLOC=keep_freed: vit_jax/cpu_backend.py); 0: jax\'s default (one, '
+    'memory, VIT_JAX_MALLOC=keep_freed: vit_jax/cpu.py); 0: jax\'s default (one, '
     'or XLA_FLAGS=--xla_force_host_platform_device_count=N).')
 flags.mark_flags_as_required(['config', 'workdir'])
 
@@ -45,11 +45,11 @@ def main(argv: list[str]) -> None:
   config = _CONFIG.value  # Its errors first, before anything starts.
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  if cpu_backend.runs_on_cpu():  # XLA:CPU's set-up; may re-execute this process once.
-    malloc = cpu_backend.prepare(_CPU_DEVICES.value)
+  if cpu.runs_on_cpu():  # XLA:CPU's set-up; may re-execute this process once.
+    malloc = cpu.prepare(_CPU_DEVICES.value)
   if not flags.FLAGS['verbosity'].present:
     console.quiet_third_party(preload_tensorflow=True)
-  if cpu_backend.runs_on_cpu():
+  if cpu.runs_on_cpu():
     logging.info('XLA:CPU: malloc %s (VIT_JAX_MALLOC; GLIBC_TUNABLES=%r).', malloc,
                  os.environ.get('GLIBC_TUNABLES', ''))
   import jax

@@ -28,19 +28,10 @@ from absl import logging
 from etils import epath
 from jax.sharding import PartitionSpec as P
 
-from vit_jax import (
-  checkpoint,
-  checkpoint_manager,
-  config_base,
-  console,
-  cpu_backend,
-  errors,
-  evaluate,
-  mfu,
-  optim,
-  sharding,
-)
+from vit_jax import config_base, console, cpu, errors, evaluate, mfu, optim, sharding
 from vit_jax import workdir as workdir_lib
+from vit_jax.checkpoints import manager as manager_lib
+from vit_jax.checkpoints import release
 from vit_jax.data import loader, preprocess, sources
 from vit_jax.models import canonical_name, get_model
 from vit_jax.models.vit import pair
@@ -86,7 +77,7 @@ class Plan:
     ``config.mesh.shard_state`` says; where it says None, on TPUs and GPUs but not on CPUs
     (``cpu_backend``)."""
     if self.config.mesh.shard_state is None:
-      return cpu_backend.shards_state_by_default(self.mesh.devices.flat[0].platform)
+      return cpu.shards_state_by_default(self.mesh.devices.flat[0].platform)
     return self.config.mesh.shard_state
 
 
@@ -102,7 +93,7 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
   anything compiles; the preprocessing pipelines run once, on the first example of their
   split, to compare the size they make with the model's. ``devices``: the mesh's (default:
   all of this run's). With ``num_train_examples`` no data or file is opened (planning ahead
-  of time, ``vit_jax.aot``): the plan has no sources, and ``dataset.num_classes`` must be set.
+  of time, ``vit_jax.tools.aot``): the plan has no sources, and ``dataset.num_classes`` must be set.
   """
   config = config_base.complete(config)
   name, options = config_base.model_options(config.model)
@@ -264,7 +255,7 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation, seed:
   shapes = jax.eval_shape(init, rng)
   shardings = sharding.shardings_for(shapes, mesh, stored=shard_state)
   if abstract:
-    return checkpoint_manager.abstract_like(shapes, shardings), shardings
+    return manager_lib.abstract_like(shapes, shardings), shardings
   return jax.jit(init, out_shardings=shardings)(rng), shardings
 
 
@@ -556,7 +547,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   plan = validate(config)
   config, model, mesh, total_steps = plan.config, plan.model, plan.mesh, plan.total_steps
   matmul_dtype = model.matmul_dtype and jnp.dtype(model.matmul_dtype).name
-  for warning in cpu_backend.warnings(matmul_dtype):
+  for warning in cpu.warnings(matmul_dtype):
     logging.warning(warning)
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   metric_name = 'prec@1' if config.loss == 'sigmoid_xent' else 'accuracy'
@@ -567,12 +558,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                               shard_state=plan.shard_state)
 
   checkpoint_every = config.checkpoint_every_steps
-  manager = checkpoint_manager.make_manager(workdir, every_steps=checkpoint_every,
+  manager = manager_lib.make_manager(workdir, every_steps=checkpoint_every,
                                             keep=config.keep_checkpoints)
   if manager.latest_step() is None and config.init_from:
     # Fine-tuning: only the parameters of an earlier run or a release file, adapted
     # to this model, placed on this run's mesh; a fresh optimizer state and step.
-    init_params = jax.tree.map(checkpoint.to_host, state.params)
+    init_params = jax.tree.map(release.to_host, state.params)
     params = workdir_lib.init_params_from(
         config.init_from, init_params, model, step=config.init_step,
         keep_head=config.init_keep_head)
@@ -580,8 +571,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     logging.info('Initialised from %s.', config.init_from)
   if manager.latest_step() is not None:
     # The newest checkpoint that passes its checksums; damaged ones are moved aside.
-    state = checkpoint_manager.resume(
-        manager, checkpoint_manager.abstract_like(state, state_shardings))
+    state = manager_lib.resume(
+        manager, manager_lib.abstract_like(state, state_shardings))
     logging.info('Resumed from %s at step %d.', manager.directory, int(state.step))
   start_step = int(jax.device_get(state.step))
 
@@ -698,7 +689,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
       if preemption.reached(manager, step):
         _host_metrics(pending, manager)
-        checkpoint_manager.save(manager, step, state, force=True)
+        manager_lib.save(manager, step, state, force=True)
         manager.wait_until_finished()
         logging.warning('Preempted: saved step %d; restart with the same workdir to resume.',
                         step)
@@ -706,7 +697,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         return result
       if step % checkpoint_every == 0 or step == total_steps:
         _host_metrics(pending, manager)
-        checkpoint_manager.save(manager, step, state, force=True)
+        manager_lib.save(manager, step, state, force=True)
       if (eval_every and step % eval_every == 0) or step == total_steps:
         result = run_eval(step)
     if start_step >= total_steps:

@@ -20,7 +20,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from vit_jax import checkpoint, checkpoint_manager, config_base, errors, sharding
+from vit_jax import config_base, errors, sharding
+from vit_jax.checkpoints import manager as manager_lib
+from vit_jax.checkpoints import release
 from vit_jax.models import VisionTransformer, get_model, registry
 from vit_jax.models.vit import pair
 
@@ -104,7 +106,7 @@ def restore_params(workdir: str | os.PathLike, step: int | None = None,
   step = resolve_step(workdir, step)
   step_dir = epath.Path(workdir) / CHECKPOINTS / str(step)
   try:
-    arrays = checkpoint_manager.recorded(step_dir)
+    arrays = manager_lib.recorded(step_dir)
     metadata = ocp.PyTreeCheckpointHandler().metadata(step_dir / 'default').tree['params']
     with ocp.PyTreeCheckpointer() as checkpointer:
       if mesh is None:
@@ -120,10 +122,10 @@ def restore_params(workdir: str | os.PathLike, step: int | None = None,
       restored = checkpointer.restore(step_dir / 'default', args=ocp.args.PyTreeRestore(
           item={'params': abstract}, restore_args={'params': restore_args},
           partial_restore=True))
-    problem = checkpoint_manager.verify({'params': restored['params']}, arrays, step_dir)
-  except checkpoint_manager.READ_ERRORS as e:
-    checkpoint_manager.silence_abandoned_reads()
-    problem = str(e) if isinstance(e, errors.CheckpointError) else checkpoint_manager.short(e)
+    problem = manager_lib.verify({'params': restored['params']}, arrays, step_dir)
+  except manager_lib.READ_ERRORS as e:
+    manager_lib.silence_abandoned_reads()
+    problem = str(e) if isinstance(e, errors.CheckpointError) else manager_lib.short(e)
   if problem:
     others = [s for s in steps(workdir) if s != step]
     raise errors.CheckpointError(
@@ -157,7 +159,7 @@ def init_params_from(source: str, init_params: dict[str, Any], model: VisionTran
   """A fine-tune's starting parameters from a run's workdir or a release .npz.
 
   Only the parameters are taken. They are adapted to ``model`` as
-  ``checkpoint.adapt`` does (position embeddings resized to the new grid, a new
+  ``release.adapt`` does (position embeddings resized to the new grid, a new
   zero head, pre-logits kept or dropped, scanned or unrolled layout), each change
   logged. The result is in ``init_params``' layout, as host arrays.
   """
@@ -165,18 +167,18 @@ def init_params_from(source: str, init_params: dict[str, Any], model: VisionTran
     source_config = load_config(source)
     params, step = restore_params(source, step)
     source_model = model_from_config(source_config, int(params['head']['kernel'].shape[-1]))
-    return checkpoint.adapt(
-        checkpoint.flatten(checkpoint.to_release(params)), init_params, model,
+    return release.adapt(
+        release.flatten(release.to_release(params)), init_params, model,
         keep_head=keep_head, source_grid=source_model.grid, origin=f'{source} (step {step})')
   if step is not None:
     raise ValueError(f'init_step={step} is given, but {source} is a .npz file, not a workdir.')
-  return checkpoint.load_pretrained(source, init_params, model, keep_head=keep_head)
+  return release.load_pretrained(source, init_params, model, keep_head=keep_head)
 
 
 def npz_architecture(flat: dict[str, Any]) -> dict[str, Any]:
   """The ``VisionTransformer`` attributes a release file's shapes imply.
 
-  ``flat`` is ``checkpoint.flatten(checkpoint.load_npz(path))``. Width, depth,
+  ``flat`` is ``release.flatten(release.load_npz(path))``. Width, depth,
   MLP width, heads, patch size, BiT stem, pooling, pre-logits, position
   embeddings and classes all follow from the arrays; ``image_size`` is the one
   the position embeddings were trained at (square grids; 224 when unknown).
@@ -195,7 +197,7 @@ def npz_architecture(flat: dict[str, Any]) -> dict[str, Any]:
       'map' if any(k.startswith('MAPHead_0/') for k in flat) else 'gap',
       representation_size=(int(np.shape(flat['pre_logits/kernel'])[-1])
                            if 'pre_logits/kernel' in flat else None),
-      posemb='learn' if checkpoint.POSEMB_KEY in flat else 'sincos2d')
+      posemb='learn' if release.POSEMB_KEY in flat else 'sincos2d')
   stride = 1
   if 'conv_root/kernel' in flat:
     units = {}
@@ -208,7 +210,7 @@ def npz_architecture(flat: dict[str, Any]) -> dict[str, Any]:
     stride = 4 * 2**max(len(arch['resnet_layers']) - 1, 0)
   size = 224
   if arch['posemb'] == 'learn':
-    n = np.shape(flat[checkpoint.POSEMB_KEY])[1] - (arch['pool'] == 'token')
+    n = np.shape(flat[release.POSEMB_KEY])[1] - (arch['pool'] == 'token')
     side = math.isqrt(n)
     if side * side == n:
       size = side * stride * int(ph)
@@ -225,10 +227,10 @@ def load_npz_model(path: str | os.PathLike, model_name: str | None = None,
   named after the registry's model of that shape; ``model_name`` picks a
   registry model instead (the file must fit it). ``image_size`` defaults to the
   file's own resolution; another size gets bilinearly resized position
-  embeddings. Mismatches raise ``checkpoint.CheckpointMismatchError``, which
+  embeddings. Mismatches raise ``errors.CheckpointMismatchError``, which
   says what the file holds.
   """
-  flat = checkpoint.flatten(checkpoint.load_npz(path))
+  flat = release.flatten(release.load_npz(path))
   arch = npz_architecture(flat)
   size = arch.pop('image_size') if image_size is None else image_size
   arch.pop('image_size', None)
@@ -252,5 +254,5 @@ def load_npz_model(path: str | os.PathLike, model_name: str | None = None,
                         model_name=description, **arch)
   init = jax.eval_shape(model.init, jax.random.key(0),
                         jax.ShapeDtypeStruct((1, *pair(size), 3), np.float32))['params']
-  params = checkpoint.adapt(flat, init, model, keep_head=True, origin=str(path))
+  params = release.adapt(flat, init, model, keep_head=True, origin=str(path))
   return Loaded(model, params, tuple(class_names), str(path))

@@ -95,7 +95,8 @@ def wait(process: subprocess.Popen, condition: Any, what: str, timeout: float = 
 def final_state(workdir: str) -> Any:
   import jax
 
-  from vit_jax import checkpoint_manager, config_cli, optim, train
+  from vit_jax import config_cli, optim, train
+  from vit_jax.checkpoints import manager as manager_lib
 
   config = config_cli.load(CONFIG, [(k, str(v)) for k, v in overrides().items()])
   plan = train.validate(config)
@@ -103,10 +104,10 @@ def final_state(workdir: str) -> Any:
       config.schedule, plan.total_steps, plan.warmup_steps))
   state, shardings = train.create_train_state(plan.model, tx, config.seed, plan.mesh,
                                               shard_state=plan.shard_state)
-  manager = checkpoint_manager.make_manager(workdir, every_steps=1, keep=3)
+  manager = manager_lib.make_manager(workdir, every_steps=1, keep=3)
   try:
-    return jax.device_get(checkpoint_manager.restore(
-        manager, checkpoint_manager.abstract_like(state, shardings)))
+    return jax.device_get(manager_lib.restore(
+        manager, manager_lib.abstract_like(state, shardings)))
   finally:
     manager.close()
 
@@ -155,8 +156,8 @@ def main(argv: list[str]) -> None:
   del argv
   import jax
 
-  from vit_jax import host_cpu
   from vit_jax.benchmarks import results
+  from vit_jax.cpu import host_cpu
 
   load = os.getloadavg()
   shutil.rmtree(_WORK_DIR.value, ignore_errors=True)

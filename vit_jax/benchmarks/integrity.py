@@ -6,7 +6,7 @@ The state is the model's parameters and Adam's two moments (ViT-B/16: 86M
 parameters, 1.03 GB). Each save is timed until it is on disk (Orbax writes
 asynchronously; a run only waits for the copy to host memory, the ``blocking``
 time), each restore until the arrays are on the devices: once with vit_jax's
-checksums (``checkpoint_manager.save`` / ``restore``) and once with Orbax alone,
+checksums (``manager_lib.save`` / ``restore``) and once with Orbax alone,
 alternately, ``--repeats`` times; the medians are reported, and the time of the
 checksums by themselves (``checksum.of``, after its first call compiled it).
 """
@@ -31,8 +31,11 @@ def main(argv: list[str]) -> None:
   import jax
   import orbax.checkpoint as ocp
 
-  from vit_jax import checkpoint_manager, checksum, config_base, host_cpu, optim, sharding, train
+  from vit_jax import config_base, optim, sharding, train
   from vit_jax.benchmarks import results
+  from vit_jax.checkpoints import checksum
+  from vit_jax.checkpoints import manager as manager_lib
+  from vit_jax.cpu import host_cpu
   from vit_jax.models import get_model
 
   load = os.getloadavg()
@@ -40,7 +43,7 @@ def main(argv: list[str]) -> None:
   config = config_base.get_config()  # Adam, as the paper's pre-training.
   tx = optim.make_optimizer(config.optimizer, optim.make_schedule(config.schedule, 100, 10))
   state, shardings = train.create_train_state(model, tx, 0, sharding.make_mesh())
-  abstract = checkpoint_manager.abstract_like(state, shardings)
+  abstract = manager_lib.abstract_like(state, shardings)
   size = sum(x.nbytes for x in jax.tree.leaves(state))
 
   start = time.perf_counter()
@@ -54,10 +57,10 @@ def main(argv: list[str]) -> None:
 
   def timed_save(verified: bool, step: int) -> tuple[float, float]:
     directory = os.path.join(_WORK_DIR.value, 'verified' if verified else 'plain')
-    manager = checkpoint_manager.make_manager(directory, every_steps=1, keep=1)
+    manager = manager_lib.make_manager(directory, every_steps=1, keep=1)
     start = time.perf_counter()
     if verified:
-      checkpoint_manager.save(manager, step, state, force=True)
+      manager_lib.save(manager, step, state, force=True)
     else:
       manager.save(step, args=ocp.args.StandardSave(state), force=True)
     blocking = time.perf_counter() - start
@@ -68,10 +71,10 @@ def main(argv: list[str]) -> None:
 
   def timed_restore(verified: bool) -> float:
     directory = os.path.join(_WORK_DIR.value, 'verified' if verified else 'plain')
-    manager = checkpoint_manager.make_manager(directory, every_steps=1, keep=1)
+    manager = manager_lib.make_manager(directory, every_steps=1, keep=1)
     start = time.perf_counter()
     if verified:
-      restored = checkpoint_manager.restore(manager, abstract)
+      restored = manager_lib.restore(manager, abstract)
     else:
       restored = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore(abstract))
     jax.block_until_ready(restored)

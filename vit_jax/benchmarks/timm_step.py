@@ -42,8 +42,8 @@ from typing import Any
 
 if not __package__:  # Run as a file by another venv's Python: vit_jax is beside this file.
   sys.path.append(str(pathlib.Path(__file__).resolve().parents[2]))
-from vit_jax import host_cpu  # noqa: E402 (standard library only)
 from vit_jax.benchmarks import results  # noqa: E402 (standard library only)
+from vit_jax.cpu import host_cpu  # noqa: E402 (standard library only)
 
 AUTOCASTS = ('none', 'bfloat16')
 _TIMM_SIZES = {'ti': 'tiny', 's': 'small', 'b': 'base', 'l': 'large', 'h': 'huge'}

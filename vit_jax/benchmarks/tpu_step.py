@@ -5,7 +5,7 @@ r"""The train step on a TPU slice, from the TPU compiler (no TPU needed), agains
 
 Each cell (a model and a global batch; by default the three of issue 20: ViT-B/16 at 1024,
 L/16 at 256, H/14 at 256, 224 px) is compiled ahead of time for the topology, as
-``vit_jax.aot`` does: the step time is the TPU compiler's cost model
+``vit_jax.tools.aot`` does: the step time is the TPU compiler's cost model
 (``cost_analysis()['optimal_seconds']``), the memory its exact buffer assignment per
 device. vit_jax's step takes the setting of a shipped pre-training config (``--setting``:
 its model's dtypes, scan and remat, its optimizer, its mesh), with softmax cross-entropy,
@@ -26,7 +26,7 @@ from typing import Any
 
 from absl import app, flags
 
-_TOPOLOGY = flags.DEFINE_string('topology', 'v3-8', 'A Cloud TPU slice (vit_jax.aot).')
+_TOPOLOGY = flags.DEFINE_string('topology', 'v3-8', 'A Cloud TPU slice (vit_jax.tools.aot).')
 _CELLS = flags.DEFINE_list('cells', ['b16:1024', 'l16:256', 'h14:256'],
                            'MODEL:GLOBAL_BATCH cells.')
 _SETTING = flags.DEFINE_string('setting', 'configs/vit_b16_i1k.py',
@@ -86,7 +86,7 @@ def big_vision_model(path: str, config: Any) -> Any:
 
 
 def run_cell(config: Any, devices: list, label: str, model: Any = None) -> dict[str, Any]:
-  from vit_jax import aot
+  from vit_jax.tools import aot
 
   facts = aot.compile_steps(config, devices, 0, only_train=True, model=model)
   train = facts['train']

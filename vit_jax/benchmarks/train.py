@@ -20,7 +20,7 @@ Each cell (one combination of options) runs in its own process and measures:
     denominator, also when the cells split a CPU into different numbers of devices);
   * the peak memory where the backend reports it (GPUs), else XLA's buffer sizes;
   * the host's minor page faults per step (memory the kernel maps in afresh) and the
-    process's peak resident memory, both of which ``vit_jax.host_memory``'s glibc
+    process's peak resident memory, both of which ``vit_jax.cpu.host_memory``'s glibc
     tunables change (``--malloc``: by default as ``vit_jax.main`` runs).
 
 The step is ``vit_jax.train.make_train_step`` (the one training uses: Adam,
@@ -32,7 +32,7 @@ so the input pipeline is not part of it (see ``vit_jax.benchmarks.input``).
 like the others: the table gives them the model's FLOPs with every token computed (timm
 computes them all; vit_jax's last block only the class token's) and the same peaks, and
 every vit_jax row its images/s over timm's at the same matmul precision ("vs timm"). The
-header names the CPU and whether it has bfloat16 instructions (``vit_jax.host_cpu``).
+header names the CPU and whether it has bfloat16 instructions (``vit_jax.cpu.host_cpu``).
 """
 
 from __future__ import annotations
@@ -49,8 +49,9 @@ from typing import Any
 
 from absl import app, flags
 
-from vit_jax import host_cpu, host_memory, mfu
+from vit_jax import mfu
 from vit_jax.benchmarks import results, timm_step
+from vit_jax.cpu import host_cpu, host_memory
 
 DTYPES = ('float32', 'bfloat16')
 SWEEP_KEYS = ('dtype', 'matmul_dtype', 'attention', 'remat', 'scan', 'batch_size',
@@ -72,7 +73,7 @@ _XLA_FLAGS = flags.DEFINE_string('xla_flags', '', 'Extra XLA_FLAGS for the cell 
                                  'none), space-separated.')
 _MALLOC = flags.DEFINE_enum('malloc', 'as_main', ('as_main', *host_memory.MODES),
                             'glibc malloc tunables of the cell: vit_jax.main\'s VIT_JAX_MALLOC '
-                            '(vit_jax.host_memory); as_main: what vit_jax.main picks for the '
+                            '(vit_jax.cpu.host_memory); as_main: what vit_jax.main picks for the '
                             'cell\'s cpu_devices (keep_freed for 2 or more, else huge_pages).')
 _STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps per cell.')
 _WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
@@ -181,7 +182,7 @@ def measure(cell: dict[str, Any]) -> dict[str, Any]:
       'xla_over_analytic': (xla_per_image / analytic) if analytic and xla_per_image else None,
       'achieved_flops': achieved,  # MFU: in main(), over the best peak of all cells.
       'memory': _memory(compiled, devices[0]),
-      # Host memory faulted in per step and the process's peak (vit_jax.host_memory),
+      # Host memory faulted in per step and the process's peak (vit_jax.cpu.host_memory),
       # and the glibc tunables in force.
       'page_faults_per_step': faults / cell['steps'],
       'max_rss_bytes': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

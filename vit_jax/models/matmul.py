@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from vit_jax import cpu_backend
+from vit_jax import cpu
 
 Array = jax.Array
 DimensionNumbers = tuple[tuple[Any, Any], tuple[Any, Any]]
@@ -50,7 +50,7 @@ def _product(spec: str, a: Array, b: Array) -> Array:
   """``einsum(spec, a, b)`` accumulated in float32: in the form below for XLA:CPU, plain for
   the other backends (which lay products out themselves)."""
   plain = lambda a, b: jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
-  return cpu_backend.lowered_for_cpu(functools.partial(_product_for_cpu, spec), plain)(a, b)
+  return cpu.lowered_for_cpu(functools.partial(_product_for_cpu, spec), plain)(a, b)
 
 
 def _product_for_cpu(spec: str, a: Array, b: Array) -> Array:

@@ -22,7 +22,7 @@ ViT-22B's block options keep these names: a ``parallel_block`` has no ``LayerNor
 ``qkv_bias=False`` / ``norm='rmsnorm'`` drop biases. Hybrids add the BiT stem's
 ``conv_root``, ``gn_root`` and ``block{i}`` at the top level. With ``scan=True`` the
 blocks are a single ``Transformer/encoderblock`` whose parameters have a leading layer
-axis; ``vit_jax.checkpoint`` converts between the two layouts.
+axis; ``vit_jax.checkpoints.release`` converts between the two layouts.
 """
 
 from __future__ import annotations
@@ -484,7 +484,7 @@ class VisionTransformer(nn.Module):
           f'{self.model_name or "VisionTransformer"} expects NHWC images of shape '
           f'(batch, {expected[0]}, {expected[1]}, 3) in [-1, 1], got {tuple(images.shape)}. '
           'Resize the images, or build the model with image_size=(height, width) '
-          '(vit_jax.checkpoint.load_pretrained resizes the position embeddings).')
+          '(vit_jax.checkpoints.release.load_pretrained resizes the position embeddings).')
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     x = images.astype(self.dtype)
     if self.resnet_layers is not None:

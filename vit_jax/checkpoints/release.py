@@ -47,10 +47,6 @@ _LINEN_BLOCK_NAMES = {'MultiHeadDotProductAttention_0': 'MultiHeadDotProductAtte
                       'LayerNorm_1': 'LayerNorm_2', 'MlpBlock_0': 'MlpBlock_3'}
 
 
-class CheckpointMismatchError(errors.CheckpointError):
-  """A checkpoint's parameters do not fit the model it is loaded into (a ValueError)."""
-
-
 def flatten(tree: Mapping[str, Any]) -> dict[str, Any]:
   """Nested dict -> {'a/b/c': leaf}."""
   flat = {}
@@ -350,7 +346,7 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
     Params in ``init_params``' layout: pre-logits kept or dropped as the model
     has it, position embeddings resized to the model's grid, a fresh head.
   Raises:
-    CheckpointMismatchError: listing missing, extra and mis-shaped keys.
+    errors.CheckpointMismatchError: listing missing, extra and mis-shaped keys.
   """
   model = _as_model(model_config)
   init = unwrap(init_params)
@@ -381,7 +377,7 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
   dropped = [k for k in source if k not in target and k.split('/')[0] in ('pre_logits', 'head')]
   extra = [k for k in source if k not in target and k not in dropped]
   if missing or extra or shapes:
-    raise CheckpointMismatchError(
+    raise errors.CheckpointMismatchError(
         _mismatch_message(origin, model, source, missing, extra, shapes))
   for key in dropped:
     log('%s %s dropped (the model has no such layer)', key, source[key].shape)

@@ -1,4 +1,4 @@
-"""What vit_jax does only for XLA:CPU stays behind vit_jax.cpu_backend's checks."""
+"""What vit_jax does only for XLA:CPU stays behind vit_jax.cpu's checks."""
 
 import importlib.util
 import subprocess
@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from vit_jax import cpu_backend
+from vit_jax import cpu
 
 from runs import env
 from tpu_probe import probe
@@ -22,11 +22,11 @@ from tpu_probe import probe
     ({}, True),  # This machine: no accelerator that a jax plugin drives.
 ])
 def test_runs_on_cpu(environ, on_cpu):
-  assert cpu_backend.runs_on_cpu(environ) is on_cpu
+  assert cpu.runs_on_cpu(environ) is on_cpu
 
 
 def test_an_accelerator_run_is_not_re_executed():
-  # vit_jax.main re-executes a CPU run with glibc tunables (vit_jax.host_memory); on a
+  # vit_jax.main re-executes a CPU run with glibc tunables (vit_jax.cpu.host_memory); on a
   # TPU or GPU it must not: there the process's first word is jax's own error here.
   run = lambda platforms: subprocess.run(
       [sys.executable, '-m', 'vit_jax.main', '--config=configs/quickstart.py',
@@ -40,7 +40,7 @@ def test_an_accelerator_run_is_not_re_executed():
 
 
 def test_lowered_for_cpu_picks_by_the_compilation_platform():
-  assert jax.jit(cpu_backend.lowered_for_cpu(lambda x: x * 3., lambda x: x * 5.))(
+  assert jax.jit(cpu.lowered_for_cpu(lambda x: x * 3., lambda x: x * 5.))(
       jnp.ones(2)).tolist() == [3., 3.]
   if importlib.util.find_spec('libtpu') is None:
     pytest.skip('compiling for a TPU needs libtpu')
@@ -53,7 +53,7 @@ def test_the_state_stays_replicated_over_cpu_devices_unless_asked():
 
   from runs import tiny_config
 
-  assert cpu_backend.shards_state_by_default('tpu') and cpu_backend.shards_state_by_default('gpu')
-  assert not cpu_backend.shards_state_by_default('cpu')
+  assert cpu.shards_state_by_default('tpu') and cpu.shards_state_by_default('gpu')
+  assert not cpu.shards_state_by_default('cpu')
   for asked, stored in ((None, False), (True, True), (False, False)):
     assert train.validate(tiny_config(**{'mesh.shard_state': asked})).shard_state == stored

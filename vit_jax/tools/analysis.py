@@ -11,7 +11,7 @@
 - ``rollout`` / ``rollout_maps``: attention rollout (Abnar & Zuidema, 2020), how
   much each input patch contributes to the output token (figure 6).
 
-The plotting lives in ``vit_jax.inspect``; everything here is plain arrays.
+The plotting lives in ``vit_jax.tools.inspect``; everything here is plain arrays.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import checkpoint
+from vit_jax.checkpoints import release
 from vit_jax.models import VisionTransformer
 from vit_jax.models.vit import pair, posemb_sincos_2d
 
@@ -165,7 +165,7 @@ def position_embeddings(model: VisionTransformer, params: Mapping[str, Any]) -> 
   grid = model.grid
   if model.posemb == 'sincos2d':
     return posemb_sincos_2d(grid, model.hidden_size)[0]
-  params = checkpoint.unwrap(params)
+  params = release.unwrap(params)
   table = np.asarray(params[POSEMB[0]][POSEMB[1]][POSEMB[2]], np.float32)[0]
   table = table[model.num_prefix_tokens:]
   if len(table) != grid[0] * grid[1]:

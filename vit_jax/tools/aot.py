@@ -1,9 +1,9 @@
 r"""Plan a run before renting the slice: compile its steps for a TPU topology, here.
 
-    python -m vit_jax.aot --config=configs/vit_l16_i21k.py --topology=v3-128
-    python -m vit_jax.aot --config=configs/vit_b16_i1k.py --topology=v4-32 \
+    python -m vit_jax.tools.aot --config=configs/vit_l16_i21k.py --topology=v3-128
+    python -m vit_jax.tools.aot --config=configs/vit_b16_i1k.py --topology=v4-32 \
         --config.batch_size=2048 --json=/tmp/b16.json
-    python -m vit_jax.aot --config=configs/quickstart.py --topology=cpu
+    python -m vit_jax.tools.aot --config=configs/quickstart.py --topology=cpu
 
 Builds the train step and the eval step that ``vit_jax.main`` would run for the config
 (the same model, optimizer, mesh and shardings; no data is read, only shapes) and

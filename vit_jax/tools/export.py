@@ -1,8 +1,8 @@
 r"""Export a run's parameters as a release .npz file (the layout the released models use).
 
-    python -m vit_jax.export --workdir=DIR --out=model.npz [--step=N] [--evaluate]
+    python -m vit_jax.tools.export --workdir=DIR --out=model.npz [--step=N] [--evaluate]
 
-The file loads with ``vit_jax.checkpoint.load_npz``, in the google-research
+The file loads with ``vit_jax.checkpoints.release.load_npz``, in the google-research
 vision_transformer code and in timm, and can be the ``init_from`` of a fine-tune.
 ``--evaluate`` reads the file back and evaluates it and the checkpoint on the
 run's evaluation split, to show the export is faithful; progress lines with an ETA
@@ -31,11 +31,11 @@ flags.mark_flags_as_required(['workdir', 'out'])
 
 def export(workdir: str, out: str, step: int | None = None) -> int:
   """Writes the parameters of ``workdir``'s checkpoint (latest or ``step``) to ``out``."""
-  from vit_jax import checkpoint
   from vit_jax import workdir as workdir_lib
+  from vit_jax.checkpoints import release
 
   params, step = workdir_lib.restore_params(workdir, step)
-  checkpoint.save_npz(out, params)
+  release.save_npz(out, params)
   return step
 
 
@@ -72,8 +72,9 @@ def evaluate_params(config: Any, params: Any,
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  from vit_jax import checkpoint, console
+  from vit_jax import console
   from vit_jax import workdir as workdir_lib
+  from vit_jax.checkpoints import release
 
   if not flags.FLAGS['verbosity'].present:  # Orbax's INFO lines only with --verbosity.
     console.quiet_third_party()
@@ -82,8 +83,8 @@ def main(argv: list[str]) -> None:
   if _EVALUATE.value:
     config = workdir_lib.load_config(_WORKDIR.value)
     params, _ = workdir_lib.restore_params(_WORKDIR.value, step)
-    exported = checkpoint.to_model_layout(checkpoint.load_npz(_OUT.value),
-                                          scanned=checkpoint.is_scanned(params))
+    exported = release.to_model_layout(release.load_npz(_OUT.value),
+                                          scanned=release.is_scanned(params))
     for name, tree in (('checkpoint', params), ('exported .npz', exported)):
       result = evaluate_params(config, tree, f'evaluating the {name}', _PROGRESS_EVERY.value)
       metric = next(iter(result))

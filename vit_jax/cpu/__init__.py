@@ -3,13 +3,13 @@
 vit_jax is tested on CPUs and tuned for the TPUs and GPUs it trains on. These things help
 only where XLA runs on the host's CPU, and they stay here, behind these checks:
 
-* glibc's malloc tunables for XLA:CPU's per-step host buffers (``vit_jax.host_memory``),
+* glibc's malloc tunables for XLA:CPU's per-step host buffers (``vit_jax.cpu.host_memory``),
   which need the process to re-execute itself before jax is imported: ``prepare``;
-* a warning where bfloat16 products would be emulated by this CPU (``vit_jax.host_cpu``):
+* a warning where bfloat16 products would be emulated by this CPU (``vit_jax.cpu.host_cpu``):
   ``warnings``;
 * the operand layouts XLA:CPU's bfloat16 matmul kernels take (``vit_jax.models.matmul``),
   chosen when a product is lowered for the CPU, so that a program compiled here for a TPU
-  (``vit_jax.aot``) gets the plain products: ``lowered_for_cpu``;
+  (``vit_jax.tools.aot``) gets the plain products: ``lowered_for_cpu``;
 * independent programs with collectives (the checkpoints' checksums) run one at a time,
   as XLA:CPU's collectives can otherwise deadlock: ``one_program_at_a_time``;
 * the train state stays replicated over CPU devices unless the config asks otherwise:
@@ -60,7 +60,7 @@ def prepare(cpu_devices: int) -> str:
   unset: no accelerator plugin is tried, and an installed libtpu stays silent), and glibc's
   malloc for XLA:CPU's buffers (``VIT_JAX_MALLOC``, else ``host_memory.default_mode``).
   Re-executes the process once where that adds tunables; returns the malloc mode."""
-  from vit_jax import host_memory
+  from vit_jax.cpu import host_memory
 
   os.environ.setdefault('JAX_PLATFORMS', 'cpu')
   mode = os.environ.get(host_memory.ENV) or host_memory.default_mode(cpu_devices)
@@ -72,7 +72,7 @@ def warnings(matmul_dtype: str | None) -> list[str]:
   """Warnings for a CPU run of this config (after jax picked the CPU)."""
   import jax
 
-  from vit_jax import host_cpu
+  from vit_jax.cpu import host_cpu
 
   warning = host_cpu.emulated_bf16_warning(jax.default_backend(), matmul_dtype,
                                            host_cpu.cpu_info())

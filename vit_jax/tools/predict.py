@@ -1,7 +1,7 @@
 r"""Top-5 classes of image files, from a run's workdir or a release .npz file.
 
-    python -m vit_jax.predict --workdir=/tmp/q digit.png
-    python -m vit_jax.predict --npz=ViT-B_16.npz --image_size=384 cat.jpg dog.jpg
+    python -m vit_jax.tools.predict --workdir=/tmp/q digit.png
+    python -m vit_jax.tools.predict --npz=ViT-B_16.npz --image_size=384 cat.jpg dog.jpg
 
 A workdir gives the model, its latest checkpoint (``--step`` for another), the
 class names (``classes.json``) and the preprocessing (``config.dataset.pp_eval``).
@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from vit_jax import workdir
+from vit_jax import errors, workdir
 from vit_jax.models import VisionTransformer
 from vit_jax.models.vit import pair
 
@@ -251,7 +251,7 @@ def padded(images: list[np.ndarray], size: int) -> np.ndarray:
 def predict_files(source: Source, paths: Sequence[str], batch_size: int,
                   top: int = 5) -> Iterator[tuple[str, list[tuple[str, float]] | ImageError]]:
   """For each file, its ``top`` (label, probability) pairs, or the error reading it."""
-  from vit_jax import analysis
+  from vit_jax.tools import analysis
 
   if not source.model.num_classes:
     raise ValueError(f'{source.loaded.source} has no classifier head: nothing to predict.')
@@ -284,13 +284,12 @@ def describe(source: Source) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog='python -m vit_jax.predict', description=__doc__,
+  parser = argparse.ArgumentParser(prog='python -m vit_jax.tools.predict', description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   add_source_flags(parser)
   parser.add_argument('--top', type=int, default=5, help='classes shown per image')
   parser.add_argument('images', nargs='+', help='image files (JPEG, PNG, ...)')
   args = parser.parse_args(argv)
-  from vit_jax import checkpoint
 
   try:
     source = load_source(args)
@@ -306,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       print(path)
       for rank, (label, p) in enumerate(result, 1):
         print(f'  {rank}. {100 * p:6.2f}%  {label}')
-  except (FileNotFoundError, ValueError, checkpoint.CheckpointMismatchError) as e:
+  except (FileNotFoundError, ValueError, errors.CheckpointMismatchError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
   return 1 if failed else 0

@@ -9,7 +9,7 @@ complete checkpoint: ``latest_step`` only sees finished ones.
 
 Damage after that (a truncated, emptied or overwritten file, a missing manifest,
 metadata or item folder) is found at restore: every checkpoint records the dtype,
-shape and checksum of each array (``describe``, ``vit_jax.checksum``) in Orbax's
+shape and checksum of each array (``describe``, ``vit_jax.checkpoints.checksum``) in Orbax's
 step metadata, and a restore compares the shapes with the config's, then the
 checksums with what it read. ``resume`` moves a damaged step to
 ``checkpoints/bad/STEP`` (Orbax only sees numbered folders) and restores the one
@@ -31,7 +31,8 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from vit_jax import checkpoint, checksum, errors
+from vit_jax import errors
+from vit_jax.checkpoints import checksum
 from vit_jax.sharding import path_name
 
 ARRAYS = 'vit_jax_arrays'  # Key of ``describe``'s record in the step's custom metadata.
@@ -164,7 +165,7 @@ def _restore_verified(manager: ocp.CheckpointManager, abstract_state: Any,
     arrays = recorded(step_dir)
     _check_fits(arrays, abstract_state, step_dir)
     state = manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
-  except checkpoint.CheckpointMismatchError:
+  except errors.CheckpointMismatchError:
     raise  # Another model's state: the config changed, nothing is damaged.
   except errors.CheckpointError as e:
     problem = str(e)
@@ -217,7 +218,7 @@ def _check_fits(arrays: dict[str, dict[str, Any]] | None, abstract_state: Any,
   if differ:
     detail = '; '.join(f'{p}: saved {saved.get(p, "none")}, this config {wanted.get(p, "none")}'
                        for p in differ[:2])
-    raise checkpoint.CheckpointMismatchError(
+    raise errors.CheckpointMismatchError(
         f'The checkpoint at step {step_dir.name} in {step_dir.parent} holds another model or '
         f'optimizer than this config makes ({len(differ)} arrays differ; {detail}). Resume with '
         'the config it was trained with (config.json in the workdir) or train in a new workdir.')

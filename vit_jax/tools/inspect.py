@@ -1,7 +1,7 @@
 r"""Look inside a trained ViT: the paper's section 4.5 figures and one HTML page.
 
-    python -m vit_jax.inspect --workdir=/tmp/q --out=/tmp/q/inspect
-    python -m vit_jax.inspect --npz=ViT-B_16.npz --out=/tmp/b16 --images cat.jpg dog.jpg
+    python -m vit_jax.tools.inspect --workdir=/tmp/q --out=/tmp/q/inspect
+    python -m vit_jax.tools.inspect --npz=ViT-B_16.npz --out=/tmp/b16 --images cat.jpg dog.jpg
 
 Writes into ``--out``: ``embedding_pca.png`` (principal components of the
 patch-embedding filters), ``position_similarity.png`` (cosine similarity of the
@@ -31,9 +31,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from vit_jax import predict
+from vit_jax import errors
 from vit_jax.models import VisionTransformer
 from vit_jax.models.vit import pair
+from vit_jax.tools import predict
 
 CHARS_PER_INCH = 12  # Of a 9 pt caption, for wrapping.
 MAX_PNG_BYTES = 300_000
@@ -114,7 +115,7 @@ def embedding_pca_figure(kernel: np.ndarray, num_components: int = 28) -> Figure
   One image (a mosaic of enlarged tiles), not one axes per tile: it renders in a
   fraction of the time.
   """
-  from vit_jax import analysis
+  from vit_jax.tools import analysis
 
   components, ratio = analysis.embedding_pca(kernel, num_components)
   n, ph, pw, channels = components.shape
@@ -384,7 +385,7 @@ def eval_images(source: predict.Source, workdir: str, count: int) -> Images:
 @functools.partial(jax.jit, static_argnums=0)
 def _attention_summary(model: VisionTransformer, params: Any,
                        images: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-  from vit_jax import analysis
+  from vit_jax.tools import analysis
 
   grid, prefix = model.grid, model.num_prefix_tokens
   logits, weights = analysis.attention_weights(model, params, images)
@@ -395,7 +396,7 @@ def _attention_summary(model: VisionTransformer, params: Any,
 def attention_pass(source: predict.Source, inputs: np.ndarray,
                    batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Logits, attention distance per image (N, layers, heads) and rollout maps (N, rows, cols)."""
-  from vit_jax import analysis
+  from vit_jax.tools import analysis
 
   model = analysis.capturing_model(source.model)
   params = jax.device_put(source.params)
@@ -452,7 +453,8 @@ def write_html(path: pathlib.Path, source: predict.Source, figures: list[Figure]
 
 def inspect(args: argparse.Namespace) -> list[pathlib.Path]:
   """Computes the analyses, writes the PNGs and index.html; returns their paths."""
-  from vit_jax import analysis, checkpoint
+  from vit_jax.checkpoints import release
+  from vit_jax.tools import analysis
 
   if not args.images and not args.workdir:
     raise ValueError('A .npz file comes without data: pass some image files with --images.')
@@ -465,7 +467,7 @@ def inspect(args: argparse.Namespace) -> list[pathlib.Path]:
     images = eval_images(source, args.workdir, args.num_images)
 
   figures = []
-  params = checkpoint.unwrap(source.params)
+  params = release.unwrap(source.params)
   if model.resnet_layers is None:
     figures.append(embedding_pca_figure(np.asarray(params['embedding']['kernel']),
                                         args.components))
@@ -518,7 +520,7 @@ def inspect(args: argparse.Namespace) -> list[pathlib.Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog='python -m vit_jax.inspect', description=__doc__,
+  parser = argparse.ArgumentParser(prog='python -m vit_jax.tools.inspect', description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   predict.add_source_flags(parser)
   parser.add_argument('--out', required=True, help='directory for the PNGs and index.html')
@@ -530,11 +532,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument('--components', type=int, default=28,
                       help='principal components of the embedding filters shown')
   args = parser.parse_args(argv)
-  from vit_jax import checkpoint
 
   try:
     written = inspect(args)
-  except (FileNotFoundError, ValueError, checkpoint.CheckpointMismatchError) as e:
+  except (FileNotFoundError, ValueError, errors.CheckpointMismatchError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
   for path in written:

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import cpu_backend
+from vit_jax import cpu
 from vit_jax.sharding import path_name
 
 _U32 = jnp.uint32
@@ -84,7 +84,7 @@ def of(tree: Any) -> dict[str, str]:
   sums = []  # All dispatched, then read (on XLA:CPU one after the other: cpu_backend).
   for _, x in leaves:
     sums.append(_jitted(_replicated_like(x))(x))
-    if cpu_backend.one_program_at_a_time():
+    if cpu.one_program_at_a_time():
       sums[-1].block_until_ready()
   return {path_name(path): '{:08x}{:08x}'.format(*np.asarray(s.addressable_data(0)))
           for (path, _), s in zip(leaves, sums, strict=True)}

@@ -1,4 +1,4 @@
-"""Tests of vit_jax.checkpoint: the release .npz layout, both ways, and adaptation."""
+"""Tests of vit_jax.checkpoints.release: the release .npz layout, both ways, and adaptation."""
 
 import logging
 import pathlib
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import scipy.ndimage
 
-from vit_jax import checkpoint
+from vit_jax import errors
+from vit_jax.checkpoints import release
 from vit_jax.models import get_model
 
 import numpy_vit
@@ -53,7 +54,7 @@ def bilinear_reference(posemb, old_grid, new_grid, prefix):
 def test_release_layout_of_b16():
   model = get_model('b16', num_classes=1000, representation_size=768)
   x = jax.ShapeDtypeStruct((1, 224, 224, 3), jnp.float32)
-  flat = checkpoint.flatten(jax.eval_shape(model.init, jax.random.key(0), x)['params'])
+  flat = release.flatten(jax.eval_shape(model.init, jax.random.key(0), x)['params'])
   shapes = {k: v.shape for k, v in flat.items()}
   expected = {
       'embedding/kernel': (16, 16, 3, 768), 'embedding/bias': (768,), 'cls': (1, 1, 768),
@@ -80,7 +81,7 @@ def test_release_layout_of_b16():
 def test_hybrid_release_names():
   model = get_model('r50_b16', num_classes=10)
   x = jax.ShapeDtypeStruct((1, 224, 224, 3), jnp.float32)
-  flat = checkpoint.flatten(jax.eval_shape(model.init, jax.random.key(0), x)['params'])
+  flat = release.flatten(jax.eval_shape(model.init, jax.random.key(0), x)['params'])
   for key, shape in [('conv_root/kernel', (7, 7, 3, 64)), ('gn_root/scale', (64,)),
                      ('block1/unit1/conv_proj/kernel', (1, 1, 64, 256)),
                      ('block1/unit1/gn_proj/bias', (256,)),
@@ -97,10 +98,10 @@ def test_save_then_load_is_exact(tmp_path, scan):
   model = small(scan=scan, num_classes=7, representation_size=16)
   params = randomise(init(model))
   path = tmp_path / 'model.npz'
-  checkpoint.save_npz(path, {'params': params})
-  loaded = checkpoint.load_npz(path)
+  release.save_npz(path, {'params': params})
+  loaded = release.load_npz(path)
   assert 'encoderblock_1' in loaded['Transformer']  # Always the release layout on disk.
-  chex.assert_trees_all_equal(checkpoint.to_model_layout(loaded, scanned=scan),
+  chex.assert_trees_all_equal(release.to_model_layout(loaded, scanned=scan),
                               jax.tree.map(np.asarray, params))
   # Plain numpy reads the file with the release's flat keys.
   with np.load(path) as f:
@@ -111,8 +112,8 @@ def test_save_then_load_is_exact(tmp_path, scan):
 
 def test_bfloat16_params_export_as_float32(tmp_path):
   params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), init(small()))
-  checkpoint.save_npz(tmp_path / 'm.npz', params)
-  loaded = checkpoint.load_npz(tmp_path / 'm.npz')
+  release.save_npz(tmp_path / 'm.npz', params)
+  loaded = release.load_npz(tmp_path / 'm.npz')
   assert all(x.dtype == np.float32 for x in jax.tree.leaves(loaded))
 
 
@@ -123,21 +124,21 @@ def test_file_from_independent_implementation_gives_its_logits(tmp_path):
                                          grid=(4, 4), classes=6, representation=24)
   np.savez(tmp_path / 'independent.npz', **flat)
   model = small(num_classes=6, representation_size=24)
-  params = checkpoint.load_npz(tmp_path / 'independent.npz')
+  params = release.load_npz(tmp_path / 'independent.npz')
   x = images(model)
   ours = model.apply({'params': params}, x)
   chex.assert_trees_all_close(ours, numpy_vit.forward(flat, x).astype(np.float32),
                               atol=1e-4, rtol=1e-4)
   scanned = small(num_classes=6, representation_size=24, scan=True)
   chex.assert_trees_all_close(
-      scanned.apply({'params': checkpoint.to_model_layout(params, scanned=True)}, x), ours,
+      scanned.apply({'params': release.to_model_layout(params, scanned=True)}, x), ours,
       atol=1e-5, rtol=1e-5)
 
 
 def test_exported_file_gives_our_logits_in_independent_implementation(tmp_path):
   model = small(num_classes=6, scan=True)
   params = randomise(init(model))
-  checkpoint.save_npz(tmp_path / 'ours.npz', params)
+  release.save_npz(tmp_path / 'ours.npz', params)
   with np.load(tmp_path / 'ours.npz') as f:
     flat = dict(f)
   x = images(model)
@@ -171,13 +172,13 @@ def zeros_like_init(model):
 def test_big_vision_checkpoints_give_big_vision_logits(name):
   expected = np.load(BIG_VISION / 'logits.npz')
   path = BIG_VISION / f'{name}.npz'
-  released = checkpoint.load_npz(path)
+  released = release.load_npz(path)
   for scan in (False, True):
     model = big_vision_model(scan=scan, **BIG_VISION_FILES[name])
-    params = checkpoint.to_model_layout(released, scanned=scan)
+    params = release.to_model_layout(released, scanned=scan)
     chex.assert_trees_all_close(jax.jit(model.apply)({'params': params}, expected['images']),
                                 expected[name], atol=1e-5, rtol=1e-5)
-    loaded = checkpoint.load_pretrained(path, zeros_like_init(model), model, keep_head=True)
+    loaded = release.load_pretrained(path, zeros_like_init(model), model, keep_head=True)
     chex.assert_trees_all_equal(loaded, params)
   if BIG_VISION_FILES[name]['pool'] == 'token':  # The class token's row: zero, added.
     posemb = released['Transformer']['posembed_input']['pos_embedding']
@@ -190,19 +191,19 @@ def test_big_vision_checkpoints_give_big_vision_logits(name):
 
 def test_big_vision_checkpoint_fine_tunes_at_other_grids(caplog):
   path = BIG_VISION / 'tok_params.npz'
-  source = checkpoint.load_npz(path)['Transformer']['posembed_input']['pos_embedding']
+  source = release.load_npz(path)['Transformer']['posembed_input']['pos_embedding']
   caplog.set_level(logging.INFO)
   for size, grid in (((24, 16), (6, 4)), ((32, 32), (8, 8))):  # Transposed; larger.
     model = big_vision_model(size, pool='token')
     caplog.clear()
-    params = checkpoint.load_pretrained(path, zeros_like_init(model), model, source_grid=(4, 6))
+    params = release.load_pretrained(path, zeros_like_init(model), model, source_grid=(4, 6))
     chex.assert_trees_all_close(params['Transformer']['posembed_input']['pos_embedding'],
                                 bilinear_reference(source, (4, 6), grid, 1), atol=1e-6)
     assert f'from the 4x6 grid to the {grid[0]}x{grid[1]} grid' in caplog.text
   # Without its grid, a same-sized source is taken as the model's grid, and that is said.
   transposed = big_vision_model((24, 16), pool='token')
   caplog.clear()
-  params = checkpoint.load_pretrained(path, zeros_like_init(transposed), transposed)
+  params = release.load_pretrained(path, zeros_like_init(transposed), transposed)
   chex.assert_trees_all_equal(params['Transformer']['posembed_input']['pos_embedding'], source)
   assert "taken as the model's 6x4 grid (pass source_grid" in caplog.text
 
@@ -212,12 +213,12 @@ def test_big_vision_checkpoint_fine_tunes_at_other_grids(caplog):
 def test_load_pretrained_resizes_position_embeddings(tmp_path, pool, target_size, target_grid):
   source = small(image_size=32, pool=pool, num_classes=10)
   source_params = randomise(init(source))
-  checkpoint.save_npz(tmp_path / 'src.npz', source_params)
+  release.save_npz(tmp_path / 'src.npz', source_params)
 
   target = small(image_size=target_size, pool=pool, num_classes=3)
   assert target.grid == target_grid
   init_params = init(target, seed=5)
-  params = checkpoint.load_pretrained(tmp_path / 'src.npz', init_params, target)
+  params = release.load_pretrained(tmp_path / 'src.npz', init_params, target)
 
   prefix = 1 if pool == 'token' else 0
   posemb = params['Transformer']['posembed_input']['pos_embedding']
@@ -228,8 +229,8 @@ def test_load_pretrained_resizes_position_embeddings(tmp_path, pool, target_size
   # New zero head for 3 classes; everything else bit-identical to the source.
   chex.assert_trees_all_equal(params['head'], jax.tree.map(np.asarray, init_params['head']))
   chex.assert_trees_all_equal(params['head']['kernel'], np.zeros((32, 3), np.float32))
-  rest = lambda p: {k: v for k, v in checkpoint.flatten(p).items()
-                    if k.split('/')[0] != 'head' and k != checkpoint.POSEMB_KEY}
+  rest = lambda p: {k: v for k, v in release.flatten(p).items()
+                    if k.split('/')[0] != 'head' and k != release.POSEMB_KEY}
   chex.assert_trees_all_equal(rest(params), jax.tree.map(np.asarray, rest(source_params)))
   chex.assert_shape(target.apply({'params': params}, images(target)), (2, 3))
 
@@ -238,9 +239,9 @@ def test_224_to_384_with_class_token(tmp_path):
   kw = dict(num_layers=1)
   source = get_model('ti16', num_classes=10, image_size=224, **kw)
   source_params = init(source)
-  checkpoint.save_npz(tmp_path / 'ti16_224.npz', source_params)
+  release.save_npz(tmp_path / 'ti16_224.npz', source_params)
   target = get_model('ti16', num_classes=10, image_size=384, **kw)
-  params = checkpoint.load_pretrained(tmp_path / 'ti16_224.npz', init(target), target)
+  params = release.load_pretrained(tmp_path / 'ti16_224.npz', init(target), target)
   expected = bilinear_reference(
       np.asarray(source_params['Transformer']['posembed_input']['pos_embedding']),
       (14, 14), (24, 24), 1)
@@ -253,18 +254,18 @@ def test_224_to_384_with_class_token(tmp_path):
 
 def test_non_square_source_needs_its_grid(tmp_path):
   source = small(image_size=(32, 48))
-  checkpoint.save_npz(tmp_path / 'wide.npz', init(source))
+  release.save_npz(tmp_path / 'wide.npz', init(source))
   target = small(image_size=(48, 48))
   with pytest.raises(ValueError, match='not a square grid'):
-    checkpoint.load_pretrained(tmp_path / 'wide.npz', init(target), target)
-  params = checkpoint.load_pretrained(tmp_path / 'wide.npz', init(target), target,
+    release.load_pretrained(tmp_path / 'wide.npz', init(target), target)
+  params = release.load_pretrained(tmp_path / 'wide.npz', init(target), target,
                                       source_grid=(4, 6))
   chex.assert_shape(params['Transformer']['posembed_input']['pos_embedding'], (1, 37, 32))
   # The transposed grid has as many positions, and is resized all the same.
   transposed = small(image_size=(48, 32))
-  params = checkpoint.load_pretrained(tmp_path / 'wide.npz', zeros_like_init(transposed),
+  params = release.load_pretrained(tmp_path / 'wide.npz', zeros_like_init(transposed),
                                       transposed, source_grid=(4, 6))
-  source = checkpoint.load_npz(tmp_path / 'wide.npz')['Transformer']['posembed_input']
+  source = release.load_npz(tmp_path / 'wide.npz')['Transformer']['posembed_input']
   chex.assert_trees_all_close(params['Transformer']['posembed_input']['pos_embedding'],
                               bilinear_reference(source['pos_embedding'], (4, 6), (6, 4), 1),
                               atol=1e-6)
@@ -274,18 +275,18 @@ def test_non_square_source_needs_its_grid(tmp_path):
 def test_pre_logits_kept_or_dropped_as_configured(tmp_path, scan):
   source = small(representation_size=16, num_classes=10)
   source_params = randomise(init(source))
-  checkpoint.save_npz(tmp_path / 'i21k.npz', source_params)
+  release.save_npz(tmp_path / 'i21k.npz', source_params)
 
   keep = small(representation_size=16, num_classes=3, scan=scan)
-  params = checkpoint.load_pretrained(tmp_path / 'i21k.npz', init(keep), {
+  params = release.load_pretrained(tmp_path / 'i21k.npz', init(keep), {
       'name': 'ti16', 'num_classes': 3, 'image_size': 32, 'representation_size': 16,
       'scan': scan, **SMALL})
   chex.assert_trees_all_equal(params['pre_logits'],
                               jax.tree.map(np.asarray, source_params['pre_logits']))
-  assert checkpoint.is_scanned(params) == scan
+  assert release.is_scanned(params) == scan
 
   drop = small(num_classes=3, scan=scan)
-  params = checkpoint.load_pretrained(tmp_path / 'i21k.npz', init(drop), drop)
+  params = release.load_pretrained(tmp_path / 'i21k.npz', init(drop), drop)
   assert 'pre_logits' not in params
   chex.assert_trees_all_equal_structs(params, init(drop))
 
@@ -293,24 +294,24 @@ def test_pre_logits_kept_or_dropped_as_configured(tmp_path, scan):
 def test_keep_head(tmp_path):
   model = small(num_classes=5)
   params = randomise(init(model))
-  checkpoint.save_npz(tmp_path / 'ft.npz', params)
-  loaded = checkpoint.load_pretrained(tmp_path / 'ft.npz', init(model), model, keep_head=True)
+  release.save_npz(tmp_path / 'ft.npz', params)
+  loaded = release.load_pretrained(tmp_path / 'ft.npz', init(model), model, keep_head=True)
   chex.assert_trees_all_equal(loaded, jax.tree.map(np.asarray, params))
-  with pytest.raises(checkpoint.CheckpointMismatchError, match=r'head/kernel: \(32, 5\) vs'):
+  with pytest.raises(errors.CheckpointMismatchError, match=r'head/kernel: \(32, 5\) vs'):
     other = small(num_classes=9)
-    checkpoint.load_pretrained(tmp_path / 'ft.npz', init(other), other, keep_head=True)
+    release.load_pretrained(tmp_path / 'ft.npz', init(other), other, keep_head=True)
 
 
 def test_b16_into_s16_fails_listing_the_keys(tmp_path):
   x = jax.ShapeDtypeStruct((1, 224, 224, 3), jnp.float32)
   b16 = get_model('b16', num_classes=10)
-  shapes = checkpoint.flatten(jax.eval_shape(b16.init, jax.random.key(0), x)['params'])
+  shapes = release.flatten(jax.eval_shape(b16.init, jax.random.key(0), x)['params'])
   np.savez(tmp_path / 'ViT-B_16.npz', **{k: np.zeros(v.shape, np.float32)
                                           for k, v in shapes.items()})
   s16 = get_model('s16', num_classes=10)
   s16_params = jax.eval_shape(s16.init, jax.random.key(0), x)['params']
-  with pytest.raises(checkpoint.CheckpointMismatchError) as error:
-    checkpoint.load_pretrained(tmp_path / 'ViT-B_16.npz', s16_params, s16)
+  with pytest.raises(errors.CheckpointMismatchError) as error:
+    release.load_pretrained(tmp_path / 'ViT-B_16.npz', s16_params, s16)
   message = str(error.value)
   assert 'does not fit the model ViT-S_16' in message
   assert 'embedding/kernel: (16, 16, 3, 768) vs (16, 16, 3, 384)' in message
@@ -322,32 +323,32 @@ def test_b16_into_s16_fails_listing_the_keys(tmp_path):
 
 
 def test_deeper_checkpoint_lists_extra_and_missing(tmp_path):
-  checkpoint.save_npz(tmp_path / 'deep.npz', init(small(num_layers=3)))
+  release.save_npz(tmp_path / 'deep.npz', init(small(num_layers=3)))
   shallow = small(num_layers=2)
-  with pytest.raises(checkpoint.CheckpointMismatchError,
+  with pytest.raises(errors.CheckpointMismatchError,
                      match=r'in the checkpoint but not in the model \(16\):\n'
                            r'    Transformer/encoderblock_2/LayerNorm_0/scale'):
-    checkpoint.load_pretrained(tmp_path / 'deep.npz', init(shallow), shallow)
+    release.load_pretrained(tmp_path / 'deep.npz', init(shallow), shallow)
   deeper = small(num_layers=4)
-  with pytest.raises(checkpoint.CheckpointMismatchError,
+  with pytest.raises(errors.CheckpointMismatchError,
                      match=r'missing from the checkpoint \(16\)'):
-    checkpoint.load_pretrained(tmp_path / 'deep.npz', init(deeper), deeper)
+    release.load_pretrained(tmp_path / 'deep.npz', init(deeper), deeper)
 
 
 def test_bad_files_get_clear_errors(tmp_path):
   with pytest.raises(FileNotFoundError, match='No checkpoint file at .*nothing.npz'):
-    checkpoint.load_npz(tmp_path / 'nothing.npz')
+    release.load_npz(tmp_path / 'nothing.npz')
   (tmp_path / 'notes.txt').write_text('not a checkpoint')
   with pytest.raises(ValueError, match='notes.txt is not a .npz checkpoint'):
-    checkpoint.load_npz(tmp_path / 'notes.txt')
+    release.load_npz(tmp_path / 'notes.txt')
   np.save(tmp_path / 'array.npy', np.zeros(3))
   with pytest.raises(ValueError, match='array.npy is not a .npz checkpoint.*single array'):
-    checkpoint.load_npz(tmp_path / 'array.npy')
+    release.load_npz(tmp_path / 'array.npy')
   np.savez(tmp_path / 'other.npz', weights=np.zeros(3), bias=np.zeros(2))
   with pytest.raises(ValueError, match='other.npz is not a ViT release checkpoint.*bias, weights'):
-    checkpoint.load_npz(tmp_path / 'other.npz')
+    release.load_npz(tmp_path / 'other.npz')
   good = tmp_path / 'good.npz'
-  checkpoint.save_npz(good, init(small()))
+  release.save_npz(good, init(small()))
   (tmp_path / 'truncated.npz').write_bytes(good.read_bytes()[:2000])
   with pytest.raises(ValueError, match='truncated.npz is not a .npz checkpoint'):
-    checkpoint.load_npz(tmp_path / 'truncated.npz')
+    release.load_npz(tmp_path / 'truncated.npz')
