@@ -102,7 +102,7 @@ def get_config() -> ml_collections.ConfigDict:
   # parallelism x tensor parallelism (heads and MLP units split). data=-1 takes the
   # devices that fsdp and tensor leave. shard_state: the parameters and optimizer state
   # are stored split over the data axis too, gathered once per step; None: on TPUs and
-  # GPUs, off on CPUs (vit_jax/cpu.py).
+  # GPUs, off on CPUs (vit_jax/cpu/).
   config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1,
                                                shard_state=_none(bool)))
 

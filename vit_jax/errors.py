@@ -50,10 +50,15 @@ def one_line(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
     try:
       return main(argv)
     except UserError as e:
-      message = ' '.join(str(e).split())  # One line, whatever the message held.
-      print(f'error: {message}', file=sys.stderr, flush=True)
-      sys.exit(EXIT_STATUS)
+      sys.exit(report(e))
   return wrapped
+
+
+def report(e: BaseException) -> int:
+  """Prints ``e`` as one line, ``error: ...``, on stderr; returns the exit status (2)."""
+  message = ' '.join(str(e).split())  # One line, whatever the message held.
+  print(f'error: {message}', file=sys.stderr, flush=True)
+  return EXIT_STATUS
 
 
 def run(main: Callable[[list[str]], Any], **kwargs: Any) -> None:

@@ -10,6 +10,7 @@ Orbax checkpoints and exact resume.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import signal
@@ -435,6 +436,7 @@ class _MetricsLog:
     from clu import metric_writers
 
     self.main = jax.process_index() == 0
+    self.workdir = workdir
     self.jsonl = epath.Path(workdir) / 'metrics.jsonl'
     self.append = '://' not in str(workdir) if append is None else append
     self.lines: list[str] = []
@@ -527,6 +529,117 @@ class _Clock:
     return time.perf_counter() - self.loop - self.compile - self.eval
 
 
+@dataclasses.dataclass(frozen=True)
+class _Speed:
+  """The model FLOPs of a training image and the devices' peak: the MFU of a rate."""
+
+  flops_per_image: float | None  # None where the compiler gives no count.
+  peak: float  # FLOP/s of all the run's devices.
+  peak_source: str
+
+  def mfu(self, images_per_s: float) -> float | None:
+    return self.flops_per_image * images_per_s / self.peak if self.flops_per_image else None
+
+
+def _compile(train_step: Callable, inputs: Any, plan: Plan, clock: _Clock) -> _Speed:
+  """Compiles the step for ``inputs`` ahead of the loop (its first call reuses the program)
+  and reads its FLOPs; the time goes to ``clock.compile``."""
+  started = time.perf_counter()
+  compiled = train_step.lower(*inputs).compile()
+  clock.compile = time.perf_counter() - started
+  model, config = plan.model, plan.config
+  flops = mfu.train_flops_per_image(model, compiled, plan.mesh.size, config.batch_size)
+  dtypes = (jnp.dtype(model.dtype).name, _matmul_dtype(model))
+  peak, how = mfu.device_peak('bfloat16' if 'bfloat16' in dtypes else 'float32')
+  logging.info('Training steps %d-%d, batch %d. MFU: %.4g MFLOP a training image (model '
+               'FLOPs) over %s.', int(jax.device_get(inputs[0].step)) + 1, plan.total_steps,
+               config.batch_size, (flops or 0) / 1e6, how)
+  return _Speed(flops, peak, how)
+
+
+def _matmul_dtype(model: nn.Module) -> str | None:
+  return model.matmul_dtype and jnp.dtype(model.matmul_dtype).name
+
+
+def _starting_state(state: TrainState, state_shardings: Any, manager: Any,
+                    plan: Plan) -> TrainState:
+  """The state the run starts from: its newest good checkpoint, else ``config.init_from``'s
+  parameters adapted to this model (fine-tuning: a fresh optimizer state and step), else
+  ``state`` as initialised."""
+  config = plan.config
+  if manager.latest_step() is not None:
+    # The newest checkpoint that passes its checksums; damaged ones are moved aside.
+    state = manager_lib.resume(manager, manager_lib.abstract_like(state, state_shardings))
+    logging.info('Resumed from %s at step %d.', manager.directory, int(state.step))
+  elif config.init_from:
+    init_params = jax.tree.map(release.to_host, state.params)
+    params = workdir_lib.init_params_from(
+        config.init_from, init_params, plan.model, step=config.init_step,
+        keep_head=config.init_keep_head)
+    state = state.replace(params=jax.device_put(params, state_shardings.params))
+    logging.info('Initialised from %s.', config.init_from)
+  return state
+
+
+def _evaluate(evaluator: evaluate.Evaluator, state: TrainState, step: int, log: _MetricsLog,
+              clock: _Clock) -> dict[str, float]:
+  """The weights' metrics, and the moving average's as 'ema/...', logged at ``step``."""
+  started = time.perf_counter()
+  result, line = {}, f'eval at step {step}:'
+  for prefix, params in (('', state.params), ('ema/', state.ema_params)):
+    if params is None:
+      continue
+    metrics = evaluator(params)
+    result.update({prefix + k: v for k, v in metrics.items() if not prefix or k != 'examples'})
+    line += (f'{"; EMA" if prefix else ""} {evaluator.metric} {metrics[evaluator.metric]:.4f}, '
+             f'loss {metrics["loss"]:.4f}')
+  if step not in log.evals:  # A finished run evaluated again adds no row.
+    log.write(step, {f'eval/{k}': v for k, v in result.items()})
+  logging.info('%s (%d examples)', line, result['examples'])
+  clock.eval += time.perf_counter() - started
+  return result
+
+
+def _log_interval(step: int, host: list[dict[str, float]], images_per_s: float, eta: float,
+                  speed: _Speed, plan: Plan, log: _MetricsLog) -> None:
+  """The training line: metrics averaged since the last line, speed, MFU and ETA."""
+  scalars = {'train/loss': np.mean([m['loss'] for m in host]),
+             'train/grad_norm': np.mean([m['grad_norm'] for m in host]),
+             'train/learning_rate': host[-1]['learning_rate'],
+             'train/images_per_s': images_per_s,
+             'train/images_per_s_per_device': images_per_s / plan.mesh.size}
+  if (mfu_ := speed.mfu(images_per_s)) is not None:
+    scalars['train/mfu'] = mfu_
+  log.write(step, scalars)
+  logging.info('step %d/%d  loss %.4f  lr %.2e  %s img/s%s  ETA %s', step, plan.total_steps,
+               scalars['train/loss'], scalars['train/learning_rate'], f'{images_per_s:,.0f}',
+               f'  MFU {100 * mfu_:.1f}%' if mfu_ is not None else '', console.duration(eta))
+
+
+def _summary(step: int, start_step: int, plan: Plan, clock: _Clock, speed: _Speed | None,
+             metric: str, log: _MetricsLog, manager: Any) -> None:
+  """The closing lines: steps trained, time and speed, final and best evaluations."""
+  trained = step - start_step
+  line = f'Done: step {step}/{plan.total_steps}'
+  if trained:
+    images_per_s = trained * plan.config.batch_size / max(clock.training(), 1e-9)
+    line += (f', {trained} trained in {console.duration(time.perf_counter() - clock.start)} '
+             f'(compiling {clock.compile:.0f}s, evaluating {clock.eval:.0f}s), '
+             f'{images_per_s:,.0f} img/s')
+    if speed and (mfu_ := speed.mfu(images_per_s)) is not None:
+      line += f', MFU {100 * mfu_:.1f}%'
+  logging.info('%s.', line)
+  for name in ('', 'EMA '):
+    key = f'eval/{"ema/" if name else ""}{metric}'
+    if evals := {s: row[key] for s, row in log.evals.items() if key in row}:
+      best, final = max(evals, key=evals.get), max(evals)
+      logging.info('%seval %s: final %.4f (step %d), best %.4f (step %d).', name, metric,
+                   evals[final], final, evals[best], best)
+  logging.info('Checkpoints: %s (steps %s). Logs: %s, TensorBoard events in %s.',
+               manager.directory, ', '.join(map(str, manager.all_steps())) or 'none',
+               log.jsonl, log.workdir)
+
+
 def _parameter_overview(model: nn.Module, params: Any, workdir: str) -> None:
   """One line for the log; the per-array table into workdir/parameters.txt."""
   from clu import parameter_overview
@@ -546,168 +659,88 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   clock = _Clock()
   plan = validate(config)
   config, model, mesh, total_steps = plan.config, plan.model, plan.mesh, plan.total_steps
-  matmul_dtype = model.matmul_dtype and jnp.dtype(model.matmul_dtype).name
-  for warning in cpu.warnings(matmul_dtype):
+  for warning in cpu.warnings(_matmul_dtype(model)):
     logging.warning(warning)
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-  metric_name = 'prec@1' if config.loss == 'sigmoid_xent' else 'accuracy'
 
+  # The state: resumed, fine-tuned from config.init_from, or fresh.
   schedule = optim.make_schedule(config.schedule, total_steps, plan.warmup_steps)
   tx = optim.make_optimizer(config.optimizer, schedule)
   state, state_shardings = create_train_state(model, tx, config.seed, mesh,
                                               shard_state=plan.shard_state)
-
-  checkpoint_every = config.checkpoint_every_steps
-  manager = manager_lib.make_manager(workdir, every_steps=checkpoint_every,
-                                            keep=config.keep_checkpoints)
-  if manager.latest_step() is None and config.init_from:
-    # Fine-tuning: only the parameters of an earlier run or a release file, adapted
-    # to this model, placed on this run's mesh; a fresh optimizer state and step.
-    init_params = jax.tree.map(release.to_host, state.params)
-    params = workdir_lib.init_params_from(
-        config.init_from, init_params, model, step=config.init_step,
-        keep_head=config.init_keep_head)
-    state = state.replace(params=jax.device_put(params, state_shardings.params))
-    logging.info('Initialised from %s.', config.init_from)
-  if manager.latest_step() is not None:
-    # The newest checkpoint that passes its checksums; damaged ones are moved aside.
-    state = manager_lib.resume(
-        manager, manager_lib.abstract_like(state, state_shardings))
-    logging.info('Resumed from %s at step %d.', manager.directory, int(state.step))
+  manager = manager_lib.make_manager(workdir, every_steps=config.checkpoint_every_steps,
+                                     keep=config.keep_checkpoints)
+  state = _starting_state(state, state_shardings, manager, plan)
   start_step = int(jax.device_get(state.step))
 
   log = _MetricsLog(workdir, start_step)
   if log.main:  # What this workdir holds, for the tools that read it later.
     workdir_lib.write_run_info(workdir, config, plan.num_classes,
                                tuple(getattr(plan.train_source, 'class_names', ())))
-  if start_step == 0 and log.main:
-    _parameter_overview(model, state.params, workdir)
-    log.writer.write_hparams({k: str(v) for k, v in config.items()})
+    if start_step == 0:
+      _parameter_overview(model, state.params, workdir)
+      log.writer.write_hparams({k: str(v) for k, v in config.items()})
 
+  # The programs and the data.
   train_step = make_train_step(model, tx, schedule, config, mesh, state_shardings)
-  eval_step = evaluate.make_eval_step(model, config.loss, state_shardings.params,
-                                      sharding.batch_sharding(mesh), sharding.replicated(mesh))
+  evaluator = evaluate.make_evaluator(plan, state_shardings.params)
   train_loader = loader.TrainLoader(
       plan.train_source, plan.pp_train, global_batch_size=config.batch_size,
       seed=config.seed, sharding=sharding.batch_sharding(mesh),
       num_classes=plan.num_classes, num_workers=config.input_workers)
-
-  def run_eval(step: int) -> dict[str, float]:
-    """The weights' metrics, and the moving average's as 'ema/...'."""
-    started = time.perf_counter()
-    result, line = {}, f'eval at step {step}:'
-    for prefix, params in (('', state.params), ('ema/', state.ema_params)):
-      if params is None:
-        continue
-      batches = loader.eval_batches(
-          plan.eval_source, plan.pp_eval, global_batch_size=config.eval_batch_size,
-          sharding=sharding.batch_sharding(mesh), num_classes=plan.num_classes,
-          num_workers=config.input_workers)
-      metrics = evaluate.evaluate(eval_step, params, batches, metric_name)
-      result.update({prefix + k: v for k, v in metrics.items() if not prefix or k != 'examples'})
-      line += (f'{"; EMA" if prefix else ""} {metric_name} {metrics[metric_name]:.4f}, loss '
-               f'{metrics["loss"]:.4f}')
-    if step not in log.evals:  # A finished run evaluated again adds no row.
-      log.write(step, {f'eval/{k}': v for k, v in result.items()})
-    logging.info('%s (%d examples)', line, result['examples'])
-    clock.eval += time.perf_counter() - started
-    return result
-
-  def summary(step: int) -> None:
-    trained = step - start_step
-    line = f'Done: step {step}/{total_steps}'
-    if trained:
-      images_per_s = trained * config.batch_size / max(clock.training(), 1e-9)
-      line += (f', {trained} trained in {console.duration(time.perf_counter() - clock.start)} '
-               f'(compiling {clock.compile:.0f}s, evaluating {clock.eval:.0f}s), '
-               f'{images_per_s:,.0f} img/s')
-      if flops_per_image:
-        line += f', MFU {100 * flops_per_image * images_per_s / peak:.1f}%'
-    logging.info('%s.', line)
-    for name in ('', 'EMA '):
-      key = f'eval/{"ema/" if name else ""}{metric_name}'
-      if evals := {s: row[key] for s, row in log.evals.items() if key in row}:
-        best, final = max(evals, key=evals.get), max(evals)
-        logging.info('%seval %s: final %.4f (step %d), best %.4f (step %d).', name,
-                     metric_name, evals[final], final, evals[best], best)
-    logging.info('Checkpoints: %s (steps %s). Logs: %s, TensorBoard events in %s.',
-                 manager.directory, ', '.join(map(str, manager.all_steps())) or 'none',
-                 log.jsonl, workdir)
-
+  stream = batches = train_loader.iterate(start_step)
   preemption = _Preemption()
-  log_every = config.log_every_steps
-  eval_every = config.eval_every_steps
   profile = tuple(config.profile_steps or ())
-  pending: list[tuple[int, Any]] = []  # The steps since the last log line.
-  result: dict[str, float] = {}
-  flops_per_image, peak = None, 1.
-  batches = train_loader.iterate(start_step)
-  clock.loop = time.perf_counter()
-  interval_step, interval_time = start_step, 0.
+  speed, result = None, {}
   try:
+    clock.loop = time.perf_counter()
+    if start_step < total_steps:  # The step compiled for the first batch, before the loop.
+      first = next(stream)
+      speed = _compile(train_step, sharding.inputs_ready((state, first[1])), plan, clock)
+      batches = itertools.chain([first], stream)
+
+    pending: list[tuple[int, Any]] = []  # The steps since the last log line, their metrics.
+    interval_step, interval_time = start_step, clock.training()
     for step in range(start_step + 1, total_steps + 1):
       if profile and step == profile[0]:
         jax.profiler.start_trace(str(epath.Path(workdir) / 'profile'))
       _, batch = next(batches)
-      inputs = sharding.inputs_ready((state, batch))
-      if step == start_step + 1:  # Compiled ahead (the call below reuses it), for its FLOPs.
-        started = time.perf_counter()
-        compiled = train_step.lower(*inputs).compile()
-        clock.compile = time.perf_counter() - started
-        flops_per_image = mfu.train_flops_per_image(model, compiled, mesh.size,
-                                                    config.batch_size)
-        peak, how = mfu.device_peak('bfloat16' if 'bfloat16' in (
-            matmul_dtype, jnp.dtype(model.dtype).name) else 'float32')
-        logging.info('Training steps %d-%d, batch %d. MFU: %.4g MFLOP a training image '
-                     '(model FLOPs) over %s.', step, total_steps, config.batch_size,
-                     (flops_per_image or 0) / 1e6, how)
-        interval_time = clock.training()
-      state, metrics = train_step(*inputs)
+      state, metrics = train_step(*sharding.inputs_ready((state, batch)))
       pending.append((step, metrics))
       if profile and step == profile[1]:
         jax.profiler.stop_trace()
 
-      if step % log_every == 0 or step == total_steps:
+      if step % config.log_every_steps == 0 or step == total_steps:
         host = _host_metrics(pending, manager)
         elapsed = clock.training() - interval_time
-        images_per_s = (step - interval_step) * config.batch_size / elapsed
-        scalars = {'train/loss': np.mean([m['loss'] for m in host]),  # Since the last line.
-                   'train/grad_norm': np.mean([m['grad_norm'] for m in host]),
-                   'train/learning_rate': host[-1]['learning_rate'],
-                   'train/images_per_s': images_per_s,
-                   'train/images_per_s_per_device': images_per_s / mesh.size}
-        if flops_per_image:
-          scalars['train/mfu'] = flops_per_image * images_per_s / peak
-        log.write(step, scalars)
         eta = (total_steps - step) * elapsed / (step - interval_step)
-        logging.info('step %d/%d  loss %.4f  lr %.2e  %s img/s%s  ETA %s', step, total_steps,
-                     scalars['train/loss'], scalars['train/learning_rate'],
-                     f'{images_per_s:,.0f}',
-                     f'  MFU {100 * scalars["train/mfu"]:.1f}%' if flops_per_image else '',
-                     console.duration(eta))
+        _log_interval(step, host, (step - interval_step) * config.batch_size / elapsed, eta,
+                      speed, plan, log)
         pending, interval_step, interval_time = [], step, clock.training()
-
       if preemption.reached(manager, step):
         _host_metrics(pending, manager)
         manager_lib.save(manager, step, state, force=True)
         manager.wait_until_finished()
         logging.warning('Preempted: saved step %d; restart with the same workdir to resume.',
                         step)
-        summary(step)
+        _summary(step, start_step, plan, clock, speed, evaluator.metric, log, manager)
         return result
-      if step % checkpoint_every == 0 or step == total_steps:
+      if step % config.checkpoint_every_steps == 0 or step == total_steps:
         _host_metrics(pending, manager)
         manager_lib.save(manager, step, state, force=True)
-      if (eval_every and step % eval_every == 0) or step == total_steps:
-        result = run_eval(step)
+      if (config.eval_every_steps and step % config.eval_every_steps == 0
+          or step == total_steps):
+        result = _evaluate(evaluator, state, step, log, clock)
+
     if start_step >= total_steps:
       logging.info('The run in %s is already complete (step %d).', workdir, start_step)
-      result = run_eval(start_step)
+      result = _evaluate(evaluator, state, start_step, log, clock)
     manager.wait_until_finished()
-    summary(max(start_step, total_steps))
+    _summary(max(start_step, total_steps), start_step, plan, clock, speed, evaluator.metric,
+             log, manager)
   finally:
     preemption.close()
-    batches.close()
+    stream.close()
     manager.wait_until_finished()
     manager.close()
     log.close()

@@ -8,23 +8,19 @@ inspection start from here, or from a release .npz file.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import os
 from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 from etils import epath
 
-from vit_jax import config_base, errors, sharding
+from vit_jax import config_base, errors
 from vit_jax.checkpoints import manager as manager_lib
 from vit_jax.checkpoints import release
-from vit_jax.models import VisionTransformer, get_model, registry
-from vit_jax.models.vit import pair
+from vit_jax.models import VisionTransformer, get_model
 
 CONFIG_FILE = 'config.json'
 CLASSES_FILE = 'classes.json'
@@ -104,54 +100,24 @@ def restore_params(workdir: str | os.PathLike, step: int | None = None,
   recorded; a damaged one raises ``errors.CheckpointError`` naming the other steps.
   """
   step = resolve_step(workdir, step)
-  step_dir = epath.Path(workdir) / CHECKPOINTS / str(step)
-  try:
-    arrays = manager_lib.recorded(step_dir)
-    metadata = ocp.PyTreeCheckpointHandler().metadata(step_dir / 'default').tree['params']
-    with ocp.PyTreeCheckpointer() as checkpointer:
-      if mesh is None:
-        abstract = jax.tree.map(lambda m: 0, metadata)
-        restore_args = jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray),
-                                    metadata)
-      else:
-        shapes = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), metadata)
-        shardings = sharding.shardings_for(shapes, mesh)
-        abstract = jax.tree.map(
-            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
-        restore_args = ocp.checkpoint_utils.construct_restore_args(abstract)
-      restored = checkpointer.restore(step_dir / 'default', args=ocp.args.PyTreeRestore(
-          item={'params': abstract}, restore_args={'params': restore_args},
-          partial_restore=True))
-    problem = manager_lib.verify({'params': restored['params']}, arrays, step_dir)
-  except manager_lib.READ_ERRORS as e:
-    manager_lib.silence_abandoned_reads()
-    problem = str(e) if isinstance(e, errors.CheckpointError) else manager_lib.short(e)
+  params, problem = manager_lib.restore_params(epath.Path(workdir) / CHECKPOINTS / str(step),
+                                               mesh)
   if problem:
     others = [s for s in steps(workdir) if s != step]
     raise errors.CheckpointError(
         f'The checkpoint at step {step} in {workdir} is damaged: {problem}. Use another step'
         f'{f" (it has {others})" if others else ""}, or train again.')
-  return restored['params'], step
+  return params, step
 
 
-@dataclasses.dataclass(frozen=True)
-class Loaded:
-  """A trained model, ready to apply: ``model.apply({'params': params}, images)``."""
-
-  model: VisionTransformer
-  params: dict[str, Any]
-  class_names: tuple[str, ...]
-  source: str  # 'DIR (step N)' or the .npz path.
-  config: ml_collections.ConfigDict | None = None
-
-
-def load_run(workdir: str | os.PathLike, step: int | None = None) -> Loaded:
+def load_run(workdir: str | os.PathLike, step: int | None = None) -> release.Loaded:
   """The model and parameters of a run's checkpoint (the latest unless ``step``)."""
   config = load_config(workdir)
   params, step = restore_params(workdir, step)
   num_classes = int(np.shape(params['head']['kernel'])[-1])
   model = model_from_config(config, num_classes)
-  return Loaded(model, params, load_class_names(workdir), f'{workdir} (step {step})', config)
+  return release.Loaded(model, params, load_class_names(workdir), f'{workdir} (step {step})',
+                        config)
 
 
 def init_params_from(source: str, init_params: dict[str, Any], model: VisionTransformer, *,
@@ -173,86 +139,3 @@ def init_params_from(source: str, init_params: dict[str, Any], model: VisionTran
   if step is not None:
     raise ValueError(f'init_step={step} is given, but {source} is a .npz file, not a workdir.')
   return release.load_pretrained(source, init_params, model, keep_head=keep_head)
-
-
-def npz_architecture(flat: dict[str, Any]) -> dict[str, Any]:
-  """The ``VisionTransformer`` attributes a release file's shapes imply.
-
-  ``flat`` is ``release.flatten(release.load_npz(path))``. Width, depth,
-  MLP width, heads, patch size, BiT stem, pooling, pre-logits, position
-  embeddings and classes all follow from the arrays; ``image_size`` is the one
-  the position embeddings were trained at (square grids; 224 when unknown).
-  """
-  ph, pw, _, width = np.shape(flat['embedding/kernel'])
-  blocks = sorted({int(k.split('/')[1].rsplit('_', 1)[1]) for k in flat
-                   if k.startswith('Transformer/encoderblock_')})
-  if not blocks:
-    raise ValueError('The checkpoint has no Transformer/encoderblock_{i}: not a ViT file.')
-  block = 'Transformer/encoderblock_0/'
-  arch: dict[str, Any] = dict(
-      hidden_size=int(width), num_layers=len(blocks), patch_size=(int(ph), int(pw)),
-      mlp_dim=int(np.shape(flat[block + 'MlpBlock_3/Dense_0/kernel'])[-1]),
-      num_heads=int(np.shape(flat[block + 'MultiHeadDotProductAttention_1/query/kernel'])[1]),
-      pool='token' if 'cls' in flat else
-      'map' if any(k.startswith('MAPHead_0/') for k in flat) else 'gap',
-      representation_size=(int(np.shape(flat['pre_logits/kernel'])[-1])
-                           if 'pre_logits/kernel' in flat else None),
-      posemb='learn' if release.POSEMB_KEY in flat else 'sincos2d')
-  stride = 1
-  if 'conv_root/kernel' in flat:
-    units = {}
-    for key in flat:
-      parts = key.split('/')
-      if parts[0].startswith('block') and parts[0][5:].isdigit() and len(parts) > 1:
-        units.setdefault(int(parts[0][5:]), set()).add(parts[1])
-    arch['resnet_layers'] = tuple(len(units[i]) for i in sorted(units))
-    arch['resnet_width'] = int(np.shape(flat['conv_root/kernel'])[-1]) // 64
-    stride = 4 * 2**max(len(arch['resnet_layers']) - 1, 0)
-  size = 224
-  if arch['posemb'] == 'learn':
-    n = np.shape(flat[release.POSEMB_KEY])[1] - (arch['pool'] == 'token')
-    side = math.isqrt(n)
-    if side * side == n:
-      size = side * stride * int(ph)
-  arch['image_size'] = size
-  return arch
-
-
-def load_npz_model(path: str | os.PathLike, model_name: str | None = None,
-                   image_size: int | tuple[int, int] | None = None,
-                   class_names: tuple[str, ...] = ()) -> Loaded:
-  """A release (or exported) .npz file as a model with its parameters.
-
-  The architecture is read from the file's shapes (``npz_architecture``) and
-  named after the registry's model of that shape; ``model_name`` picks a
-  registry model instead (the file must fit it). ``image_size`` defaults to the
-  file's own resolution; another size gets bilinearly resized position
-  embeddings. Mismatches raise ``errors.CheckpointMismatchError``, which
-  says what the file holds.
-  """
-  flat = release.flatten(release.load_npz(path))
-  arch = npz_architecture(flat)
-  size = arch.pop('image_size') if image_size is None else image_size
-  arch.pop('image_size', None)
-  num_classes = int(np.shape(flat['head/kernel'])[-1]) if 'head/kernel' in flat else None
-  file_options = {k: arch[k] for k in ('pool', 'representation_size', 'posemb')}
-  if model_name:
-    model = get_model(model_name, num_classes=num_classes, image_size=size, **file_options)
-  else:
-    shape_keys = ('hidden_size', 'num_layers', 'mlp_dim', 'num_heads', 'patch_size')
-    matches = [n for n in registry.list_models()
-               if all(pair(v) == pair(arch[k]) if k == 'patch_size' else v == arch[k]
-                      for k, v in registry.model_kwargs(n).items() if k in shape_keys)
-               and registry.model_kwargs(n).get('resnet_layers') == arch.get('resnet_layers')]
-    if matches:
-      model = get_model(matches[0], num_classes=num_classes, image_size=size, **file_options)
-    else:
-      p = pair(arch['patch_size'])
-      description = (f'ViT (width {arch["hidden_size"]}, {arch["num_layers"]} layers, '
-                     f'{p[0]}x{p[1]} patches{", hybrid" if "resnet_layers" in arch else ""})')
-      model = get_model('b16', num_classes=num_classes, image_size=size,
-                        model_name=description, **arch)
-  init = jax.eval_shape(model.init, jax.random.key(0),
-                        jax.ShapeDtypeStruct((1, *pair(size), 3), np.float32))['params']
-  params = release.adapt(flat, init, model, keep_head=True, origin=str(path))
-  return Loaded(model, params, tuple(class_names), str(path))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging as std_logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -31,9 +32,8 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from vit_jax import errors
+from vit_jax import errors, sharding
 from vit_jax.checkpoints import checksum
-from vit_jax.sharding import path_name
 
 ARRAYS = 'vit_jax_arrays'  # Key of ``describe``'s record in the step's custom metadata.
 STEP_METADATA = '_CHECKPOINT_METADATA'  # Orbax's per-step metadata file.
@@ -147,7 +147,7 @@ def resume(manager: ocp.CheckpointManager, abstract_state: Any) -> Any | None:
 
 
 def _leaves(tree: Any) -> dict[str, Any]:
-  return {path_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return {sharding.path_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def short(e: BaseException) -> str:
@@ -160,11 +160,51 @@ def _restore_verified(manager: ocp.CheckpointManager, abstract_state: Any,
                       step: int) -> tuple[Any, str]:
   """(state, '') or (None, its problem); the same on every process."""
   step_dir = epath.Path(manager.directory) / str(step)
-  state, arrays, problem = None, None, ''
+
+  def read(arrays: dict[str, dict[str, Any]] | None) -> Any:
+    _check_fits(arrays, abstract_state, step_dir)
+    return manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+
+  return _read_verified(step_dir, read)
+
+
+def restore_params(step_dir: epath.Path,
+                   mesh: jax.sharding.Mesh | None = None) -> tuple[Any, str]:
+  """(the parameters of the checkpoint in ``step_dir``, '') or (None, its problem).
+
+  Only the parameters are read (not the optimizer state). With ``mesh`` they are
+  placed on it, sharded by ``vit_jax.sharding``'s rules whatever mesh they were saved
+  from; without, as numpy arrays on the host.
+  """
+
+  def read(arrays: dict[str, dict[str, Any]] | None) -> Any:
+    metadata = ocp.PyTreeCheckpointHandler().metadata(step_dir / 'default').tree['params']
+    if mesh is None:
+      abstract = jax.tree.map(lambda m: 0, metadata)
+      restore_args = jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
+    else:
+      shapes = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), metadata)
+      abstract = abstract_like(shapes, sharding.shardings_for(shapes, mesh))
+      restore_args = ocp.checkpoint_utils.construct_restore_args(abstract)
+    with ocp.PyTreeCheckpointer() as checkpointer:
+      restored = checkpointer.restore(step_dir / 'default', args=ocp.args.PyTreeRestore(
+          item={'params': abstract}, restore_args={'params': restore_args},
+          partial_restore=True))
+    return {'params': restored['params']}
+
+  tree, problem = _read_verified(step_dir, read)
+  return (None, problem) if problem else (tree['params'], '')
+
+
+def _read_verified(step_dir: epath.Path,
+                   read: Callable[[dict[str, dict[str, Any]] | None], Any]) -> tuple[Any, str]:
+  """The one restore-and-verify path: ``read(record)`` restores (part of) the checkpoint in
+  ``step_dir``, then every array read is checked against the checksums recorded when it was
+  written. (tree, '') or (None, the problem), the same on every process."""
+  tree, arrays, problem = None, None, ''
   try:
     arrays = recorded(step_dir)
-    _check_fits(arrays, abstract_state, step_dir)
-    state = manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+    tree = read(arrays)
   except errors.CheckpointMismatchError:
     raise  # Another model's state: the config changed, nothing is damaged.
   except errors.CheckpointError as e:
@@ -173,14 +213,14 @@ def _restore_verified(manager: ocp.CheckpointManager, abstract_state: Any,
     silence_abandoned_reads()
     if arrays is None and (step_dir / STEP_METADATA).exists():
       # No record to tell damage from another model's state: leave it where it is.
-      raise errors.CheckpointError(f'The checkpoint at step {step} in {manager.directory} '
-                                   f'cannot be restored: {short(e)}.') from None
+      raise errors.CheckpointError(f'The checkpoint at step {step_dir.name} in '
+                                   f'{step_dir.parent} cannot be restored: {short(e)}.') from None
     problem = short(e)
   if _anywhere(bool(problem)) and not problem:
     problem = 'another process could not read it (see its log)'
   if not problem:  # Collective, so only once every process holds the state.
-    problem = verify(state, arrays, step_dir)
-  return (None, problem) if problem else (state, '')
+    problem = verify(tree, arrays, step_dir)
+  return (None, problem) if problem else (tree, '')
 
 
 def silence_abandoned_reads() -> None:

@@ -20,6 +20,7 @@ row ``load_npz`` puts in. Its other differences: a ``params/`` (or Flax optimize
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -385,3 +386,97 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
     log('head: new zero-initialised classifier %s', target['head/kernel'].shape)
   log('%d arrays loaded', len(target))
   return to_model_layout(unflatten(loaded), scanned=is_scanned(init))
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+  """A trained model, ready to apply: ``model.apply({'params': params}, images)``."""
+
+  model: VisionTransformer
+  params: dict[str, Any]
+  class_names: tuple[str, ...]
+  source: str  # 'DIR (step N)' or the .npz path.
+  config: Any = None  # The run's config (a ConfigDict), for a workdir.
+
+
+def npz_architecture(flat: dict[str, Any]) -> dict[str, Any]:
+  """The ``VisionTransformer`` attributes a release file's shapes imply.
+
+  ``flat`` is ``flatten(load_npz(path))``. Width, depth,
+  MLP width, heads, patch size, BiT stem, pooling, pre-logits, position
+  embeddings and classes all follow from the arrays; ``image_size`` is the one
+  the position embeddings were trained at (square grids; 224 when unknown).
+  """
+  ph, pw, _, width = np.shape(flat['embedding/kernel'])
+  blocks = sorted({int(k.split('/')[1].rsplit('_', 1)[1]) for k in flat
+                   if k.startswith('Transformer/encoderblock_')})
+  if not blocks:
+    raise ValueError('The checkpoint has no Transformer/encoderblock_{i}: not a ViT file.')
+  block = 'Transformer/encoderblock_0/'
+  arch: dict[str, Any] = dict(
+      hidden_size=int(width), num_layers=len(blocks), patch_size=(int(ph), int(pw)),
+      mlp_dim=int(np.shape(flat[block + 'MlpBlock_3/Dense_0/kernel'])[-1]),
+      num_heads=int(np.shape(flat[block + 'MultiHeadDotProductAttention_1/query/kernel'])[1]),
+      pool='token' if 'cls' in flat else
+      'map' if any(k.startswith('MAPHead_0/') for k in flat) else 'gap',
+      representation_size=(int(np.shape(flat['pre_logits/kernel'])[-1])
+                           if 'pre_logits/kernel' in flat else None),
+      posemb='learn' if POSEMB_KEY in flat else 'sincos2d')
+  stride = 1
+  if 'conv_root/kernel' in flat:
+    units = {}
+    for key in flat:
+      parts = key.split('/')
+      if parts[0].startswith('block') and parts[0][5:].isdigit() and len(parts) > 1:
+        units.setdefault(int(parts[0][5:]), set()).add(parts[1])
+    arch['resnet_layers'] = tuple(len(units[i]) for i in sorted(units))
+    arch['resnet_width'] = int(np.shape(flat['conv_root/kernel'])[-1]) // 64
+    stride = 4 * 2**max(len(arch['resnet_layers']) - 1, 0)
+  size = 224
+  if arch['posemb'] == 'learn':
+    n = np.shape(flat[POSEMB_KEY])[1] - (arch['pool'] == 'token')
+    side = math.isqrt(n)
+    if side * side == n:
+      size = side * stride * int(ph)
+  arch['image_size'] = size
+  return arch
+
+
+def load_npz_model(path: str | os.PathLike, model_name: str | None = None,
+                   image_size: int | tuple[int, int] | None = None,
+                   class_names: tuple[str, ...] = ()) -> Loaded:
+  """A release (or exported) .npz file as a model with its parameters.
+
+  The architecture is read from the file's shapes (``npz_architecture``) and
+  named after the registry's model of that shape; ``model_name`` picks a
+  registry model instead (the file must fit it). ``image_size`` defaults to the
+  file's own resolution; another size gets bilinearly resized position
+  embeddings. Mismatches raise ``errors.CheckpointMismatchError``, which
+  says what the file holds.
+  """
+  flat = flatten(load_npz(path))
+  arch = npz_architecture(flat)
+  size = arch.pop('image_size') if image_size is None else image_size
+  arch.pop('image_size', None)
+  num_classes = int(np.shape(flat['head/kernel'])[-1]) if 'head/kernel' in flat else None
+  file_options = {k: arch[k] for k in ('pool', 'representation_size', 'posemb')}
+  if model_name:
+    model = get_model(model_name, num_classes=num_classes, image_size=size, **file_options)
+  else:
+    shape_keys = ('hidden_size', 'num_layers', 'mlp_dim', 'num_heads', 'patch_size')
+    matches = [n for n in registry.list_models()
+               if all(pair(v) == pair(arch[k]) if k == 'patch_size' else v == arch[k]
+                      for k, v in registry.model_kwargs(n).items() if k in shape_keys)
+               and registry.model_kwargs(n).get('resnet_layers') == arch.get('resnet_layers')]
+    if matches:
+      model = get_model(matches[0], num_classes=num_classes, image_size=size, **file_options)
+    else:
+      p = pair(arch['patch_size'])
+      description = (f'ViT (width {arch["hidden_size"]}, {arch["num_layers"]} layers, '
+                     f'{p[0]}x{p[1]} patches{", hybrid" if "resnet_layers" in arch else ""})')
+      model = get_model('b16', num_classes=num_classes, image_size=size,
+                        model_name=description, **arch)
+  init = jax.eval_shape(model.init, jax.random.key(0),
+                        jax.ShapeDtypeStruct((1, *pair(size), 3), np.float32))['params']
+  params = adapt(flat, init, model, keep_head=True, origin=str(path))
+  return Loaded(model, params, tuple(class_names), str(path))

@@ -1,11 +1,10 @@
 """The host's CPU and the instruction sets that decide how fast it multiplies matrices.
 
-A cloud machine of the same name can be another processor from one day to the next:
-this project's development machine was an AVX-512 CPU with bfloat16 instructions, and
-later an AVX2 one without them, on which bfloat16 products are emulated and slower than
-float32 ones (benchmarks/RESULTS.md). The benchmarks record it with every result, and
-training warns when ``model.matmul_dtype='bfloat16'`` would be emulated. Standard library
-only: ``vit_jax.benchmarks.timm_step`` runs it without jax.
+A cloud machine of the same name can be another processor from one day to the next, and
+one without bfloat16 instructions emulates bfloat16 products (slower than float32 ones):
+the benchmarks record the CPU with every result, and training warns when
+``model.matmul_dtype='bfloat16'`` would be emulated. Standard library only:
+``vit_jax.benchmarks.timm_step`` runs it without jax.
 """
 
 from __future__ import annotations

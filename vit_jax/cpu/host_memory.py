@@ -1,32 +1,20 @@
 """glibc's malloc set up for XLA:CPU's per-step host buffers (Linux).
 
-XLA:CPU allocates the temporaries of every step afresh (870 MiB per device for a
-float32 ViT-Ti/16 step at batch 16 per device) and frees them at the step's end. With
-glibc's defaults each such block is mapped anew and the kernel faults it in, zero-filled,
-4 KiB at a time: about 350,000-450,000 page faults and 0.7 s of kernel time per Ti/16
-step on the development machine, a quarter of the step's CPU time. ``VIT_JAX_MALLOC``
-picks one of three settings (glibc tunables; measurements in benchmarks/RESULTS.md);
-unset, ``default_mode`` picks:
+XLA:CPU allocates each step's temporaries afresh and frees them at the step's end; with
+glibc's defaults the kernel faults every such block in again, zero-filled, each step.
+``VIT_JAX_MALLOC`` picks one of three settings of glibc tunables (unset: ``default_mode``):
 
-* ``huge_pages`` (glibc 2.35+, where the kernel's transparent huge pages are in
-  'madvise' mode): ``glibc.malloc.hugetlb=1``, malloc asks for 2 MiB pages: about
-  1,500 faults per step. The kernel still zero-fills every block every step (0.3-1.3 s
-  of kernel time per step).
-* ``keep_freed``: huge pages, and the memory of one step reused by the next: large
-  blocks come from the heap instead of a mapping each (``mmap_max=0``), freed memory stays
-  with the process (``trim_threshold``), and all threads share the main heap
-  (``arena_max=1``; a thread's own heap is unmapped whenever it empties). No faults;
-  float32 Ti/16 on 2 CPU devices 14.2-15.9 -> 17.8-17.9 images/s (AVX2 machine; 16.0 ->
-  18.6 on the AVX-512 one). The price is memory: the process keeps its peak and the one
-  heap fragments. With 2 devices it stays flat: a whole Imagenette epoch at 224 px with
-  two evals peaked at 5.6 GB against 3.5 GB. With one device there was no consistent gain,
-  and it grew to 10.8 GB in 40 steps. Hence the default only for ``--cpu_devices=2`` or more.
-* ``default``: glibc's own settings.
+* ``huge_pages`` (glibc 2.35+, transparent huge pages in 'madvise' mode): 2 MiB pages,
+  hundreds of times fewer faults;
+* ``keep_freed``: huge pages, and one step's memory reused by the next (large blocks from
+  the heap, freed memory kept, one shared heap): no faults, at the cost of the process
+  keeping its peak memory; the default with ``--cpu_devices=2`` or more;
+* ``default``: glibc's own.
 
-glibc reads tunables once, when a process starts, so an entry point calls ``reexec()``
-before it allocates much (``vit_jax.main``: once its flags are parsed, before jax is
-imported): it runs the same command again with the tunables added to ``GLIBC_TUNABLES``.
-It adds none that GLIBC_TUNABLES already sets (the user's choice).
+The measurements behind these choices: benchmarks/RESULTS.md ("XLA:CPU and glibc's malloc").
+glibc reads tunables once, at start-up, so an entry point calls ``reexec()`` before it
+allocates much (``vit_jax.main``: before jax is imported); tunables the user set in
+``GLIBC_TUNABLES`` are kept.
 """
 
 from __future__ import annotations

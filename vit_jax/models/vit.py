@@ -27,6 +27,7 @@ axis; ``vit_jax.checkpoints.release`` converts between the two layouts.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -185,19 +186,14 @@ class MultiHeadAttention(nn.Module):
                            dot_general=dot_general, kernel_init=_dense_init, name='out')(x)
 
 
-class EncoderBlock(nn.Module):
-  """One pre-LayerNorm Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)).
-
-  ``parallel_block``: x + MSA(LN(x)) + MLP(LN(x)) with one LayerNorm (ViT-22B, PaLM);
-  its parameters keep the names of the sequential block's (no ``LayerNorm_2``).
-  Returns ``(x, None)`` so that the same module can be ``nn.scan``-ned.
-  """
+@dataclasses.dataclass(frozen=True)
+class BlockOptions:
+  """What every block of an encoder shares (``VisionTransformer``'s fields of the same names)."""
 
   mlp_dim: int
   num_heads: int
   dropout_rate: float = 0.
   attention_dropout_rate: float = 0.
-  stochastic_depth: bool = False
   attention_impl: str = 'einsum'
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
@@ -207,13 +203,28 @@ class EncoderBlock(nn.Module):
   qkv_bias: bool = True
   norm: str = 'layernorm'
 
+
+class EncoderBlock(nn.Module):
+  """One pre-LayerNorm Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)).
+
+  ``parallel_block``: x + MSA(LN(x)) + MLP(LN(x)) with one LayerNorm (ViT-22B, PaLM);
+  its parameters keep the names of the sequential block's (no ``LayerNorm_2``).
+  Returns ``(x, None)`` so that the same module can be ``nn.scan``-ned.
+  """
+
+  options: BlockOptions
+  stochastic_depth: bool = False  # Drop-path, at the rate the encoder passes each block.
+
   @nn.compact
   def __call__(self, x: Array, drop_path_rate: float | Array, deterministic: bool,
                query_tokens: int | None = None) -> tuple[Array, None]:
     """``query_tokens``: compute only the first this many tokens' outputs (all tokens are
     still keys and values); the rest are not computed and not returned."""
-    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-    layer_norm = lambda name: norm_layer(self.norm, name=name, **kw)
+    o = self.options
+    kw = dict(dtype=o.dtype, param_dtype=o.param_dtype)
+    layer_norm = lambda name: norm_layer(o.norm, name=name, **kw)
+    mlp = lambda: MlpBlock(o.mlp_dim, o.dropout_rate, matmul_dtype=o.matmul_dtype,
+                           name='MlpBlock_3', **kw)
 
     def residual(branch: Array) -> Array:
       if self.stochastic_depth and not deterministic:
@@ -223,22 +234,18 @@ class EncoderBlock(nn.Module):
     y = queries = layer_norm('LayerNorm_0')(x)
     if query_tokens is not None:  # LayerNorm is per token: slicing after it is exact.
       x, queries = x[:, :query_tokens], y[:, :query_tokens]
-    y = MultiHeadAttention(self.num_heads, self.attention_dropout_rate, self.attention_impl,
-                           matmul_dtype=self.matmul_dtype, qk_norm=self.qk_norm,
-                           qkv_bias=self.qkv_bias, norm=self.norm,
+    y = MultiHeadAttention(o.num_heads, o.attention_dropout_rate, o.attention_impl,
+                           matmul_dtype=o.matmul_dtype, qk_norm=o.qk_norm,
+                           qkv_bias=o.qkv_bias, norm=o.norm,
                            name='MultiHeadDotProductAttention_1', **kw)(
                                queries, y, deterministic=deterministic)
-    y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
-    if self.parallel_block:
-      y = y + MlpBlock(self.mlp_dim, self.dropout_rate, matmul_dtype=self.matmul_dtype,
-                       name='MlpBlock_3', **kw)(queries, deterministic=deterministic)
+    y = nn.Dropout(o.dropout_rate)(y, deterministic=deterministic)
+    if o.parallel_block:
+      y = y + mlp()(queries, deterministic=deterministic)
       return sharding.constrain(x + residual(y), 'tokens'), None
     x = sharding.constrain(x + residual(y), 'tokens')
 
-    y = layer_norm('LayerNorm_2')(x)
-    y = MlpBlock(self.mlp_dim, self.dropout_rate, matmul_dtype=self.matmul_dtype,
-                 name='MlpBlock_3', **kw)(
-        y, deterministic=deterministic)
+    y = mlp()(layer_norm('LayerNorm_2')(x), deterministic=deterministic)
     return sharding.constrain(x + residual(y), 'tokens'), None
 
 
@@ -246,37 +253,27 @@ class Encoder(nn.Module):
   """Position embeddings, ``num_layers`` blocks (unrolled or scanned), final LayerNorm."""
 
   num_layers: int
-  mlp_dim: int
-  num_heads: int
   grid: tuple[int, int]
+  options: BlockOptions
   num_prefix_tokens: int = 1
   posemb: str = 'learn'
-  dropout_rate: float = 0.
-  attention_dropout_rate: float = 0.
-  stochastic_depth: float = 0.
-  attention_impl: str = 'einsum'
+  stochastic_depth: float = 0.  # The last block's drop-path rate (linear from 0).
   scan: bool = False
   remat_policy: str = 'none'
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  matmul_dtype: Dtype | None = None
-  parallel_block: bool = False
-  qk_norm: bool = False
-  qkv_bias: bool = True
-  norm: str = 'layernorm'
 
   @nn.compact
   def __call__(self, x: Array, *, train: bool, output_tokens: int | None = None) -> Array:
     """``output_tokens``: the last block computes only the first this many tokens' outputs
     (None: all); unrolled blocks only."""
+    o = self.options
     width = x.shape[-1]
     if self.posemb == 'learn':
-      x = x + AddPositionEmbs(param_dtype=self.param_dtype, name='posembed_input')(x)
+      x = x + AddPositionEmbs(param_dtype=o.param_dtype, name='posembed_input')(x)
     else:  # Fixed 2-D sin-cos for the patches; prefix tokens get none.
       pe = posemb_sincos_2d(self.grid, width)
       pe = np.pad(pe, ((0, 0), (self.num_prefix_tokens, 0), (0, 0)))
-      x = x + jnp.asarray(pe, self.dtype)
-    x = nn.Dropout(self.dropout_rate)(x, deterministic=not train).astype(self.dtype)
+      x = x + jnp.asarray(pe, o.dtype)
+    x = nn.Dropout(o.dropout_rate)(x, deterministic=not train).astype(o.dtype)
     x = sharding.constrain(x, 'tokens')
 
     block = EncoderBlock
@@ -286,12 +283,7 @@ class Encoder(nn.Module):
                        prevent_cse=not self.scan, static_argnums=(3,) if self.scan else (3, 4))
     # Stochastic depth grows linearly with depth, from 0 to `stochastic_depth`.
     rates = np.linspace(0., self.stochastic_depth, self.num_layers)
-    kw = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout_rate=self.dropout_rate,
-              attention_dropout_rate=self.attention_dropout_rate,
-              stochastic_depth=self.stochastic_depth > 0, attention_impl=self.attention_impl,
-              dtype=self.dtype, param_dtype=self.param_dtype, matmul_dtype=self.matmul_dtype,
-              parallel_block=self.parallel_block, qk_norm=self.qk_norm, qkv_bias=self.qkv_bias,
-              norm=self.norm)
+    kw = dict(options=o, stochastic_depth=self.stochastic_depth > 0)
     if self.scan:
       if output_tokens is not None:
         raise ValueError('output_tokens needs unrolled blocks (scan=False).')
@@ -307,7 +299,7 @@ class Encoder(nn.Module):
         last = i == self.num_layers - 1
         x, _ = block(name=f'encoderblock_{i}', **kw)(
             x, float(rates[i]), not train, output_tokens if last else None)
-    return norm_layer(self.norm, dtype=self.dtype, param_dtype=self.param_dtype,
+    return norm_layer(o.norm, dtype=o.dtype, param_dtype=o.param_dtype,
                       name='encoder_norm')(x)
 
 
@@ -420,6 +412,12 @@ class VisionTransformer(nn.Module):
     super().__post_init__()
 
   @property
+  def block_options(self) -> BlockOptions:
+    """The options every encoder block takes from this model."""
+    return BlockOptions(**{f.name: getattr(self, f.name)
+                           for f in dataclasses.fields(BlockOptions)})
+
+  @property
   def stem_stride(self) -> int:
     """Downsampling of the BiT stem (1 without one)."""
     if self.resnet_layers is None:
@@ -501,13 +499,10 @@ class VisionTransformer(nn.Module):
 
     output_tokens = None if self.is_mutable_collection('intermediates') else self.head_tokens
     x = Encoder(
-        num_layers=self.num_layers, mlp_dim=self.mlp_dim, num_heads=self.num_heads,
-        grid=self.grid, num_prefix_tokens=self.num_prefix_tokens, posemb=self.posemb,
-        dropout_rate=self.dropout_rate, attention_dropout_rate=self.attention_dropout_rate,
-        stochastic_depth=self.stochastic_depth, attention_impl=self.attention_impl,
-        scan=self.scan, remat_policy=self.remat_policy, matmul_dtype=self.matmul_dtype,
-        parallel_block=self.parallel_block, qk_norm=self.qk_norm, qkv_bias=self.qkv_bias,
-        norm=self.norm, name='Transformer', **kw)(x, train=train, output_tokens=output_tokens)
+        num_layers=self.num_layers, grid=self.grid, options=self.block_options,
+        num_prefix_tokens=self.num_prefix_tokens, posemb=self.posemb,
+        stochastic_depth=self.stochastic_depth, scan=self.scan, remat_policy=self.remat_policy,
+        name='Transformer')(x, train=train, output_tokens=output_tokens)
 
     if self.pool == 'token':
       x = x[:, 0]

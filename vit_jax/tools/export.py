@@ -13,8 +13,6 @@ checksums recorded when it was written: a damaged one is an error naming the oth
 
 from __future__ import annotations
 
-from typing import Any
-
 from absl import app, flags, logging
 
 from vit_jax import errors
@@ -39,40 +37,10 @@ def export(workdir: str, out: str, step: int | None = None) -> int:
   return step
 
 
-def evaluate_params(config: Any, params: Any,
-                    progress: str | None = None, progress_every: float = 10.) -> dict[str, float]:
-  """Evaluates ``params`` (model layout) with a run's config, on its evaluation split.
-
-  ``progress``: a name for progress lines on stderr (done, rate, ETA), one every
-  ``progress_every`` seconds and a closing one.
-  """
-  import jax
-
-  from vit_jax import console, evaluate, sharding, train
-  from vit_jax.data import loader
-
-  plan = train.validate(config)
-  config = plan.config
-  shardings = sharding.shardings_for(params, plan.mesh)
-  batch_sharding = sharding.batch_sharding(plan.mesh)
-  eval_step = evaluate.make_eval_step(plan.model, config.loss, shardings, batch_sharding,
-                                      sharding.replicated(plan.mesh))
-  batches = loader.eval_batches(
-      plan.eval_source, plan.pp_eval, global_batch_size=config.eval_batch_size,
-      sharding=batch_sharding, num_classes=plan.num_classes, num_workers=config.input_workers)
-  metric = 'prec@1' if config.loss == 'sigmoid_xent' else 'accuracy'
-  meter = progress and console.Progress(progress, len(plan.eval_source), every=progress_every)
-  result = evaluate.evaluate(eval_step, jax.device_put(params, shardings), batches, metric,
-                             on_batch=meter and meter.update)
-  if meter:
-    meter.finish(int(result['examples']))
-  return result
-
-
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  from vit_jax import console
+  from vit_jax import console, evaluate
   from vit_jax import workdir as workdir_lib
   from vit_jax.checkpoints import release
 
@@ -86,10 +54,9 @@ def main(argv: list[str]) -> None:
     exported = release.to_model_layout(release.load_npz(_OUT.value),
                                           scanned=release.is_scanned(params))
     for name, tree in (('checkpoint', params), ('exported .npz', exported)):
-      result = evaluate_params(config, tree, f'evaluating the {name}', _PROGRESS_EVERY.value)
-      metric = next(iter(result))
-      print(f'{name:>14}: {metric} {result[metric]:.4f}, loss {result["loss"]:.4f} '
-            f'({int(result["examples"])} examples)')
+      result = evaluate.evaluate_params(config, tree, f'evaluating the {name}',
+                                        _PROGRESS_EVERY.value)
+      print(evaluate.format_result(f'{name:>14}', result))
   logging.flush()
 
 

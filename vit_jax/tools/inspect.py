@@ -536,8 +536,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     written = inspect(args)
   except (FileNotFoundError, ValueError, errors.CheckpointMismatchError) as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 2
+    return errors.report(e)  # One line, exit status 2, as every entry point.
   for path in written:
     print(path)
   return 0

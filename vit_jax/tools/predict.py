@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from vit_jax import errors, workdir
+from vit_jax.checkpoints import release
 from vit_jax.models import VisionTransformer
 from vit_jax.models.vit import pair
 
@@ -40,7 +41,7 @@ IMAGENET_NOTE = ('ImageNet class names are not available offline; showing the Wo
 class Source:
   """A model ready to predict, with what its inputs and outputs mean."""
 
-  loaded: workdir.Loaded
+  loaded: release.Loaded
   pp_spec: str
   activation: str  # 'softmax' or 'sigmoid'
   class_names: tuple[str, ...]
@@ -109,7 +110,7 @@ def imagenet_wordnet_ids() -> tuple[str, ...]:
     return ()
 
 
-def _workdir_class_names(loaded: workdir.Loaded) -> tuple[str, ...]:
+def _workdir_class_names(loaded: release.Loaded) -> tuple[str, ...]:
   """classes.json, or the class names of the run's dataset when it can be opened."""
   if loaded.class_names:
     return loaded.class_names
@@ -138,7 +139,7 @@ def load_source(args: argparse.Namespace) -> Source:
   else:
     if args.step is not None:
       raise ValueError('--step is for --workdir; a .npz file holds one set of parameters.')
-    loaded = workdir.load_npz_model(args.npz, args.model, args.image_size)
+    loaded = release.load_npz_model(args.npz, args.model, args.image_size)
     h, w = pair(loaded.model.image_size)
     pp_spec = args.pp or NPZ_PP.format(size=h if h == w else (h, w))
     activation = 'softmax'
@@ -306,8 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       for rank, (label, p) in enumerate(result, 1):
         print(f'  {rank}. {100 * p:6.2f}%  {label}')
   except (FileNotFoundError, ValueError, errors.CheckpointMismatchError) as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 2
+    return errors.report(e)  # One line, exit status 2, as every entry point.
   return 1 if failed else 0
 
 

@@ -1,0 +1,49 @@
+"""Tests of vit_jax.evaluate: the one evaluation path, and `python -m vit_jax.evaluate`."""
+
+import re
+import subprocess
+import sys
+
+import chex
+
+from vit_jax import evaluate, workdir
+
+from runs import env, read_metrics
+
+
+def test_metric_name_follows_the_loss():
+  assert evaluate.metric_name('softmax_xent') == 'accuracy'
+  assert evaluate.metric_name('sigmoid_xent') == 'prec@1'
+
+
+def test_evaluate_params_equals_what_training_logged(tiny_run):
+  """The run's last eval row was computed by training's Evaluator on the same weights."""
+  config = workdir.load_config(tiny_run)
+  params, step = workdir.restore_params(tiny_run)
+  logged = next(row for row in read_metrics(tiny_run)
+                if row['step'] == step and 'eval/accuracy' in row)
+  result = evaluate.evaluate_params(config, params)
+  chex.assert_trees_all_close(result['accuracy'], logged['eval/accuracy'], atol=1e-6)
+  chex.assert_trees_all_close(result['loss'], logged['eval/loss'], rtol=1e-5)
+  assert result['examples'] == logged['eval/examples'] == 359
+
+
+def test_command_prints_the_metric_with_progress(tiny_run):
+  result = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.evaluate', f'--workdir={tiny_run}', '--progress_every=0'],
+      env=env(devices=1), capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert re.search(r'evaluating step 10: [\d,]+/359 images \(\d+%\), [\d,]+/s, ETA',
+                   result.stderr)
+  line = result.stdout.strip().splitlines()[-1]
+  logged = [row for row in read_metrics(tiny_run) if 'eval/accuracy' in row][-1]
+  assert re.fullmatch(rf'.* step 10, split test: accuracy {logged["eval/accuracy"]:.4f}, '
+                      r'loss [\d.]+ \(359 examples\)', line), line
+
+
+def test_command_refuses_a_missing_workdir_in_one_line(tmp_path):
+  result = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.evaluate', f'--workdir={tmp_path / "nothing"}'],
+      env=env(devices=1), capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2
+  assert result.stderr.strip().startswith('error: ') and '\n' not in result.stderr.strip()
