@@ -69,6 +69,11 @@ BIG_VISION = {
                          [[250, 3, 77], [128, 127, 129], [17, 220, 45]],
                          [[200, 66, 140], [255, 255, 0], G],
                          [[78, 90, 111], [222, 199, 180], G]],
+    # Halves round away from zero (C's round): x + 0.5 reads x + 1 (np.rint would read x).
+    ('ShearX', (0.5,)): [[[0, 10, 200], [30, 128, 255], [64, 90, 127]],
+                         [[128, 127, 129], [17, 220, 45], G],
+                         [[200, 66, 140], [255, 255, 0], G],
+                         [[222, 199, 180], G, G]],
     ('ShearY', (-0.3,)): [[[0, 10, 200], [30, 128, 255], G],
                           [[250, 3, 77], [128, 127, 129], [64, 90, 127]],
                           [[99, 160, 5], [200, 66, 140], [17, 220, 45]],
@@ -115,6 +120,25 @@ def test_big_vision_point_ops_by_their_definitions():
   np.testing.assert_array_equal(out[0, [0, 400, 600], 0], [0, 200, 255])
   np.testing.assert_array_equal(out[0, [0, 165, 365], 1], [255, 200, 0])
   np.testing.assert_array_equal(out[..., 2], image[..., 2])  # One value: step 0, unchanged.
+
+
+def test_sharpness_sums_as_tfs_cpu_kernel():
+  """The smoothed image's float32 values are those of TF's kernel: the 9 taps row by row,
+  each a fused multiply-add (exact product and sum, rounded once to float32), so that their
+  truncation agrees next to integers too (a plain float32 sum, or OpenCV's alone, differs
+  on these smooth images: 3 values of 37,000)."""
+  from PIL import Image
+
+  weights = np.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], np.float32) / np.float32(13.)
+  for seed in range(3):
+    noise = np.random.default_rng(seed).integers(0, 256, (37, 45, 3), dtype=np.uint8)
+    image = np.asarray(Image.fromarray(noise).resize((90, 70), Image.Resampling.BICUBIC))
+    expected = np.zeros((68, 88, 3), np.float32)
+    for dy in range(3):
+      for dx in range(3):
+        tap = image[dy:dy + 68, dx:dx + 88].astype(np.float64) * np.float64(weights[dy, dx])
+        expected = (expected + tap).astype(np.float32)
+    np.testing.assert_array_equal(ra._smooth(image), expected.astype(np.uint8))
 
 
 def test_big_vision_draws_follow_its_level_to_arg():

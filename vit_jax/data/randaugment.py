@@ -32,6 +32,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import cv2
 import numpy as np
 from PIL import Image, ImageEnhance, ImageOps
 
@@ -48,10 +49,13 @@ def blend(image1: np.ndarray, image2: np.ndarray, factor: float) -> np.ndarray:
   if factor == 1.:
     return image2
   one = image1.astype(np.float32)
-  temp = one + np.float32(factor) * (image2.astype(np.float32) - one)
-  if 0. < factor < 1.:
-    return temp.astype(np.uint8)
-  return np.clip(temp, 0., 255.).astype(np.uint8)
+  temp = image2.astype(np.float32)
+  temp -= one
+  temp *= np.float32(factor)
+  temp += one
+  if not 0. < factor < 1.:
+    np.minimum(np.maximum(temp, 0., out=temp), 255., out=temp)
+  return temp.astype(np.uint8)
 
 
 def grayscale(image: np.ndarray) -> np.ndarray:
@@ -65,27 +69,41 @@ def grayscale(image: np.ndarray) -> np.ndarray:
 
 def autocontrast(image: np.ndarray) -> np.ndarray:
   """Each channel stretched from [min, max] to [0, 255] (unchanged where min == max)."""
-  out = image.copy()
-  for c in range(3):
-    lo, hi = np.float32(image[..., c].min()), np.float32(image[..., c].max())
-    if hi > lo:
+  values = np.arange(256, dtype=np.float32)
+  luts = []
+  for channel in cv2.split(np.ascontiguousarray(image)):
+    lo, hi = np.float32(channel.min()), np.float32(channel.max())
+    if hi > lo:  # The same float32 arithmetic per value, as a table.
       scale = np.float32(255.) / (hi - lo)
-      scaled = image[..., c].astype(np.float32) * scale + (-lo * scale)
-      out[..., c] = np.clip(scaled, 0., 255.).astype(np.uint8)
-  return out
+      luts.append(np.clip(values * scale + (-lo * scale), 0., 255.).astype(np.uint8))
+    else:
+      luts.append(np.arange(256, dtype=np.uint8))
+  return _lut(image, luts)
+
+
+def _lut(image: np.ndarray, luts: list[np.ndarray]) -> np.ndarray:
+  """Each channel through its table of 256 values."""
+  table = np.stack(luts, -1).astype(np.uint8)[:, None, :]  # (256, 1, 3).
+  return as_hwc(cv2.LUT(np.ascontiguousarray(image), table))
+
+
+def as_hwc(array: np.ndarray) -> np.ndarray:
+  return array[..., None] if array.ndim == 2 else array
 
 
 def equalize(image: np.ndarray) -> np.ndarray:
   """PIL's histogram equalisation per channel, as big_vision's TF version computes it."""
-  out = image.copy()
+  luts, image = [], np.ascontiguousarray(image)
   for c in range(3):
-    hist = np.bincount(image[..., c].ravel(), minlength=256).astype(np.int64)
+    hist = cv2.calcHist([image], [c], None, [256], [0, 256]).ravel().astype(np.int64)
     nonzero = hist[hist > 0]
     step = (nonzero.sum() - nonzero[-1]) // 255
     if step:
       lut = np.concatenate([[0], ((np.cumsum(hist) + step // 2) // step)[:-1]])
-      out[..., c] = np.clip(lut, 0, 255)[image[..., c]].astype(np.uint8)
-  return out
+      luts.append(np.clip(lut, 0, 255))
+    else:
+      luts.append(np.arange(256))
+  return _lut(image, luts)
 
 
 def invert(image: np.ndarray) -> np.ndarray:
@@ -105,8 +123,9 @@ def solarize(image: np.ndarray, threshold: int) -> np.ndarray:
 
 def solarize_add(image: np.ndarray, addition: int, threshold: int = 128) -> np.ndarray:
   """Adds ``addition`` (clipped to 255) to the pixels below ``threshold``."""
-  added = np.clip(image.astype(np.int64) + addition, 0, 255).astype(np.uint8)
-  return np.where(image < threshold, added, image)
+  values = np.arange(256)
+  lut = np.where(values < threshold, np.clip(values + addition, 0, 255), values)
+  return _lut(image, [lut] * 3)
 
 
 def color(image: np.ndarray, factor: float) -> np.ndarray:
@@ -126,17 +145,38 @@ def brightness(image: np.ndarray, factor: float) -> np.ndarray:
 
 def sharpness(image: np.ndarray, factor: float) -> np.ndarray:
   """Blend with the image smoothed by [[1, 1, 1], [1, 5, 1], [1, 1, 1]] / 13 (borders kept)."""
-  floats = image.astype(np.float32)
   h, w = image.shape[:2]
-  kernel = np.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], np.float32) / np.float32(13.)
-  smooth = np.zeros((h - 2, w - 2, 3), np.float32)
-  for dy in range(3):  # Fused multiply-adds in this order: TF's CPU kernel, bit for bit.
-    for dx in range(3):
-      tap = np.float64(kernel[dy, dx]) * floats[dy:dy + h - 2, dx:dx + w - 2]
-      smooth = (smooth + tap).astype(np.float32)
   degenerate = image.copy()
-  degenerate[1:-1, 1:-1] = np.clip(smooth, 0., 255.).astype(np.uint8)
+  if h > 2 and w > 2:
+    degenerate[1:-1, 1:-1] = _smooth(image)
   return blend(degenerate, image, factor)
+
+
+_SMOOTH = np.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], np.float32) / np.float32(13.)
+
+
+def _smooth(image: np.ndarray) -> np.ndarray:
+  """The interior of TF's depthwise convolution by ``_SMOOTH``, truncated to uint8.
+
+  TF's CPU kernel sums the 9 taps row by row with fused multiply-adds (each an exact
+  product and sum rounded once to float32). OpenCV's sum differs from it by a few float32
+  ulps on a few values (1 in 6,300 on a smooth image), which changes the truncation only
+  next to an integer: those values are summed again the TF way.
+  """
+  image = np.ascontiguousarray(image)
+  h, w = image.shape[:2]
+  approx = as_hwc(cv2.filter2D(image.astype(np.float32), -1, _SMOOTH))[1:-1, 1:-1]
+  out = approx.astype(np.uint8)  # In [0, 255]: the weights are positive and sum to 1.
+  distance = approx - np.rint(approx)
+  y, x, c = np.nonzero((distance < 1e-3) & (distance > -1e-3))
+  flat, corner = image.reshape(-1), (y * w + x) * 3 + c
+  exact = np.zeros(len(y), np.float32)
+  for dy in range(3):
+    for dx in range(3):
+      tap = flat[corner + (dy * w + dx) * 3].astype(np.float64) * np.float64(_SMOOTH[dy, dx])
+      exact = (exact + tap).astype(np.float32)
+  out[y, x, c] = exact.astype(np.uint8)
+  return out
 
 
 def projective(image: np.ndarray, transform: tuple[float, ...], fill: int = 128) -> np.ndarray:
@@ -144,14 +184,19 @@ def projective(image: np.ndarray, transform: tuple[float, ...], fill: int = 128)
   as tfa.image.transform); outside the image: ``fill``."""
   h, w = image.shape[:2]
   a0, a1, a2, b0, b1, b2 = (np.float32(t) for t in transform)
-  y, x = np.mgrid[:h, :w].astype(np.float32)
-  # C's round: halves away from zero (np.round rounds them to even).
-  src_x = np.trunc(a0 * x + a1 * y + a2 + np.copysign(np.float32(0.5), a0 * x + a1 * y + a2))
-  src_y = np.trunc(b0 * x + b1 * y + b2 + np.copysign(np.float32(0.5), b0 * x + b1 * y + b2))
-  inside = (src_x >= 0) & (src_x < w) & (src_y >= 0) & (src_y < h)
-  out = np.full_like(image, fill)
-  out[inside] = image[src_y[inside].astype(np.int64), src_x[inside].astype(np.int64)]
-  return out
+  y, x = np.arange(h, dtype=np.float32)[:, None], np.arange(w, dtype=np.float32)[None]
+
+  def source(a: np.float32, b: np.float32, c: np.float32) -> np.ndarray:
+    """round(a x + b y + c) in float32, halves away from zero (C's round; np.round's go to
+    the even neighbour)."""
+    v = a * x + b * y + c
+    return np.trunc(v + np.copysign(np.float32(0.5), v))
+
+  # Whole pixel positions, so OpenCV's nearest-pixel lookup reads exactly those.
+  src_x, src_y = np.broadcast_arrays(source(a0, a1, a2), source(b0, b1, b2))
+  return as_hwc(cv2.remap(np.ascontiguousarray(image), np.ascontiguousarray(src_x),
+                          np.ascontiguousarray(src_y), cv2.INTER_NEAREST,
+                          borderMode=cv2.BORDER_CONSTANT, borderValue=(fill,) * 3))
 
 
 def rotate(image: np.ndarray, degrees: float) -> np.ndarray:
