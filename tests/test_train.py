@@ -193,11 +193,14 @@ def test_a_run_warns_where_the_cpu_emulates_bfloat16_products(tmp_path, caplog):
 
 
 def test_resumed_run_equals_uninterrupted_run(tmp_path, caplog):
-  """With DeiT's ingredients: random erasing, mixup or CutMix, layer-wise learning-rate
-  decay, and the weights' moving average (checkpointed, and evaluated too)."""
+  """With DeiT's ingredients: timm's RandAugment, random erasing, repeated augmentation,
+  mixup or CutMix, layer-wise learning-rate decay, and the weights' moving average
+  (checkpointed, and evaluated too)."""
   caplog.set_level(logging.INFO)
   config = tiny_config(**{
-      'dataset.pp_train': 'to_rgb|resize(16)|pad_crop(2)|value_range(-1, 1)|random_erase(0.5)',
+      'dataset.pp_train': "to_rgb|resize(16)|pad_crop(2)|rand_augment('rand-m9-mstd0.5-inc1')|"
+                          'value_range(-1, 1)|random_erase(0.5)',
+      'dataset.repeats': 3,
       'mixup_alpha': 0.8, 'cutmix_alpha': 1.0, 'optimizer.layer_decay': 0.75,
       'optimizer.ema_decay': 0.9})
   result = train.train_and_evaluate(config, str(tmp_path / 'a'))
