@@ -47,14 +47,38 @@ def test_l16_i21k_is_the_paper_recipe():
   assert sum(math.prod(x.shape) for x in jax.tree.leaves(params)) == expected
 
 
-def test_s16_i1k_is_big_visions_plain_vit_recipe():
-  config = load(pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'vit_s16_i1k.py')
+def test_s16_i1k_plain_is_big_visions_plain_vit_baseline():
+  config = load(pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'vit_s16_i1k_plain.py')
   assert (config.model.name, config.model.pool, config.model.posemb) == ('s16', 'gap', 'sincos2d')
   assert (config.batch_size, config.num_epochs, config.mixup_alpha) == (1024, 300, 0.2)
   assert (config.schedule.base_lr, config.schedule.warmup_steps) == (1e-3, 10_000)
+  assert config.loss == 'softmax_xent'
   # big_vision's weight decay 1e-4 is not scaled by the learning rate; here it is.
   assert config.optimizer.weight_decay * config.schedule.base_lr == pytest.approx(1e-4)
   assert 'randaug(2, 10)' in config.dataset.pp_train
+
+
+@pytest.mark.parametrize('model, randaug, mixup', [('b16', 15, 0.5), ('s16', 15, 0.5),
+                                                   ('s32', 15, 0.2), ('ti16', 0, 0.0)])
+def test_i1k_augreg_is_big_visions_vit_i1k(model, randaug, mixup):
+  """big_vision's configs/vit_i1k.py: its RandAugment and mixup by model (its table)."""
+  path = pathlib.Path(__file__).resolve().parents[1] / 'configs' / 'vit_i1k_augreg.py'
+  spec = importlib.util.spec_from_file_location('augreg', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config(model)
+  assert (config.model.name, config.model.pool, config.model.posemb) == (model, 'token', 'learn')
+  assert config.model.representation_size == {'b16': 768, 's16': 384, 's32': 384,
+                                              'ti16': 192}[model]
+  assert (config.loss, config.model.head_bias_init) == ('sigmoid_xent', -6.9)
+  assert (config.batch_size, config.num_epochs, config.mixup_alpha) == (4096, 300, mixup)
+  assert (config.schedule.base_lr, config.schedule.warmup_steps, config.schedule.decay) == (
+      1e-3, 10_000, 'cosine')
+  assert config.optimizer.weight_decay * config.schedule.base_lr == pytest.approx(1e-4)
+  assert config.optimizer.grad_clip_norm == 1.0 and config.dataset.train_split == 'train[:99%]'
+  assert f'|randaug(2, {randaug})|' in config.dataset.pp_train
+  with pytest.raises(ValueError, match='pick one of'):
+    module.get_config('h14')
 
 
 def test_deit_s16_is_the_deit_recipe():
@@ -63,7 +87,10 @@ def test_deit_s16_is_the_deit_recipe():
   assert (config.label_smoothing, config.optimizer.ema_decay, config.model.stochastic_depth) == (
       0.1, 0.99996, 0.1)
   assert (config.optimizer.weight_decay, config.schedule.warmup_epochs) == (0.05, 5)
-  assert 'random_erase(0.25)' in config.dataset.pp_train
+  # timm's RandAugment, random erasing in normalised units, repeated augmentation x 3.
+  assert config.dataset.pp_train.endswith(
+      "|rand_augment('rand-m9-mstd0.5-inc1')|value_range(-1, 1)|random_erase(0.25)")
+  assert config.dataset.repeats == 3
 
 
 @pytest.mark.parametrize('name, chips', [('vit_G14_jft_like', 128), ('vit_22b_jft_like', 1024)])
@@ -93,8 +120,12 @@ def test_recipes_pass_validation_up_to_their_data(dataset, tmp_path):
   spec = importlib.util.spec_from_file_location('finetune', root / 'vit_b16_finetune.py')
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
+  spec = importlib.util.spec_from_file_location('augreg', root / 'vit_i1k_augreg.py')
+  augreg = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(augreg)
   for config in (module.get_config(dataset), load(root / 'vit_b16_i1k.py'),
-                 load(root / 'vit_s16_i1k.py'), load(root / 'deit_s16_i1k.py')):
+                 load(root / 'vit_s16_i1k_plain.py'), load(root / 'deit_s16_i1k.py'),
+                 augreg.get_config('s16')):
     config.init_from = ''
     config.dataset.data_dir = str(tmp_path)
     # Everything else checks out (model, batch sizes on 8 devices, ops, schedule):

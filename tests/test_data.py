@@ -3,6 +3,7 @@
 import functools
 import gzip
 import io
+import math
 import pathlib
 
 import chex
@@ -75,26 +76,40 @@ def test_preprocessing_ops():
     preprocess.parse('to_rgb|blur')
 
 
-def test_random_erasing_replaces_one_box_by_noise():
-  image = np.full((60, 80, 3), 128, np.uint8)
-  erase = preprocess.parse('random_erase(1.0)')
-  for seed in range(20):
+def test_random_erasing_is_timms_pixel_mode():
+  """One box of N(0, 1) noise in normalised units (timm's RandomErasing(mode='pixel')), of
+  2%-1/3 of the area and aspect 0.3-3.3, with probability ``prob``."""
+  image = np.full((60, 80, 3), 0.25, np.float32)
+  erase = preprocess.random_erase(1.0)  # The op on its own (a pipeline scales first).
+  noise, areas = [], []
+  for seed in range(300):
     out = erase(image, np.random.default_rng(seed))
     changed = (out != image).any(-1)
     rows, cols = np.where(changed)
     top, bottom, left, right = rows.min(), rows.max() + 1, cols.min(), cols.max() + 1
-    assert changed[top:bottom, left:right].mean() > 0.99  # One box of noise ...
-    assert not changed.sum() > (bottom - top) * (right - left)  # ... and nothing else.
+    assert changed[top:bottom, left:right].all()  # One box of noise ...
+    assert changed.sum() == (bottom - top) * (right - left)  # ... and nothing else.
     area, aspect = (bottom - top) * (right - left) / (60 * 80), (bottom - top) / (right - left)
     assert 0.015 <= area <= 0.35 and 0.25 <= aspect <= 4
+    areas.append(area)
+    noise.append(out[top:bottom, left:right].ravel())
     np.testing.assert_array_equal(erase(image, np.random.default_rng(seed)), out)  # Seeded.
-  # A quarter of the examples by default; a float image gets standard normal noise.
-  default = preprocess.parse('random_erase')
+  noise = np.concatenate(noise)
+  chex.assert_type(noise, np.float32)
+  # Standard normal, not uniform: mean 0, sd 1, 4.55% beyond 2 sd (uniform on [-1, 1]: 0%).
+  assert abs(noise.mean()) < 0.01 and abs(noise.std() - 1) < 0.01
+  assert abs((np.abs(noise) > 2).mean() - 0.0455) < 0.003
+  assert abs(np.mean(areas) - (0.02 + 1 / 3) / 2) < 0.02  # Uniform area: mean 0.177.
+  # A quarter of the examples by default.
+  default = preprocess.random_erase()
   erased = sum(not np.array_equal(default(image, np.random.default_rng(s)), image)
                for s in range(400))
   assert 70 <= erased <= 130
-  noise = erase(np.zeros((60, 80, 3), np.float32), np.random.default_rng(0))
-  assert noise.dtype == np.float32 and 0.5 < noise[noise != 0].std() < 1.5
+  # Before value_range it would have to fill uint8 pixels: refused, with the fix.
+  with pytest.raises(ValueError, match='put it after value_range'):
+    preprocess.parse('to_rgb|random_erase(0.25)|value_range(-1, 1)')
+  pipeline = preprocess.parse('to_rgb|value_range(-1, 1)|random_erase(1.0)')
+  assert pipeline.affine is None  # Scaled on the host then: the erasing needs floats.
 
 
 def test_a_trailing_value_range_can_run_on_the_device():
@@ -138,6 +153,38 @@ def test_shuffling_is_deterministic_per_seed_and_new_each_epoch():
   expected = [pipeline(source[int(i)]['image'], np.random.default_rng([0, 7, j]))
               for j, i in enumerate(a.indices(7))]
   np.testing.assert_allclose(jax.device_get(resumed['image']), np.stack(expected), atol=1e-6)
+
+
+def test_repeated_augmentation_is_timms_repeat_aug_sampler():
+  """Each index 3 times in a row in the epoch's stream, which keeps its length (1/3 of the
+  images an epoch), each copy augmented apart; still a pure function of the step."""
+  source = sources.digits('train')
+  mesh = sharding.make_mesh(None)
+  pipeline = preprocess.parse('to_rgb|pad_crop(2)|value_range(-1, 1)')
+  make = lambda repeats: loader.TrainLoader(
+      source, pipeline, global_batch_size=32, seed=0, sharding=sharding.batch_sharding(mesh),
+      num_classes=10, repeats=repeats)
+  plain, repeated = make(1), make(3)
+  steps = repeated.steps_per_epoch
+  assert steps == plain.steps_per_epoch
+  stream = np.concatenate([repeated.indices(s) for s in range(steps)])
+  once = np.concatenate([plain.indices(s) for s in range(steps)])
+  # timm: torch.repeat_interleave(permutation, 3), cut at the epoch's length.
+  np.testing.assert_array_equal(stream, np.repeat(once, 3)[:len(stream)])
+  assert len(np.unique(stream)) == math.ceil(len(stream) / 3)
+  epoch1 = np.concatenate([repeated.indices(s) for s in range(steps, 2 * steps)])
+  assert not np.array_equal(stream, epoch1)  # A new permutation each epoch.
+  # The copies in one batch are the same example augmented differently.
+  batch = repeated.local_batch(0)
+  assert (repeated.indices(0)[:3] == repeated.indices(0)[0]).all()
+  np.testing.assert_array_equal(batch['label'][0], batch['label'][1])
+  assert not np.array_equal(batch['image'][0], batch['image'][1])
+  _, resumed = next(make(3).iterate(start_step=steps + 5))  # Exact resume.
+  expected = make(3).local_batch(steps + 5)['image']
+  np.testing.assert_allclose(jax.device_get(resumed['image']),
+                             pipeline.on_device(jnp.asarray(expected)), atol=1e-6)
+  with pytest.raises(ValueError, match='repeats=0'):
+    make(0)
 
 
 def test_each_process_reads_the_rows_its_devices_hold():

@@ -193,11 +193,14 @@ def test_a_run_warns_where_the_cpu_emulates_bfloat16_products(tmp_path, caplog):
 
 
 def test_resumed_run_equals_uninterrupted_run(tmp_path, caplog):
-  """With DeiT's ingredients: random erasing, mixup or CutMix, layer-wise learning-rate
-  decay, and the weights' moving average (checkpointed, and evaluated too)."""
+  """With DeiT's ingredients: timm's RandAugment, random erasing, repeated augmentation,
+  mixup or CutMix, layer-wise learning-rate decay, and the weights' moving average
+  (checkpointed, and evaluated too)."""
   caplog.set_level(logging.INFO)
   config = tiny_config(**{
-      'dataset.pp_train': 'to_rgb|resize(16)|pad_crop(2)|random_erase(0.5)|value_range(-1, 1)',
+      'dataset.pp_train': "to_rgb|resize(16)|pad_crop(2)|rand_augment('rand-m9-mstd0.5-inc1')|"
+                          'value_range(-1, 1)|random_erase(0.5)',
+      'dataset.repeats': 3,
       'mixup_alpha': 0.8, 'cutmix_alpha': 1.0, 'optimizer.layer_decay': 0.75,
       'optimizer.ema_decay': 0.9})
   result = train.train_and_evaluate(config, str(tmp_path / 'a'))
@@ -296,6 +299,11 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_good_checkpoints(tmp_path
     ({'batch_size': 4}, r'^config.batch_size=4 is smaller than the 8 devices: each device '
                         r'needs at least one example'),
     ({'mesh.tensor': 3}, r'config.mesh: data=2 x fsdp=1 x tensor=3 does not cover the 8 '),
+    ({'dataset.repeats': 0}, r'^config.dataset.repeats=0 must be an integer >= 1'),
+    ({'dataset.pp_train': 'to_rgb|random_erase(0.25)|value_range(-1, 1)'},
+     r'^config.dataset.pp_train: random_erase in .* comes before value_range'),
+    ({'dataset.pp_train': "to_rgb|rand_augment('rand-m9-inc0')|value_range(-1, 1)"},
+     r"^config.dataset.pp_train: rand_augment\('rand-m9-inc0'\): cannot read the section 'inc0'"),
 ])
 def test_bad_configs_fail_before_compiling(overrides, message):
   """Each a ConfigError, which vit_jax.main prints as one line (tests/test_faults.py)."""

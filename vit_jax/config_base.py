@@ -63,6 +63,10 @@ def get_config() -> ml_collections.ConfigDict:
       train_split='train', eval_split='test',
       pp_train='decode|inception_crop(224)|flip_lr|value_range(-1, 1)',
       pp_eval='decode|resize_small(256)|central_crop(224)|value_range(-1, 1)',
+      # Repeated augmentation (DeiT; timm's RepeatAugSampler): each image this many times
+      # in a row in the training stream, each copy augmented apart; an epoch keeps its
+      # length, so it sees 1/repeats of the images. 1: off.
+      repeats=1,
   ))
 
   config.loss = 'softmax_xent'  # Or 'sigmoid_xent' (multi-label data).

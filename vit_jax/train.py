@@ -128,6 +128,10 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
       raise errors.ConfigError(
           f'config.schedule.{field}={lr} must be {"positive" if field == "base_lr" else ">= 0"}'
           ' (e.g. 1e-3): a negative rate climbs the loss, a zero one trains nothing.')
+  repeats = config.dataset.repeats
+  if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+    raise errors.ConfigError(f'config.dataset.repeats={repeats!r} must be an integer >= 1 '
+                             '(3: DeiT repeated augmentation; 1: off).')
   pipelines = {}
   for field in ('pp_train', 'pp_eval'):
     try:
@@ -687,7 +691,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   train_loader = loader.TrainLoader(
       plan.train_source, plan.pp_train, global_batch_size=config.batch_size,
       seed=config.seed, sharding=sharding.batch_sharding(mesh),
-      num_classes=plan.num_classes, num_workers=config.input_workers)
+      num_classes=plan.num_classes, num_workers=config.input_workers,
+      repeats=config.dataset.repeats)
   stream = batches = train_loader.iterate(start_step)
   preemption = _Preemption()
   profile = tuple(config.profile_steps or ())

@@ -5,7 +5,8 @@ examples in a permutation keyed by (seed, e), computed index by index (a Feistel
 network, so nothing proportional to the dataset is held), batch ``k`` is the k-th
 slice of it, and example ``j`` of a batch is augmented with a generator seeded by
 (seed, k, j). So the loader's whole state is the step: a run resumed at step k
-sees exactly the batches an uninterrupted run would have, and 1 process x 8
+sees exactly the batches an uninterrupted run would have (repeated augmentation
+included: ``TrainLoader.indices``), and 1 process x 8
 devices sees the same global batches as 2 processes x 4 devices. Each process
 reads only the rows of every batch that its devices hold (processes that hold the
 same rows, along a 'tensor' axis that spans hosts, read the same ones); the rows
@@ -135,8 +136,11 @@ class TrainLoader:
   def __init__(self, source: Any, preprocess: Callable, *, global_batch_size: int, seed: int,
                sharding: jax.sharding.Sharding, num_classes: int, num_workers: int = 4,
                prefetch: int = 4, process_index: int | None = None,
-               process_count: int | None = None):
-    self.source = source
+               process_count: int | None = None, repeats: int = 1):
+    if not isinstance(repeats, int) or repeats < 1:
+      raise ValueError(f'repeats={repeats!r}: each image is seen an integer >= 1 times in a row '
+                       '(3: DeiT repeated augmentation; 1: off).')
+    self.source, self.repeats = source, repeats
     self.preprocess, self.on_device = _split(preprocess)
     self.batch_size, self.seed, self.sharding = global_batch_size, seed, sharding
     self.num_classes, self.num_workers, self.prefetch = num_classes, num_workers, prefetch
@@ -152,11 +156,17 @@ class TrainLoader:
     self.rows = process_rows(sharding, global_batch_size, devices)
 
   def indices(self, step: int) -> np.ndarray:
-    """The dataset indices of global batch ``step`` (last partial batch of an epoch dropped)."""
+    """The dataset indices of global batch ``step`` (last partial batch of an epoch dropped).
+
+    With ``repeats`` r (repeated augmentation, timm's ``RepeatAugSampler``), the epoch's
+    stream is its permutation with each index r times in a row, cut at the epoch's length:
+    an epoch sees 1/r of the images, r times each, in the same batch or the next, each
+    copy augmented with its own generator.
+    """
     epoch, position = divmod(step, self.steps_per_epoch)
     start = position * self.batch_size
-    return permute(np.arange(start, start + self.batch_size), len(self.source),
-                   (self.seed, epoch))
+    stream = np.arange(start, start + self.batch_size) // self.repeats
+    return permute(stream, len(self.source), (self.seed, epoch))
 
   def local_batch(self, step: int) -> Batch:
     """This process's rows of batch ``step``, preprocessed, as numpy arrays."""

@@ -21,7 +21,8 @@ from typing import Any
 
 import cv2
 import numpy as np
-from PIL import Image
+
+from vit_jax.data import randaugment
 
 Op = Callable[[Any, np.random.Generator], Any]
 
@@ -133,27 +134,28 @@ def flip_lr() -> Op:
 
 def random_erase(prob: float = 0.25, area_min: float = 0.02, area_max: float = 1 / 3,
                  aspect_min: float = 0.3) -> Op:
-  """Random erasing (Zhong et al., 2020; DeiT's 0.25): with probability ``prob``, a box
-  of ``area_min``-``area_max`` of the image, aspect ``aspect_min``-1/``aspect_min``, is
-  replaced by noise: uniform uint8 values (standard normal ones in a float image, as
-  timm's in normalised pixels). Put it before ``value_range``; 10 failed draws erase
-  nothing.
+  """Random erasing (Zhong et al., 2020) as timm's ``RandomErasing(mode='pixel')`` (DeiT's
+  0.25): with probability ``prob``, a box of ``area_min``-``area_max`` of the image, aspect
+  ``aspect_min``-1/``aspect_min``, is replaced by standard normal noise per pixel and
+  channel, in the model's normalised units: it goes after ``value_range`` (``parse``
+  refuses it before). 10 failed draws erase nothing.
   """
   def op(image: Any, rng: np.random.Generator) -> np.ndarray:
     image = as_array(image)
-    if rng.random() >= prob:
+    if image.dtype == np.uint8:
+      raise ValueError('random_erase fills N(0, 1) in normalised units: put it after '
+                       'value_range.')
+    if rng.random() > prob:
       return image
     h, w, c = image.shape
     for _ in range(10):
       area = h * w * rng.uniform(area_min, area_max)
       aspect = np.exp(rng.uniform(np.log(aspect_min), -np.log(aspect_min)))
       eh, ew = round(np.sqrt(area * aspect)), round(np.sqrt(area / aspect))
-      if 0 < eh < h and 0 < ew < w:
+      if eh < h and ew < w:
         top, left = int(rng.integers(0, h - eh + 1)), int(rng.integers(0, w - ew + 1))
-        noise = (rng.integers(0, 256, (eh, ew, c), dtype=np.uint8) if image.dtype == np.uint8
-                 else rng.standard_normal((eh, ew, c)).astype(image.dtype))
         image = image.copy()
-        image[top:top + eh, left:left + ew] = noise
+        image[top:top + eh, left:left + ew] = rng.standard_normal((eh, ew, c))
         return image
     return image
   return op
@@ -175,53 +177,26 @@ def value_range(lo: float = -1., hi: float = 1.) -> Op:
   return op
 
 
-def _randaug_ops(magnitude: float, fill: tuple[int, int, int]) -> list[Callable]:
-  """The RandAugment operations (Cubuk et al., 2020) at a magnitude in [0, 10]."""
-  from PIL import ImageEnhance, ImageOps
-
-  m = magnitude / 10.
-
-  def signed(rng: np.random.Generator, value: float) -> float:
-    return value if rng.random() < 0.5 else -value
-
-  def affine(image: Image.Image, matrix: tuple) -> Image.Image:
-    return image.transform(image.size, Image.AFFINE, matrix, fillcolor=fill)
-
-  return [
-      lambda im, rng: ImageOps.autocontrast(im),
-      lambda im, rng: ImageOps.equalize(im),
-      lambda im, rng: ImageOps.invert(im),
-      lambda im, rng: im.rotate(signed(rng, 30. * m), fillcolor=fill),
-      lambda im, rng: ImageOps.posterize(im, max(1, int(8 - 4 * m))),
-      lambda im, rng: ImageOps.solarize(im, int(256 - 256 * m)),
-      lambda im, rng: ImageEnhance.Color(im).enhance(1. + signed(rng, 0.9 * m)),
-      lambda im, rng: ImageEnhance.Contrast(im).enhance(1. + signed(rng, 0.9 * m)),
-      lambda im, rng: ImageEnhance.Brightness(im).enhance(1. + signed(rng, 0.9 * m)),
-      lambda im, rng: ImageEnhance.Sharpness(im).enhance(1. + signed(rng, 0.9 * m)),
-      lambda im, rng: affine(im, (1, signed(rng, 0.3 * m), 0, 0, 1, 0)),
-      lambda im, rng: affine(im, (1, 0, 0, signed(rng, 0.3 * m), 1, 0)),
-      lambda im, rng: affine(im, (1, 0, signed(rng, 0.45 * m * im.size[0]), 0, 1, 0)),
-      lambda im, rng: affine(im, (1, 0, 0, 0, 1, signed(rng, 0.45 * m * im.size[1]))),
-  ]
-
-
 def randaug(num_layers: int = 2, magnitude: float = 10.) -> Op:
-  """RandAugment: ``num_layers`` operations drawn uniformly, at ``magnitude`` (0-10)."""
-  ops = _randaug_ops(magnitude, fill=(128, 128, 128))
+  """big_vision's RandAugment: ``num_layers`` of its 16 TF ops at ``magnitude``
+  (``randaugment.BigVision``)."""
+  augment = randaugment.BigVision(num_layers, magnitude)
+  return lambda image, rng: augment(randaugment.as_rgb(image), rng)
 
-  def op(image: Any, rng: np.random.Generator) -> np.ndarray:
-    pil = Image.fromarray(np.ascontiguousarray(to_rgb()(image, rng)))
-    for i in rng.integers(0, len(ops), num_layers):
-      pil = ops[i](pil, rng)
-    return np.asarray(pil)
-  return op
+
+def rand_augment(config_str: str = 'rand-m9-mstd0.5-inc1',
+                 fill: tuple[int, int, int] = randaugment.IMAGENET_MEAN_FILL) -> Op:
+  """timm's RandAugment from its config string (DeiT's ``'rand-m9-mstd0.5-inc1'``), PIL ops
+  filled with ``fill`` (``randaugment.Timm``)."""
+  augment = randaugment.Timm(config_str, fill)
+  return lambda image, rng: augment(randaugment.as_rgb(image), rng)
 
 
 OPS: dict[str, Callable[..., Op]] = {
     'decode': decode, 'to_rgb': to_rgb, 'resize': resize, 'resize_small': resize_small,
     'central_crop': central_crop, 'inception_crop': inception_crop, 'pad_crop': pad_crop,
     'flip_lr': flip_lr, 'value_range': value_range, 'randaug': randaug,
-    'random_erase': random_erase,
+    'rand_augment': rand_augment, 'random_erase': random_erase,
 }
 _CALL = re.compile(r'^\s*(\w+)\s*(?:\((.*)\))?\s*$')
 
@@ -259,12 +234,17 @@ class Pipeline:
 
 def parse(spec: str) -> Pipeline:
   """Builds the pipeline of a string; unknown ops get a clear error."""
-  ops, affine = [], None
+  ops, affine, scaled = [], None, False
   for part in spec.split('|'):
     m = _CALL.match(part)
     if not m or m.group(1) not in OPS:
       raise ValueError(f'Unknown preprocessing op {part.strip()!r} in {spec!r}. '
                        f'Known ops: {sorted(OPS)}.')
+    if m.group(1) == 'random_erase' and not scaled:
+      raise ValueError(f'random_erase in {spec!r} comes before value_range: it fills N(0, 1) '
+                       "in the model's units (timm's 'pixel' mode), so put it after "
+                       "value_range, e.g. '...|value_range(-1, 1)|random_erase(0.25)'.")
+    scaled = scaled or m.group(1) == 'value_range'
     args = ast.literal_eval(f'({m.group(2)},)') if m.group(2) else ()
     ops.append(OPS[m.group(1)](*args))
     affine = _affine(*args) if m.group(1) == 'value_range' else None
