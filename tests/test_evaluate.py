@@ -36,10 +36,10 @@ def test_precision_at_1_counts_a_top_class_among_several_labels():
             [1., 0., 5.],   # top 2, labels {0, 2}: correct
             [5., 0., 1.],   # top 0, labels {1, 2}: wrong
             [5., 0., 1.],   # top 0, labels {0, 1, 2}: correct
-            [0., 5., 1.],   # padding (mask 0): a wrong one, not counted
+            [0., 5., 1.],   # padding (mask 0): right, but not counted
             [0., 5., 1.]]   # padding, not counted
-  labels = [[1, 1, 0], [0, 1, 1], [1, 0, 0], [1, 0, 1], [0, 1, 1], [1, 1, 1], [1, 0, 0],
-            [0, 0, 1]]
+  labels = [[1, 1, 0], [0, 1, 1], [1, 0, 0], [1, 0, 1], [0, 1, 1], [1, 1, 1], [0, 1, 0],
+            [0, 1, 1]]
   mask = [1, 1, 1, 1, 1, 1, 0, 0]
   result = run('sigmoid_xent', logits, labels, mask)
   assert result['examples'] == 6
@@ -52,10 +52,10 @@ def test_precision_at_1_counts_a_top_class_among_several_labels():
 
 def test_accuracy_with_one_hot_labels():
   logits = [[0., 5., 1.], [0., 1., 5.], [5., 0., 1.], [1., 5., 0.]] * 2
-  labels = np.eye(3)[[1, 1, 0, 1, 1, 1, 1, 2]]
+  labels = np.eye(3)[[1, 1, 0, 1, 1, 2, 0, 1]]
   mask = [1, 1, 1, 1, 1, 0, 0, 0]
   result = run('softmax_xent', logits, labels, mask)
-  # Examples 0, 2, 3, 4 right (4: top 1, label 1), 1 wrong; 5-7 are padding.
+  # Examples 0, 2, 3, 4 right (4: top 1, label 1), 1 wrong; 5-7 are padding (all right).
   assert result['examples'] == 5 and result['accuracy'] == pytest.approx(4 / 5)
   x = np.asarray(logits[:5], np.float64)
   log_softmax = x - np.log(np.exp(x).sum(-1, keepdims=True))
