@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from vit_jax import evaluate, optim, sharding, train
+from vit_jax import config_cli, evaluate, optim, sharding, train
 from vit_jax.tools import aot
 
 from runs import QUICKSTART, env, tiny_config
@@ -145,3 +145,37 @@ def test_command_line_writes_the_json(tmp_path):
               'step_seconds', 'images_per_second', 'mfu', 'core_days', 'compile_seconds'):
     assert key in r
   assert (r['devices'], r['fits']) == (2, True)
+
+
+def test_max_batch_on_cpu_finds_the_largest_batch_under_the_memory_given(tmp_path):
+  """``--max_batch`` as the README runs it, on --topology=cpu with a memory per device: the
+  batch it reports fits, the next multiple of the devices does not (compiled here)."""
+  limit_gib = 1.15 / 1024  # Between the 8- and the 16-image train steps of this model.
+  out = tmp_path / 'plan.json'
+  run = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.tools.aot', f'--config={QUICKSTART}', '--topology=cpu',
+       '--max_batch', f'--max_batch_memory={limit_gib}', f'--json={out}',
+       '--config.model.num_layers=1', '--config.batch_size=8'],
+      env=env(2), capture_output=True, text=True, timeout=600)
+  assert run.returncode == 0, run.stderr[-2000:]
+  r = json.loads(out.read_text())
+  best = r['batch_size']
+  assert f'Largest global batch that fits on cpu: {best}.' in run.stdout
+  assert 8 <= best < 16 and best % 2 == 0
+  assert r['train']['hbm_bytes_per_device'] <= limit_gib * 2**30
+  over = config_cli.load(str(QUICKSTART), [('model.num_layers', '1'),
+                                             ('batch_size', str(best + 2))])
+  figures = aot.compile_steps(over, jax.devices()[:2], 0, only_train=True)['train']
+  assert figures['hbm_bytes_per_device'] > limit_gib * 2**30
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--max_batch'], '--max_batch on --topology=cpu needs --max_batch_memory=GIB'),
+    (['--max_batch_memory=2'], '--max_batch_memory=2.0 is for --max_batch'),
+])
+def test_max_batch_flags_are_checked_first(flags, message):
+  run = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.tools.aot', f'--config={QUICKSTART}', '--topology=cpu',
+       *flags], env=env(2), capture_output=True, text=True, timeout=120)
+  assert run.returncode == 2 and 'Traceback' not in run.stderr, run.stderr[-2000:]
+  assert run.stderr.strip().splitlines()[-1].startswith(f'error: {message}')

@@ -170,3 +170,59 @@ def test_tpu_step_prints_and_writes_its_cells(tmp_path):
   # The shipped setting stores the state split over the 8 devices: less HBM each.
   assert cells[0]['hbm_bytes_per_device'] < cells[1]['hbm_bytes_per_device']
   assert 'ti16 @ 64 vit_jax mesh.shard_state=False' in done.stdout and ' ms ' in done.stdout
+
+
+# The tiny recipe's model (tests/runs.py: TINY) for the fault benchmark's runs.
+TINY_FAULT_RUN = ['model.hidden_size=32', 'model.mlp_dim=64', 'model.num_layers=2',
+                  'batch_size=32', 'eval_batch_size=32', 'schedule.warmup_steps=2']
+
+
+def test_fault_benchmark_survives_kills_on_the_tiny_recipe(tmp_path):
+  """The README's reliability figure ("10 kills: 10 survived, no data lost") is this
+  script's output: here 2 kills (one right after a save began) on a 12-step tiny run."""
+  out = tmp_path / 'faults.json'
+  done = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.benchmarks.faults', '--runs=2', '--steps=12',
+       '--checkpoint_every=3', f'--work_dir={tmp_path / "runs"}', f'--out={out}',
+       *(f'--set={s}' for s in TINY_FAULT_RUN)],
+      capture_output=True, text=True, env=env(devices=2), cwd=ROOT, timeout=600, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  r = json.loads(out.read_text())
+  assert (r['faults_tried'], r['survived'], r['data_lost']) == (2, 2, 0), r
+  assert r['final_state_bitwise_equal'] and r['loss_mismatches'] == 0
+  for fault in r['faults']:  # Each restart resumed from the newest complete checkpoint.
+    assert fault['resumed_at'] == fault['newest_complete_checkpoint'] > 0, fault
+    assert fault['killed_after_step'] >= fault['resumed_at']
+  assert 'faults tried 2' in done.stdout and 'data lost 0' in done.stdout
+
+
+def test_fault_benchmark_refuses_a_bad_override(tmp_path):
+  done = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.benchmarks.faults', '--set=model.num_layer=2',
+       f'--work_dir={tmp_path}'], capture_output=True, text=True, env=env(devices=1), cwd=ROOT,
+      timeout=120, check=False)
+  assert done.returncode == 2 and 'Traceback' not in done.stderr, done.stderr[-2000:]
+  assert done.stderr.strip().splitlines()[-1].startswith('error: ')
+  assert 'num_layer' in done.stderr and not list(tmp_path.iterdir())  # Nothing started.
+
+
+def test_integrity_benchmark_times_the_models_train_state(tmp_path):
+  """The checksum cost of docs/reliability.md is this script's output: here for ViT-Ti/16's
+  state (its 5,717,416 parameters and Adam's two moments, float32), once each way."""
+  out = tmp_path / 'integrity.json'
+  done = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.benchmarks.integrity', '--model=ti16', '--repeats=1',
+       f'--work_dir={tmp_path / "ckpt"}', f'--out={out}'],
+      capture_output=True, text=True, env=env(devices=2), cwd=ROOT, timeout=600, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  r = json.loads(out.read_text())
+  assert r['model'] == 'ViT-Ti_16' and r['devices'] == 2
+  params_and_moments = 3 * 4 * 5_717_416
+  assert params_and_moments <= r['state_bytes'] <= params_and_moments + 1024  # + step counters
+  for cell in ('save_blocking', 'save', 'restore'):
+    row = r[cell]
+    assert row['with_checksums_s'] > 0 and row['orbax_alone_s'] > 0
+    assert row['added_s'] == pytest.approx(row['with_checksums_s'] - row['orbax_alone_s'],
+                                           abs=0.011)
+    assert len(r['runs']['True'][cell]) == len(r['runs']['False'][cell]) == 1
+  assert r['checksums_s'] > 0 and 'checksums alone' in done.stdout

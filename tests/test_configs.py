@@ -3,6 +3,7 @@
 import importlib.util
 import math
 import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -15,21 +16,107 @@ from vit_jax.models import get_model
 CONFIGS = sorted((pathlib.Path(__file__).resolve().parents[1] / 'configs').glob('*.py'))
 
 
-def load(path: pathlib.Path) -> ml_collections.ConfigDict:
+def load(path: pathlib.Path, arg: str | None = None) -> ml_collections.ConfigDict:
   spec = importlib.util.spec_from_file_location(path.stem, path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config()
+  return module.get_config() if arg is None else module.get_config(arg)
 
 
-@pytest.mark.parametrize('path', CONFIGS, ids=[p.stem for p in CONFIGS])
-def test_config_builds_its_model(path):
-  config = load(path)
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The configs that take an argument (``path.py:ARG``), each of their variants.
+VARIANTS = {'imagenette': ('pretrain', 'finetune_64', 'finetune_128'),
+            'vit_b16_finetune': ('imagenet2012', 'cifar10', 'cifar100', 'oxford_iiit_pet',
+                                 'oxford_flowers102', 'local'),
+            'vit_jft_like': ('b16', 'l16', 'h14')}
+CASES = [(p, arg) for p in CONFIGS for arg in VARIANTS.get(p.stem, (None,))]
+# The model each config is listed with in the README (its name there says which).
+README_CONFIG_MODELS = {
+    'vit_b16_i1k': 'b16', 'vit_l16_i21k': 'l16', 'vit_jft_like:b16': 'b16',
+    'vit_jft_like:l16': 'l16', 'vit_jft_like:h14': 'h14', 'vit_G14_jft_like': 'G14',
+    'vit_22b_jft_like': '22b14', 'vit_s16_i1k': 's16', 'deit_s16_i1k': 's16',
+    **{f'vit_b16_finetune:{d}': 'b16' for d in VARIANTS['vit_b16_finetune']},
+}
+
+
+def readme_models() -> dict[str, dict[str, int]]:
+  """The README's model table: short name -> layers, width, mlp, heads, patch, parameters."""
+  rows = {}
+  for line in (ROOT / 'README.md').read_text().splitlines():
+    m = re.match(r'^\| `(\w+)` \| [^|]+ \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| '
+                 r'([\d,]+) \|$', line)
+    if m:
+      layers, width, mlp, heads, patch = map(int, m.groups()[1:6])
+      rows[m.group(1)] = dict(layers=layers, width=width, mlp=mlp, heads=heads, patch=patch,
+                              parameters=int(m.group(7).replace(',', '')))
+  return rows
+
+
+def vit_parameters(*, layers, width, mlp, heads, patch, image=224, classes=1000, pool='token',
+                   posemb='learn', representation=None, qkv_bias=True, norm='layernorm',
+                   qk_norm=False, parallel_block=False) -> int:
+  """The parameters of a (non-hybrid) ViT, counted from the paper's equations (section 3.1,
+  eq. 1-4) and the variants' definitions, not from the Flax modules."""
+  d, head_dim = width, width // heads
+  norm_params = d if norm == 'rmsnorm' else 2 * d  # Scale only / scale and bias.
+  attention = 3 * d * d + (3 * d if qkv_bias else 0) + d * d + d  # q, k, v; out.
+  attention += 2 * head_dim if qk_norm else 0  # A scale per head dimension, queries and keys.
+  mlp_block = d * mlp + mlp + mlp * d + d
+  block = attention + mlp_block + norm_params * (1 if parallel_block else 2)
+  tokens = (image // patch) ** 2
+  total = patch * patch * 3 * d + d + layers * block + norm_params  # Embedding, encoder norm.
+  total += d if pool == 'token' else 0  # The class token ...
+  if posemb == 'learn':  # ... and its position.
+    total += (tokens + (pool == 'token')) * d
+  if pool == 'map':  # The probe, its attention, norm and MLP.
+    total += d + attention + norm_params + mlp_block
+  out = d
+  if representation:
+    total += d * representation + representation
+    out = representation
+  return total + (out * classes + classes if classes else 0)
+
+
+def test_the_parameter_formula_gives_the_readme_model_table():
+  rows = readme_models()
+  assert {'ti16', 'b16', 'l16', 'h14', 'g14', 'G14', 'e14', '22b14'} <= set(rows)
+  for name, row in rows.items():
+    options = config_base.model_options(ml_collections.ConfigDict({'name': name}))[1]
+    model = get_model(name, num_classes=1000, **options)
+    arch = dict(layers=model.num_layers, width=model.hidden_size, mlp=model.mlp_dim,
+                heads=model.num_heads, patch=model.patch_size[0])
+    assert arch == {k: row[k] for k in arch}, name
+    extra = dict(qkv_bias=model.qkv_bias, norm=model.norm, qk_norm=model.qk_norm,
+                 parallel_block=model.parallel_block)
+    assert vit_parameters(**arch, **extra) == row['parameters'], name
+
+
+@pytest.mark.parametrize('path, arg', CASES,
+                         ids=[p.stem + (f':{a}' if a else '') for p, a in CASES])
+def test_config_builds_the_readme_model(path, arg):
+  """Each shipped config's model: its README row's architecture where it names one
+  unchanged, and the parameter count of the formula above (checked against the README's
+  table) for its image size, classes, pooling and heads."""
+  config = load(path, arg)
   name, options = config_base.model_options(config.model)
-  model = get_model(name, num_classes=config.dataset.num_classes, **options)
-  size = model.image_size
-  params = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, *size, 3)))
-  assert sum(math.prod(x.shape) for x in jax.tree.leaves(params)) > 0
+  classes = config.dataset.num_classes
+  model = get_model(name, num_classes=classes, **options)
+  params = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, *model.image_size, 3)))
+  count = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+  arch = dict(layers=model.num_layers, width=model.hidden_size, mlp=model.mlp_dim,
+              heads=model.num_heads, patch=model.patch_size[0])
+  sized = {'num_layers', 'hidden_size', 'mlp_dim', 'num_heads', 'patch_size'} & set(options)
+  row = readme_models().get(name)
+  listed = path.stem + (f':{arg}' if arg else '')
+  if not sized:  # A model of the README's table as it is.
+    assert name == README_CONFIG_MODELS[listed] and row is not None, (listed, name)
+    assert arch == {k: row[k] for k in arch}, name
+  assert count == vit_parameters(
+      **arch, image=model.image_size[0], classes=classes, pool=model.pool, posemb=model.posemb,
+      representation=model.representation_size, qkv_bias=model.qkv_bias, norm=model.norm,
+      qk_norm=model.qk_norm, parallel_block=model.parallel_block)
+  if path.stem == 'fashion_mnist':  # README: "a 0.8M-parameter ViT".
+    assert round(count / 1e6, 1) == 0.8
 
 
 def test_l16_i21k_is_the_paper_recipe():

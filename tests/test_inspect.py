@@ -187,3 +187,37 @@ def test_inspect_errors_name_the_problem(npz_file, tmp_path, capsys):
   assert inspect.main(['--npz', str(npz_file[0]), '--out', str(tmp_path / 'y'),
                        '--images', str(bad)]) == 2
   assert f'cannot read image {bad}' in capsys.readouterr().err
+
+
+def _colour_mask(png: bytes, rgb: tuple[int, int, int], tolerance: int = 12) -> np.ndarray:
+  """The pixels of a PNG within ``tolerance`` of a colour."""
+  bgr = cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_COLOR)
+  return (np.abs(bgr[..., ::-1].astype(int) - rgb) <= tolerance).all(-1)
+
+
+def test_position_similarity_figure_puts_each_tiles_peak_at_its_own_patch():
+  """The figure's pixels, not its file size: a 4x4 grid whose every patch is similar only
+  to itself (1 there, -1 elsewhere) must show, in tile (i, j), one bright cell at (i, j)."""
+  grid = 4
+  own = np.full((grid, grid, grid, grid), -1.)
+  for i in range(grid):
+    for j in range(grid):
+      own[i, j, i, j] = 1.
+  yellow, purple = (253, 231, 37), (68, 1, 84)  # viridis at +1 and -1.
+  dark = _colour_mask(inspect.position_similarity_figure(np.full_like(own, -1.)).png, purple)
+  bright = _colour_mask(inspect.position_similarity_figure(own).png, yellow)
+  count, labels, stats, _ = cv2.connectedComponentsWithStats(dark.astype(np.uint8))
+  # The 16 tiles are the 16 largest dark regions (white gaps between them; the colour bar's
+  # dark end is a thin strip).
+  tiles = sorted(stats[1:], key=lambda s: -s[cv2.CC_STAT_AREA])[:grid * grid]
+  areas = [s[cv2.CC_STAT_AREA] for s in tiles]
+  assert min(areas) > 0.8 * max(areas)
+  tiles = sorted(tiles, key=lambda s: (s[cv2.CC_STAT_TOP], s[cv2.CC_STAT_LEFT]))
+  for k, s in enumerate(tiles):
+    i, j = divmod(k, grid)
+    top, left, h, w = (s[cv2.CC_STAT_TOP], s[cv2.CC_STAT_LEFT], s[cv2.CC_STAT_HEIGHT],
+                       s[cv2.CC_STAT_WIDTH])
+    ys, xs = np.nonzero(bright[top:top + h, left:left + w])
+    assert len(ys) > 0.5 * h * w / grid**2, (i, j)  # About one cell of the 16 is bright ...
+    assert len(ys) < 1.5 * h * w / grid**2, (i, j)
+    assert (int(ys.mean() * grid / h), int(xs.mean() * grid / w)) == (i, j)  # ... at (i, j).

@@ -11,6 +11,7 @@ import pytest
 from vit_jax.checkpoints import release
 from vit_jax.models import canonical_name, get_model, list_models, release_name
 
+import numpy_bit
 import numpy_vit
 
 # A small ViT for tests: 32 px images, 8 px patches (a 4x4 grid), width 32.
@@ -284,6 +285,29 @@ def test_hybrid_runs():
   out = jax.jit(model.apply)({'params': params}, images_for(model, batch=1))
   chex.assert_shape(out, (1, 3))
   chex.assert_tree_all_finite(out)
+
+
+def test_hybrid_logits_match_an_independent_bit_stem(tmp_path):
+  """Guards the hybrids' stem: weight-standardised convolutions, GroupNorm, max-pool,
+  bottleneck units (strides, projections), against numpy_bit on the same release file.
+
+  A plain convolution in place of the standardised one (or another eps, a stride on the
+  wrong 1x1, an unprojected shortcut) changes the logits by far more than the tolerance.
+  """
+  # Two stages: the first unit of each projects its shortcut, the second one strides 2.
+  units, rng = (1, 2), np.random.default_rng(0)
+  model = get_model('r26_s32', num_classes=5, image_size=32, resnet_layers=units, num_layers=2,
+                    hidden_size=32, mlp_dim=64, num_heads=4)
+  flat = numpy_bit.random_hybrid_params(rng, units=units, width=32, depth=2, heads=4, mlp=64,
+                                        grid=model.grid, classes=5)
+  np.savez(tmp_path / 'hybrid.npz', **flat)
+  params = release.load_npz(tmp_path / 'hybrid.npz')
+  chex.assert_trees_all_equal_shapes(params, jax.eval_shape(lambda: init(model, 1)))
+  x = np.asarray(images_for(model, batch=2))
+  expected = numpy_bit.forward(flat, x)
+  assert expected.std() > 0.1  # Logits that differ between classes and images.
+  chex.assert_trees_all_close(jax.jit(model.apply)({'params': params}, x),
+                              expected.astype(np.float32), atol=2e-4, rtol=2e-4)
 
 
 def test_non_square_images():

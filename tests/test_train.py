@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.ndimage
 
 from vit_jax import config_base, errors, mfu, optim, sharding, train
 from vit_jax.checkpoints import manager as manager_lib
@@ -343,13 +344,18 @@ def test_fine_tune_starts_from_a_release_file(tmp_path):
                           'total_steps': 2, 'schedule.warmup_steps': 1,
                           'checkpoint_every_steps': 1, 'optimizer.name': 'sgd'})
   train.train_and_evaluate(config, str(tmp_path / 'run'))
-  model = get_model(num_classes=10, **{**TINY_MODEL, 'image_size': 24})
-  expected = release.load_pretrained(tmp_path / 'pretrained.npz', model.init(
-      jax.random.key(0), np.zeros((1, 24, 24, 3)))['params'], model)
   final = jax.device_get(restore_state(tmp_path / 'run', config, step=1).params)
-  chex.assert_trees_all_equal(final, expected)
-  chex.assert_shape(final['Transformer']['posembed_input']['pos_embedding'], (1, 36, 32))
-  assert 'pre_logits' not in final
+  # Expected, without load_pretrained: the source's encoder as it is, no pre-logits, a
+  # fresh zero head for 10 classes, and the 4x4 position grid resized to 6x6 as the
+  # releases resize it (scipy.ndimage.zoom, order 1; TINY_MODEL pools 'gap': no class token).
+  expected = jax.tree.map(np.asarray, {k: v for k, v in source_params.items()
+                                       if k not in ('pre_logits', 'head')})
+  grid = expected['Transformer']['posembed_input']['pos_embedding'].reshape(4, 4, 32)
+  resized = scipy.ndimage.zoom(grid.astype(np.float64), (1.5, 1.5, 1), order=1)
+  expected['Transformer'] = {**expected['Transformer'], 'posembed_input': {
+      'pos_embedding': resized.reshape(1, 36, 32).astype(np.float32)}}
+  expected['head'] = {'kernel': np.zeros((32, 10), np.float32), 'bias': np.zeros(10, np.float32)}
+  chex.assert_trees_all_close(final, expected, atol=1e-6, rtol=1e-6)
 
   config.init_from = str(tmp_path / 'missing.npz')
   with pytest.raises(FileNotFoundError,
@@ -420,3 +426,52 @@ def test_metrics_log_keeps_earlier_lines_across_a_resume(tmp_path, append):
     log.close()
   assert [m['step'] for m in read_metrics(tmp_path)] == [1, 2, 3]
   assert read_metrics(tmp_path)[2]['train/loss'] == pytest.approx(1 / 3)
+
+
+def first_step_loss(config, devices, batch):
+  """The shard_map step's loss on ``batch`` on a (devices, 1, 1) mesh, from random weights
+  (the zero-initialised head would hide every dropout mask)."""
+  model = model_of(config_base.complete(config))
+  mesh = sharding.make_mesh(None, devices=jax.devices()[:devices])
+  schedule = optim.make_schedule(config.schedule, 100, 5)
+  tx = optim.make_optimizer(config.optimizer, schedule)
+  state, shardings = train.create_train_state(model, tx, 0, mesh, shard_state=False)
+  leaves, tree = jax.tree.flatten(jax.device_get(state.params))
+  rng = np.random.default_rng(0)
+  params = jax.tree.unflatten(tree, [x + rng.normal(0, 0.3, x.shape).astype(x.dtype)
+                                     for x in leaves])
+  state = state.replace(params=jax.device_put(params, shardings.params))
+  step = train.make_train_step(model, tx, schedule, config, mesh, shardings)
+  _, metrics = step(state, jax.device_put(batch, sharding.batch_sharding(mesh)))
+  return float(metrics['loss'])
+
+
+def test_shard_map_devices_draw_different_masks():
+  """Guards the per-device fold_in of the shard_map step's key.
+
+  One example copied onto 8 devices: the step's loss is the mean of 8 devices' losses.
+  With one key for all, every device draws the first device's masks and the mean equals
+  the loss of that example alone on a 1-device mesh; with a key per device it does not.
+  Without dropout both are the same loss (the control).
+  """
+  rng = np.random.default_rng(1)
+  row = {'image': rng.uniform(-1, 1, (1, 16, 16, 3)).astype(np.float32),
+         'label': np.eye(10, dtype=np.float32)[[3]]}
+  copies = jax.tree.map(lambda x: np.repeat(x, 8, axis=0), row)
+  plain = tiny_config(step_impl='shard_map')
+  np.testing.assert_allclose(first_step_loss(plain, 8, copies), first_step_loss(plain, 1, row),
+                             rtol=1e-5)
+  config = tiny_config(step_impl='shard_map',
+                       **{'model.dropout_rate': 0.5, 'model.stochastic_depth': 0.5})
+  one, eight = first_step_loss(config, 1, row), first_step_loss(config, 8, copies)
+  assert abs(eight - one) > 1e-3 * abs(one), (one, eight)
+
+
+def test_shard_map_mixes_the_global_batch_as_jit_does():
+  """Guards mixup/CutMix under shard_map: one draw per step and neighbours across device
+  boundaries, as the jit step (not one lambda per device rolling within its own rows)."""
+  more = {**SGD, 'mixup_alpha': 0.8, 'cutmix_alpha': 1.0, 'mixup_switch_prob': 0.5}
+  jit_state, jit_losses, _ = run_steps(tiny_config(step_impl='jit', **more), 3)
+  state, losses, _ = run_steps(tiny_config(step_impl='shard_map', **more), 3)
+  np.testing.assert_allclose(losses, jit_losses, rtol=1e-5)
+  chex.assert_trees_all_close(state.params, jit_state.params, atol=1e-6, rtol=1e-5)

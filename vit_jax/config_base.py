@@ -101,6 +101,8 @@ def get_config() -> ml_collections.ConfigDict:
   ))
 
   # 'jit' (GSPMD shardings) or 'shard_map' (explicit over data and fsdp; tensor by XLA).
+  # Both mix (mixup/CutMix) the global batch with one draw per step; under shard_map each
+  # device draws its own dropout/stochastic-depth masks (its index folded into the key).
   config.step_impl = 'jit'
   # The device mesh (vit_jax/sharding.py): data parallelism x fully-sharded data
   # parallelism x tensor parallelism (heads and MLP units split). data=-1 takes the

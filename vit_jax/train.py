@@ -267,11 +267,12 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation, seed:
 def loss_and_grads(model: nn.Module, config: ml_collections.ConfigDict, params: Any,
                    batch: dict[str, jax.Array], rng: jax.Array,
                    constrain: Callable = lambda x: x,
-                   gather: Callable = lambda p: p) -> tuple[jax.Array, Any]:
+                   gather: Callable = lambda p: p, mixed: bool = False) -> tuple[jax.Array, Any]:
   """Mean loss and its gradients, over ``grad_accum_steps`` micro-batches in sequence.
 
   ``gather`` maps ``params`` to what the model takes, inside the differentiated
-  function (the shard_map step gathers its parameter shards there).
+  function (the shard_map step gathers its parameter shards there). ``mixed``: the
+  batch has had its mixup/CutMix already (``mix_global_batch``), not to be mixed again.
   """
   smoothing = config.label_smoothing
 
@@ -280,7 +281,8 @@ def loss_and_grads(model: nn.Module, config: ml_collections.ConfigDict, params: 
     return optim.loss_fn(config.loss, logits, labels, smoothing).mean()
 
   grad_fn = jax.value_and_grad(mean_loss)
-  batch = mix(batch, jax.random.fold_in(rng, 0x6D697875), config)  # 'mixu'
+  if not mixed:
+    batch = mix_global_batch(batch, rng, config)
   k = int(config.grad_accum_steps)
   if k == 1:
     return grad_fn(params, batch['image'], batch['label'], rng)
@@ -333,6 +335,14 @@ def cutmix(batch: dict[str, jax.Array], rng: jax.Array, alpha: float) -> dict[st
   label = ((1. - share) * batch['label']
            + share * jnp.roll(batch['label'], 1, axis=0)).astype(batch['label'].dtype)
   return {**batch, 'image': image, 'label': label}
+
+
+def mix_global_batch(batch: dict[str, jax.Array], step_rng: jax.Array,
+                     config: ml_collections.ConfigDict) -> dict[str, jax.Array]:
+  """``mix`` on the whole global batch with the step's key: both train steps call it
+  there, so one lambda (or box) is drawn per step and each example is mixed with its
+  neighbour in the global batch, whatever the mesh or ``step_impl``."""
+  return mix(batch, jax.random.fold_in(step_rng, 0x6D697875), config)  # 'mixu'
 
 
 def mix(batch: dict[str, jax.Array], rng: jax.Array,
@@ -399,11 +409,13 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
 
     def per_device(params: Any, batch: dict[str, jax.Array],
                    rng: jax.Array) -> tuple[jax.Array, Any]:
-      # Each device: its own rows of the batch (and dropout key). A gradient of fsdp
+      # Each device: its own rows of the batch, and its own dropout and stochastic-depth
+      # key (the step's, folded with its index: no two devices draw the same masks; mixup
+      # already happened on the global batch, outside). A gradient of fsdp
       # shards is already summed over 'fsdp' (the gather's reduce-scatter); the rest is
       # summed here, then everything divided by the number of devices: the mean.
       rng = jax.random.fold_in(rng, jax.lax.axis_index(sharding.BATCH_AXES))
-      loss, grads = loss_and_grads(model, config, params, batch, rng, gather=gather)
+      loss, grads = loss_and_grads(model, config, params, batch, rng, gather=gather, mixed=True)
       grads = jax.tree.map(
           lambda g, spec: jax.lax.psum(g, tuple(a for a in sharding.BATCH_AXES
                                                 if a not in spec)) / devices, grads, specs)
@@ -415,7 +427,10 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                              check_vma=False)
 
     def step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, Any]:
-      loss, grads = grads_fn(state.params, batch, jax.random.fold_in(state.rng, state.step))
+      rng = jax.random.fold_in(state.rng, state.step)
+      # Mixup/CutMix as the jit step: on the global batch, before it is split (issue 32).
+      batch = mix_global_batch(batch, rng, config)
+      loss, grads = grads_fn(state.params, batch, rng)
       return apply_grads(state, loss, grads)
 
   return jax.jit(step, in_shardings=(state_shardings, batch_sharding),

@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 _RUNS = flags.DEFINE_integer('runs', 10, 'How many times the run is killed.')
 _STEPS = flags.DEFINE_integer('steps', 200, 'Steps of the run.')
@@ -38,6 +38,9 @@ _CHECKPOINT_EVERY = flags.DEFINE_integer('checkpoint_every', 20, 'Steps between 
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the steps at which it is killed.')
 _WORK_DIR = flags.DEFINE_string('work_dir', '/tmp/vit_jax_faults', 'Where the runs go.')
 _OUT = flags.DEFINE_string('out', '', 'JSON file for the results.')
+_SET = flags.DEFINE_multi_string(
+    'set', [], 'More config overrides, FIELD=VALUE (e.g. model.num_layers=2): a smaller run '
+    'for a quick check, as the tests do.')
 
 CONFIG = 'configs/quickstart.py'
 _RESUMED = re.compile(r'Resumed from \S+ at step (\d+)\.')
@@ -46,9 +49,10 @@ _STEP = re.compile(r'\] step (\d+)/')
 
 def overrides() -> dict[str, Any]:
   """The quickstart recipe, shorter, checkpointed often, every step logged."""
+  more = dict(item.split('=', 1) for item in _SET.value)
   return {'total_steps': _STEPS.value, 'schedule.warmup_steps': 10, 'log_every_steps': 1,
           'eval_every_steps': 0, 'checkpoint_every_steps': _CHECKPOINT_EVERY.value,
-          'keep_checkpoints': 3}
+          'keep_checkpoints': 3, **more}
 
 
 def start(workdir: str, log: str) -> subprocess.Popen:
@@ -156,9 +160,14 @@ def main(argv: list[str]) -> None:
   del argv
   import jax
 
+  from vit_jax import config_cli, errors
   from vit_jax.benchmarks import results
   from vit_jax.cpu import host_cpu
 
+  bad = [item for item in _SET.value if '=' not in item]
+  if bad:
+    raise errors.UserError(f'--set={bad[0]} is not FIELD=VALUE (e.g. --set=model.num_layers=2).')
+  config_cli.load(CONFIG, [(k, str(v)) for k, v in overrides().items()])  # Refused here if bad.
   load = os.getloadavg()
   shutil.rmtree(_WORK_DIR.value, ignore_errors=True)
   os.makedirs(_WORK_DIR.value)
@@ -199,4 +208,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  from vit_jax import errors
+
+  errors.run(main)

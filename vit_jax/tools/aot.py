@@ -48,6 +48,10 @@ def _define_flags() -> types.SimpleNamespace:
       json=flags.DEFINE_string('json', None, 'Also write the report as JSON to this file.'),
       max_batch=flags.DEFINE_bool('max_batch', False,
                                   'Find the largest global batch that fits.'),
+      max_batch_memory=flags.DEFINE_float(
+          'max_batch_memory', None, 'With --max_batch: the memory per device (GiB) the train '
+          'step may take. Needed on --topology=cpu (XLA:CPU compiles any batch); on a TPU, a '
+          'cap below its HBM (default: the HBM, as the compiler decides).'),
       examples=flags.DEFINE_integer(
           'num_train_examples', None, 'Training examples per epoch, for schedules in epochs '
           '(default: the dataset\'s, where it is known here: TRAIN_EXAMPLES).'))
@@ -231,9 +235,14 @@ def report(config: Any, topology: str, num_train_examples: int | None = None) ->
   return out
 
 
-def largest_batch(config: Any, topology: str, num_train_examples: int | None) -> int | None:
+def largest_batch(config: Any, topology: str, num_train_examples: int | None,
+                  memory_per_device: float | None = None) -> int | None:
   """The largest global batch whose train step fits (bisection over multiples of the
-  devices x grad_accum_steps); None if not even the smallest does."""
+  devices x grad_accum_steps); None if not even the smallest does.
+
+  ``memory_per_device``: bytes a device may use (as the compiler counts them), besides
+  the compiler's own out-of-memory; the only limit there is on 'cpu'.
+  """
   devices, _ = _target(topology)
   unit = len(devices) * int(config.get('grad_accum_steps') or 1)
   examples = _examples(config, num_train_examples)
@@ -242,7 +251,9 @@ def largest_batch(config: Any, topology: str, num_train_examples: int | None) ->
     probe = config.copy_and_resolve_references()
     with probe.unlocked():
       probe.batch_size = probe.eval_batch_size = units * unit
-    ok = compile_steps(probe, devices, examples, only_train=True)['train']['fits']
+    figures = compile_steps(probe, devices, examples, only_train=True)['train']
+    ok = figures['fits'] and (memory_per_device is None
+                              or figures['hbm_bytes_per_device'] <= memory_per_device)
     logging.info('global batch %d: %s', units * unit, 'fits' if ok else 'does not fit')
     return ok
 
@@ -343,11 +354,19 @@ def main(argv: list[str]) -> None:
     if importlib.util.find_spec('libtpu') is None:
       raise errors.UserError('compiling for a TPU needs libtpu: pip install -e ".[tpu]" (or '
                              'use --topology=cpu).')
+  limit = _FLAGS.max_batch_memory.value
+  if limit is not None and (not _FLAGS.max_batch.value or limit <= 0):
+    raise errors.UserError(f'--max_batch_memory={limit} is for --max_batch, and positive '
+                           '(GiB per device).')
+  if _FLAGS.max_batch.value and topology == 'cpu' and limit is None:
+    raise errors.UserError('--max_batch on --topology=cpu needs --max_batch_memory=GIB: '
+                           'XLA:CPU compiles any batch, so nothing else bounds it.')
   config, examples = _FLAGS.config.value, _FLAGS.examples.value
   if _FLAGS.max_batch.value:
-    best = largest_batch(config, topology, examples)
+    best = largest_batch(config, topology, examples, limit and limit * 2**30)
     if best is None:
-      raise errors.UserError(f'not even the smallest global batch fits on {topology}.')
+      raise errors.UserError(f'not even the smallest global batch fits on {topology}'
+                             + (f' in {limit} GiB per device.' if limit else '.'))
     print(f'Largest global batch that fits on {topology}: {best}.')
     config = config.copy_and_resolve_references()
     with config.unlocked():

@@ -1,0 +1,82 @@
+"""Tests of vit_jax.data.preprocess against exact expected pixels.
+
+Each op is checked on small images whose every pixel is known, so that an op that
+shifts, scales or skips its work by one pixel or one step fails here.
+"""
+
+import chex
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit_jax.data import preprocess
+
+
+def numbered(h, w, c=3):
+  """An image whose pixel (y, x, ch) is 100 * y + 10 * x + ch (all distinct, uint8)."""
+  y, x, ch = np.meshgrid(np.arange(h), np.arange(w), np.arange(c), indexing='ij')
+  return (100 * y + 10 * x + ch).astype(np.uint8)
+
+
+def test_flip_lr_mirrors_the_columns_for_half_the_seeds():
+  """Guards a flip_lr that never flips (or always does): exact pixels, over 400 draws."""
+  image = numbered(2, 3)
+  mirrored = np.array([[[20, 21, 22], [10, 11, 12], [0, 1, 2]],
+                       [[120, 121, 122], [110, 111, 112], [100, 101, 102]]], np.uint8)
+  flip = preprocess.parse('flip_lr')
+  flipped = 0
+  for seed in range(400):
+    out = flip(image, np.random.default_rng(seed))
+    assert out.dtype == np.uint8 and out.shape == image.shape
+    if np.array_equal(out, mirrored):
+      flipped += 1
+    else:
+      np.testing.assert_array_equal(out, image)  # Either mirrored or left as it is.
+  assert 170 <= flipped <= 230  # Binomial(400, 1/2): mean 200, std 10.
+
+
+def test_value_range_maps_0_and_255_to_the_ends():
+  """Guards value_range's scale (255 steps, not 256) on the host and on the device."""
+  image = np.array([[[0, 51, 255]], [[102, 204, 127]]], np.uint8)  # 2 x 1 x 3
+  expected = {(-1, 1): np.array([[[-1., -0.6, 1.]], [[-0.2, 0.6, 127 / 127.5 - 1]]]),
+              (0, 1): np.array([[[0., 0.2, 1.]], [[0.4, 0.8, 127 / 255]]])}
+  for (lo, hi), want in expected.items():
+    pipeline = preprocess.parse(f'value_range({lo}, {hi})')
+    out = pipeline(image, np.random.default_rng(0))
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, want, rtol=0, atol=1e-6)
+    on_device = pipeline.on_device(jnp.asarray(image[None]))
+    chex.assert_type(on_device, jnp.float32)
+    np.testing.assert_allclose(on_device[0], want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize('shape, size, top, left', [
+    ((5, 6), 2, 1, 2),    # Even margins: 3 rows (1 above, 2 below), 4 columns (2 and 2).
+    ((4, 7), 3, 0, 2),    # One spare row (below), four spare columns (2 and 2).
+    ((7, 4), 4, 1, 0),
+    ((3, 3), 3, 0, 0),
+])
+def test_central_crop_takes_the_middle(shape, size, top, left):
+  """Guards central_crop's window (e.g. the top-left corner instead of the centre).
+
+  The expected offsets are written out by hand: the spare pixels split evenly, the odd
+  one below or to the right, as TensorFlow's ``crop_to_bounding_box`` calls in big_vision.
+  """
+  image = numbered(*shape)
+  out = preprocess.parse(f'central_crop({size})')(image, np.random.default_rng(0))
+  expected = numbered(size, size) + np.uint8(100 * top + 10 * left)
+  np.testing.assert_array_equal(out, expected)
+
+
+def test_central_crop_of_a_too_small_image_is_refused():
+  with pytest.raises(ValueError, match=r'central_crop\(8\) of a 5x6 image: resize it first'):
+    preprocess.parse('central_crop(8)')(numbered(5, 6), np.random.default_rng(0))
+
+
+def test_resize_small_keeps_the_aspect_ratio_and_resize_matches_opencv_bilinear():
+  """resize_small(4) of 8x12 is 4x6; a 2x downscale of a linear ramp is its 2-pixel means."""
+  ramp = np.repeat(np.repeat((np.arange(12) * 20).astype(np.uint8)[None, :, None], 8, 0), 3, 2)
+  out = preprocess.parse('resize_small(4)')(ramp, np.random.default_rng(0))
+  assert out.shape == (4, 6, 3)
+  # Half-pixel centres: output column j samples input column 2j + 0.5, between 2j and 2j + 1.
+  np.testing.assert_array_equal(out[0, :, 0], [10, 50, 90, 130, 170, 210])
