@@ -546,6 +546,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   clock = _Clock()
   plan = validate(config)
   config, model, mesh, total_steps = plan.config, plan.model, plan.mesh, plan.total_steps
+  # config.evals (docs/evaluation.md): opened and checked here, before anything compiles.
+  from vit_jax import fewshot, imagenet_evals
+  fewshot_eval = fewshot.from_config(config, model.image_size)
+  extra_evals = imagenet_evals.from_config(
+      config, plan.num_classes, tuple(getattr(plan.train_source, 'class_names', ())),
+      model.image_size, plan.pp_eval)
   matmul_dtype = model.matmul_dtype and jnp.dtype(model.matmul_dtype).name
   for warning in cpu.warnings(matmul_dtype):
     logging.warning(warning)
@@ -587,6 +593,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   train_step = make_train_step(model, tx, schedule, config, mesh, state_shardings)
   eval_step = evaluate.make_eval_step(model, config.loss, state_shardings.params,
                                       sharding.batch_sharding(mesh), sharding.replicated(mesh))
+  if fewshot_eval:
+    fewshot_eval.bind(model, state_shardings.params, sharding.batch_sharding(mesh))
   train_loader = loader.TrainLoader(
       plan.train_source, plan.pp_train, global_batch_size=config.batch_size,
       seed=config.seed, sharding=sharding.batch_sharding(mesh),
@@ -607,11 +615,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       result.update({prefix + k: v for k, v in metrics.items() if not prefix or k != 'examples'})
       line += (f'{"; EMA" if prefix else ""} {metric_name} {metrics[metric_name]:.4f}, loss '
                f'{metrics["loss"]:.4f}')
+    if extra_evals:  # ImageNet ReaL and v2 (vit_jax/imagenet_evals.py), beside the top-1.
+      extra, text = imagenet_evals.evaluate_all(
+          extra_evals, eval_step, state.params, plan.pp_eval, batch_size=config.eval_batch_size,
+          batch_sharding=sharding.batch_sharding(mesh), metric_name=metric_name,
+          num_workers=config.input_workers)
+      result.update(extra)
+      line += text
     if step not in log.evals:  # A finished run evaluated again adds no row.
       log.write(step, {f'eval/{k}': v for k, v in result.items()})
     logging.info('%s (%d examples)', line, result['examples'])
     clock.eval += time.perf_counter() - started
     return result
+
+  def run_fewshot(step: int) -> dict[str, float]:
+    """Few-shot linear accuracy (vit_jax/fewshot.py), logged as fewshot/<dataset>_<k>shot."""
+    started = time.perf_counter()
+    metrics = fewshot_eval.run(state.params)
+    log.write(step, metrics)
+    logging.info('few-shot at step %d: %s', step,
+                 ', '.join(f'{k.split("/")[1]} {v:.4f}' for k, v in metrics.items()))
+    clock.eval += time.perf_counter() - started
+    return metrics
 
   def summary(step: int) -> None:
     trained = step - start_step
@@ -700,6 +725,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         manager_lib.save(manager, step, state, force=True)
       if (eval_every and step % eval_every == 0) or step == total_steps:
         result = run_eval(step)
+      if fewshot_eval and fewshot_eval.due(step, total_steps, eval_every):
+        result.update(run_fewshot(step))
     if start_step >= total_steps:
       logging.info('The run in %s is already complete (step %d).', workdir, start_step)
       result = run_eval(start_step)
