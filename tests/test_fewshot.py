@@ -37,7 +37,10 @@ def test_accuracy_is_the_closed_form_ridge_solution(n_per_class, dims):
   for trial in range(20):
     centres = rng.normal(size=(num_classes, dims)) * rng.uniform(0.2, 1.)
     scales = rng.uniform(0.1, 10., dims)  # Standardisation matters.
-    y = np.repeat(np.arange(num_classes), n_per_class)
+    # Balanced K-shot sets, and unbalanced ones (there the bias feature's size matters too).
+    counts = [n_per_class] * num_classes if trial % 2 else rng.integers(1, 2 * n_per_class,
+                                                                         num_classes)
+    y = np.repeat(np.arange(num_classes), counts)
     y_test = rng.integers(0, num_classes, 300)
     x = (centres[y] + rng.normal(size=(len(y), dims))) * scales + 5.
     x_test = (centres[y_test] + rng.normal(size=(300, dims))) * scales + 5.

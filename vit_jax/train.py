@@ -633,9 +633,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     started = time.perf_counter()
     metrics = fewshot_eval.run(state.params)
     log.write(step, metrics)
-    logging.info('few-shot at step %d: %s', step,
+    seconds = time.perf_counter() - started
+    logging.info('few-shot at step %d (%.1fs): %s', step, seconds,
                  ', '.join(f'{k.split("/")[1]} {v:.4f}' for k, v in metrics.items()))
-    clock.eval += time.perf_counter() - started
+    clock.eval += seconds
     return metrics
 
   def summary(step: int) -> None:
