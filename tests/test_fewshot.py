@@ -203,3 +203,21 @@ def test_cli_errors_are_one_line(tmp_path):
     assert len(lines) == 1 and match in lines[0], run.stderr
     assert 'Traceback' not in run.stderr
 
+
+
+def test_the_quickstart_logs_fewshot_accuracy_on_the_digits():
+  import importlib.util
+
+  from vit_jax import config_base
+
+  from runs import QUICKSTART
+
+  spec = importlib.util.spec_from_file_location('quickstart', QUICKSTART)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = config_base.complete(module.get_config())
+  evaluator = fewshot.from_config(config, config.model.image_size)
+  assert [d.name for d in evaluator.datasets] == ['digits']
+  assert (len(evaluator.datasets[0].train), len(evaluator.datasets[0].test)) == (1438, 359)
+  assert evaluator.shots == (1, 5, 10, 25) and evaluator.seeds == 3
+  assert evaluator.due(500, 1500, config.eval_every_steps)
