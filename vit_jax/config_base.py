@@ -114,7 +114,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.evals = ml_collections.ConfigDict(dict(
       # Few-shot linear accuracy of the frozen features (vit_jax/fewshot.py), logged as
       # fewshot/<dataset>_<shots>shot. datasets: 'NAME' (its train and test splits) or
-      # 'NAME,TRAIN_SPLIT,TEST_SPLIT[,DATA_DIR]'; NAME as config.dataset.name takes it.
+      # 'NAME,TRAIN_SPLIT,TEST_SPLIT[,DATA_DIR]'; the run's own dataset.name, its data_dir.
       fewshot=ml_collections.ConfigDict(dict(
           datasets=(),  # () : off. E.g. ('digits',) or ('cifar100', 'oxford_iiit_pet').
           shots=(1, 5, 10, 25), seeds=3,  # Seeds: draws of the few-shot examples.
