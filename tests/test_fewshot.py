@@ -139,13 +139,13 @@ def test_a_pre_logits_layer_is_the_representation():
   model = get_model('ti16', num_classes=5, image_size=8, patch_size=4, hidden_size=16,
                     mlp_dim=32, num_heads=2, num_layers=1, representation_size=12)
   images = np.random.default_rng(0).uniform(-1, 1, (3, 8, 8, 3)).astype(np.float32)
-  params = model.init(jax.random.key(0), images)['params']
+  params = jax.jit(model.init)(jax.random.key(0), images)['params']
   params['head']['kernel'] = np.random.default_rng(1).normal(size=(12, 5)).astype(np.float32)
-  features = fewshot.feature_model(model).apply({'params': params}, images)
+  features = jax.jit(fewshot.feature_model(model).apply)({'params': params}, images)
   chex.assert_shape(features, (3, 12))
   assert np.all(np.abs(features) <= 1)  # tanh's output.
   chex.assert_trees_all_close(features @ params['head']['kernel'] + params['head']['bias'],
-                              model.apply({'params': params}, images), atol=1e-5)
+                              jax.jit(model.apply)({'params': params}, images), atol=1e-5)
 
 
 def test_training_logs_fewshot_metrics_and_the_cli_agrees(tmp_path):
