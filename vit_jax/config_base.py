@@ -116,6 +116,25 @@ def get_config() -> ml_collections.ConfigDict:
   config.init_step = _none(int)  # Its checkpoint; None: the latest.
   config.init_keep_head = False  # Keep the source's classifier (same classes).
 
+  # Extra evaluations (docs/evaluation.md).
+  config.evals = ml_collections.ConfigDict(dict(
+      # Few-shot linear accuracy of the frozen features (vit_jax/fewshot.py), logged as
+      # fewshot/<dataset>_<shots>shot. datasets: 'NAME' (its train and test splits) or
+      # 'NAME,TRAIN_SPLIT,TEST_SPLIT[,DATA_DIR]'; the run's own dataset.name, its data_dir.
+      fewshot=ml_collections.ConfigDict(dict(
+          datasets=(),  # () : off. E.g. ('digits',) or ('cifar100', 'oxford_iiit_pet').
+          shots=(1, 5, 10, 25), seeds=3,  # Seeds: draws of the few-shot examples.
+          l2_reg=2.0**10,
+          every_steps=0,  # 0: with each evaluation (eval_every_steps) and at the end.
+          pp='',  # '': dataset.pp_eval.
+      )),
+      # ImageNet configs: also evaluate on ImageNet ReaL (TFDS imagenet2012_real, the
+      # validation images with their reassessed label sets) and ImageNet-v2 (imagenet_v2),
+      # logged as eval/real/accuracy and eval/v2/accuracy beside eval/accuracy.
+      real=False, v2=False,
+      data_dir='',  # Their TFDS data_dir; '': config.dataset.data_dir's, or TFDS's default.
+  ))
+
   config.seed = 0
   config.log_every_steps = 100
   config.eval_every_steps = 0  # 0: at the end only.

@@ -29,7 +29,18 @@ from absl import logging
 from etils import epath
 from jax.sharding import PartitionSpec as P
 
-from vit_jax import config_base, console, cpu, errors, evaluate, mfu, optim, sharding
+from vit_jax import (
+    config_base,
+    console,
+    cpu,
+    errors,
+    evaluate,
+    fewshot,
+    imagenet_evals,
+    mfu,
+    optim,
+    sharding,
+)
 from vit_jax import workdir as workdir_lib
 from vit_jax.checkpoints import manager as manager_lib
 from vit_jax.checkpoints import release
@@ -601,8 +612,9 @@ def _starting_state(state: TrainState, state_shardings: Any, manager: Any,
 
 
 def _evaluate(evaluator: evaluate.Evaluator, state: TrainState, step: int, log: _MetricsLog,
-              clock: _Clock) -> dict[str, float]:
-  """The weights' metrics, and the moving average's as 'ema/...', logged at ``step``."""
+              clock: _Clock, extra_evals: list[Any] = ()) -> dict[str, float]:
+  """The weights' metrics, and the moving average's as 'ema/...', logged at ``step``; the
+  weights' ImageNet ReaL and v2 metrics as 'real/...' and 'v2/...' (``extra_evals``)."""
   started = time.perf_counter()
   result, line = {}, f'eval at step {step}:'
   for prefix, params in (('', state.params), ('ema/', state.ema_params)):
@@ -612,11 +624,28 @@ def _evaluate(evaluator: evaluate.Evaluator, state: TrainState, step: int, log: 
     result.update({prefix + k: v for k, v in metrics.items() if not prefix or k != 'examples'})
     line += (f'{"; EMA" if prefix else ""} {evaluator.metric} {metrics[evaluator.metric]:.4f}, '
              f'loss {metrics["loss"]:.4f}')
+  if extra_evals:  # vit_jax/imagenet_evals.py, beside the top-1.
+    extra, text = imagenet_evals.evaluate_all(extra_evals, evaluator, state.params)
+    result.update(extra)
+    line += text
   if step not in log.evals:  # A finished run evaluated again adds no row.
     log.write(step, {f'eval/{k}': v for k, v in result.items()})
   logging.info('%s (%d examples)', line, result['examples'])
   clock.eval += time.perf_counter() - started
   return result
+
+
+def _fewshot(fewshot_eval: fewshot.Evaluator, state: TrainState, step: int, log: _MetricsLog,
+             clock: _Clock) -> dict[str, float]:
+  """Few-shot linear accuracy (vit_jax/fewshot.py), logged as fewshot/<dataset>_<k>shot."""
+  started = time.perf_counter()
+  metrics = fewshot_eval.run(state.params)
+  log.write(step, metrics)
+  seconds = time.perf_counter() - started
+  logging.info('few-shot at step %d (%.1fs): %s', step, seconds,
+               ', '.join(f'{k.split("/")[1]} {v:.4f}' for k, v in metrics.items()))
+  clock.eval += seconds
+  return metrics
 
 
 def _log_interval(step: int, host: list[dict[str, float]], images_per_s: float, eta: float,
@@ -678,6 +707,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   clock = _Clock()
   plan = validate(config)
   config, model, mesh, total_steps = plan.config, plan.model, plan.mesh, plan.total_steps
+  # config.evals (docs/evaluation.md): opened and checked here, before anything compiles.
+  fewshot_eval = fewshot.from_config(config, model.image_size)
+  extra_evals = imagenet_evals.from_config(
+      config, plan.num_classes, tuple(getattr(plan.train_source, 'class_names', ())),
+      model.image_size, plan.pp_eval)
   for warning in cpu.warnings(_matmul_dtype(model)):
     logging.warning(warning)
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
@@ -703,6 +737,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   # The programs and the data.
   train_step = make_train_step(model, tx, schedule, config, mesh, state_shardings)
   evaluator = evaluate.make_evaluator(plan, state_shardings.params)
+  if fewshot_eval:
+    fewshot_eval.bind(model, state_shardings.params, sharding.batch_sharding(mesh))
   train_loader = loader.TrainLoader(
       plan.train_source, plan.pp_train, global_batch_size=config.batch_size,
       seed=config.seed, sharding=sharding.batch_sharding(mesh),
@@ -750,11 +786,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         manager_lib.save(manager, step, state, force=True)
       if (config.eval_every_steps and step % config.eval_every_steps == 0
           or step == total_steps):
-        result = _evaluate(evaluator, state, step, log, clock)
-
+        result = _evaluate(evaluator, state, step, log, clock, extra_evals)
+      if fewshot_eval and fewshot_eval.due(step, total_steps, config.eval_every_steps):
+        result.update(_fewshot(fewshot_eval, state, step, log, clock))
     if start_step >= total_steps:
       logging.info('The run in %s is already complete (step %d).', workdir, start_step)
-      result = _evaluate(evaluator, state, start_step, log, clock)
+      result = _evaluate(evaluator, state, start_step, log, clock, extra_evals)
     manager.wait_until_finished()
     _summary(max(start_step, total_steps), start_step, plan, clock, speed, evaluator.metric,
              log, manager)

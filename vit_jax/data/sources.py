@@ -100,7 +100,7 @@ class TFDSSource:
   """
 
   def __init__(self, name: str, split: str, data_dir: str | None = None,
-               manual_dir: str | None = None, prepare: bool = False):
+               manual_dir: str | None = None, prepare: bool = False, label_key: str = 'label'):
     import tensorflow_datasets as tfds
 
     try:
@@ -127,17 +127,33 @@ class TFDSSource:
       raise ValueError(f'TFDS dataset {name!r} ({builder.data_dir}, {file_format}) cannot be '
                        f'read with random access: prepare it with file_format="array_record" '
                        f'or "tfrecord" ({e}).') from e
-    label = builder.info.features['label']
+    features = builder.info.features
+    if label_key not in features:
+      raise ValueError(f'TFDS dataset {name!r} has no feature {label_key!r} (its features: '
+                       f'{", ".join(features)}).')
+    label = features[label_key]
+    # A Sequence of ClassLabel (imagenet2012_real's 'real_label'): a set of classes per
+    # image, given as a multi-hot row (all zeros for an empty set).
+    self.multi_label = isinstance(label, tfds.features.Sequence)
+    if self.multi_label:
+      label = label.feature
+    if not isinstance(label, tfds.features.ClassLabel):
+      raise ValueError(f'TFDS dataset {name!r}: feature {label_key!r} is not a class label.')
+    self.label_key = label_key
     self.num_classes = label.num_classes
     self.class_names = tuple(label.names)
-    self.multi_label = False
 
   def __len__(self) -> int:
     return len(self._source)
 
   def __getitem__(self, index: int) -> dict[str, Any]:
     example = self._source[int(index)]
-    return {'image': example['image'], 'label': example['label']}
+    label = example[self.label_key]
+    if self.multi_label:
+      row = np.zeros(self.num_classes, np.float32)
+      row[np.asarray(label, np.int64)] = 1.
+      label = row
+    return {'image': example['image'], 'label': label}
 
 
 IN_MEMORY = ('digits', 'mnist', 'fashion_mnist')

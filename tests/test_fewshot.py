@@ -1,0 +1,223 @@
+"""Tests of vit_jax.fewshot: the regression against closed forms, the draws, real features of
+a trained model on the bundled digits, the training loop's metrics and the command line."""
+
+import json
+import subprocess
+import sys
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+from vit_jax import errors, fewshot, sharding, train, workdir
+from vit_jax.data import preprocess, sources
+
+from runs import ROOT, env, read_metrics, tiny_config
+
+
+def ridge_by_lstsq(x, y, x_test, num_classes, l2_reg):
+  """The paper's regression, independently: standardise with the few-shot set's statistics,
+  append the constant 100, and solve min |XW - Y|^2 + l2 |W|^2 as the least-squares problem
+  [X; sqrt(l2) I] W = [Y; 0] (numpy.linalg.lstsq). Returns the test predictions."""
+  mean, std = x.mean(0), x.std(0) + 1e-5
+  aug = lambda f: np.hstack([(f - mean) / std, np.full((len(f), 1), 100.)])
+  a, a_test = aug(x.astype(np.float64)), aug(x_test.astype(np.float64))
+  targets = np.where(np.arange(num_classes)[None] == y[:, None], 1., -1.)
+  stacked = np.vstack([a, np.sqrt(l2_reg) * np.eye(a.shape[1])])
+  w = np.linalg.lstsq(stacked, np.vstack([targets, np.zeros((a.shape[1], num_classes))]),
+                      rcond=None)[0]
+  return np.argmax(a_test @ w, 1)
+
+
+@pytest.mark.parametrize('n_per_class,dims', [(25, 8), (5, 64)])  # N >= D and N < D.
+def test_accuracy_is_the_closed_form_ridge_solution(n_per_class, dims):
+  rng = np.random.default_rng(0)
+  num_classes = 6
+  for trial in range(20):
+    centres = rng.normal(size=(num_classes, dims)) * rng.uniform(0.2, 1.)
+    scales = rng.uniform(0.1, 10., dims)  # Standardisation matters.
+    # Balanced K-shot sets, and unbalanced ones (there the bias feature's size matters too).
+    counts = [n_per_class] * num_classes if trial % 2 else rng.integers(1, 2 * n_per_class,
+                                                                         num_classes)
+    y = np.repeat(np.arange(num_classes), counts)
+    y_test = rng.integers(0, num_classes, 300)
+    x = (centres[y] + rng.normal(size=(len(y), dims))) * scales + 5.
+    x_test = (centres[y_test] + rng.normal(size=(300, dims))) * scales + 5.
+    for l2 in (2.0**10, 1.):
+      got = fewshot.linear_fewshot_accuracy(x.astype(np.float32), y, x_test.astype(np.float32),
+                                            y_test, num_classes, l2)
+      expected = np.mean(ridge_by_lstsq(x.astype(np.float32), y, x_test.astype(np.float32),
+                                        num_classes, l2) == y_test)
+      assert got == pytest.approx(expected, abs=1e-12), (trial, l2)
+
+
+def test_known_answers_on_synthetic_problems():
+  rng = np.random.default_rng(1)
+  num_classes, dims = 10, 32
+  # Separable: each class a far-apart point plus small noise -> every test example right.
+  centres = rng.normal(size=(num_classes, dims)) * 10
+  y = np.repeat(np.arange(num_classes), 5)
+  y_test = rng.integers(0, num_classes, 500)
+  noise = lambda n: rng.normal(size=(n, dims)) * 0.1
+  assert fewshot.linear_fewshot_accuracy(centres[y] + noise(len(y)), y,
+                                         centres[y_test] + noise(500), y_test, num_classes) == 1.
+  # Features that carry no information about the labels: chance (1/10) on average.
+  chance = [fewshot.linear_fewshot_accuracy(rng.normal(size=(50, dims)), y,
+                                            rng.normal(size=(500, dims)), y_test, num_classes)
+            for _ in range(40)]
+  assert abs(np.mean(chance) - 0.1) < 0.015, np.mean(chance)
+  # The labels of the test set swapped for another class: nothing right.
+  assert fewshot.linear_fewshot_accuracy(centres[y] + noise(len(y)), y, centres[y_test],
+                                         (y_test + 1) % num_classes, num_classes) == 0.
+
+
+def test_bad_inputs_are_refused():
+  x, y = np.zeros((4, 3)), np.array([0, 1, 0, 1])
+  with pytest.raises(ValueError, match='same dims'):
+    fewshot.linear_fewshot_accuracy(x, y, np.zeros((2, 4)), y[:2], 2)
+  with pytest.raises(ValueError, match=r'integers in \[0, 2\)'):
+    fewshot.linear_fewshot_accuracy(x, y + 1, x, y, 2)
+  with pytest.raises(ValueError, match='one integer per example'):
+    fewshot.linear_fewshot_accuracy(x, y[:3], x, y, 2)
+
+
+def test_draws_take_k_per_class_nested_and_seeded():
+  labels = np.random.default_rng(0).integers(0, 5, 200)
+  for seed in range(3):
+    five = fewshot.fewshot_indices(labels, 5, 5, seed)
+    one = fewshot.fewshot_indices(labels, 5, 1, seed)
+    chex.assert_trees_all_equal(np.bincount(labels[five], minlength=5), np.full(5, 5))
+    assert set(one) <= set(five)  # One draw per seed, its first K of each class.
+    chex.assert_trees_all_equal(five, fewshot.fewshot_indices(labels, 5, 5, seed))
+  assert set(fewshot.fewshot_indices(labels, 5, 5, 0)) != set(
+      fewshot.fewshot_indices(labels, 5, 5, 1))
+  # Each class's permutation drawn in class order from default_rng(seed).
+  rng = np.random.default_rng(7)
+  expected = np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:3] for c in range(5)])
+  chex.assert_trees_all_equal(fewshot.fewshot_indices(labels, 5, 3, 7), expected)
+  with pytest.raises(errors.DataError, match='class 4 has 0 examples'):
+    fewshot.fewshot_indices(labels % 4, 5, 1, 0)
+
+
+def test_features_of_a_trained_model_on_digits(tiny_run):
+  """The sharded feature pass over 8 devices gives the model's own pre-logits features (the
+  head's input: logits = features @ kernel + bias), and the accuracy on them is lstsq's."""
+  loaded = workdir.load_run(tiny_run)
+  model, params = loaded.model, loaded.params
+  mesh = sharding.make_mesh()
+  batch_sharding = sharding.batch_sharding(mesh)
+  step = fewshot.make_feature_step(model, sharding.replicated(mesh), batch_sharding)
+  pp = preprocess.parse(loaded.config.dataset.pp_eval)
+  test = sources.digits('test')
+  features, labels = fewshot.split_features(step, params, test, pp, batch_size=64,
+                                            batch_sharding=batch_sharding, num_classes=10)
+  chex.assert_shape(features, (len(test), model.hidden_size))
+  chex.assert_trees_all_equal(labels, test.labels.astype(np.int64))
+  images = np.stack([pp(test[i]['image'], np.random.default_rng(0)) for i in range(len(test))])
+  logits = np.asarray(model.apply({'params': params}, images, train=False))
+  head = params['head']
+  chex.assert_trees_all_close(features @ np.asarray(head['kernel']) + np.asarray(head['bias']),
+                              logits, atol=1e-4, rtol=1e-4)
+
+  train_f, train_y = fewshot.split_features(step, params, sources.digits('train'), pp,
+                                            batch_size=64, batch_sharding=batch_sharding,
+                                            num_classes=10)
+  per_shot = fewshot.accuracies((train_f, train_y), (features, labels), 10, (1, 10), 2)
+  for k, per_seed in per_shot.items():
+    for seed, accuracy in enumerate(per_seed):
+      index = fewshot.fewshot_indices(train_y, 10, k, seed)
+      expected = np.mean(ridge_by_lstsq(train_f[index], train_y[index], features, 10,
+                                        2.0**10) == labels)
+      assert accuracy == pytest.approx(expected, abs=1e-12)
+  assert np.mean(per_shot[10]) > 0.2  # Above chance (0.1) after 10 steps of training.
+
+
+def test_a_pre_logits_layer_is_the_representation():
+  from vit_jax.models import get_model
+
+  model = get_model('ti16', num_classes=5, image_size=8, patch_size=4, hidden_size=16,
+                    mlp_dim=32, num_heads=2, num_layers=1, representation_size=12)
+  images = np.random.default_rng(0).uniform(-1, 1, (3, 8, 8, 3)).astype(np.float32)
+  params = jax.jit(model.init)(jax.random.key(0), images)['params']
+  params['head']['kernel'] = np.random.default_rng(1).normal(size=(12, 5)).astype(np.float32)
+  features = jax.jit(fewshot.feature_model(model).apply)({'params': params}, images)
+  chex.assert_shape(features, (3, 12))
+  assert np.all(np.abs(features) <= 1)  # tanh's output.
+  chex.assert_trees_all_close(features @ params['head']['kernel'] + params['head']['bias'],
+                              jax.jit(model.apply)({'params': params}, images), atol=1e-5)
+
+
+def test_training_logs_fewshot_metrics_and_the_cli_agrees(tmp_path):
+  config = tiny_config(**{'evals.fewshot.datasets': ('digits',), 'evals.fewshot.shots': (1, 5),
+                          'evals.fewshot.seeds': 2, 'eval_every_steps': 10})
+  result = train.train_and_evaluate(config, str(tmp_path))
+  rows = [r for r in read_metrics(tmp_path) if any(k.startswith('fewshot/') for k in r)]
+  assert [r['step'] for r in rows] == [10, 20]
+  assert set(rows[-1]) == {'step', 'fewshot/digits_1shot', 'fewshot/digits_5shot'}
+  assert result['fewshot/digits_5shot'] == rows[-1]['fewshot/digits_5shot']
+  from tensorboard.backend.event_processing import event_accumulator
+
+  events = event_accumulator.EventAccumulator(str(tmp_path), size_guidance={'tensors': 0})
+  events.Reload()
+  logged = events.Tensors('fewshot/digits_5shot')
+  assert [e.step for e in logged] == [10, 20]
+
+  out = tmp_path / 'fewshot.json'
+  run = subprocess.run([sys.executable, '-m', 'vit_jax.fewshot', f'--workdir={tmp_path}',
+                        '--dataset=digits', '--shots=1,5', '--seeds=2', '--batch_size=64',
+                        f'--json={out}'], capture_output=True, text=True, env=env(), cwd=ROOT,
+                       timeout=300)
+  assert run.returncode == 0, run.stderr
+  assert '| digits |' in run.stdout and '5-shot' in run.stdout
+  cli = {(r['dataset'], r['shots']): r['mean'] for r in json.loads(out.read_text())}
+  # The same checkpoint (step 20), on 1 device instead of 8, float32 features.
+  assert cli[('digits', 5)] == pytest.approx(rows[-1]['fewshot/digits_5shot'], abs=1e-6)
+  assert cli[('digits', 1)] == pytest.approx(rows[-1]['fewshot/digits_1shot'], abs=1e-6)
+
+
+@pytest.mark.parametrize('overrides,match', [
+    ({'evals.fewshot.datasets': ('digits,train',)}, 'NAME,TRAIN_SPLIT,TEST_SPLIT'),
+    ({'evals.fewshot.datasets': ('no_such_dataset',)}, 'not in the TFDS catalog'),
+    ({'evals.fewshot.datasets': ('digits',), 'evals.fewshot.shots': (1, 200)},
+     'class .* has 1[0-9]+ training examples, fewer than 200 shots'),
+    ({'evals.fewshot.datasets': ('digits',), 'evals.fewshot.shots': (0,)}, 'positive ints'),
+    ({'evals.fewshot.datasets': ('digits',), 'evals.fewshot.pp': 'to_rgb|resize(8)'},
+     'makes 8x8x3 images'),
+])
+def test_bad_fewshot_configs_are_refused_before_anything_starts(tmp_path, overrides, match):
+  with pytest.raises(errors.UserError, match=match):
+    train.train_and_evaluate(tiny_config(**overrides), str(tmp_path / 'run'))
+  assert not (tmp_path / 'run').exists()
+
+
+def test_cli_errors_are_one_line(tmp_path):
+  for args, match in (([f'--workdir={tmp_path}', '--dataset=digits'], 'not the workdir'),
+                      (['--npz=/no/such.npz', '--dataset=digits'], 'no such file'),
+                      ([f'--workdir={tmp_path}', '--dataset=digits', '--shots=1,x'],
+                       'comma-separated ints')):
+    run = subprocess.run([sys.executable, '-m', 'vit_jax.fewshot', *args], capture_output=True,
+                         text=True, env=env(1), cwd=ROOT, timeout=120)
+    assert run.returncode == 2, run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.startswith('error:')]
+    assert len(lines) == 1 and match in lines[0], run.stderr
+    assert 'Traceback' not in run.stderr
+
+
+
+def test_the_quickstart_logs_fewshot_accuracy_on_the_digits():
+  import importlib.util
+
+  from vit_jax import config_base
+
+  from runs import QUICKSTART
+
+  spec = importlib.util.spec_from_file_location('quickstart', QUICKSTART)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = config_base.complete(module.get_config())
+  evaluator = fewshot.from_config(config, config.model.image_size)
+  assert [d.name for d in evaluator.datasets] == ['digits']
+  assert (len(evaluator.datasets[0].train), len(evaluator.datasets[0].test)) == (1438, 359)
+  assert evaluator.shots == (1, 5, 10, 25) and evaluator.seeds == 3
+  assert evaluator.due(500, 1500, config.eval_every_steps)
