@@ -178,7 +178,9 @@ def test_big_vision_checkpoints_give_big_vision_logits(name):
     params = release.to_model_layout(released, scanned=scan)
     chex.assert_trees_all_close(jax.jit(model.apply)({'params': params}, expected['images']),
                                 expected[name], atol=1e-5, rtol=1e-5)
-    loaded = release.load_pretrained(path, zeros_like_init(model), model, keep_head=True)
+    pool = 'gap' if BIG_VISION_FILES[name]['pool'] == 'gap' else None  # Its arrays don't say.
+    loaded = release.load_pretrained(path, zeros_like_init(model), model, keep_head=True,
+                                     source_grid=(4, 6), source_pool=pool)
     chex.assert_trees_all_equal(loaded, params)
   if BIG_VISION_FILES[name]['pool'] == 'token':  # The class token's row: zero, added.
     posemb = released['Transformer']['posembed_input']['pos_embedding']
@@ -200,12 +202,12 @@ def test_big_vision_checkpoint_fine_tunes_at_other_grids(caplog):
     chex.assert_trees_all_close(params['Transformer']['posembed_input']['pos_embedding'],
                                 bilinear_reference(source, (4, 6), grid, 1), atol=1e-6)
     assert f'from the 4x6 grid to the {grid[0]}x{grid[1]} grid' in caplog.text
-  # Without its grid, a same-sized source is taken as the model's grid, and that is said.
-  transposed = big_vision_model((24, 16), pool='token')
-  caplog.clear()
-  params = release.load_pretrained(path, zeros_like_init(transposed), transposed)
-  chex.assert_trees_all_equal(params['Transformer']['posembed_input']['pos_embedding'], source)
-  assert "taken as the model's 6x4 grid (pass source_grid" in caplog.text
+  # Without its grid, a source as large as a non-square model's grid is refused (it could be
+  # that grid or its transpose), the transposed one and the same one alike.
+  for size in ((24, 16), (16, 24)):
+    model = big_vision_model(size, pool='token')
+    with pytest.raises(errors.CheckpointMismatchError, match='init_source_grid'):
+      release.load_pretrained(path, zeros_like_init(model), model)
 
 
 @pytest.mark.parametrize('pool', ['token', 'gap'])

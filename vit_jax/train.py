@@ -118,6 +118,8 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
       raise errors.MissingFileError(
           f'config.init_from={init_from} is neither a release .npz file nor the workdir of '
           'an earlier run (a directory with checkpoints/).')
+  if with_data:
+    workdir_lib.check_init_from(config)  # init_ema, init_source_grid, init_source_pool.
   if config.loss not in ('softmax_xent', 'sigmoid_xent'):
     raise errors.ConfigError(
         f"config.loss={config.loss!r} is not 'softmax_xent' or 'sigmoid_xent'.")
@@ -566,8 +568,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     init_params = jax.tree.map(release.to_host, state.params)
     params = workdir_lib.init_params_from(
         config.init_from, init_params, model, step=config.init_step,
-        keep_head=config.init_keep_head)
-    state = state.replace(params=jax.device_put(params, state_shardings.params))
+        keep_head=config.init_keep_head, ema=config.init_ema,
+        source_grid=config.init_source_grid, source_pool=config.init_source_pool)
+    params = jax.device_put(params, state_shardings.params)
+    # The optimizer state starts from these weights too (the weights' EMA: optim.weight_ema).
+    opt_state = jax.jit(tx.init, out_shardings=state_shardings.opt_state)(params)
+    state = state.replace(params=params, opt_state=opt_state)
     logging.info('Initialised from %s.', config.init_from)
   if manager.latest_step() is not None:
     # The newest checkpoint that passes its checksums; damaged ones are moved aside.
