@@ -312,7 +312,8 @@ def npz_architecture(flat: dict[str, Any]) -> dict[str, Any]:
 
 def load_npz_model(path: str | os.PathLike, model_name: str | None = None,
                    image_size: int | tuple[int, int] | None = None,
-                   class_names: tuple[str, ...] = (), pool: str | None = None) -> Loaded:
+                   class_names: tuple[str, ...] = (), pool: str | None = None,
+                   source_grid: tuple[int, int] | None = None) -> Loaded:
   """A release (or exported) .npz file as a model with its parameters.
 
   The architecture is read from the file's shapes (``npz_architecture``) and
@@ -321,7 +322,8 @@ def load_npz_model(path: str | os.PathLike, model_name: str | None = None,
   file's own resolution; another size gets bilinearly resized position
   embeddings. ``pool``: the pool type of a big_vision file without a class token or
   MAP head ('gap', '0' or 'none': the same arrays; ``release.check_source_pool``), which
-  is refused without it. Mismatches raise ``errors.CheckpointMismatchError``, which
+  is refused without it; ``source_grid`` the file's patch grid where it is not square
+  (``release.adapt``). Mismatches raise ``errors.CheckpointMismatchError``, which
   says what the file holds.
   """
   flat = release.flatten(release.load_npz(path))
@@ -349,5 +351,6 @@ def load_npz_model(path: str | os.PathLike, model_name: str | None = None,
                         model_name=description, **arch)
   init = jax.eval_shape(model.init, jax.random.key(0),
                         jax.ShapeDtypeStruct((1, *pair(size), 3), np.float32))['params']
-  params = release.adapt(flat, init, model, keep_head=True, origin=str(path))
+  params = release.adapt(flat, init, model, keep_head=True, source_grid=source_grid,
+                         origin=str(path))
   return Loaded(model, params, tuple(class_names), str(path))
