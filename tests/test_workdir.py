@@ -211,3 +211,33 @@ def test_ema_where_there_is_none_is_refused(tiny_run, tmp_path):
   lines = result.stderr.strip().splitlines()
   assert lines[-1].startswith('error: ') and 'keeps no moving average' in lines[-1]
   assert 'Traceback' not in result.stderr
+
+
+def test_non_square_npz_source_in_a_run_needs_its_grid(tmp_path):
+  # A .npz trained at 16x24 (a 4x6 grid) into a run at 24x16: one error line that names
+  # the field (before the train step compiles); with the field, it loads transposed.
+  source = get_model(num_classes=10, **{**TINY_MODEL, 'image_size': (16, 24)})
+  source_params = source.init(jax.random.key(1), np.zeros((1, 16, 24, 3)))['params']
+  release.save_npz(tmp_path / 'wide.npz', source_params)
+  pp = 'to_rgb|resize((24, 16))|value_range(-1, 1)'
+  overrides = {'init_from': tmp_path / 'wide.npz', 'model.image_size': '(24, 16)',
+               'dataset.pp_train': pp, 'dataset.pp_eval': pp, 'total_steps': 1,
+               'checkpoint_every_steps': 1}
+  result = subprocess.run(main_command(tmp_path / 'run', **overrides), env=env(devices=1),
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 2, result.stderr[-3000:]
+  lines = result.stderr.strip().splitlines()
+  assert lines[-1].startswith('error: ') and 'config.init_source_grid' in lines[-1]
+  assert 'Traceback' not in result.stderr and 'Training steps' not in result.stderr
+  with pytest.raises(errors.ConfigError, match=r'init_source_grid=\(4, 0\) is not a'):
+    train.validate(tiny_config(init_from=str(tmp_path / 'wide.npz'), init_source_grid=(4, 0)))
+  with pytest.raises(errors.ConfigError, match='init_source_grid given without'):
+    train.validate(tiny_config(init_source_grid=(4, 6)))
+  target = get_model(num_classes=10, **{**TINY_MODEL, 'image_size': (24, 16)})
+  init_params = target.init(jax.random.key(0), np.zeros((1, 24, 16, 3)))['params']
+  params = workdir.init_params_from(str(tmp_path / 'wide.npz'), init_params, target,
+                                    source_grid=(4, 6))
+  chex.assert_trees_all_close(
+      params['Transformer']['posembed_input']['pos_embedding'],
+      bilinear_reference(np.asarray(source_params['Transformer']['posembed_input'][
+          'pos_embedding']), (4, 6), (6, 4), 0), atol=1e-6)
