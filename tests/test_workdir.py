@@ -221,8 +221,8 @@ def test_non_square_npz_source_in_a_run_needs_its_grid(tmp_path):
   release.save_npz(tmp_path / 'wide.npz', source_params)
   pp = 'to_rgb|resize((24, 16))|value_range(-1, 1)'
   overrides = {'init_from': tmp_path / 'wide.npz', 'model.image_size': '(24, 16)',
-               'dataset.pp_train': pp, 'dataset.pp_eval': pp, 'total_steps': 1,
-               'checkpoint_every_steps': 1}
+               'dataset.pp_train': pp, 'dataset.pp_eval': pp, 'total_steps': 2,
+               'schedule.warmup_steps': 1, 'checkpoint_every_steps': 1}
   result = subprocess.run(main_command(tmp_path / 'run', **overrides), env=env(devices=1),
                           capture_output=True, text=True, timeout=300)
   assert result.returncode == 2, result.stderr[-3000:]
