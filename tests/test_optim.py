@@ -133,3 +133,26 @@ def test_layer_wise_lr_decay_scales_each_block_by_its_depth():
   chex.assert_trees_all_close(release.to_release(steps[True]), steps[False])
   with pytest.raises(ValueError, match='config.optimizer.layer_decay=1.5 is not in'):
     optim.make_optimizer(cfg(name='adam', layer_decay=1.5), optax.constant_schedule(1.))
+
+
+def test_weight_ema_of_bfloat16_weights_moves_in_float32():
+  # bfloat16 weights near 1 that a plain SGD step moves by 0.01 a step: the average
+  # ema = d * ema + (1 - d) * w with d = 0.9999 changes by ~1e-6 a step, far below
+  # bfloat16's resolution at 1 (2**-8 = 0.0039), so it only moves in float32.
+  decay, steps = 0.9999, 30
+  params = {'w': {'kernel': jnp.ones((4,), jnp.bfloat16)}}
+  tx = optim.make_optimizer(cfg(name='sgd', momentum=0.0, grad_clip_norm=0.0, ema_decay=decay),
+                            optax.constant_schedule(0.01))
+  state = tx.init(params)
+  chex.assert_trees_all_equal(optim.ema_params(state),
+                              {'w': {'kernel': np.ones((4,), np.float32)}})
+  reference = np.ones(4, np.float64)  # The same average of the same weights, in float64.
+  grads = {'w': {'kernel': jnp.asarray([1., -1., 2., 0.5], jnp.bfloat16)}}
+  for _ in range(steps):
+    updates, state = tx.update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+    reference = decay * reference + (1 - decay) * np.asarray(params['w']['kernel'], np.float64)
+  ema = optim.ema_params(state)['w']['kernel']
+  chex.assert_type(ema, jnp.float32)
+  assert np.all(np.asarray(ema) != 1.)  # It moved (in bfloat16 it stays at 1 exactly).
+  chex.assert_trees_all_close(np.asarray(ema, np.float64), reference, rtol=1e-6, atol=0)

@@ -1,7 +1,10 @@
 """Tests of vit_jax.checkpoints.release: the release .npz layout, both ways, and adaptation."""
 
 import logging
+import os
 import pathlib
+import subprocess
+import sys
 
 import chex
 import jax
@@ -178,7 +181,9 @@ def test_big_vision_checkpoints_give_big_vision_logits(name):
     params = release.to_model_layout(released, scanned=scan)
     chex.assert_trees_all_close(jax.jit(model.apply)({'params': params}, expected['images']),
                                 expected[name], atol=1e-5, rtol=1e-5)
-    loaded = release.load_pretrained(path, zeros_like_init(model), model, keep_head=True)
+    pool = 'gap' if BIG_VISION_FILES[name]['pool'] == 'gap' else None  # Its arrays don't say.
+    loaded = release.load_pretrained(path, zeros_like_init(model), model, keep_head=True,
+                                     source_grid=(4, 6), source_pool=pool)
     chex.assert_trees_all_equal(loaded, params)
   if BIG_VISION_FILES[name]['pool'] == 'token':  # The class token's row: zero, added.
     posemb = released['Transformer']['posembed_input']['pos_embedding']
@@ -200,12 +205,12 @@ def test_big_vision_checkpoint_fine_tunes_at_other_grids(caplog):
     chex.assert_trees_all_close(params['Transformer']['posembed_input']['pos_embedding'],
                                 bilinear_reference(source, (4, 6), grid, 1), atol=1e-6)
     assert f'from the 4x6 grid to the {grid[0]}x{grid[1]} grid' in caplog.text
-  # Without its grid, a same-sized source is taken as the model's grid, and that is said.
-  transposed = big_vision_model((24, 16), pool='token')
-  caplog.clear()
-  params = release.load_pretrained(path, zeros_like_init(transposed), transposed)
-  chex.assert_trees_all_equal(params['Transformer']['posembed_input']['pos_embedding'], source)
-  assert "taken as the model's 6x4 grid (pass source_grid" in caplog.text
+  # Without its grid, a source as large as a non-square model's grid is refused (it could be
+  # that grid or its transpose), the transposed one and the same one alike.
+  for size in ((24, 16), (16, 24)):
+    model = big_vision_model(size, pool='token')
+    with pytest.raises(errors.CheckpointMismatchError, match='init_source_grid'):
+      release.load_pretrained(path, zeros_like_init(model), model)
 
 
 @pytest.mark.parametrize('pool', ['token', 'gap'])
@@ -386,3 +391,93 @@ def test_scanned_layout_of_a_deep_release_file_gives_the_independent_logits(tmp_
   release.save_npz(tmp_path / 'back.npz', adapted)
   with np.load(tmp_path / 'back.npz') as f:
     chex.assert_trees_all_equal(dict(f), flat)
+# The issue's case: a checkpoint trained at 224x320 (a 14x20 grid of 16 px patches).
+WIDE = dict(hidden_size=16, mlp_dim=32, num_heads=2, num_layers=1, patch_size=16)
+
+
+@pytest.mark.parametrize('target_size, source_grid, outcome', [
+    ((320, 224), None, 'init_source_grid'),  # Transposed: as many positions, other layout.
+    ((320, 224), (14, 20), (20, 14)),
+    ((224, 320), None, 'init_source_grid'),  # The same grid, but nothing says so.
+    ((224, 320), (14, 20), (14, 20)),
+    (224, None, 'not a square grid'),
+    (224, (14, 20), (14, 14)),
+    ((320, 224), (20, 14), (20, 14)),  # The model's grid, as the user says: used as it is.
+    ((320, 224), (16, 16), 'has 256 positions, the position embeddings hold 280'),
+])
+def test_non_square_sources_load_as_given_or_are_refused(tmp_path, target_size, source_grid,
+                                                          outcome):
+  source = get_model('ti16', num_classes=5, image_size=(224, 320), **WIDE)
+  source_params = randomise(init(source))
+  release.save_npz(tmp_path / 'wide.npz', source_params)
+  target = get_model('ti16', num_classes=5, image_size=target_size, **WIDE)
+  if isinstance(outcome, str):
+    with pytest.raises(errors.CheckpointMismatchError, match=outcome):
+      release.load_pretrained(tmp_path / 'wide.npz', zeros_like_init(target), target,
+                              source_grid=source_grid)
+    return
+  params = release.load_pretrained(tmp_path / 'wide.npz', zeros_like_init(target), target,
+                                   source_grid=source_grid)
+  posemb = np.asarray(source_params['Transformer']['posembed_input']['pos_embedding'])
+  chex.assert_trees_all_close(params['Transformer']['posembed_input']['pos_embedding'],
+                              bilinear_reference(posemb, source_grid, outcome, 1), atol=1e-6)
+
+
+def test_square_source_into_a_non_square_model_is_taken_as_square(tmp_path, caplog):
+  source = get_model('ti16', num_classes=5, image_size=224, **WIDE)
+  source_params = randomise(init(source))
+  release.save_npz(tmp_path / 'square.npz', source_params)
+  target = get_model('ti16', num_classes=5, image_size=(224, 320), **WIDE)
+  caplog.set_level(logging.INFO)
+  params = release.load_pretrained(tmp_path / 'square.npz', zeros_like_init(target), target)
+  posemb = np.asarray(source_params['Transformer']['posembed_input']['pos_embedding'])
+  chex.assert_trees_all_close(params['Transformer']['posembed_input']['pos_embedding'],
+                              bilinear_reference(posemb, (14, 14), (14, 20), 1), atol=1e-6)
+  assert 'taken as the square 14x14 grid of its 196 positions' in caplog.text
+
+
+def test_big_vision_pool_types_the_arrays_do_not_tell(caplog):
+  # big_vision's 'gap', '0' (the first patch token's output) and 'none' (the head on
+  # every token) store the same arrays: with the file's classifier, only a said 'gap' loads.
+  path = BIG_VISION / 'gap_scan_params.npz'
+  model = big_vision_model(pool='gap')
+  load = lambda **kw: release.load_pretrained(path, zeros_like_init(model), model,
+                                              source_grid=(4, 6), **kw)
+  for pool, message in ((None, "'gap', '0' or 'none' stores the same arrays"),
+                        ('0', 'the output of the first patch token'),
+                        ('none', r'no pooling \(the head applied to every token\)'),
+                        ('tok', "holds no class token, no MAP head: its pool type is not 'tok'")):
+    with pytest.raises(errors.CheckpointMismatchError, match=message):
+      load(keep_head=True, source_pool=pool)
+  with pytest.raises(errors.ConfigError, match="'avg' is not one of big_vision's"):
+    load(keep_head=True, source_pool='avg')
+  expected = release.to_model_layout(release.load_npz(path), scanned=False)
+  chex.assert_trees_all_equal(load(keep_head=True, source_pool='gap'), expected)
+  # A new head: only the encoder is taken, whatever the source pooled with.
+  for pool in (None, '0', 'none'):
+    params = load(source_pool=pool)
+    chex.assert_trees_all_equal(params['Transformer'], expected['Transformer'])
+  # The class token and the MAP head say their pool type: nothing more is asked.
+  with pytest.raises(errors.CheckpointMismatchError, match="its pool type is not '0'"):
+    release.load_pretrained(BIG_VISION / 'tok_scan.npz', zeros_like_init(model), model,
+                            keep_head=True, source_pool='0')
+
+
+def test_predict_refuses_a_big_vision_file_of_unknown_pooling(tmp_path):
+  from PIL import Image
+
+  Image.fromarray(np.zeros((16, 24, 3), np.uint8)).save(tmp_path / 'x.png')
+  command = [sys.executable, '-m', 'vit_jax.tools.predict',
+             f'--npz={BIG_VISION / "gap_scan_params.npz"}', str(tmp_path / 'x.png')]
+  result = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  assert result.returncode == 2
+  lines = result.stderr.strip().splitlines()
+  assert lines[-1].startswith('error: ') and '--pool' in lines[-1], result.stderr[-2000:]
+  assert 'Traceback' not in result.stderr
+
+  loaded = release.load_npz_model(BIG_VISION / 'gap_scan_params.npz', image_size=(16, 24),
+                                  pool='gap', source_grid=(4, 6))
+  expected = np.load(BIG_VISION / 'logits.npz')
+  chex.assert_trees_all_close(loaded.model.apply({'params': loaded.params}, expected['images']),
+                              expected['gap_scan_params'], atol=1e-5, rtol=1e-5)

@@ -21,7 +21,7 @@ from vit_jax.cpu import host_memory
 from vit_jax.models import get_model
 from vit_jax.tools import export
 
-from runs import TINY_MODEL, TINY_RUN, env, main_command, tiny_config
+from runs import TINY_MODEL, TINY_RUN, env, main_command, read_metrics, restore_state, tiny_config
 
 POSEMB = release.POSEMB_KEY
 
@@ -138,3 +138,106 @@ def test_export_command_evaluates_both_alike(source_run, tmp_path):
   lines = [line for line in result.stdout.splitlines() if 'accuracy' in line]
   assert len(lines) == 2 and out.exists()
   assert lines[0].split(':', 1)[1] == lines[1].split(':', 1)[1], lines
+
+
+@pytest.fixture(scope='module')
+def ema_run(tiny_run, tmp_path_factory):
+  """tiny_run fine-tuned 5 steps at a small rate, its head kept, with a weight EMA."""
+  directory = tmp_path_factory.mktemp('ema_run')
+  config = tiny_config(**{**TINY_RUN, 'init_from': str(tiny_run), 'init_keep_head': True,
+                          'optimizer.ema_decay': 0.9, 'schedule.base_lr': 1e-4,
+                          'schedule.warmup_steps': 1, 'total_steps': 5,
+                          'checkpoint_every_steps': 5})
+  train.train_and_evaluate(config, str(directory))
+  return directory
+
+
+def test_init_from_ema_starts_at_the_loaded_weights(tiny_run, ema_run):
+  # 5 Adam steps of at most ~1e-4 each: the weights and their average stay within 1e-3
+  # of the loaded ones. An average started from the random init would still hold
+  # 0.9 ** 5 = 59% of it.
+  loaded = release.flatten(workdir.restore_params(tiny_run)[0])
+  weights = release.flatten(workdir.restore_params(ema_run)[0])
+  ema = release.flatten(workdir.restore_params(ema_run, ema=True)[0])
+  for key, value in ema.items():
+    chex.assert_type(value, np.float32)
+    chex.assert_trees_all_close(value, loaded[key], atol=1e-3, rtol=0)
+  assert any(not np.array_equal(ema[k], weights[k]) for k in ema)  # An average, not a copy.
+  # Evaluated: the average does what the weights do (to 2 of the 359 examples).
+  final = read_metrics(ema_run)[-1]
+  assert abs(final['eval/ema/accuracy'] - final['eval/accuracy']) < 0.006, final
+  assert abs(final['eval/ema/loss'] - final['eval/loss']) < 0.01, final
+
+
+def test_ema_export_differs_from_the_weights_and_equals_the_ema_arrays(ema_run, tmp_path):
+  plain, ema_file = tmp_path / 'plain.npz', tmp_path / 'ema.npz'
+  assert export.export(str(ema_run), str(plain)) == 5
+  result = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.tools.export', f'--workdir={ema_run}', f'--out={ema_file}',
+       '--ema'], env=env(devices=1), capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'the moving average of the parameters' in result.stdout
+  # The reference: the optimizer state's average, from the whole train state restored.
+  state = restore_state(ema_run, workdir.load_config(ema_run))
+  expected = release.flatten(release.to_release(jax.device_get(state.ema_params)))
+  with np.load(ema_file) as f, np.load(plain) as g:
+    exported, weights = dict(f), dict(g)
+  chex.assert_trees_all_equal(exported, expected)
+  assert sorted(weights) == sorted(exported)
+  assert any(not np.array_equal(weights[k], exported[k]) for k in weights)
+  # load_run (predict, inspect, evaluation) reads the same arrays.
+  loaded = workdir.load_run(ema_run, ema=True)
+  assert loaded.source == f'{ema_run} (step 5, EMA)'
+  chex.assert_trees_all_equal(release.flatten(loaded.params), expected)
+
+
+def test_ema_where_there_is_none_is_refused(tiny_run, tmp_path):
+  with pytest.raises(errors.CheckpointMismatchError, match='keeps no moving average'):
+    workdir.restore_params(tiny_run, ema=True)
+  with pytest.raises(errors.ConfigError, match='init_ema is true, but the checkpoint of'):
+    train.validate(tiny_config(init_from=str(tiny_run), init_ema=True))
+  with pytest.raises(errors.ConfigError, match='init_ema given without config.init_from'):
+    train.validate(tiny_config(init_ema=True))
+  model = get_model(num_classes=10, **TINY_MODEL)
+  init_params = model.init(jax.random.key(0), np.zeros((1, 16, 16, 3)))['params']
+  release.save_npz(tmp_path / 'x.npz', init_params)
+  with pytest.raises(errors.ConfigError, match='is a .npz file: it holds one set of weights'):
+    workdir.init_params_from(str(tmp_path / 'x.npz'), init_params, model, ema=True)
+  result = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.tools.export', f'--workdir={tiny_run}',
+       f'--out={tmp_path / "e.npz"}', '--ema'], env=env(devices=1), capture_output=True,
+      text=True, timeout=300)
+  assert result.returncode == 2
+  lines = result.stderr.strip().splitlines()
+  assert lines[-1].startswith('error: ') and 'keeps no moving average' in lines[-1]
+  assert 'Traceback' not in result.stderr
+
+
+def test_non_square_npz_source_in_a_run_needs_its_grid(tmp_path):
+  # A .npz trained at 16x24 (a 4x6 grid) into a run at 24x16: one error line that names
+  # the field (before the train step compiles); with the field, it loads transposed.
+  source = get_model(num_classes=10, **{**TINY_MODEL, 'image_size': (16, 24)})
+  source_params = source.init(jax.random.key(1), np.zeros((1, 16, 24, 3)))['params']
+  release.save_npz(tmp_path / 'wide.npz', source_params)
+  pp = 'to_rgb|resize((24, 16))|value_range(-1, 1)'
+  overrides = {'init_from': tmp_path / 'wide.npz', 'model.image_size': '(24, 16)',
+               'dataset.pp_train': pp, 'dataset.pp_eval': pp, 'total_steps': 2,
+               'schedule.warmup_steps': 1, 'checkpoint_every_steps': 1}
+  result = subprocess.run(main_command(tmp_path / 'run', **overrides), env=env(devices=1),
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 2, result.stderr[-3000:]
+  lines = result.stderr.strip().splitlines()
+  assert lines[-1].startswith('error: ') and 'config.init_source_grid' in lines[-1]
+  assert 'Traceback' not in result.stderr and 'Training steps' not in result.stderr
+  with pytest.raises(errors.ConfigError, match=r'init_source_grid=\(4, 0\) is not a'):
+    train.validate(tiny_config(init_from=str(tmp_path / 'wide.npz'), init_source_grid=(4, 0)))
+  with pytest.raises(errors.ConfigError, match='init_source_grid given without'):
+    train.validate(tiny_config(init_source_grid=(4, 6)))
+  target = get_model(num_classes=10, **{**TINY_MODEL, 'image_size': (24, 16)})
+  init_params = target.init(jax.random.key(0), np.zeros((1, 24, 16, 3)))['params']
+  params = workdir.init_params_from(str(tmp_path / 'wide.npz'), init_params, target,
+                                    source_grid=(4, 6))
+  chex.assert_trees_all_close(
+      params['Transformer']['posembed_input']['pos_embedding'],
+      bilinear_reference(np.asarray(source_params['Transformer']['posembed_input'][
+          'pos_embedding']), (4, 6), (6, 4), 0), atol=1e-6)

@@ -115,6 +115,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.init_from = ''  # A run's workdir or a release .npz to fine-tune from.
   config.init_step = _none(int)  # Its checkpoint; None: the latest.
   config.init_keep_head = False  # Keep the source's classifier (same classes).
+  # Start from the source run's moving average of the weights (its optimizer.ema_decay > 0)
+  # instead of its weights; a workdir only (export --ema makes a .npz of it).
+  config.init_ema = False
+  # A .npz source's patch grid (rows, columns), needed where it is not square or is as
+  # large as a non-square model grid (e.g. (14, 20) for 224x320); a workdir's is recorded.
+  config.init_source_grid = _none(tuple)
+  # A big_vision .npz source's pool_type where its arrays do not tell ('gap', '0', 'none'
+  # store the same ones); needed with init_keep_head, where only 'gap' loads.
+  config.init_source_pool = _none(str)
 
   # Extra evaluations (docs/evaluation.md).
   config.evals = ml_collections.ConfigDict(dict(

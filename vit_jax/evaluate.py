@@ -1,6 +1,6 @@
 r"""Evaluation: top-1 accuracy (precision@1 for multi-label data) and loss, every example once.
 
-    python -m vit_jax.evaluate --workdir=DIR [--step=N] [--split=SPLIT]
+    python -m vit_jax.evaluate --workdir=DIR [--step=N] [--split=SPLIT] [--ema]
 
 The one evaluation path: ``Evaluator`` holds a run's eval step, its batches and its
 metric's name, and training, ``python -m vit_jax.tools.export --evaluate`` and this
@@ -135,6 +135,8 @@ def _define_flags() -> dict[str, Any]:
   flags.DEFINE_integer('step', None, 'The checkpoint step (default: the latest).')
   flags.DEFINE_string('split', None, 'The split to evaluate (default: the run\'s '
                       'config.dataset.eval_split).')
+  flags.DEFINE_bool('ema', False, 'Evaluate the weights\' moving average (a run with '
+                    'config.optimizer.ema_decay) instead of the weights.')
   flags.DEFINE_float('progress_every', 10., 'Seconds between the progress lines.')
   flags.mark_flags_as_required(['workdir'])
   return flags.FLAGS
@@ -151,9 +153,11 @@ def main(argv: list[str]) -> None:
   config = workdir_lib.load_config(directory)
   if flags.FLAGS.split:
     config.dataset.eval_split = flags.FLAGS.split
-  params, step = workdir_lib.restore_params(directory, flags.FLAGS.step)
-  result = evaluate_params(config, params, f'evaluating step {step}', flags.FLAGS.progress_every)
-  print(format_result(f'{directory} step {step}, split {config.dataset.eval_split}', result))
+  ema = flags.FLAGS.ema
+  params, step = workdir_lib.restore_params(directory, flags.FLAGS.step, ema=ema)
+  name = f'step {step}{" (EMA)" if ema else ""}'
+  result = evaluate_params(config, params, f'evaluating {name}', flags.FLAGS.progress_every)
+  print(format_result(f'{directory} {name}, split {config.dataset.eval_split}', result))
 
 
 if __name__ == '__main__':

@@ -420,7 +420,9 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, str]:
     return loaded.model, loaded.params, loaded.config.dataset.pp_eval
   if args.step is not None:
     raise errors.ConfigError('--step is for --workdir; a .npz file holds one set of parameters.')
-  loaded = workdir.load_npz_model(args.npz, args.model, args.image_size)
+  from vit_jax.checkpoints import release
+
+  loaded = release.load_npz_model(args.npz, args.model, args.image_size)
   h, w = pair(loaded.model.image_size)
   return loaded.model, loaded.params, f'decode|resize({h if h == w else (h, w)})|' \
       'value_range(-1, 1)'

@@ -112,7 +112,7 @@ def scale_by_layer(decay: float) -> optax.GradientTransformation:
 
 
 class WeightEmaState(NamedTuple):
-  ema: Any  # The moving average of the weights, in their layout.
+  ema: Any  # The moving average of the weights, in their layout, in float32.
 
 
 def weight_ema(decay: float) -> optax.GradientTransformation:
@@ -120,14 +120,21 @@ def weight_ema(decay: float) -> optax.GradientTransformation:
 
   Last in a chain, it sees the final updates: the new weights are
   ``optax.apply_updates(params, updates)``, as the train step computes them. The
-  average starts at the initial weights; the updates pass through unchanged.
+  average starts at the initial weights (``init`` is called on the weights a run
+  starts from) and is kept in float32 whatever the weights' dtype: in bfloat16,
+  ``(1 - d) * (w - ema)`` with d = 0.9999 is below half a unit in the last place of
+  ``ema`` whenever ``|w - ema|`` is under about 20 ``|ema|``, so the average would
+  never move. The updates pass through unchanged.
   """
+  def init(params: Any) -> WeightEmaState:
+    return WeightEmaState(jax.tree.map(lambda w: jnp.asarray(w, jnp.float32), params))
+
   def update(updates: Any, state: WeightEmaState, params: Any = None) -> tuple[Any, Any]:
     weights = optax.apply_updates(params, updates)
-    ema = jax.tree.map(lambda e, w: (decay * e + (1. - decay) * w).astype(e.dtype), state.ema,
-                       weights)
+    ema = jax.tree.map(lambda e, w: decay * e + (1. - decay) * w.astype(jnp.float32),
+                       state.ema, weights)
     return updates, WeightEmaState(ema)
-  return optax.GradientTransformation(lambda params: WeightEmaState(params), update)
+  return optax.GradientTransformation(init, update)
 
 
 def ema_params(opt_state: Any) -> Any:

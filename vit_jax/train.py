@@ -130,6 +130,8 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
       raise errors.MissingFileError(
           f'config.init_from={init_from} is neither a release .npz file nor the workdir of '
           'an earlier run (a directory with checkpoints/).')
+  if with_data:
+    workdir_lib.check_init_from(config)  # init_ema, init_source_grid, init_source_pool.
   if config.loss not in ('softmax_xent', 'sigmoid_xent'):
     raise errors.ConfigError(
         f"config.loss={config.loss!r} is not 'softmax_xent' or 'sigmoid_xent'.")
@@ -591,11 +593,11 @@ def _matmul_dtype(model: nn.Module) -> str | None:
   return model.matmul_dtype and jnp.dtype(model.matmul_dtype).name
 
 
-def _starting_state(state: TrainState, state_shardings: Any, manager: Any,
-                    plan: Plan) -> TrainState:
+def _starting_state(state: TrainState, state_shardings: Any, tx: optax.GradientTransformation,
+                    manager: Any, plan: Plan) -> TrainState:
   """The state the run starts from: its newest good checkpoint, else ``config.init_from``'s
-  parameters adapted to this model (fine-tuning: a fresh optimizer state and step), else
-  ``state`` as initialised."""
+  parameters adapted to this model (fine-tuning: step 0, and an optimizer state initialised
+  from them, so that the weights' EMA starts there too), else ``state`` as initialised."""
   config = plan.config
   if manager.latest_step() is not None:
     # The newest checkpoint that passes its checksums; damaged ones are moved aside.
@@ -605,8 +607,11 @@ def _starting_state(state: TrainState, state_shardings: Any, manager: Any,
     init_params = jax.tree.map(release.to_host, state.params)
     params = workdir_lib.init_params_from(
         config.init_from, init_params, plan.model, step=config.init_step,
-        keep_head=config.init_keep_head)
-    state = state.replace(params=jax.device_put(params, state_shardings.params))
+        keep_head=config.init_keep_head, ema=config.init_ema,
+        source_grid=config.init_source_grid, source_pool=config.init_source_pool)
+    params = jax.device_put(params, state_shardings.params)
+    opt_state = jax.jit(tx.init, out_shardings=state_shardings.opt_state)(params)
+    state = state.replace(params=params, opt_state=opt_state)
     logging.info('Initialised from %s.', config.init_from)
   return state
 
@@ -723,7 +728,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                               shard_state=plan.shard_state)
   manager = manager_lib.make_manager(workdir, every_steps=config.checkpoint_every_steps,
                                      keep=config.keep_checkpoints)
-  state = _starting_state(state, state_shardings, manager, plan)
+  state = _starting_state(state, state_shardings, tx, manager, plan)
   start_step = int(jax.device_get(state.step))
 
   log = _MetricsLog(workdir, start_step)

@@ -21,6 +21,7 @@ from vit_jax import config_base, errors
 from vit_jax.checkpoints import manager as manager_lib
 from vit_jax.checkpoints import release
 from vit_jax.models import VisionTransformer, get_model
+from vit_jax.models.vit import pair
 
 CONFIG_FILE = 'config.json'
 CLASSES_FILE = 'classes.json'
@@ -90,18 +91,27 @@ def model_from_config(config: ml_collections.ConfigDict,
   return get_model(name, num_classes=num_classes, **options)
 
 
+def has_ema(workdir: str | os.PathLike, step: int | None = None) -> bool:
+  """Whether a run's checkpoint keeps the weights' moving average (``optimizer.ema_decay``)."""
+  return manager_lib.has_ema(epath.Path(workdir) / CHECKPOINTS / str(resolve_step(workdir, step)))
+
+
 def restore_params(workdir: str | os.PathLike, step: int | None = None,
-                   mesh: jax.sharding.Mesh | None = None) -> tuple[dict[str, Any], int]:
+                   mesh: jax.sharding.Mesh | None = None, *,
+                   ema: bool = False) -> tuple[dict[str, Any], int]:
   """Only the parameters of a checkpoint (not the optimizer state), and its step.
 
-  With ``mesh``, they are restored straight onto it (sharded by the rules of
-  ``vit_jax.sharding``, whatever mesh they were saved from); without, as numpy
-  arrays on the host. They are verified against the checksums the checkpoint
-  recorded; a damaged one raises ``errors.CheckpointError`` naming the other steps.
+  ``ema``: the weights' moving average instead (``config.optimizer.ema_decay``; kept
+  in float32 in the optimizer state), in the parameters' layout; a run that kept none
+  is a ``errors.CheckpointMismatchError``. With ``mesh``, they are restored straight
+  onto it (sharded by the rules of ``vit_jax.sharding``, whatever mesh they were saved
+  from); without, as numpy arrays on the host. They are verified against the checksums
+  the checkpoint recorded; a damaged one raises ``errors.CheckpointError`` naming the
+  other steps.
   """
   step = resolve_step(workdir, step)
   params, problem = manager_lib.restore_params(epath.Path(workdir) / CHECKPOINTS / str(step),
-                                               mesh)
+                                               mesh, ema=ema)
   if problem:
     others = [s for s in steps(workdir) if s != step]
     raise errors.CheckpointError(
@@ -110,32 +120,87 @@ def restore_params(workdir: str | os.PathLike, step: int | None = None,
   return params, step
 
 
-def load_run(workdir: str | os.PathLike, step: int | None = None) -> release.Loaded:
-  """The model and parameters of a run's checkpoint (the latest unless ``step``)."""
+def load_run(workdir: str | os.PathLike, step: int | None = None, *,
+             ema: bool = False) -> release.Loaded:
+  """The model and parameters of a run's checkpoint (the latest unless ``step``).
+
+  ``ema``: the weights' moving average instead of the weights (``restore_params``).
+  """
   config = load_config(workdir)
-  params, step = restore_params(workdir, step)
+  params, step = restore_params(workdir, step, ema=ema)
   num_classes = int(np.shape(params['head']['kernel'])[-1])
   model = model_from_config(config, num_classes)
-  return release.Loaded(model, params, load_class_names(workdir), f'{workdir} (step {step})',
-                        config)
+  source = f'{workdir} (step {step}{", EMA" if ema else ""})'
+  return release.Loaded(model, params, load_class_names(workdir), source, config)
 
 
 def init_params_from(source: str, init_params: dict[str, Any], model: VisionTransformer, *,
-                     step: int | None = None, keep_head: bool = False) -> dict[str, Any]:
+                     step: int | None = None, keep_head: bool = False, ema: bool = False,
+                     source_grid: tuple[int, int] | None = None,
+                     source_pool: str | None = None) -> dict[str, Any]:
   """A fine-tune's starting parameters from a run's workdir or a release .npz.
 
-  Only the parameters are taken. They are adapted to ``model`` as
-  ``release.adapt`` does (position embeddings resized to the new grid, a new
-  zero head, pre-logits kept or dropped, scanned or unrolled layout), each change
-  logged. The result is in ``init_params``' layout, as host arrays.
+  Only the parameters are taken (``ema``: the run's moving average of them instead).
+  They are adapted to ``model`` as ``release.adapt`` does (position embeddings resized
+  to the new grid, a new zero head, pre-logits kept or dropped, scanned or unrolled
+  layout), each change logged. A workdir's grid is its recorded config's; a .npz file's
+  is ``source_grid`` where it is not square (``release.adapt``), and ``source_pool`` its
+  pool type where its arrays do not tell (``release.check_source_pool``). The result is
+  in ``init_params``' layout, as host arrays.
   """
   if is_workdir(source):
     source_config = load_config(source)
-    params, step = restore_params(source, step)
+    params, step = restore_params(source, step, ema=ema)
     source_model = model_from_config(source_config, int(params['head']['kernel'].shape[-1]))
+    if source_grid is not None and pair(source_grid) != source_model.grid:
+      raise errors.ConfigError(
+          f'config.init_source_grid={tuple(source_grid)}, but {source} was trained at the '
+          f'{source_model.grid[0]}x{source_model.grid[1]} grid (its config.json): leave '
+          'init_source_grid unset for a workdir.')
     return release.adapt(
         release.flatten(release.to_release(params)), init_params, model,
-        keep_head=keep_head, source_grid=source_model.grid, origin=f'{source} (step {step})')
+        keep_head=keep_head, source_grid=source_model.grid,
+        origin=f'{source} (step {step}{", EMA" if ema else ""})')
   if step is not None:
-    raise ValueError(f'init_step={step} is given, but {source} is a .npz file, not a workdir.')
-  return release.load_pretrained(source, init_params, model, keep_head=keep_head)
+    raise errors.ConfigError(f'config.init_step={step} is given, but {source} is a .npz file, '
+                             'not a workdir: leave init_step unset.')
+  if ema:
+    raise errors.ConfigError(
+        f'config.init_ema is true, but {source} is a .npz file: it holds one set of weights '
+        '(export a run\'s moving average with python -m vit_jax.tools.export --ema).')
+  return release.load_pretrained(source, init_params, model, keep_head=keep_head,
+                                 source_grid=source_grid, source_pool=source_pool)
+
+
+def check_init_from(config: ml_collections.ConfigDict) -> None:
+  """The ``init_*`` fields that cannot work with ``config.init_from``, refused before compiling.
+
+  ``init_ema``, ``init_source_grid`` and ``init_source_pool`` need an ``init_from``;
+  ``init_ema`` a workdir whose checkpoint keeps a moving average, ``init_source_pool``
+  a .npz file (a workdir's model is in its config), ``init_source_grid`` a (rows,
+  columns) pair of positive ints.
+  """
+  source = config.init_from
+  options = {k: config.get(k) for k in ('init_ema', 'init_source_grid', 'init_source_pool')}
+  given = [f'config.{k}' for k, v in options.items() if v not in (None, False)]
+  if given and not source:
+    raise errors.ConfigError(f'{", ".join(given)} given without config.init_from: set '
+                             'init_from to the checkpoint it describes, or leave them unset.')
+  grid = options['init_source_grid']
+  if grid is not None and not (isinstance(grid, (tuple, list)) and len(grid) == 2 and all(
+      isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in grid)):
+    raise errors.ConfigError(f'config.init_source_grid={grid!r} is not a (rows, columns) pair '
+                             'of positive ints, e.g. (14, 20).')
+  pool = options['init_source_pool']
+  if pool is not None and pool not in release.SOURCE_POOLS:
+    raise errors.ConfigError(f'config.init_source_pool={pool!r} is not one of big_vision\'s '
+                             'pool types: tok, gap, map, 0, none.')
+  if not source or not is_workdir(source):
+    return
+  if pool is not None:
+    raise errors.ConfigError(f'config.init_source_pool={pool!r}, but {source} is a workdir: '
+                             'its config.json says its model; leave init_source_pool unset.')
+  if options['init_ema'] and not has_ema(source, config.get('init_step')):
+    raise errors.ConfigError(
+        f'config.init_ema is true, but the checkpoint of {source} keeps no moving average of '
+        'the weights (its run had config.optimizer.ema_decay=0): set init_ema=false.')

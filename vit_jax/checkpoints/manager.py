@@ -168,17 +168,54 @@ def _restore_verified(manager: ocp.CheckpointManager, abstract_state: Any,
   return _read_verified(step_dir, read)
 
 
-def restore_params(step_dir: epath.Path,
-                   mesh: jax.sharding.Mesh | None = None) -> tuple[Any, str]:
+def _ema_index(opt_state: Any) -> int | None:
+  """Where ``optim.weight_ema``'s state sits in a checkpoint's optimizer-state chain."""
+  for i, entry in enumerate(opt_state if isinstance(opt_state, (list, tuple)) else ()):
+    if isinstance(entry, dict) and set(entry) == {'ema'}:
+      return i
+  return None
+
+
+def has_ema(step_dir: epath.Path) -> bool:
+  """Whether the checkpoint in ``step_dir`` keeps the weights' moving average."""
+  try:
+    tree = ocp.PyTreeCheckpointHandler().metadata(step_dir / 'default').tree
+  except READ_ERRORS:
+    return False
+  return _ema_index(tree.get('opt_state')) is not None
+
+
+def restore_params(step_dir: epath.Path, mesh: jax.sharding.Mesh | None = None, *,
+                   ema: bool = False) -> tuple[Any, str]:
   """(the parameters of the checkpoint in ``step_dir``, '') or (None, its problem).
 
-  Only the parameters are read (not the optimizer state). With ``mesh`` they are
-  placed on it, sharded by ``vit_jax.sharding``'s rules whatever mesh they were saved
-  from; without, as numpy arrays on the host.
+  Only the parameters are read (not the optimizer state); with ``ema``, the weights'
+  moving average instead (``optim.weight_ema``, in the parameters' layout; a checkpoint
+  without one is an ``errors.CheckpointMismatchError``). With ``mesh`` they are placed
+  on it, sharded by ``vit_jax.sharding``'s rules whatever mesh they were saved from;
+  without, as numpy arrays on the host.
   """
 
+  def wrap(tree: Any, index: int | None) -> dict[str, Any]:
+    """The path of the arrays in the train state, as their checksums are recorded."""
+    return {'params': tree} if index is None else {'opt_state': [None] * index + [{'ema': tree}]}
+
+  def unwrap(tree: dict[str, Any], index: int | None) -> Any:
+    return tree['params'] if index is None else tree['opt_state'][index]['ema']
+
+  index = None
+
   def read(arrays: dict[str, dict[str, Any]] | None) -> Any:
-    metadata = ocp.PyTreeCheckpointHandler().metadata(step_dir / 'default').tree['params']
+    nonlocal index
+    tree = ocp.PyTreeCheckpointHandler().metadata(step_dir / 'default').tree
+    if ema:
+      index = _ema_index(tree.get('opt_state'))
+      if index is None:
+        raise errors.CheckpointMismatchError(
+            f'{step_dir.parent.parent} (step {step_dir.name}) keeps no moving average of the '
+            'weights: its run had config.optimizer.ema_decay=0. Leave out --ema '
+            '(config.init_ema).')
+    metadata = unwrap(tree, index)
     if mesh is None:
       abstract = jax.tree.map(lambda m: 0, metadata)
       restore_args = jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
@@ -188,12 +225,12 @@ def restore_params(step_dir: epath.Path,
       restore_args = ocp.checkpoint_utils.construct_restore_args(abstract)
     with ocp.PyTreeCheckpointer() as checkpointer:
       restored = checkpointer.restore(step_dir / 'default', args=ocp.args.PyTreeRestore(
-          item={'params': abstract}, restore_args={'params': restore_args},
+          item=wrap(abstract, index), restore_args=wrap(restore_args, index),
           partial_restore=True))
-    return {'params': restored['params']}
+    return wrap(unwrap(restored, index), index)
 
   tree, problem = _read_verified(step_dir, read)
-  return (None, problem) if problem else (tree['params'], '')
+  return (None, problem) if problem else (unwrap(tree, index), '')
 
 
 def _read_verified(step_dir: epath.Path,

@@ -15,7 +15,11 @@ row ``load_npz`` puts in. Its other differences: a ``params/`` (or Flax optimize
 ``opt/target/``) prefix, Linen's automatic block names (``LayerNorm_1``,
 ``MultiHeadDotProductAttention_0``, ``MlpBlock_0``), bfloat16 arrays stored as
 2-byte voids; its pool types ``tok``, ``gap`` and ``map`` are ours ``token``,
-``gap`` and ``map`` (``MAPHead_0``, the same names), scanned or not.
+``gap`` and ``map`` (``MAPHead_0``, the same names), scanned or not. Its pool types
+``0`` (the first patch token's output: no class token) and ``none`` (no pooling: the
+head applied to every token) are not ours, and their files hold the same arrays as a
+``gap`` one: a big_vision file with neither a class token nor a MAP head is loaded
+with its classifier only where its pool type is said (``check_source_pool``).
 """
 
 from __future__ import annotations
@@ -193,13 +197,15 @@ def posemb_grid(n: int, grid: tuple[int, int] | None = None) -> tuple[int, int]:
   if grid is None:
     side = math.isqrt(n)
     if side * side != n:
-      raise ValueError(f'The position embeddings hold {n} patch positions, not a square grid: '
-                       'pass the source grid as (rows, columns).')
+      raise errors.CheckpointMismatchError(
+          f'The position embeddings hold {n} patch positions, not a square grid: pass the '
+          'source grid as (rows, columns) (config.init_source_grid, or source_grid=).')
     return (side, side)
   grid = pair(grid)
   if grid[0] * grid[1] != n:
-    raise ValueError(f'A {grid[0]}x{grid[1]} grid has {grid[0] * grid[1]} '
-                     f'positions, the embeddings hold {n}.')
+    raise errors.CheckpointMismatchError(
+        f'The source grid {grid[0]}x{grid[1]} has {grid[0] * grid[1]} positions, the '
+        f'position embeddings hold {n}: give the grid the checkpoint was trained at.')
   return grid
 
 
@@ -223,22 +229,32 @@ def resize_posemb(posemb: np.ndarray, new_grid: tuple[int, int],
   return np.concatenate([prefix, resized], axis=1)
 
 
-def _fit_posemb(posemb: np.ndarray, shape: tuple[int, ...], model: VisionTransformer,
+def _fit_posemb(posemb: np.ndarray, model: VisionTransformer,
                 source_grid: tuple[int, int] | None, log: Any) -> np.ndarray:
   """Position embeddings resized from the source's grid to the model's, where they differ.
 
-  The source grid is ``source_grid`` where known; else the model's when the number of
-  positions is the same, else the square one. Same-sized grids are resized too (4x6
-  into 6x4 is a different layout of the same 24 positions).
+  The source grid is ``source_grid`` where known. Else it is inferred only where one
+  grid is the convention: the model's when it is square and has as many positions;
+  the square one of the positions when there are as many as a square has (release
+  files are square). Anything else is refused, never guessed: the same number of
+  positions as a non-square model's grid could be that grid, its transpose or another
+  (4x6 into 6x4 is a different layout of the same 24 positions, resized when given).
   """
   n = posemb.shape[1] - model.num_prefix_tokens
+  h, w = model.grid
   grid = source_grid
-  if grid is None and posemb.shape == tuple(shape):
+  if grid is None and n == h * w and h != w:
+    raise errors.CheckpointMismatchError(
+        f'The position embeddings hold {n} patch positions, as many as the model\'s {h}x{w} '
+        f'grid, but the checkpoint does not record its grid: {h}x{w}, the transposed {w}x{h} '
+        'and others have as many. Pass the grid it was trained at as (rows, columns) '
+        '(config.init_source_grid, or source_grid=).')
+  if grid is None and n == h * w:
     grid = model.grid
-    if grid[0] != grid[1]:
-      log('%s taken as the model\'s %dx%d grid (pass source_grid=(rows, columns) if the '
-          'checkpoint\'s is another, e.g. the transposed one)', POSEMB_KEY, *grid)
   grid = posemb_grid(n, grid)
+  if source_grid is None and grid != model.grid:
+    log('%s taken as the square %dx%d grid of its %d positions (pass config.init_source_grid '
+        'if it is another)', POSEMB_KEY, *grid, n)
   if grid == model.grid:
     return posemb
   resized = resize_posemb(posemb, model.grid, grid, model.num_prefix_tokens)
@@ -316,11 +332,74 @@ def _describe(flat: Mapping[str, Any]) -> str:
   return f'The checkpoint holds width {width}, {depth} layers, {patch[0]}x{patch[1]} patches{name}.'
 
 
+# big_vision's pool types (big_vision/models/vit.py) -> ours; '0' (the output of the first
+# patch token: there is no class token) and 'none' (no pooling: the head is applied to every
+# token, logits of shape (batch, tokens, classes)) have no counterpart here.
+SOURCE_POOLS = {'tok': 'token', 'token': 'token', 'gap': 'gap', 'map': 'map',
+                '0': None, 'none': None}
+
+
+def is_big_vision_layout(path: str | os.PathLike) -> bool:
+  """Whether a .npz file was written by big_vision (its prefixes or Linen's block names)."""
+  with epath.Path(path).open('rb') as f:
+    keys = np.load(f, allow_pickle=False).files
+  return any(k.startswith(('params/', 'opt/target/')) or k == 'pos_embedding'
+             or re.search(r'^Transformer/encoderblock(_\d+)?/MlpBlock_0/', k) for k in keys)
+
+
+def check_source_pool(path: str | os.PathLike, source: Mapping[str, Any],
+                      source_pool: str | None, *, keep_head: bool) -> None:
+  """Refuses a .npz file whose classifier would be used under another pooling than its own.
+
+  ``source`` is the file's flat release-layout arrays; ``source_pool`` the pooling its
+  model had, in big_vision's words (``tok``, ``gap``, ``map``, ``0``, ``none``) or ours,
+  or None. The arrays say ``token`` (a class token) and ``map`` (a MAP head); the others
+  store the same arrays, and only a big_vision file can be ``0`` or ``none``. With
+  ``keep_head`` the file's classifier is used, so its pooling must be one of ours and,
+  for a big_vision file, known. Without, only the encoder is taken and the model's own
+  pooling feeds a new head: any source pooling is fine.
+  """
+  seen = 'token' if 'cls' in source else 'map' if any(
+      k.startswith('MAPHead_0/') for k in source) else None
+  if source_pool is not None:
+    if source_pool not in SOURCE_POOLS:
+      raise errors.ConfigError(
+          f'The source pool type {source_pool!r} is not one of big_vision\'s '
+          f'({", ".join(repr(p) for p in SOURCE_POOLS if p != "token")}).')
+    said = SOURCE_POOLS[source_pool]
+    if (said if said in ('token', 'map') else None) != seen:
+      holds = {'token': 'a class token', 'map': 'a MAP head'}.get(seen,
+                                                                  'no class token, no MAP head')
+      raise errors.CheckpointMismatchError(
+          f'{path} holds {holds}: its pool type is not {source_pool!r}.')
+  if not keep_head:
+    return
+  if source_pool in ('0', 'none'):
+    what = ('the output of the first patch token (no class token)' if source_pool == '0' else
+            'no pooling (the head applied to every token)')
+    raise errors.CheckpointMismatchError(
+        f"{path} is a big_vision model with pool type {source_pool!r}: {what}, which this "
+        "ViT does not compute (it pools by 'token', 'gap' or 'map'), so its classifier "
+        'cannot be used. Fine-tune it with a new head (config.init_keep_head=False).')
+  if seen is None and source_pool is None and is_big_vision_layout(path):
+    raise errors.CheckpointMismatchError(
+        f"{path} is a big_vision file with neither a class token nor a MAP head: its pool "
+        "type 'gap', '0' or 'none' stores the same arrays, and the classifier means "
+        "something else under each. Say which (config.init_source_pool, predict's --pool, "
+        "or source_pool=); only 'gap' is this ViT's.")
+
+
 def load_pretrained(path: str | os.PathLike, init_params: Mapping[str, Any], model_config: Any,
-                    *, keep_head: bool = False,
-                    source_grid: tuple[int, int] | None = None) -> Params:
-  """Adapts a release .npz file to a model, for fine-tuning: ``adapt`` on its contents."""
-  return adapt(flatten(load_npz(path)), init_params, model_config, keep_head=keep_head,
+                    *, keep_head: bool = False, source_grid: tuple[int, int] | None = None,
+                    source_pool: str | None = None) -> Params:
+  """Adapts a release .npz file to a model, for fine-tuning: ``adapt`` on its contents.
+
+  ``source_pool``: the pooling of the file's model where its arrays do not say it
+  (``check_source_pool``).
+  """
+  source = flatten(load_npz(path))
+  check_source_pool(path, source, source_pool, keep_head=keep_head)
+  return adapt(source, init_params, model_config, keep_head=keep_head,
                source_grid=source_grid, origin=str(path))
 
 
@@ -338,9 +417,9 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
     keep_head: keep the source's classifier (it must have the model's classes)
       instead of the fresh zero-initialised one.
     source_grid: (rows, columns) of the source's position embeddings. Without it,
-      the model's grid when the number of positions is the same, else the square
-      one; give it for a non-square source (a transposed one, 4x6 into 6x4, is
-      resized only when it is given).
+      the model's grid when that is square with as many positions, else the square
+      one; a source that is neither (a non-square one, or one as large as a non-square
+      model's grid, which could be its transpose) is refused without it.
     origin: where the parameters come from, for the log and the errors.
 
   Returns:
@@ -369,7 +448,7 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
       continue
     value = source[key]
     if key == POSEMB_KEY and value.shape[-1] == ref.shape[-1]:
-      value = _fit_posemb(value, ref.shape, model, source_grid, log)
+      value = _fit_posemb(value, model, source_grid, log)
     if value.shape != tuple(ref.shape):
       shapes.append((key, value.shape, tuple(ref.shape)))
       continue
@@ -444,17 +523,22 @@ def npz_architecture(flat: dict[str, Any]) -> dict[str, Any]:
 
 def load_npz_model(path: str | os.PathLike, model_name: str | None = None,
                    image_size: int | tuple[int, int] | None = None,
-                   class_names: tuple[str, ...] = ()) -> Loaded:
+                   class_names: tuple[str, ...] = (), pool: str | None = None,
+                   source_grid: tuple[int, int] | None = None) -> Loaded:
   """A release (or exported) .npz file as a model with its parameters.
 
   The architecture is read from the file's shapes (``npz_architecture``) and
   named after the registry's model of that shape; ``model_name`` picks a
   registry model instead (the file must fit it). ``image_size`` defaults to the
   file's own resolution; another size gets bilinearly resized position
-  embeddings. Mismatches raise ``errors.CheckpointMismatchError``, which
-  says what the file holds.
+  embeddings. ``pool``: the pool type of a big_vision file without a class token or
+  MAP head ('gap', '0' or 'none': the same arrays; ``check_source_pool``), which is
+  refused without it; ``source_grid`` the file's patch grid where it is not square
+  (``adapt``). Mismatches raise ``errors.CheckpointMismatchError``, which says what the
+  file holds.
   """
   flat = flatten(load_npz(path))
+  check_source_pool(path, flat, pool, keep_head=True)
   arch = npz_architecture(flat)
   size = arch.pop('image_size') if image_size is None else image_size
   arch.pop('image_size', None)
@@ -478,5 +562,6 @@ def load_npz_model(path: str | os.PathLike, model_name: str | None = None,
                         model_name=description, **arch)
   init = jax.eval_shape(model.init, jax.random.key(0),
                         jax.ShapeDtypeStruct((1, *pair(size), 3), np.float32))['params']
-  params = adapt(flat, init, model, keep_head=True, origin=str(path))
+  params = adapt(flat, init, model, keep_head=True, source_grid=source_grid,
+                 origin=str(path))
   return Loaded(model, params, tuple(class_names), str(path))

@@ -1,9 +1,11 @@
 r"""Export a run's parameters as a release .npz file (the layout the released models use).
 
-    python -m vit_jax.tools.export --workdir=DIR --out=model.npz [--step=N] [--evaluate]
+    python -m vit_jax.tools.export --workdir=DIR --out=model.npz [--step=N] [--ema] [--evaluate]
 
 The file loads with ``vit_jax.checkpoints.release.load_npz``, in the google-research
 vision_transformer code and in timm, and can be the ``init_from`` of a fine-tune.
+``--ema`` exports the weights' moving average (``config.optimizer.ema_decay``) instead
+of the weights.
 ``--evaluate`` reads the file back and evaluates it and the checkpoint on the
 run's evaluation split, to show the export is faithful; progress lines with an ETA
 go to stderr every ``--progress_every`` seconds. The checkpoint is verified against the
@@ -20,6 +22,8 @@ from vit_jax import errors
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The workdir of a vit_jax.main run.')
 _OUT = flags.DEFINE_string('out', None, 'The .npz file to write.')
 _STEP = flags.DEFINE_integer('step', None, 'The checkpoint step (default: the latest).')
+_EMA = flags.DEFINE_bool('ema', False, 'The weights\' moving average (the run\'s '
+                          'config.optimizer.ema_decay) instead of the weights.')
 _EVALUATE = flags.DEFINE_bool('evaluate', False, 'Evaluate the checkpoint and the written '
                               'file on the run\'s evaluation split, and print both.')
 _PROGRESS_EVERY = flags.DEFINE_float('progress_every', 10., 'Seconds between the progress '
@@ -27,12 +31,15 @@ _PROGRESS_EVERY = flags.DEFINE_float('progress_every', 10., 'Seconds between the
 flags.mark_flags_as_required(['workdir', 'out'])
 
 
-def export(workdir: str, out: str, step: int | None = None) -> int:
-  """Writes the parameters of ``workdir``'s checkpoint (latest or ``step``) to ``out``."""
+def export(workdir: str, out: str, step: int | None = None, *, ema: bool = False) -> int:
+  """Writes the parameters of ``workdir``'s checkpoint (latest or ``step``) to ``out``.
+
+  ``ema``: their moving average instead (``workdir.restore_params``).
+  """
   from vit_jax import workdir as workdir_lib
   from vit_jax.checkpoints import release
 
-  params, step = workdir_lib.restore_params(workdir, step)
+  params, step = workdir_lib.restore_params(workdir, step, ema=ema)
   release.save_npz(out, params)
   return step
 
@@ -46,11 +53,12 @@ def main(argv: list[str]) -> None:
 
   if not flags.FLAGS['verbosity'].present:  # Orbax's INFO lines only with --verbosity.
     console.quiet_third_party()
-  step = export(_WORKDIR.value, _OUT.value, _STEP.value)
-  print(f'Wrote {_OUT.value}: the parameters of {_WORKDIR.value} at step {step}.')
+  step = export(_WORKDIR.value, _OUT.value, _STEP.value, ema=_EMA.value)
+  what = 'the moving average of the parameters' if _EMA.value else 'the parameters'
+  print(f'Wrote {_OUT.value}: {what} of {_WORKDIR.value} at step {step}.')
   if _EVALUATE.value:
     config = workdir_lib.load_config(_WORKDIR.value)
-    params, _ = workdir_lib.restore_params(_WORKDIR.value, step)
+    params, _ = workdir_lib.restore_params(_WORKDIR.value, step, ema=_EMA.value)
     exported = release.to_model_layout(release.load_npz(_OUT.value),
                                           scanned=release.is_scanned(params))
     for name, tree in (('checkpoint', params), ('exported .npz', exported)):

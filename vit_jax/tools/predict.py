@@ -4,7 +4,8 @@ r"""Top-5 classes of image files, from a run's workdir or a release .npz file.
     python -m vit_jax.tools.predict --npz=ViT-B_16.npz --image_size=384 cat.jpg dog.jpg
 
 A workdir gives the model, its latest checkpoint (``--step`` for another), the
-class names (``classes.json``) and the preprocessing (``config.dataset.pp_eval``).
+class names (``classes.json``) and the preprocessing (``config.dataset.pp_eval``); ``--ema``
+takes the weights' moving average (``config.optimizer.ema_decay``) instead of the weights.
 A .npz file's architecture is read from its shapes (``--model`` names one
 instead); its images are resized to ``--image_size`` (default: the file's own
 resolution) and scaled to [-1, 1], as in the releases (``--pp`` for another
@@ -74,6 +75,12 @@ def add_source_flags(parser: argparse.ArgumentParser) -> None:
   group.add_argument('--npz', help='a release or exported .npz checkpoint')
   parser.add_argument('--step', type=int, default=None,
                       help='workdir: the checkpoint step (default: the latest)')
+  parser.add_argument('--ema', action='store_true',
+                      help="workdir: the weights' moving average (the run's "
+                           'config.optimizer.ema_decay) instead of the weights')
+  parser.add_argument('--pool', default=None, choices=('gap', '0', 'none'),
+                      help="npz: a big_vision file's pool type where its arrays do not tell "
+                           "(gap, 0 and none store the same ones; only gap is this ViT's)")
   parser.add_argument('--model', default=None,
                       help='npz: the registry model (e.g. b16); default: read from its shapes')
   parser.add_argument('--image_size', type=int, default=None,
@@ -127,9 +134,10 @@ def load_source(args: argparse.Namespace) -> Source:
   """The model, preprocessing and class names that ``--workdir`` / ``--npz`` select."""
   notes = []
   if args.workdir:
-    if args.model or args.image_size:
-      raise ValueError('--model and --image_size are for --npz; a workdir\'s config fixes them.')
-    loaded = workdir.load_run(args.workdir, args.step)
+    if args.model or args.image_size or args.pool:
+      raise ValueError('--model, --image_size and --pool are for --npz; a workdir\'s config '
+                       'fixes them.')
+    loaded = workdir.load_run(args.workdir, args.step, ema=args.ema)
     pp_spec = args.pp or loaded.config.dataset.pp_eval
     loss = loaded.config.get('loss', 'softmax_xent')
     activation = 'sigmoid' if loss == 'sigmoid_xent' else 'softmax'
@@ -139,7 +147,10 @@ def load_source(args: argparse.Namespace) -> Source:
   else:
     if args.step is not None:
       raise ValueError('--step is for --workdir; a .npz file holds one set of parameters.')
-    loaded = release.load_npz_model(args.npz, args.model, args.image_size)
+    if args.ema:
+      raise ValueError('--ema is for --workdir; a .npz file holds one set of parameters '
+                       '(export a run\'s average with python -m vit_jax.tools.export --ema).')
+    loaded = release.load_npz_model(args.npz, args.model, args.image_size, pool=args.pool)
     h, w = pair(loaded.model.image_size)
     pp_spec = args.pp or NPZ_PP.format(size=h if h == w else (h, w))
     activation = 'softmax'
