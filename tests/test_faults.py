@@ -267,3 +267,137 @@ def test_two_processes_agree_on_the_checkpoint_they_fall_back_to(tiny_run, tmp_p
     assert 'is already complete (step 5)' in log
   assert sorted(os.listdir(run / 'checkpoints' / 'bad')) == ['10']  # Moved once.
   assert workdir.steps(run) == [5]
+
+
+# ---------------------------------------------------------------------------
+# Every file of a checkpoint whose arrays are in OCDBT's data files, damaged in turn.
+
+# The smallest width at which every weight matrix of the tiny run (8 devices, the state
+# split over them) is stored in the data files, `default/ocdbt.process_0/d/*`: Orbax keeps a
+# chunk inline in the B-tree when it compresses to at most 1 KiB (max_inline_value_bytes),
+# so at width 32 (tiny_run) only a few Adam moments leave the tree.
+DATA_FILE_RUN = {**TINY_RUN, 'model.hidden_size': 48, 'model.mlp_dim': 96}
+
+
+def chunk_files(step_dir):
+  """{data file: number of array chunks it holds} of a checkpoint, and the keys inline."""
+  import tensorstore as ts
+
+  kvstore = ts.KvStore.open(f'file://{step_dir / "default"}/').result()
+  root = ts.ocdbt.dump(kvstore).result()['versions'][-1]['root']['location']
+  files, inline = {}, []
+  for entry in ts.ocdbt.dump(kvstore, root).result()['entries']:
+    key = entry['key'].decode()
+    if 'indirect_value' in entry:
+      prefix, name = entry['indirect_value'][len('value:'):].split(':')[:2]
+      path = step_dir / 'default' / prefix / name
+      files[path] = files.get(path, 0) + 1
+    else:
+      inline.append(key)
+  return files, inline
+
+
+@pytest.fixture(scope='module')
+def data_file_run(tmp_path_factory):
+  """A run of DATA_FILE_RUN (checkpoints 5 and 10), with its two states as references."""
+  from vit_jax import train
+
+  run = tmp_path_factory.mktemp('data_file_run')
+  config = tiny_config(**DATA_FILE_RUN)
+  train.train_and_evaluate(config, str(run))
+  return dict(run=run, config=config, abstract=abstract_state(config),
+              step5=jax.device_get(restore_state(run, config, 5)),
+              step10=jax.device_get(restore_state(run, config, 10)))
+
+
+def test_the_data_file_run_stores_its_weight_matrices_in_the_data_files(data_file_run):
+  files, inline = chunk_files(data_file_run['run'] / 'checkpoints' / '10')
+  assert files and all(f.parent.name == 'd' and f.parent.parent.name == 'ocdbt.process_0'
+                       for f in files)
+  kernels = [k for k in inline if k.startswith('params.Transformer') and 'kernel/' in k
+             and not k.endswith('/.zarray')]  # A chunk of a weight matrix, not its metadata.
+  assert not kernels, kernels[:3]
+
+
+def damage_file(path, kind):
+  if kind == 'truncated':
+    path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+  elif kind == 'emptied':
+    path.write_bytes(b'')
+  elif kind == 'removed':
+    path.unlink()
+  else:
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize('kind', ['truncated', 'emptied', 'removed'])
+def test_each_file_of_a_checkpoint_damaged_falls_back_or_restores_verified(
+    data_file_run, tmp_path, kind):
+  """Each file under checkpoints/10, damaged alone: step 10 restores bitwise (the file was
+  not needed: commit markers, the sharding record, a superseded tree node) or it is moved
+  to bad/ and step 5 restores bitwise. Never an exception, never other values."""
+  source = data_file_run['run'] / 'checkpoints' / '10'
+  names = sorted(p.relative_to(source) for p in source.rglob('*') if p.is_file())
+  holding = {p.relative_to(source) for p in chunk_files(source)[0]}
+  assert len(names) > 15 and holding <= set(names)
+  fell_back = []
+  for name in names:
+    run = tmp_path / 'run'
+    shutil.rmtree(run, ignore_errors=True)
+    shutil.copytree(data_file_run['run'] / 'checkpoints', run / 'checkpoints')
+    damage_file(run / 'checkpoints' / '10' / name, kind)
+    manager = manager_lib.make_manager(str(run), every_steps=5, keep=5)
+    try:
+      state = jax.device_get(manager_lib.resume(manager, data_file_run['abstract']))
+    finally:
+      manager.close()
+    step = int(state.step)
+    chex.assert_trees_all_equal(state, data_file_run[f'step{step}'])
+    assert workdir.steps(run) == ([5] if step == 5 else [5, 10]), name
+    assert (run / 'checkpoints' / 'bad' / '10').is_dir() == (step == 5), name
+    if step == 5:
+      fell_back.append(name)
+  # Every data file that holds chunks is read, so damaging it always falls back (a half
+  # truncated one only where a chunk lies in its second half).
+  if kind != 'truncated':
+    assert holding <= set(fell_back), holding - set(fell_back)
+  assert len(fell_back) > len(holding)  # The tree, the manifest and the metadata too.
+
+
+def test_with_every_step_damaged_one_error_names_each_step_and_file(data_file_run, tmp_path):
+  run = tmp_path / 'run'
+  shutil.copytree(data_file_run['run'] / 'checkpoints', run / 'checkpoints')
+  damaged = {}
+  for step in (5, 10):
+    files = chunk_files(run / 'checkpoints' / str(step))[0]
+    damaged[step] = max(files, key=files.get)  # The data file with the most chunks.
+    damage_file(damaged[step], 'emptied')
+  manager = manager_lib.make_manager(str(run), every_steps=5, keep=5)
+  try:
+    with pytest.raises(errors.CheckpointError) as raised:
+      manager_lib.resume(manager, data_file_run['abstract'])
+  finally:
+    manager.close()
+  message = str(raised.value)
+  for step in (10, 5):
+    # Moved to bad/ first, so the file is named where it was when it was read.
+    assert (f'step {step}: ValueError: OUT_OF_RANGE: Error reading' in message
+            and f'(the chunk is in {damaged[step]})' in message), message
+  assert message.endswith('Train from the start in a new workdir (or fine-tune from a release '
+                          'file with config.init_from).')
+  assert '\n' not in message and 'tensorstore_spec' not in message and len(message) < 2000
+
+
+def test_a_damaged_data_file_in_a_real_run_falls_back_and_ends_bitwise(data_file_run,
+                                                                       tmp_path):
+  """`python -m vit_jax.main` on a workdir whose newest checkpoint lost a data file."""
+  run = copy_run(data_file_run['run'], tmp_path)
+  files = chunk_files(run / 'checkpoints' / '10')[0]
+  damage_file(max(files, key=files.get), 'truncated')
+  done = run_main(run, DATA_FILE_RUN)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert 'Traceback' not in done.stderr and 'Event loop is closed' not in done.stderr
+  assert 'The checkpoint at step 10' in done.stderr and 'OUT_OF_RANGE' in done.stderr
+  assert f'Resumed from {run / "checkpoints"} at step 5.' in done.stderr
+  chex.assert_trees_all_equal(jax.device_get(restore_state(run, data_file_run['config'])),
+                              data_file_run['step10'])

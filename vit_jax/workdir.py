@@ -123,9 +123,12 @@ def restore_params(workdir: str | os.PathLike, step: int | None = None,
           item={'params': abstract}, restore_args={'params': restore_args},
           partial_restore=True))
     problem = manager_lib.verify({'params': restored['params']}, arrays, step_dir)
-  except manager_lib.READ_ERRORS as e:
+  except manager_lib.NOT_DAMAGE:
+    raise
+  except Exception as e:  # Any failure to read it is damage (manager_lib.NOT_DAMAGE aside).
     manager_lib.silence_abandoned_reads()
-    problem = str(e) if isinstance(e, errors.CheckpointError) else manager_lib.short(e)
+    problem = (str(e) if isinstance(e, errors.CheckpointError)
+               else manager_lib.read_problem(e, step_dir))
   if problem:
     others = [s for s in steps(workdir) if s != step]
     raise errors.CheckpointError(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging as std_logging
+import re
 import sys
 from typing import Any
 
@@ -38,8 +39,11 @@ from vit_jax.sharding import path_name
 ARRAYS = 'vit_jax_arrays'  # Key of ``describe``'s record in the step's custom metadata.
 STEP_METADATA = '_CHECKPOINT_METADATA'  # Orbax's per-step metadata file.
 BAD = 'bad'  # checkpoints/bad/STEP: the damaged checkpoints, moved aside.
-# What reading a damaged checkpoint raises (TensorStore's errors are ValueErrors).
-READ_ERRORS = (ValueError, OSError, KeyError, TypeError)
+# What a restore may raise that is not damage: another model's state (the config changed)
+# and a host out of memory. Anything else a restore raises counts as damage: Orbax 0.12.8
+# wraps TensorStore's ValueErrors (OUT_OF_RANGE: a data file cut short or emptied) in a
+# plain Exception.
+NOT_DAMAGE = (errors.CheckpointMismatchError, MemoryError)
 
 
 def make_manager(workdir: str, *, every_steps: int, keep: int,
@@ -156,6 +160,42 @@ def short(e: BaseException) -> str:
   return f'{type(e).__name__}: {text[:300]}'
 
 
+def read_problem(e: BaseException, step_dir: epath.Path) -> str:
+  """What went wrong reading a checkpoint, in a line naming the damaged file where known.
+
+  Orbax wraps TensorStore's error (which names the array chunk) in an exception whose
+  text is a dump of the TensorStore spec: the innermost error is the one that says.
+  """
+  inner = e
+  while inner.__cause__ is not None or inner.__context__ is not None:
+    inner = inner.__cause__ or inner.__context__
+  problem = short(inner)
+  match = re.search(r'Error reading "([^"]+)" in OCDBT database at local file "([^"]+)"',
+                    str(inner))
+  if match:
+    where = _chunk_file(epath.Path(match.group(2)), match.group(1))
+    if where:
+      problem += f' (the chunk is in {where})'
+  return problem
+
+
+def _chunk_file(database: epath.Path, key: str) -> str:
+  """The data file of OCDBT ``database`` that holds ``key``'s value ('' if not known)."""
+  try:
+    import tensorstore as ts
+
+    kvstore = ts.KvStore.open(f'file://{database}/').result()
+    root = ts.ocdbt.dump(kvstore).result()['versions'][-1]['root']['location']
+    for entry in ts.ocdbt.dump(kvstore, root).result()['entries']:
+      if entry['key'].decode() == key and 'indirect_value' in entry:
+        # 'value:ocdbt.process_0/:d/FILE:OFFSET:LENGTH'
+        prefix, name = entry['indirect_value'][len('value:'):].split(':')[:2]
+        return str(database / prefix / name)
+  except Exception:  # Only a better message: the tree itself may be what is damaged.
+    pass
+  return ''
+
+
 def _restore_verified(manager: ocp.CheckpointManager, abstract_state: Any,
                       step: int) -> tuple[Any, str]:
   """(state, '') or (None, its problem); the same on every process."""
@@ -165,17 +205,20 @@ def _restore_verified(manager: ocp.CheckpointManager, abstract_state: Any,
     arrays = recorded(step_dir)
     _check_fits(arrays, abstract_state, step_dir)
     state = manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
-  except errors.CheckpointMismatchError:
-    raise  # Another model's state: the config changed, nothing is damaged.
+  except NOT_DAMAGE:
+    raise  # Another model's state (the config changed), or no memory: nothing is damaged.
   except errors.CheckpointError as e:
     problem = str(e)
-  except READ_ERRORS as e:
+  except Exception as e:  # Any other failure to read it is damage.
     silence_abandoned_reads()
+    problem = read_problem(e, step_dir)
     if arrays is None and (step_dir / STEP_METADATA).exists():
       # No record to tell damage from another model's state: leave it where it is.
-      raise errors.CheckpointError(f'The checkpoint at step {step} in {manager.directory} '
-                                   f'cannot be restored: {short(e)}.') from None
-    problem = short(e)
+      raise errors.CheckpointError(
+          f'The checkpoint at step {step} in {manager.directory} cannot be restored: '
+          f'{problem}. It was written by an older vit_jax (no checksums), so it is left where '
+          'it is: resume with the config it was trained with, or move it away to fall back '
+          'to the one before.') from None
   if _anywhere(bool(problem)) and not problem:
     problem = 'another process could not read it (see its log)'
   if not problem:  # Collective, so only once every process holds the state.
