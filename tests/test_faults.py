@@ -213,10 +213,10 @@ def test_sigterm_before_the_first_step_and_kill_9_during_a_save(tiny_run, refere
   log = Log(process)
   log.wait_for(process, lambda: 'Process 0 of 1' in log.text)
   process.send_signal(signal.SIGTERM)
-  assert process.wait(timeout=300) in (0, -signal.SIGTERM)
+  assert process.wait(timeout=300) in (errors.PREEMPTED_STATUS, -signal.SIGTERM)
   log.thread.join()
   assert 'Traceback' not in log.text
-  assert workdir.steps(run) == ([1] if process.returncode == 0 else [])
+  assert workdir.steps(run) == ([1] if process.returncode == errors.PREEMPTED_STATUS else [])
   # Restarted, then killed while Orbax writes a checkpoint (its temporary folder exists).
   process = subprocess.Popen(main_command(run, **TINY_RUN), cwd=ROOT, env=env(),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -240,6 +240,10 @@ def test_sigterm_before_the_first_step_and_kill_9_during_a_save(tiny_run, refere
                                          'positive (e.g. 1e-3)'),
     ('--config.model.image_size=(16,24)', "error: config.dataset.pp_train='to_rgb|resize(16)|"
                                           "pad_crop(2)|value_range(-1, 1)' makes 16x16x3 "),
+    ('--config.batch_size=None', 'error: config.batch_size=None cannot be None.'),
+    ('--config.log_every_steps=0', 'error: config.log_every_steps=0 must be >= 1'),
+    ('--cpu_devices=-1', 'error: --cpu_devices=-1 must be a number of devices >= 1'),
+    ('--cpu_devices=0', 'error: --cpu_devices=0 must be a number of devices >= 1'),
 ])
 def test_a_bad_flag_is_one_line_without_a_traceback(tmp_path, flag, message):
   done = subprocess.run(
@@ -401,3 +405,64 @@ def test_a_damaged_data_file_in_a_real_run_falls_back_and_ends_bitwise(data_file
   assert f'Resumed from {run / "checkpoints"} at step 5.' in done.stderr
   chex.assert_trees_all_equal(jax.device_get(restore_state(run, data_file_run['config'])),
                               data_file_run['step10'])
+
+
+# ---------------------------------------------------------------------------
+# A save that fails: a real full disk (a tmpfs of 4 MiB; the tiny run's checkpoints take
+# 1.5 MiB each).
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 4 MiB tmpfs mounted at tmp_path/disk (skips where mounting is not permitted)."""
+  disk = tmp_path / 'disk'
+  disk.mkdir()
+  mount = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=4m', 'tmpfs', str(disk)],
+                         capture_output=True, text=True)
+  if mount.returncode:
+    pytest.skip(f'cannot mount a tmpfs here: {mount.stderr.strip()}')
+  yield disk
+  subprocess.run(['umount', str(disk)], check=True)
+
+
+def test_a_full_disk_stops_the_run_at_once_in_one_line_and_keeps_the_checkpoints(small_disk):
+  run = small_disk / 'run'
+  done = subprocess.run(
+      main_command(run, **{**TINY_RUN, 'total_steps': 40, 'log_every_steps': 1}), cwd=ROOT,
+      env=env(), capture_output=True, text=True, timeout=900)
+  assert done.returncode == errors.SAVE_FAILED_STATUS, done.stderr[-3000:]
+  lines = [line for line in done.stderr.splitlines() if line.startswith('error:')]
+  assert len(lines) == 1, done.stderr[-3000:]
+  assert 'Traceback' not in done.stderr and len(done.stderr.splitlines()) < 40, done.stderr
+  kept = workdir.steps(run)
+  assert kept and kept == list(range(5, 5 * len(kept) + 1, 5))
+  failed = kept[-1] + 5
+  assert lines[0].startswith(
+      f'error: Saving the checkpoint at step {failed} in {run / "checkpoints"} failed: the disk '
+      'is full (ValueError: RESOURCE_EXHAUSTED: ')
+  assert 'No space left on device' in lines[0]
+  assert lines[0].endswith(
+      f'The checkpoints before it are intact (steps {", ".join(map(str, kept))}): free space '
+      'there (or lower config.keep_checkpoints), then run the same command again to resume '
+      f'from step {kept[-1]}.')
+  # At once: before the next save was due (it was reported there before).
+  steps = [m['step'] for m in read_metrics(run) if 'train/loss' in m]
+  assert failed <= steps[-1] < failed + 5, steps
+  config = tiny_config(**{**TINY_RUN, 'total_steps': 40})
+  for step in kept:  # Each restores, verified against its checksums.
+    assert int(restore_state(run, config, step).step) == step
+
+
+def test_a_failed_save_outside_the_loop_is_the_same_one_error(tiny_run, small_disk):
+  """The manager itself: a forced save that cannot be written, then the clean-up."""
+  manager = manager_lib.make_manager(str(small_disk), every_steps=1, keep=1)
+  (small_disk / 'filler').write_bytes(b'\0' * ((4 << 20) - (64 << 10)))  # Nearly full already.
+  config = tiny_config(**TINY_RUN)
+  state = restore_state(tiny_run, config, 10)
+  with pytest.raises(errors.CheckpointSaveError,
+                     match=r'Saving the checkpoint at step 10 in .* failed: the disk is full .* '
+                           r'No checkpoint was written before it: free space there'):
+    manager_lib.save(manager, 10, state, force=True)
+    manager.wait_until_finished()
+  manager.close()  # Quiet: the failure was reported.
+  assert workdir.steps(small_disk) == []

@@ -296,6 +296,10 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_good_checkpoints(tmp_path
     ({'batch_size': 4}, r'^config.batch_size=4 is smaller than the 8 devices: each device '
                         r'needs at least one example'),
     ({'mesh.tensor': 3}, r'config.mesh: data=2 x fsdp=1 x tensor=3 does not cover the 8 '),
+    # config_base's schema (every case: tests/test_config_base.py), checked first.
+    ({'batch_size': None}, r'^config.batch_size=None cannot be None.$'),
+    ({'checkpoint_every_steps': 0}, r'^config.checkpoint_every_steps=0 must be >= 1'),
+    ({'schedule.end_lr': 0.5}, r'^config.schedule.end_lr=0.5 is above config.schedule.base_lr'),
 ])
 def test_bad_configs_fail_before_compiling(overrides, message):
   """Each a ConfigError, which vit_jax.main prints as one line (tests/test_faults.py)."""

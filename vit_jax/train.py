@@ -96,6 +96,7 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
   of time, ``vit_jax.tools.aot``): the plan has no sources, and ``dataset.num_classes`` must be set.
   """
   config = config_base.complete(config)
+  config_base.check(config)  # Types, None, ranges: vit_jax/config_base.py's SCHEMA.
   name, options = config_base.model_options(config.model)
   try:
     canonical_name(name)
@@ -664,6 +665,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         interval_time = clock.training()
       state, metrics = train_step(*inputs)
       pending.append((step, metrics))
+      manager_lib.check_saves(manager)  # A background save that failed stops the run now.
       if profile and step == profile[1]:
         jax.profiler.stop_trace()
 
@@ -694,7 +696,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         logging.warning('Preempted: saved step %d; restart with the same workdir to resume.',
                         step)
         summary(step)
-        return result
+        raise errors.Preempted(step)  # Exit status 75: run again to resume.
       if step % checkpoint_every == 0 or step == total_steps:
         _host_metrics(pending, manager)
         manager_lib.save(manager, step, state, force=True)

@@ -46,10 +46,101 @@ BAD = 'bad'  # checkpoints/bad/STEP: the damaged checkpoints, moved aside.
 NOT_DAMAGE = (errors.CheckpointMismatchError, MemoryError)
 
 
+class Manager(ocp.CheckpointManager):
+  """Orbax's manager, with a save that fails raised as one ``errors.CheckpointSaveError``.
+
+  Orbax writes in a background thread and raised its failure (disk full, permission)
+  only at the next save or at the end, as a long traceback; here ``check_saves`` (called
+  every step) raises it as soon as the write has ended, naming the step and the cause.
+  Orbax's temporary folder of the failed save is never a checkpoint (removed at the next
+  start), so the ones before stay intact.
+  """
+
+  _pending: int | None = None  # The step whose save is being written.
+  _failed: errors.CheckpointSaveError | None = None  # Raised once; the clean-up stays quiet.
+
+  def save(self, step: int, *args: Any, **kwargs: Any) -> bool:
+    if self._pending is not None:  # The save before: its failure is its own.
+      self.wait_until_finished()
+    try:
+      started = super().save(step, *args, **kwargs)
+    except Exception as e:
+      raise self._failure(step, e) from None
+    if started:
+      self._pending = step
+    return started
+
+  def check_saves(self) -> None:
+    """Raises ``errors.CheckpointSaveError`` if the save in the background has failed."""
+    if self._pending is not None and not self.is_saving_in_progress():
+      self.wait_until_finished()
+
+  def wait_until_finished(self) -> None:
+    try:
+      super().wait_until_finished()
+    except Exception as e:
+      if self._failed is not None:  # Already raised: the clean-up after it.
+        return
+      raise self._failure(self._pending, e) from None
+    self._pending = None
+
+  def close(self) -> None:
+    try:
+      super().close()
+    except Exception as e:
+      if self._failed is None:
+        raise self._failure(self._pending, e) from None
+
+  def _failure(self, step: int | None, e: BaseException) -> errors.CheckpointSaveError:
+    silence_abandoned_reads()  # The writes abandoned after the first failure.
+    inner = e
+    while inner.__cause__ is not None or inner.__context__ is not None:
+      inner = inner.__cause__ or inner.__context__
+    text = str(inner)
+    cause, fix = short(inner), 'fix the cause'
+    for signs, what, how in SAVE_CAUSES:
+      if any(sign in text for sign in signs):
+        cause, fix = f'{what} ({short(inner)})', how
+        break
+    kept = [s for s in self.all_steps() if s != step]
+    before = (f'The checkpoints before it are intact (steps {", ".join(map(str, kept))}): '
+              if kept else 'No checkpoint was written before it: ')
+    self._failed = errors.CheckpointSaveError(
+        f'Saving the checkpoint at step {step} in {self.directory} failed: {cause}. {before}'
+        f'{fix}, then run the same command again to resume'
+        f'{f" from step {kept[-1]}" if kept else ""}.')
+    self._pending = None
+    return self._failed
+
+
+# (signs in the error's text, the cause in words, what to do): the common causes of a failed
+# save; anything else is named by its own message.
+SAVE_CAUSES = (
+    (('No space left on device', "os_error_code='28'"), 'the disk is full',
+     'free space there (or lower config.keep_checkpoints)'),
+    (('Disk quota exceeded', "os_error_code='122'"), 'the disk quota is exceeded',
+     'free space there or raise the quota'),
+    (('Permission denied', "os_error_code='13'"), 'permission denied',
+     'make the workdir writable by this user'),
+    (('Read-only file system', "os_error_code='30'"), 'the file system is read-only',
+     'use a writable workdir'),
+)
+
+
+def check_saves(manager: ocp.CheckpointManager) -> None:
+  """Raises ``errors.CheckpointSaveError`` at once if a background save has failed.
+
+  Call it every step. With several processes it does nothing (each would decide alone,
+  and one stopping leaves the others at a barrier): the next save reports it there.
+  """
+  if isinstance(manager, Manager) and jax.process_count() == 1:
+    manager.check_saves()
+
+
 def make_manager(workdir: str, *, every_steps: int, keep: int,
                  asynchronous: bool = True) -> ocp.CheckpointManager:
   """A manager for ``workdir/checkpoints`` that saves every N steps and keeps the last K."""
-  return ocp.CheckpointManager(
+  return Manager(
       epath.Path(workdir) / 'checkpoints',
       options=ocp.CheckpointManagerOptions(
           save_interval_steps=every_steps, max_to_keep=keep, create=True,
@@ -227,12 +318,12 @@ def _restore_verified(manager: ocp.CheckpointManager, abstract_state: Any,
 
 
 def silence_abandoned_reads() -> None:
-  """Silences the reads Orbax abandons after the first failure, for this process.
+  """Silences the reads and writes Orbax abandons after the first failure, for this process.
 
   Their TensorStore callbacks find Orbax's event loop closed and each printed a
   traceback ("Event loop is closed", dozens around the one real error); the
-  asyncio logger added "Task exception was never retrieved" for each. Only those
-  two messages are dropped; anything else is reported as before.
+  asyncio logger added "Task (or _GatheringFuture) exception was never retrieved" for
+  each. Only those messages are dropped; anything else is reported as before.
   """
   previous = sys.unraisablehook
   if getattr(previous, 'vit_jax', False):
@@ -245,8 +336,7 @@ def silence_abandoned_reads() -> None:
   hook.vit_jax = True
   sys.unraisablehook = hook
   std_logging.getLogger('asyncio').addFilter(
-      lambda record: not record.getMessage().startswith(
-          ('Task exception was never retrieved', 'Future exception was never retrieved')))
+      lambda record: 'exception was never retrieved' not in record.getMessage())
 
 
 def _check_fits(arrays: dict[str, dict[str, Any]] | None, abstract_state: Any,
