@@ -439,8 +439,8 @@ def test_a_full_disk_stops_the_run_at_once_in_one_line_and_keeps_the_checkpoints
   failed = kept[-1] + 5
   assert lines[0].startswith(
       f'error: Saving the checkpoint at step {failed} in {run / "checkpoints"} failed: the disk '
-      'is full (ValueError: RESOURCE_EXHAUSTED: ')
-  assert 'No space left on device' in lines[0]
+      f'is full (No space left on device, writing {run / "checkpoints"}/{failed}.orbax-'
+      'checkpoint-tmp/'), lines[0]
   assert lines[0].endswith(
       f'The checkpoints before it are intact (steps {", ".join(map(str, kept))}): free space '
       'there (or lower config.keep_checkpoints), then run the same command again to resume '
@@ -460,8 +460,9 @@ def test_a_failed_save_outside_the_loop_is_the_same_one_error(tiny_run, small_di
   config = tiny_config(**TINY_RUN)
   state = restore_state(tiny_run, config, 10)
   with pytest.raises(errors.CheckpointSaveError,
-                     match=r'Saving the checkpoint at step 10 in .* failed: the disk is full .* '
-                           r'No checkpoint was written before it: free space there'):
+                     match=r'Saving the checkpoint at step 10 in .* failed: the disk is full \(No '
+                           r'space left on device, writing .*\)\. No checkpoint was written before '
+                           r'it: free space there'):
     manager_lib.save(manager, 10, state, force=True)
     manager.wait_until_finished()
   manager.close()  # Quiet: the failure was reported.

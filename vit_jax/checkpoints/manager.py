@@ -100,7 +100,10 @@ class Manager(ocp.CheckpointManager):
     cause, fix = short(inner), 'fix the cause'
     for signs, what, how in SAVE_CAUSES:
       if any(sign in text for sign in signs):
-        cause, fix = f'{what} ({short(inner)})', how
+        # The OS's words and the file, not TensorStore's long preamble.
+        written = re.findall(r'(?:Failed writing|Error writing local file):? "([^"]+)"', text)
+        cause = f'{what} ({signs[0]}{f", writing {written[-1]}" if written else ""})'
+        fix = how
         break
     kept = [s for s in self.all_steps() if s != step]
     before = (f'The checkpoints before it are intact (steps {", ".join(map(str, kept))}): '
