@@ -10,6 +10,7 @@ each bad converter input in tests/test_convert.py.
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -409,7 +410,7 @@ def test_a_damaged_data_file_in_a_real_run_falls_back_and_ends_bitwise(data_file
 
 # ---------------------------------------------------------------------------
 # A save that fails: a real full disk (a tmpfs of 4 MiB; the tiny run's checkpoints take
-# 1.5 MiB each).
+# 1.5 MiB each, with its logs the second or third does not fit).
 
 
 @pytest.fixture
@@ -428,15 +429,19 @@ def small_disk(tmp_path):
 def test_a_full_disk_stops_the_run_at_once_in_one_line_and_keeps_the_checkpoints(small_disk):
   run = small_disk / 'run'
   done = subprocess.run(
-      main_command(run, **{**TINY_RUN, 'total_steps': 40, 'log_every_steps': 1}), cwd=ROOT,
+      # A checkpoint every 50 steps: the write of one ends long before the next is due.
+      main_command(run, **{**TINY_RUN, 'total_steps': 150, 'checkpoint_every_steps': 50,
+                           'log_every_steps': 1}), cwd=ROOT,
       env=env(), capture_output=True, text=True, timeout=900)
   assert done.returncode == errors.SAVE_FAILED_STATUS, done.stderr[-3000:]
   lines = [line for line in done.stderr.splitlines() if line.startswith('error:')]
   assert len(lines) == 1, done.stderr[-3000:]
-  assert 'Traceback' not in done.stderr and len(done.stderr.splitlines()) < 40, done.stderr
+  # No traceback, no error logged by Orbax's threads: the one line says it all.
+  logged_errors = [line for line in done.stderr.splitlines() if re.match(r'E\d{4} ', line)]
+  assert 'Traceback' not in done.stderr and not logged_errors, logged_errors[:3]
   kept = workdir.steps(run)
-  assert kept and kept == list(range(5, 5 * len(kept) + 1, 5))
-  failed = kept[-1] + 5
+  assert kept and kept == list(range(50, 50 * len(kept) + 1, 50))
+  failed = kept[-1] + 50
   assert lines[0].startswith(
       f'error: Saving the checkpoint at step {failed} in {run / "checkpoints"} failed: the disk '
       f'is full (No space left on device, writing {run / "checkpoints"}/{failed}.orbax-'
@@ -445,10 +450,10 @@ def test_a_full_disk_stops_the_run_at_once_in_one_line_and_keeps_the_checkpoints
       f'The checkpoints before it are intact (steps {", ".join(map(str, kept))}): free space '
       'there (or lower config.keep_checkpoints), then run the same command again to resume '
       f'from step {kept[-1]}.')
-  # At once: before the next save was due (it was reported there before).
+  # At once: before the next save was due (it was reported there before, or at the end).
   steps = [m['step'] for m in read_metrics(run) if 'train/loss' in m]
-  assert failed <= steps[-1] < failed + 5, steps
-  config = tiny_config(**{**TINY_RUN, 'total_steps': 40})
+  assert failed <= steps[-1] < failed + 50, steps
+  config = tiny_config(**{**TINY_RUN, 'total_steps': 150})
   for step in kept:  # Each restores, verified against its checksums.
     assert int(restore_state(run, config, step).step) == step
 
