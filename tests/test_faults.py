@@ -429,8 +429,9 @@ def small_disk(tmp_path):
 def test_a_full_disk_stops_the_run_at_once_in_one_line_and_keeps_the_checkpoints(small_disk):
   run = small_disk / 'run'
   done = subprocess.run(
-      # A checkpoint every 50 steps: the write of one ends long before the next is due.
-      main_command(run, **{**TINY_RUN, 'total_steps': 150, 'checkpoint_every_steps': 50,
+      # A checkpoint every 50 steps: the write of one ends long before the next is due;
+      # 250 steps, so that the one that fails (the second or third) is not the last.
+      main_command(run, **{**TINY_RUN, 'total_steps': 250, 'checkpoint_every_steps': 50,
                            'log_every_steps': 1}), cwd=ROOT,
       env=env(), capture_output=True, text=True, timeout=900)
   assert done.returncode == errors.SAVE_FAILED_STATUS, done.stderr[-3000:]
@@ -453,7 +454,7 @@ def test_a_full_disk_stops_the_run_at_once_in_one_line_and_keeps_the_checkpoints
   # At once: before the next save was due (it was reported there before, or at the end).
   steps = [m['step'] for m in read_metrics(run) if 'train/loss' in m]
   assert failed <= steps[-1] < failed + 50, steps
-  config = tiny_config(**{**TINY_RUN, 'total_steps': 150})
+  config = tiny_config(**{**TINY_RUN, 'total_steps': 250})
   for step in kept:  # Each restores, verified against its checksums.
     assert int(restore_state(run, config, step).step) == step
 
