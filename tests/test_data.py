@@ -4,7 +4,9 @@ import functools
 import gzip
 import io
 import math
+import os
 import pathlib
+import types
 
 import chex
 import jax
@@ -334,3 +336,38 @@ def test_a_run_on_tfrecord_data_resumes_exactly(local_tfds_tfrecord, tmp_path, m
   assert losses('b') == {s: loss for s, loss in losses('a').items() if s > 4}
   chex.assert_trees_all_equal(restore_state(tmp_path / 'a', config),
                               restore_state(tmp_path / 'b', config))
+
+
+def _write_tfrecord(path, records):
+  import tensorflow as tf
+
+  with tf.io.TFRecordWriter(str(path)) as writer:
+    for record in records:
+      writer.write(record)
+
+
+@pytest.mark.parametrize('same_mtime', [False, True])
+def test_a_shard_rewritten_with_the_same_size_is_indexed_again(tmp_path, monkeypatch,
+                                                               same_mtime):
+  """The cache of offsets never goes stale: a shard rewritten in place (same path, size and
+  inode) with other record lengths, with a new modification time or (as within one clock
+  tick) the same one restored, reads the new records."""
+  pytest.importorskip('tensorflow')
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+  shard = tmp_path / 'data.tfrecord-00000-of-00001'
+  old = [b'a' * 10, b'b' * 30, b'c' * 20]
+  new = [b'x' * 30, b'y' * 10, b'z' * 20]
+  _write_tfrecord(shard, old)
+  size, inode, mtime = shard.stat().st_size, shard.stat().st_ino, shard.stat().st_mtime_ns
+  np.testing.assert_array_equal(tfrecord.record_offsets(shard), [0, 26, 72])
+  _write_tfrecord(tmp_path / 'new', new)
+  data = (tmp_path / 'new').read_bytes()
+  with open(shard, 'r+b') as f:  # In place: the same inode.
+    f.write(data)
+  os.utime(shard, ns=(mtime, mtime) if same_mtime else (mtime + 10**9, mtime + 10**9))
+  assert (shard.stat().st_size, shard.stat().st_ino) == (size, inode)
+  assert (shard.stat().st_mtime_ns == mtime) == same_mtime
+  np.testing.assert_array_equal(tfrecord.record_offsets(shard), [0, 46, 72])
+  records = tfrecord.Records([types.SimpleNamespace(filename=str(shard), skip=0, take=3,
+                                                    examples_in_shard=3)])
+  assert [records[i] for i in range(3)] == new

@@ -10,6 +10,7 @@ each bad converter input in tests/test_convert.py.
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -213,10 +214,10 @@ def test_sigterm_before_the_first_step_and_kill_9_during_a_save(tiny_run, refere
   log = Log(process)
   log.wait_for(process, lambda: 'Process 0 of 1' in log.text)
   process.send_signal(signal.SIGTERM)
-  assert process.wait(timeout=300) in (0, -signal.SIGTERM)
+  assert process.wait(timeout=300) in (errors.PREEMPTED_STATUS, -signal.SIGTERM)
   log.thread.join()
   assert 'Traceback' not in log.text
-  assert workdir.steps(run) == ([1] if process.returncode == 0 else [])
+  assert workdir.steps(run) == ([1] if process.returncode == errors.PREEMPTED_STATUS else [])
   # Restarted, then killed while Orbax writes a checkpoint (its temporary folder exists).
   process = subprocess.Popen(main_command(run, **TINY_RUN), cwd=ROOT, env=env(),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -240,6 +241,10 @@ def test_sigterm_before_the_first_step_and_kill_9_during_a_save(tiny_run, refere
                                          'positive (e.g. 1e-3)'),
     ('--config.model.image_size=(16,24)', "error: config.dataset.pp_train='to_rgb|resize(16)|"
                                           "pad_crop(2)|value_range(-1, 1)' makes 16x16x3 "),
+    ('--config.batch_size=None', 'error: config.batch_size=None cannot be None.'),
+    ('--config.log_every_steps=0', 'error: config.log_every_steps=0 must be >= 1'),
+    ('--cpu_devices=-1', 'error: --cpu_devices=-1 must be a number of devices >= 1'),
+    ('--cpu_devices=0', 'error: --cpu_devices=0 must be a number of devices >= 1'),
 ])
 def test_a_bad_flag_is_one_line_without_a_traceback(tmp_path, flag, message):
   done = subprocess.run(
@@ -267,3 +272,204 @@ def test_two_processes_agree_on_the_checkpoint_they_fall_back_to(tiny_run, tmp_p
     assert 'is already complete (step 5)' in log
   assert sorted(os.listdir(run / 'checkpoints' / 'bad')) == ['10']  # Moved once.
   assert workdir.steps(run) == [5]
+
+
+# ---------------------------------------------------------------------------
+# Every file of a checkpoint whose arrays are in OCDBT's data files, damaged in turn.
+
+# The smallest width at which every weight matrix of the tiny run (8 devices, the state
+# split over them) is stored in the data files, `default/ocdbt.process_0/d/*`: Orbax keeps a
+# chunk inline in the B-tree when it compresses to at most 1 KiB (max_inline_value_bytes),
+# so at width 32 (tiny_run) only a few Adam moments leave the tree.
+DATA_FILE_RUN = {**TINY_RUN, 'model.hidden_size': 48, 'model.mlp_dim': 96}
+
+
+def chunk_files(step_dir):
+  """{data file: number of array chunks it holds} of a checkpoint, and the keys inline."""
+  import tensorstore as ts
+
+  kvstore = ts.KvStore.open(f'file://{step_dir / "default"}/').result()
+  root = ts.ocdbt.dump(kvstore).result()['versions'][-1]['root']['location']
+  files, inline = {}, []
+  for entry in ts.ocdbt.dump(kvstore, root).result()['entries']:
+    key = entry['key'].decode()
+    if 'indirect_value' in entry:
+      prefix, name = entry['indirect_value'][len('value:'):].split(':')[:2]
+      path = step_dir / 'default' / prefix / name
+      files[path] = files.get(path, 0) + 1
+    else:
+      inline.append(key)
+  return files, inline
+
+
+@pytest.fixture(scope='module')
+def data_file_run(tmp_path_factory):
+  """A run of DATA_FILE_RUN (checkpoints 5 and 10), with its two states as references."""
+  from vit_jax import train
+
+  run = tmp_path_factory.mktemp('data_file_run')
+  config = tiny_config(**DATA_FILE_RUN)
+  train.train_and_evaluate(config, str(run))
+  return dict(run=run, config=config, abstract=abstract_state(config),
+              step5=jax.device_get(restore_state(run, config, 5)),
+              step10=jax.device_get(restore_state(run, config, 10)))
+
+
+def test_the_data_file_run_stores_its_weight_matrices_in_the_data_files(data_file_run):
+  files, inline = chunk_files(data_file_run['run'] / 'checkpoints' / '10')
+  assert files and all(f.parent.name == 'd' and f.parent.parent.name == 'ocdbt.process_0'
+                       for f in files)
+  kernels = [k for k in inline if k.startswith('params.Transformer') and 'kernel/' in k
+             and not k.endswith('/.zarray')]  # A chunk of a weight matrix, not its metadata.
+  assert not kernels, kernels[:3]
+
+
+def damage_file(path, kind):
+  if kind == 'truncated':
+    path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+  elif kind == 'emptied':
+    path.write_bytes(b'')
+  elif kind == 'removed':
+    path.unlink()
+  else:
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize('kind', ['truncated', 'emptied', 'removed'])
+def test_each_file_of_a_checkpoint_damaged_falls_back_or_restores_verified(
+    data_file_run, tmp_path, kind):
+  """Each file under checkpoints/10, damaged alone: step 10 restores bitwise (the file was
+  not needed: commit markers, the sharding record, a superseded tree node) or it is moved
+  to bad/ and step 5 restores bitwise. Never an exception, never other values."""
+  source = data_file_run['run'] / 'checkpoints' / '10'
+  names = sorted(p.relative_to(source) for p in source.rglob('*') if p.is_file())
+  holding = {p.relative_to(source) for p in chunk_files(source)[0]}
+  assert len(names) > 15 and holding <= set(names)
+  fell_back = []
+  for name in names:
+    run = tmp_path / 'run'
+    shutil.rmtree(run, ignore_errors=True)
+    shutil.copytree(data_file_run['run'] / 'checkpoints', run / 'checkpoints')
+    damage_file(run / 'checkpoints' / '10' / name, kind)
+    manager = manager_lib.make_manager(str(run), every_steps=5, keep=5)
+    try:
+      state = jax.device_get(manager_lib.resume(manager, data_file_run['abstract']))
+    finally:
+      manager.close()
+    step = int(state.step)
+    chex.assert_trees_all_equal(state, data_file_run[f'step{step}'])
+    assert workdir.steps(run) == ([5] if step == 5 else [5, 10]), name
+    assert (run / 'checkpoints' / 'bad' / '10').is_dir() == (step == 5), name
+    if step == 5:
+      fell_back.append(name)
+  # Every data file that holds chunks is read, so damaging it always falls back (a half
+  # truncated one only where a chunk lies in its second half).
+  if kind != 'truncated':
+    assert holding <= set(fell_back), holding - set(fell_back)
+  assert len(fell_back) > len(holding)  # The tree, the manifest and the metadata too.
+
+
+def test_with_every_step_damaged_one_error_names_each_step_and_file(data_file_run, tmp_path):
+  run = tmp_path / 'run'
+  shutil.copytree(data_file_run['run'] / 'checkpoints', run / 'checkpoints')
+  damaged = {}
+  for step in (5, 10):
+    files = chunk_files(run / 'checkpoints' / str(step))[0]
+    damaged[step] = max(files, key=files.get)  # The data file with the most chunks.
+    damage_file(damaged[step], 'emptied')
+  manager = manager_lib.make_manager(str(run), every_steps=5, keep=5)
+  try:
+    with pytest.raises(errors.CheckpointError) as raised:
+      manager_lib.resume(manager, data_file_run['abstract'])
+  finally:
+    manager.close()
+  message = str(raised.value)
+  for step in (10, 5):
+    # Moved to bad/ first, so the file is named where it was when it was read.
+    assert (f'step {step}: ValueError: OUT_OF_RANGE: Error reading' in message
+            and f'(the chunk is in {damaged[step]})' in message), message
+  assert message.endswith('Train from the start in a new workdir (or fine-tune from a release '
+                          'file with config.init_from).')
+  assert '\n' not in message and 'tensorstore_spec' not in message and len(message) < 2000
+
+
+def test_a_damaged_data_file_in_a_real_run_falls_back_and_ends_bitwise(data_file_run,
+                                                                       tmp_path):
+  """`python -m vit_jax.main` on a workdir whose newest checkpoint lost a data file."""
+  run = copy_run(data_file_run['run'], tmp_path)
+  files = chunk_files(run / 'checkpoints' / '10')[0]
+  damage_file(max(files, key=files.get), 'truncated')
+  done = run_main(run, DATA_FILE_RUN)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert 'Traceback' not in done.stderr and 'Event loop is closed' not in done.stderr
+  assert 'The checkpoint at step 10' in done.stderr and 'OUT_OF_RANGE' in done.stderr
+  assert f'Resumed from {run / "checkpoints"} at step 5.' in done.stderr
+  chex.assert_trees_all_equal(jax.device_get(restore_state(run, data_file_run['config'])),
+                              data_file_run['step10'])
+
+
+# ---------------------------------------------------------------------------
+# A save that fails: a real full disk (a tmpfs of 4 MiB; the tiny run's checkpoints take
+# 1.5 MiB each, with its logs the second or third does not fit).
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 4 MiB tmpfs mounted at tmp_path/disk (skips where mounting is not permitted)."""
+  disk = tmp_path / 'disk'
+  disk.mkdir()
+  mount = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=4m', 'tmpfs', str(disk)],
+                         capture_output=True, text=True)
+  if mount.returncode:
+    pytest.skip(f'cannot mount a tmpfs here: {mount.stderr.strip()}')
+  yield disk
+  subprocess.run(['umount', str(disk)], check=True)
+
+
+def test_a_full_disk_stops_the_run_at_once_in_one_line_and_keeps_the_checkpoints(small_disk):
+  run = small_disk / 'run'
+  done = subprocess.run(
+      # A checkpoint every 50 steps: the write of one ends long before the next is due;
+      # 250 steps, so that the one that fails (the second or third) is not the last.
+      main_command(run, **{**TINY_RUN, 'total_steps': 250, 'checkpoint_every_steps': 50,
+                           'log_every_steps': 1}), cwd=ROOT,
+      env=env(), capture_output=True, text=True, timeout=900)
+  assert done.returncode == errors.SAVE_FAILED_STATUS, done.stderr[-3000:]
+  lines = [line for line in done.stderr.splitlines() if line.startswith('error:')]
+  assert len(lines) == 1, done.stderr[-3000:]
+  # No traceback, no error logged by Orbax's threads: the one line says it all.
+  logged_errors = [line for line in done.stderr.splitlines() if re.match(r'E\d{4} ', line)]
+  assert 'Traceback' not in done.stderr and not logged_errors, logged_errors[:3]
+  kept = workdir.steps(run)
+  assert kept and kept == list(range(50, 50 * len(kept) + 1, 50))
+  failed = kept[-1] + 50
+  assert lines[0].startswith(
+      f'error: Saving the checkpoint at step {failed} in {run / "checkpoints"} failed: the disk '
+      f'is full (No space left on device, writing {run / "checkpoints"}/{failed}.orbax-'
+      'checkpoint-tmp/'), lines[0]
+  assert lines[0].endswith(
+      f'The checkpoints before it are intact (steps {", ".join(map(str, kept))}): free space '
+      'there (or lower config.keep_checkpoints), then run the same command again to resume '
+      f'from step {kept[-1]}.')
+  # At once: before the next save was due (it was reported there before, or at the end).
+  steps = [m['step'] for m in read_metrics(run) if 'train/loss' in m]
+  assert failed <= steps[-1] < failed + 50, steps
+  config = tiny_config(**{**TINY_RUN, 'total_steps': 250})
+  for step in kept:  # Each restores, verified against its checksums.
+    assert int(restore_state(run, config, step).step) == step
+
+
+def test_a_failed_save_outside_the_loop_is_the_same_one_error(tiny_run, small_disk):
+  """The manager itself: a forced save that cannot be written, then the clean-up."""
+  manager = manager_lib.make_manager(str(small_disk), every_steps=1, keep=1)
+  (small_disk / 'filler').write_bytes(b'\0' * ((4 << 20) - (64 << 10)))  # Nearly full already.
+  config = tiny_config(**TINY_RUN)
+  state = restore_state(tiny_run, config, 10)
+  with pytest.raises(errors.CheckpointSaveError,
+                     match=r'Saving the checkpoint at step 10 in .* failed: the disk is full \(No '
+                           r'space left on device, writing .*\)\. No checkpoint was written before '
+                           r'it: free space there'):
+    manager_lib.save(manager, 10, state, force=True)
+    manager.wait_until_finished()
+  manager.close()  # Quiet: the failure was reported.
+  assert workdir.steps(small_disk) == []

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import train
+from vit_jax import errors, train
 
 from runs import (
     ROOT,
@@ -58,7 +58,7 @@ def test_kill_9_and_sigterm_then_resume_equal_an_uninterrupted_run(tmp_path):
   wait_for_checkpoint(run, workdir, 150)
   run.send_signal(signal.SIGTERM)
   _, stderr = run.communicate(timeout=120)
-  assert run.returncode == 0, stderr[-3000:]
+  assert run.returncode == errors.PREEMPTED_STATUS, stderr[-3000:]  # Not 0: restart it.
   assert 'Preempted: saved step' in stderr
   preempted_at = max(checkpoint_steps(workdir))
   assert 150 <= preempted_at < 300

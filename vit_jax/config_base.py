@@ -5,12 +5,16 @@ recipe changes, so two recipes are compared by reading two short files (big_visi
 habit). Any field can be overridden on the command line, ``--config.batch_size=256``;
 a field that is not here does not exist.
 
+Each field's type, whether it may be None and its range are in ``SCHEMA`` (below
+``get_config``, in the same order); ``check`` applies it before anything compiles.
+
 A ``None`` model option means "the model's own": the architecture named by
 ``model.name`` (``b16``: width 768, 12 layers, ...) or ``VisionTransformer``'s default.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from typing import Any
 
@@ -152,6 +156,168 @@ def get_config() -> ml_collections.ConfigDict:
   config.profile_steps = ()  # (first, last) step of a profiler trace in workdir/profile.
   config.input_workers = 32  # Decoding threads per process.
   return config
+
+
+# ---------------------------------------------------------------------------
+# The schema: each field's type, whether it may be None, and its range. ``check`` applies it
+# to a complete config before anything compiles (``train.validate``); a field's meaning and
+# default are beside it in ``get_config`` above, in the same order.
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+  """What a field may hold: ``kind`` ('int', 'float', 'str', 'bool', 'size', 'tuple'),
+  None allowed or not, and a range: ``low``/``high`` (``low_open``: ``low`` itself
+  excluded, ``high`` always excluded unless ``high_closed``), or ``choices``."""
+
+  kind: str
+  none: bool = False
+  low: float | None = None
+  high: float | None = None
+  low_open: bool = False
+  high_closed: bool = False
+  choices: tuple[Any, ...] = ()
+  why: str = ''  # Said with a value out of range.
+
+  def problem(self, value: Any) -> str:
+    """What is wrong with ``value`` ('' if nothing)."""
+    if value is None:
+      return '' if self.none else 'cannot be None'
+    if self.kind == 'size':
+      sides = value if isinstance(value, (tuple, list)) and len(value) == 2 else (value,)
+      if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sides):
+        return ''
+      return 'is not a positive int or a (height, width) pair of them'
+    kinds = {'int': int, 'float': (int, float), 'str': str, 'bool': bool,
+             'tuple': (tuple, list)}[self.kind]
+    if not isinstance(value, kinds) or (isinstance(value, bool) and self.kind != 'bool'):
+      return f'must be {_KIND_WORDS[self.kind]}, not {type(value).__name__}'
+    if self.choices and value not in self.choices:
+      return f'must be one of {", ".join(map(repr, self.choices))}'
+    if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+      return f'must be {">" if self.low_open else ">="} {self.low:g}{self.why}'
+    if self.high is not None and (value > self.high or (not self.high_closed
+                                                         and value == self.high)):
+      return f'must be {"<=" if self.high_closed else "<"} {self.high:g}{self.why}'
+    return ''
+
+
+_KIND_WORDS = {'int': 'an int', 'float': 'a number', 'str': 'a string', 'bool': 'True or False',
+               'tuple': 'a tuple'}
+_POSITIVE = Field('int', low=1)
+_POSITIVE_OR_NONE = Field('int', none=True, low=1)
+_STR_OR_NONE = Field('str', none=True)
+_BOOL_OR_NONE = Field('bool', none=True)
+_RATE = Field('float', none=True, low=0, high=1)  # Dropout-like: [0, 1).
+_INTERVAL = Field('int', low=1, why=' (a number of steps; 0 would divide by zero)')
+
+SCHEMA: dict[str, Field] = {
+    'model.name': Field('str'),
+    'model.image_size': Field('size', none=True),
+    'model.patch_size': Field('size', none=True),
+    'model.hidden_size': _POSITIVE_OR_NONE, 'model.mlp_dim': _POSITIVE_OR_NONE,
+    'model.num_heads': _POSITIVE_OR_NONE, 'model.num_layers': _POSITIVE_OR_NONE,
+    'model.pool': _STR_OR_NONE,
+    'model.representation_size': _POSITIVE_OR_NONE,
+    'model.head_bias_init': Field('float', none=True),
+    'model.posemb': _STR_OR_NONE,
+    'model.dropout_rate': _RATE, 'model.attention_dropout_rate': _RATE,
+    'model.stochastic_depth': _RATE,
+    'model.attention_impl': _STR_OR_NONE,
+    'model.scan': _BOOL_OR_NONE,
+    'model.remat_policy': _STR_OR_NONE,
+    'model.dtype': _STR_OR_NONE, 'model.param_dtype': _STR_OR_NONE,
+    'model.matmul_dtype': _STR_OR_NONE,
+    'model.resnet_layers': Field('tuple', none=True),
+    'model.resnet_width': _POSITIVE_OR_NONE,
+    'model.parallel_block': _BOOL_OR_NONE, 'model.qk_norm': _BOOL_OR_NONE,
+    'model.qkv_bias': _BOOL_OR_NONE,
+    'model.norm': _STR_OR_NONE,
+    'dataset.name': Field('str'), 'dataset.data_dir': Field('str'),
+    'dataset.manual_dir': Field('str'), 'dataset.prepare': Field('bool'),
+    'dataset.num_classes': Field('int', low=0),
+    'dataset.train_split': Field('str'), 'dataset.eval_split': Field('str'),
+    'dataset.pp_train': Field('str'), 'dataset.pp_eval': Field('str'),
+    'dataset.repeats': Field('int', low=1, why=' (3: DeiT repeated augmentation; 1: off)'),
+    'loss': Field('str', choices=('softmax_xent', 'sigmoid_xent')),
+    'label_smoothing': Field('float', low=0, high=1,
+                             why=' (the share of the target spread over all classes)'),
+    'mixup_alpha': Field('float', low=0), 'cutmix_alpha': Field('float', low=0),
+    'mixup_switch_prob': Field('float', low=0, high=1, high_closed=True),
+    'batch_size': _POSITIVE,
+    'eval_batch_size': _POSITIVE_OR_NONE,
+    'grad_accum_steps': Field('int', low=1, why=' (micro-batches a step; 1: none)'),
+    'total_steps': _POSITIVE_OR_NONE,
+    'num_epochs': Field('float', none=True, low=0, low_open=True),
+    'optimizer.name': Field('str', choices=('adam', 'sgd')),
+    'optimizer.b1': Field('float', low=0, high=1), 'optimizer.b2': Field('float', low=0, high=1),
+    'optimizer.momentum': Field('float', low=0, high=1),
+    'optimizer.weight_decay': Field('float', low=0),
+    'optimizer.grad_clip_norm': Field('float', low=0),
+    'optimizer.mu_dtype': _STR_OR_NONE,
+    'optimizer.layer_decay': Field('float', low=0, high=1, low_open=True, high_closed=True),
+    'optimizer.ema_decay': Field('float', low=0, high=1),
+    'schedule.base_lr': Field('float'),  # > 0 and >= end_lr >= 0: train.validate, check.
+    'schedule.end_lr': Field('float'),
+    'schedule.decay': Field('str', choices=('linear', 'cosine', 'constant')),
+    'schedule.warmup_steps': Field('int', low=0),
+    'schedule.warmup_epochs': Field('float', none=True, low=0),
+    'step_impl': Field('str', choices=('jit', 'shard_map')),
+    'mesh.data': Field('int', low=-1), 'mesh.fsdp': _POSITIVE, 'mesh.tensor': _POSITIVE,
+    'mesh.shard_state': _BOOL_OR_NONE,
+    'init_from': Field('str'),
+    'init_step': Field('int', none=True, low=0),
+    'init_keep_head': Field('bool'),
+    'init_ema': Field('bool'),
+    # Their values against the source: workdir.check_init_from.
+    'init_source_grid': Field('tuple', none=True), 'init_source_pool': _STR_OR_NONE,
+    'evals.fewshot.datasets': Field('tuple'),
+    'evals.fewshot.shots': Field('tuple'),
+    'evals.fewshot.seeds': _POSITIVE,
+    'evals.fewshot.l2_reg': Field('float', low=0, low_open=True),
+    'evals.fewshot.every_steps': Field('int', low=0),  # 0: with each evaluation.
+    'evals.fewshot.pp': Field('str'),
+    'evals.real': Field('bool'), 'evals.v2': Field('bool'), 'evals.data_dir': Field('str'),
+    'seed': Field('int'),
+    'log_every_steps': _INTERVAL,
+    'eval_every_steps': Field('int', low=0),  # 0: at the end only.
+    'checkpoint_every_steps': _INTERVAL,
+    'keep_checkpoints': Field('int', low=1, why=' (0 would keep no checkpoint to resume from)'),
+    'profile_steps': Field('tuple'),
+    'input_workers': _POSITIVE,
+}
+
+
+def check(config: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError for the first field of a complete ``config`` outside the schema:
+  a wrong type, a None where none is allowed, a value out of range; then the rules that
+  join fields."""
+  flat = _flatten(config.to_dict())
+  for name, field in SCHEMA.items():
+    if name in flat and (problem := field.problem(flat[name])):
+      raise errors.ConfigError(f'config.{name}={flat[name]!r} {problem}.')
+  if flat['mesh.data'] == 0:
+    raise errors.ConfigError('config.mesh.data=0 must be -1 (the devices that fsdp and tensor '
+                             'leave) or a positive number of devices.')
+  base, end = flat['schedule.base_lr'], flat['schedule.end_lr']
+  if 0 < base < end:  # base_lr <= 0 itself: train.validate.
+    raise errors.ConfigError(f'config.schedule.end_lr={end} is above config.schedule.base_lr='
+                             f'{base}: the decay would climb. Use an end_lr <= base_lr.')
+  profile = flat['profile_steps']
+  if profile and (len(profile) != 2 or not all(isinstance(s, int) and s >= 1 for s in profile)
+                  or profile[0] > profile[1]):
+    raise errors.ConfigError(f'config.profile_steps={profile!r} must be () or (first, last) '
+                             'steps, 1 <= first <= last.')
+
+
+def _flatten(tree: dict[str, Any], prefix: str = '') -> dict[str, Any]:
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(_flatten(value, f'{prefix}{key}.'))
+    else:
+      flat[f'{prefix}{key}'] = value
+  return flat
 
 
 def complete(config: Any) -> ml_collections.ConfigDict:

@@ -2,8 +2,9 @@
 
 Orbax, clu, jax and TensorFlow log at INFO through the same absl handler as vit_jax
 (Orbax alone printed 133 of the quickstart's 279 lines). ``quiet_third_party`` keeps
-their warnings and errors and drops their INFO lines; the command-line tools call it
-unless ``--verbosity`` is given.
+their warnings and errors and drops their INFO lines, and Orbax's own reports of a failed
+save (vit_jax reports it in one line); the command-line tools call it unless
+``--verbosity`` is given.
 """
 
 from __future__ import annotations
@@ -20,7 +21,19 @@ _OURS = os.path.dirname(os.path.abspath(vit_jax.__file__)) + os.sep
 
 
 def _ours_or_warning(record: logging.LogRecord) -> bool:
+  if _orbax_failure(record):
+    return False
   return record.levelno >= logging.WARNING or os.path.abspath(record.pathname).startswith(_OURS)
+
+
+def _orbax_failure(record: logging.LogRecord) -> bool:
+  """Orbax's own report of a failed save or read, with its tracebacks (its threads log each
+  one again: hundreds of lines); vit_jax reports the failure in one line with its cause."""
+  if record.levelno < logging.ERROR or f'{os.sep}orbax{os.sep}' not in record.pathname:
+    return False
+  message = str(record.msg)
+  return bool(record.exc_info) or any(
+      sign in message for sign in ('raised an exception', 'Failed to run', 'failed'))
 
 
 def quiet_third_party(preload_tensorflow: bool = False) -> None:

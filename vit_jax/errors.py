@@ -5,6 +5,15 @@ model: the message names the problem and the fix, and the entry points
 (``run``) print it as ``error: ...`` on stderr and exit with status 2. Any
 other exception is a bug and keeps its traceback (exit status 1).
 
+The exit statuses a job wrapper can act on (docs/reliability.md):
+
+* 0: the run is complete.
+* 2 (``EXIT_STATUS``): a user error; running again as it is fails again.
+* 74 (``SAVE_FAILED_STATUS``, sysexits' EX_IOERR): a checkpoint could not be written
+  (disk full, permission); the ones before are intact. Fix the cause, run again.
+* 75 (``PREEMPTED_STATUS``, sysexits' EX_TEMPFAIL): stopped by SIGTERM after saving a
+  checkpoint; run the same command again to resume.
+
 Each class is also the built-in exception that callers expect of it
 (``ConfigError`` is a ``ValueError``, ``MissingFileError`` a ``FileNotFoundError``).
 """
@@ -16,6 +25,8 @@ from collections.abc import Callable
 from typing import Any
 
 EXIT_STATUS = 2
+SAVE_FAILED_STATUS = 74
+PREEMPTED_STATUS = 75
 
 
 class UserError(Exception):
@@ -43,22 +54,39 @@ class CheckpointMismatchError(CheckpointError):
   into (a release file or a run's Orbax state): nothing is damaged, so nothing falls back."""
 
 
+class CheckpointSaveError(UserError, OSError):
+  """A checkpoint that could not be written (disk full, permission): exit status 74."""
+
+  exit_status = SAVE_FAILED_STATUS
+
+
+class Preempted(Exception):  # noqa: N818 (not an error: the run saved and stopped as asked)
+  """The run stopped on SIGTERM after saving a checkpoint: exit status 75, no ``error:`` line
+  (the log says which step was saved)."""
+
+  exit_status = PREEMPTED_STATUS
+
+
 def one_line(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
-  """``main`` with a ``UserError`` printed as one line on stderr (exit status 2)."""
+  """``main`` with a ``UserError`` printed as one line on stderr (exit status 2, or the
+  error's own ``exit_status``) and ``Preempted`` as exit status 75."""
 
   def wrapped(argv: list[str]) -> Any:
     try:
       return main(argv)
+    except Preempted:
+      sys.exit(PREEMPTED_STATUS)
     except UserError as e:
       sys.exit(report(e))
   return wrapped
 
 
 def report(e: BaseException) -> int:
-  """Prints ``e`` as one line, ``error: ...``, on stderr; returns the exit status (2)."""
+  """Prints ``e`` as one line, ``error: ...``, on stderr; returns its exit status (2, or
+  the error's own ``exit_status``)."""
   message = ' '.join(str(e).split())  # One line, whatever the message held.
   print(f'error: {message}', file=sys.stderr, flush=True)
-  return EXIT_STATUS
+  return getattr(e, 'exit_status', EXIT_STATUS)
 
 
 def run(main: Callable[[list[str]], Any], **kwargs: Any) -> None:

@@ -17,7 +17,7 @@ import os
 
 from absl import app, flags, logging
 
-from vit_jax import config_cli, console, cpu
+from vit_jax import config_cli, console, cpu, errors
 
 _CONFIG = config_cli.DEFINE_config('config', 'Training config file.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and logs.')
@@ -29,9 +29,9 @@ _DISTRIBUTED = flags.DEFINE_bool(
     'distributed', None, 'Call jax.distributed.initialize() (default: when the flags above '
     'are given, or on a Cloud TPU VM / SLURM job).')
 _CPU_DEVICES = flags.DEFINE_integer(
-    'cpu_devices', 0, 'Split a CPU host into this many devices (data-parallel, one per core '
+    'cpu_devices', None, 'Split a CPU host into this many devices (data-parallel, one per core '
     'is fastest on a CPU-only machine: benchmarks/RESULTS.md; 2 or more also keep freed '
-    'memory, VIT_JAX_MALLOC=keep_freed: vit_jax/cpu/); 0: jax\'s default (one, '
+    'memory, VIT_JAX_MALLOC=keep_freed: vit_jax/cpu/); unset: jax\'s default (one, '
     'or XLA_FLAGS=--xla_force_host_platform_device_count=N).')
 flags.mark_flags_as_required(['config', 'workdir'])
 
@@ -45,8 +45,11 @@ def main(argv: list[str]) -> None:
   config = _CONFIG.value  # Its errors first, before anything starts.
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if _CPU_DEVICES.value is not None and _CPU_DEVICES.value < 1:
+    raise errors.ConfigError(f'--cpu_devices={_CPU_DEVICES.value} must be a number of devices '
+                             '>= 1 (or left out: jax\'s default).')
   if cpu.runs_on_cpu():  # XLA:CPU's set-up; may re-execute this process once.
-    malloc = cpu.prepare(_CPU_DEVICES.value)
+    malloc = cpu.prepare(_CPU_DEVICES.value or 0)
   if not flags.FLAGS['verbosity'].present:
     console.quiet_third_party(preload_tensorflow=True)
   if cpu.runs_on_cpu():

@@ -108,6 +108,7 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
   of time, ``vit_jax.tools.aot``): the plan has no sources, and ``dataset.num_classes`` must be set.
   """
   config = config_base.complete(config)
+  config_base.check(config)  # Types, None, ranges: vit_jax/config_base.py's SCHEMA.
   name, options = config_base.model_options(config.model)
   try:
     canonical_name(name)
@@ -768,6 +769,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       _, batch = next(batches)
       state, metrics = train_step(*sharding.inputs_ready((state, batch)))
       pending.append((step, metrics))
+      manager_lib.check_saves(manager)  # A background save that failed stops the run now.
       if profile and step == profile[1]:
         jax.profiler.stop_trace()
 
@@ -785,7 +787,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         logging.warning('Preempted: saved step %d; restart with the same workdir to resume.',
                         step)
         _summary(step, start_step, plan, clock, speed, evaluator.metric, log, manager)
-        return result
+        raise errors.Preempted(step)  # Exit status 75: run again to resume.
       if step % config.checkpoint_every_steps == 0 or step == total_steps:
         _host_metrics(pending, manager)
         manager_lib.save(manager, step, state, force=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging as std_logging
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -38,14 +39,111 @@ from vit_jax.checkpoints import checksum
 ARRAYS = 'vit_jax_arrays'  # Key of ``describe``'s record in the step's custom metadata.
 STEP_METADATA = '_CHECKPOINT_METADATA'  # Orbax's per-step metadata file.
 BAD = 'bad'  # checkpoints/bad/STEP: the damaged checkpoints, moved aside.
-# What reading a damaged checkpoint raises (TensorStore's errors are ValueErrors).
-READ_ERRORS = (ValueError, OSError, KeyError, TypeError)
+# What a restore may raise that is not damage: another model's state (the config changed)
+# and a host out of memory. Anything else a restore raises counts as damage: Orbax 0.12.8
+# wraps TensorStore's ValueErrors (OUT_OF_RANGE: a data file cut short or emptied) in a
+# plain Exception.
+NOT_DAMAGE = (errors.CheckpointMismatchError, MemoryError)
+
+
+class Manager(ocp.CheckpointManager):
+  """Orbax's manager, with a save that fails raised as one ``errors.CheckpointSaveError``.
+
+  Orbax writes in a background thread and raised its failure (disk full, permission)
+  only at the next save or at the end, as a long traceback; here ``check_saves`` (called
+  every step) raises it as soon as the write has ended, naming the step and the cause.
+  Orbax's temporary folder of the failed save is never a checkpoint (removed at the next
+  start), so the ones before stay intact.
+  """
+
+  _pending: int | None = None  # The step whose save is being written.
+  _failed: errors.CheckpointSaveError | None = None  # Raised once; the clean-up stays quiet.
+
+  def save(self, step: int, *args: Any, **kwargs: Any) -> bool:
+    if self._pending is not None:  # The save before: its failure is its own.
+      self.wait_until_finished()
+    try:
+      started = super().save(step, *args, **kwargs)
+    except Exception as e:
+      raise self._failure(step, e) from None
+    if started:
+      self._pending = step
+    return started
+
+  def check_saves(self) -> None:
+    """Raises ``errors.CheckpointSaveError`` if the save in the background has failed."""
+    if self._pending is not None and not self.is_saving_in_progress():
+      self.wait_until_finished()
+
+  def wait_until_finished(self) -> None:
+    try:
+      super().wait_until_finished()
+    except Exception as e:
+      if self._failed is not None:  # Already raised: the clean-up after it.
+        return
+      raise self._failure(self._pending, e) from None
+    self._pending = None
+
+  def close(self) -> None:
+    try:
+      super().close()
+    except Exception as e:
+      if self._failed is None:
+        raise self._failure(self._pending, e) from None
+
+  def _failure(self, step: int | None, e: BaseException) -> errors.CheckpointSaveError:
+    silence_abandoned_reads()  # The writes abandoned after the first failure.
+    inner = e
+    while inner.__cause__ is not None or inner.__context__ is not None:
+      inner = inner.__cause__ or inner.__context__
+    text = str(inner)
+    cause, fix = short(inner), 'fix the cause'
+    for signs, what, how in SAVE_CAUSES:
+      if any(sign in text for sign in signs):
+        # The OS's words and the file, not TensorStore's long preamble.
+        written = re.findall(r'(?:Failed writing|Error writing local file):? "([^"]+)"', text)
+        cause = f'{what} ({signs[0]}{f", writing {written[-1]}" if written else ""})'
+        fix = how
+        break
+    kept = [s for s in self.all_steps() if s != step]
+    before = (f'The checkpoints before it are intact (steps {", ".join(map(str, kept))}): '
+              if kept else 'No checkpoint was written before it: ')
+    self._failed = errors.CheckpointSaveError(
+        f'Saving the checkpoint at step {step} in {self.directory} failed: {cause}. {before}'
+        f'{fix}, then run the same command again to resume'
+        f'{f" from step {kept[-1]}" if kept else ""}.')
+    self._pending = None
+    return self._failed
+
+
+# (signs in the error's text, the cause in words, what to do): the common causes of a failed
+# save; anything else is named by its own message.
+SAVE_CAUSES = (
+    (('No space left on device', "os_error_code='28'"), 'the disk is full',
+     'free space there (or lower config.keep_checkpoints)'),
+    (('Disk quota exceeded', "os_error_code='122'"), 'the disk quota is exceeded',
+     'free space there or raise the quota'),
+    (('Permission denied', "os_error_code='13'"), 'permission denied',
+     'make the workdir writable by this user'),
+    (('Read-only file system', "os_error_code='30'"), 'the file system is read-only',
+     'use a writable workdir'),
+)
+
+
+def check_saves(manager: ocp.CheckpointManager) -> None:
+  """Raises ``errors.CheckpointSaveError`` at once if a background save has failed.
+
+  Call it every step. With several processes it does nothing (each would decide alone,
+  and one stopping leaves the others at a barrier): the next save reports it there.
+  """
+  if isinstance(manager, Manager) and jax.process_count() == 1:
+    manager.check_saves()
 
 
 def make_manager(workdir: str, *, every_steps: int, keep: int,
                  asynchronous: bool = True) -> ocp.CheckpointManager:
   """A manager for ``workdir/checkpoints`` that saves every N steps and keeps the last K."""
-  return ocp.CheckpointManager(
+  return Manager(
       epath.Path(workdir) / 'checkpoints',
       options=ocp.CheckpointManagerOptions(
           save_interval_steps=every_steps, max_to_keep=keep, create=True,
@@ -156,6 +254,42 @@ def short(e: BaseException) -> str:
   return f'{type(e).__name__}: {text[:300]}'
 
 
+def read_problem(e: BaseException, step_dir: epath.Path) -> str:
+  """What went wrong reading a checkpoint, in a line naming the damaged file where known.
+
+  Orbax wraps TensorStore's error (which names the array chunk) in an exception whose
+  text is a dump of the TensorStore spec: the innermost error is the one that says.
+  """
+  inner = e
+  while inner.__cause__ is not None or inner.__context__ is not None:
+    inner = inner.__cause__ or inner.__context__
+  problem = short(inner)
+  match = re.search(r'Error reading "([^"]+)" in OCDBT database at local file "([^"]+)"',
+                    str(inner))
+  if match:
+    where = _chunk_file(epath.Path(match.group(2)), match.group(1))
+    if where:
+      problem += f' (the chunk is in {where})'
+  return problem
+
+
+def _chunk_file(database: epath.Path, key: str) -> str:
+  """The data file of OCDBT ``database`` that holds ``key``'s value ('' if not known)."""
+  try:
+    import tensorstore as ts
+
+    kvstore = ts.KvStore.open(f'file://{database}/').result()
+    root = ts.ocdbt.dump(kvstore).result()['versions'][-1]['root']['location']
+    for entry in ts.ocdbt.dump(kvstore, root).result()['entries']:
+      if entry['key'].decode() == key and 'indirect_value' in entry:
+        # 'value:ocdbt.process_0/:d/FILE:OFFSET:LENGTH'
+        prefix, name = entry['indirect_value'][len('value:'):].split(':')[:2]
+        return str(database / prefix / name)
+  except Exception:  # Only a better message: the tree itself may be what is damaged.
+    pass
+  return ''
+
+
 def _restore_verified(manager: ocp.CheckpointManager, abstract_state: Any,
                       step: int) -> tuple[Any, str]:
   """(state, '') or (None, its problem); the same on every process."""
@@ -180,7 +314,7 @@ def has_ema(step_dir: epath.Path) -> bool:
   """Whether the checkpoint in ``step_dir`` keeps the weights' moving average."""
   try:
     tree = ocp.PyTreeCheckpointHandler().metadata(step_dir / 'default').tree
-  except READ_ERRORS:
+  except Exception:  # Unreadable metadata: no average to be had.
     return False
   return _ema_index(tree.get('opt_state')) is not None
 
@@ -242,17 +376,20 @@ def _read_verified(step_dir: epath.Path,
   try:
     arrays = recorded(step_dir)
     tree = read(arrays)
-  except errors.CheckpointMismatchError:
-    raise  # Another model's state: the config changed, nothing is damaged.
+  except NOT_DAMAGE:
+    raise  # Another model's state (the config changed), or no memory: nothing is damaged.
   except errors.CheckpointError as e:
     problem = str(e)
-  except READ_ERRORS as e:
+  except Exception as e:  # Any other failure to read it is damage.
     silence_abandoned_reads()
+    problem = read_problem(e, step_dir)
     if arrays is None and (step_dir / STEP_METADATA).exists():
       # No record to tell damage from another model's state: leave it where it is.
-      raise errors.CheckpointError(f'The checkpoint at step {step_dir.name} in '
-                                   f'{step_dir.parent} cannot be restored: {short(e)}.') from None
-    problem = short(e)
+      raise errors.CheckpointError(
+          f'The checkpoint at step {step_dir.name} in {step_dir.parent} cannot be restored: '
+          f'{problem}. It was written by an older vit_jax (no checksums), so it is left where '
+          'it is: resume with the config it was trained with, or move it away to fall back '
+          'to the one before.') from None
   if _anywhere(bool(problem)) and not problem:
     problem = 'another process could not read it (see its log)'
   if not problem:  # Collective, so only once every process holds the state.
@@ -261,12 +398,12 @@ def _read_verified(step_dir: epath.Path,
 
 
 def silence_abandoned_reads() -> None:
-  """Silences the reads Orbax abandons after the first failure, for this process.
+  """Silences the reads and writes Orbax abandons after the first failure, for this process.
 
   Their TensorStore callbacks find Orbax's event loop closed and each printed a
   traceback ("Event loop is closed", dozens around the one real error); the
-  asyncio logger added "Task exception was never retrieved" for each. Only those
-  two messages are dropped; anything else is reported as before.
+  asyncio logger added "Task (or _GatheringFuture) exception was never retrieved" for
+  each. Only those messages are dropped; anything else is reported as before.
   """
   previous = sys.unraisablehook
   if getattr(previous, 'vit_jax', False):
@@ -279,8 +416,7 @@ def silence_abandoned_reads() -> None:
   hook.vit_jax = True
   sys.unraisablehook = hook
   std_logging.getLogger('asyncio').addFilter(
-      lambda record: not record.getMessage().startswith(
-          ('Task exception was never retrieved', 'Future exception was never retrieved')))
+      lambda record: 'exception was never retrieved' not in record.getMessage())
 
 
 def _check_fits(arrays: dict[str, dict[str, Any]] | None, abstract_state: Any,

@@ -5,7 +5,10 @@ the 12-byte headers of the records before it (``uint64`` length, ``uint32`` CRC 
 the length, the data, ``uint32`` CRC of the data). So each shard's headers are
 walked once and the offsets kept (8 bytes a record: 10 MB for ImageNet's 1.28M) in
 a cache directory (``$XDG_CACHE_HOME/vit_jax/tfrecord_offsets``, else
-``~/.cache/...``), keyed by the shard's path and size. After that, ``source[i]`` is
+``~/.cache/...``), keyed by the shard's path, size, modification time (ns) and inode
+(``cache_key``), and checked when read (``_still_fits``: the headers at a few cached
+offsets must give the next offsets), so a shard rewritten in place, even with the same
+size within the same clock tick, is indexed again. After that, ``source[i]`` is
 one read at a known offset, and the loader's permutation by index (its exact-resume
 guarantee) works as on ArrayRecord. Every index is checked against TFDS's own
 record counts and the shard's size, so a truncated or foreign file is an error,
@@ -69,15 +72,47 @@ def _walk(f: Any, size: int, sequential: bool) -> list[int]:
   return offsets
 
 
+def cache_key(path: epath.Path) -> tuple[str, int]:
+  """(key of the cached index of ``path``, its size): a new key whenever the file is
+  replaced or rewritten (path, size, modification time in ns, inode and device; the
+  object's path, size and modification time on a remote store)."""
+  if '://' in str(path):
+    stat = path.stat()
+    size, ident = stat.length, f'{path}:{stat.length}:{stat.mtime}'
+  else:
+    stat = os.stat(path)
+    size = stat.st_size
+    ident = (f'{os.path.abspath(path)}:{size}:{stat.st_mtime_ns}:{stat.st_ctime_ns}:'
+             f'{stat.st_ino}:{stat.st_dev}')
+  return hashlib.sha256(ident.encode()).hexdigest()[:32], size
+
+
+def _still_fits(path: epath.Path, offsets: np.ndarray, size: int, checks: int = 8) -> bool:
+  """Whether the headers at ``checks`` cached offsets (the last one among them) give the
+  offsets after them: a cheap check that the file is still the one indexed."""
+  if not len(offsets) or offsets[0] != 0:
+    return False
+  ends = np.append(offsets[1:], size)
+  with path.open('rb') as f:
+    for i in sorted({*np.linspace(0, len(offsets) - 1, checks).astype(int).tolist()}):
+      f.seek(int(offsets[i]))
+      header = f.read(_HEADER.size)
+      if (len(header) < _HEADER.size
+          or offsets[i] + _HEADER.size + _HEADER.unpack(header)[0] + _FOOTER != ends[i]):
+        return False
+  return True
+
+
 def record_offsets(path: str | os.PathLike, sequential: bool | None = None) -> np.ndarray:
   """The byte offset of every record of the TFRecord file ``path`` (cached)."""
   path = epath.Path(path)
-  size = path.stat().length
-  key = hashlib.sha256(f'{path}:{size}'.encode()).hexdigest()[:32]
+  key, size = cache_key(path)
   cached = cache_dir() / f'{key}.npy'
   if cached.exists():
     with cached.open('rb') as f:
-      return np.load(f)
+      offsets = np.load(f)
+    if _still_fits(path, offsets, size):
+      return offsets
   if sequential is None:
     sequential = '://' in str(path)
   try:
