@@ -28,7 +28,7 @@ from absl import logging
 from etils import epath
 from jax.sharding import PartitionSpec as P
 
-from vit_jax import config_base, console, cpu, errors, evaluate, mfu, optim, sharding
+from vit_jax import config_base, console, cpu, errors, evaluate, mfu, mpp, optim, sharding
 from vit_jax import workdir as workdir_lib
 from vit_jax.checkpoints import manager as manager_lib
 from vit_jax.checkpoints import release
@@ -105,6 +105,7 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
     if field in options and not _is_size(options[field]):
       raise errors.ConfigError(f'config.model.{field}={options[field]!r} is not a positive int '
                                'or a (height, width) pair of them.')
+  self_supervised = mpp.is_on(config)  # Masked patch prediction: no label is read.
   with_data = num_train_examples is None
   data_dir = config.dataset.data_dir
   if with_data and data_dir and not config.dataset.prepare and not epath.Path(data_dir).exists():
@@ -169,17 +170,25 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
     except ValueError as e:
       raise errors.ConfigError(f'config.dataset ({config.dataset.name!r}): {e}') from None
     num_classes = num_classes or train_source.num_classes
-    if num_classes != train_source.num_classes:
+    if not self_supervised and not train_source.num_classes:
+      raise errors.ConfigError(
+          f'config.dataset: {config.dataset.data_dir or config.dataset.name} has no labels. '
+          "Pre-train on it without labels (config.objective='mpp'), or convert labelled data.")
+    if not self_supervised and num_classes != train_source.num_classes:
       raise errors.ConfigError(f'config.dataset.num_classes={num_classes}, but the data has '
                                f'{train_source.num_classes} classes.')
     num_train_examples = len(train_source)
-  elif not num_classes:
+  elif not num_classes and not self_supervised:
     raise errors.ConfigError('config.dataset.num_classes is 0 (the data\'s): set it to plan '
                              'without the data.')
+  if self_supervised:  # Labels ignored: a per-patch head instead of the classifier.
+    num_classes = 0
   try:
     model = get_model(name, num_classes=num_classes, **options)
   except ValueError as e:
     raise errors.ConfigError(f'config.model: {e}') from None
+  if self_supervised:
+    model = mpp.pretraining_model(config, model)  # Checks config.mpp against the model.
   _check_image_size(model, config.model.image_size)
   if with_data:
     for field, split, source in (('pp_train', config.dataset.train_split, train_source),
@@ -271,6 +280,8 @@ def loss_and_grads(model: nn.Module, config: ml_collections.ConfigDict, params: 
   smoothing = config.label_smoothing
 
   def mean_loss(p: Any, images: jax.Array, labels: jax.Array, key: jax.Array) -> jax.Array:
+    if config.objective == 'mpp':  # Self-supervised: the labels are not read.
+      return mpp.loss(model, config, gather(p), images, key)
     logits = model.apply({'params': gather(p)}, images, train=True, rngs={'dropout': key})
     return optim.loss_fn(config.loss, logits, labels, smoothing).mean()
 
@@ -551,6 +562,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     logging.warning(warning)
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   metric_name = 'prec@1' if config.loss == 'sigmoid_xent' else 'accuracy'
+  if config.objective == 'mpp':  # Masked patches' colours predicted right.
+    metric_name = 'color_accuracy'
 
   schedule = optim.make_schedule(config.schedule, total_steps, plan.warmup_steps)
   tx = optim.make_optimizer(config.optimizer, schedule)
@@ -585,8 +598,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     log.writer.write_hparams({k: str(v) for k, v in config.items()})
 
   train_step = make_train_step(model, tx, schedule, config, mesh, state_shardings)
-  eval_step = evaluate.make_eval_step(model, config.loss, state_shardings.params,
-                                      sharding.batch_sharding(mesh), sharding.replicated(mesh))
+  if config.objective == 'mpp':
+    eval_step = mpp.make_eval_step(model, config, state_shardings.params,
+                                   sharding.batch_sharding(mesh), sharding.replicated(mesh))
+  else:
+    eval_step = evaluate.make_eval_step(model, config.loss, state_shardings.params,
+                                        sharding.batch_sharding(mesh), sharding.replicated(mesh))
   train_loader = loader.TrainLoader(
       plan.train_source, plan.pp_train, global_batch_size=config.batch_size,
       seed=config.seed, sharding=sharding.batch_sharding(mesh),

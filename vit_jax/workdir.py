@@ -20,7 +20,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from vit_jax import config_base, errors, sharding
+from vit_jax import config_base, errors, mpp, sharding
 from vit_jax.checkpoints import manager as manager_lib
 from vit_jax.checkpoints import release
 from vit_jax.models import VisionTransformer, get_model, registry
@@ -87,8 +87,14 @@ def load_class_names(workdir: str | os.PathLike) -> tuple[str, ...]:
 
 def model_from_config(config: ml_collections.ConfigDict,
                       num_classes: int | None = None) -> VisionTransformer:
-  """The model a run's config describes (``num_classes`` defaults to the config's)."""
+  """The model a run's config describes (``num_classes`` defaults to the config's).
+
+  A masked-patch-prediction run's (``config.objective='mpp'``): no classifier, its mask
+  embedding and prediction head.
+  """
   name, options = config_base.model_options(config.model)
+  if mpp.is_on(config):
+    return mpp.pretraining_model(config, get_model(name, num_classes=0, **options))
   if num_classes is None:
     num_classes = int(config.dataset.num_classes)
   return get_model(name, num_classes=num_classes, **options)
@@ -148,6 +154,10 @@ class Loaded:
 def load_run(workdir: str | os.PathLike, step: int | None = None) -> Loaded:
   """The model and parameters of a run's checkpoint (the latest unless ``step``)."""
   config = load_config(workdir)
+  if config.objective == 'mpp':
+    raise errors.UserError(
+        f'{workdir} is a self-supervised run (masked patch prediction): it has no classifier '
+        'to predict or evaluate with. Fine-tune it first (--config.init_from=' f'{workdir}).')
   params, step = restore_params(workdir, step)
   num_classes = int(np.shape(params['head']['kernel'])[-1])
   model = model_from_config(config, num_classes)
@@ -166,7 +176,9 @@ def init_params_from(source: str, init_params: dict[str, Any], model: VisionTran
   if is_workdir(source):
     source_config = load_config(source)
     params, step = restore_params(source, step)
-    source_model = model_from_config(source_config, int(params['head']['kernel'].shape[-1]))
+    head = params.get('head')  # None: a self-supervised run's (masked patch prediction).
+    source_model = model_from_config(source_config,
+                                     int(head['kernel'].shape[-1]) if head else None)
     return release.adapt(
         release.flatten(release.to_release(params)), init_params, model,
         keep_head=keep_head, source_grid=source_model.grid, origin=f'{source} (step {step})')

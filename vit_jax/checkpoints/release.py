@@ -37,6 +37,10 @@ from vit_jax import errors
 from vit_jax.models import VisionTransformer, get_model, registry
 from vit_jax.models.vit import pair
 
+# Masked patch prediction's parameters (vit_jax.mpp): the learnable [mask] embedding and
+# the per-patch prediction head, used only in pre-training; fine-tuning drops them.
+PRETRAINING_ONLY = ('mask_token', 'mpp_head')
+
 Params = dict[str, Any]
 
 POSEMB_KEY = 'Transformer/posembed_input/pos_embedding'
@@ -374,7 +378,9 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
       continue
     loaded[key] = np.asarray(value, dtype=ref.dtype)
 
-  dropped = [k for k in source if k not in target and k.split('/')[0] in ('pre_logits', 'head')]
+  # A classifier the model lacks, or masked patch prediction's mask embedding and head.
+  dropped = [k for k in source if k not in target
+             and k.split('/')[0] in ('pre_logits', 'head', *PRETRAINING_ONLY)]
   extra = [k for k in source if k not in target and k not in dropped]
   if missing or extra or shapes:
     raise errors.CheckpointMismatchError(

@@ -131,7 +131,7 @@ def lower_steps(config: Any, devices: list, num_train_examples: int, model: Any 
   import jax
   import jax.numpy as jnp
 
-  from vit_jax import evaluate, mfu, optim, sharding, train
+  from vit_jax import evaluate, mfu, mpp, optim, sharding, train
 
   plan = train.validate(config, devices=devices, num_train_examples=num_train_examples)
   config, model, mesh = plan.config, model or plan.model, plan.mesh
@@ -142,13 +142,19 @@ def lower_steps(config: Any, devices: list, num_train_examples: int, model: Any 
   batch_sharding = sharding.batch_sharding(mesh)
 
   def batch(size: int, **extra: tuple[int, ...]) -> dict[str, jax.ShapeDtypeStruct]:
-    shapes = {'image': (size, *model.image_size, 3), 'label': (size, plan.num_classes), **extra}
+    # No classes (masked patch prediction): the loader's (size, 1) placeholder labels.
+    shapes = {'image': (size, *model.image_size, 3), 'label': (size, plan.num_classes or 1),
+              **extra}
     return {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=batch_sharding)
             for k, v in shapes.items()}
 
   train_step = train.make_train_step(model, tx, schedule, config, mesh, shardings)
-  eval_step = evaluate.make_eval_step(model, config.loss, shardings.params, batch_sharding,
-                                      sharding.replicated(mesh))
+  if config.objective == 'mpp':  # Masked patch prediction: its own loss and metric.
+    eval_step = mpp.make_eval_step(model, config, shardings.params, batch_sharding,
+                                   sharding.replicated(mesh))
+  else:
+    eval_step = evaluate.make_eval_step(model, config.loss, shardings.params, batch_sharding,
+                                        sharding.replicated(mesh))
   facts = {'total_steps': plan.total_steps, 'num_classes': plan.num_classes,
            'batch_size': config.batch_size, 'eval_batch_size': config.eval_batch_size,
            'params_bytes_per_device': _tree_bytes_per_device(state.params),
