@@ -298,8 +298,8 @@ def convert(source: str, out: str, *, shards: int = 16, kind: str = 'auto',
   if (out_path / local.METADATA).exists() and not overwrite:
     print(f'{out} is already converted (pass --overwrite to convert again).', file=sys.stderr)
     return local.read_metadata(out_path)
-  scanners = {'folder': lambda s: scan_folder(s, val_fraction, seed), 'idx': scan_idx, 'manifest': scan_manifest,
-              'i21k': lambda s: scan_i21k(s, val_fraction, seed)}
+  scanners = {'folder': lambda s: scan_folder(s, val_fraction, seed), 'idx': scan_idx,
+              'manifest': scan_manifest, 'i21k': lambda s: scan_i21k(s, val_fraction, seed)}
   if kind not in scanners:
     raise ValueError(f'--kind={kind!r} is not one of {sorted(scanners)} or auto.')
   classes, items, total = scanners[kind](source_path)
