@@ -107,6 +107,15 @@ def test_corruption_proportions_over_many_draws():
   expected = len(offsets) / (patches - 1)
   chi2 = ((counts - expected)**2 / expected).sum()
   assert chi2 < 63 + 5 * math.sqrt(2 * 63), chi2  # Chi-square, 63 degrees of freedom.
+  # And every patch as likely to be the one copied (a draw that could land on the patch
+  # itself would never copy the last one): 8192 images, about 26k replaced patches.
+  _, _, many = mpp.corrupt(jax.random.key(5), 8192, patches)
+  many = np.asarray(many)
+  copied = many[many != own]
+  counts = np.bincount(copied, minlength=patches)
+  expected = len(copied) / patches
+  chi2 = ((counts - expected)**2 / expected).sum()
+  assert chi2 < 63 + 5 * math.sqrt(2 * 63), chi2
   # Another key, another draw.
   assert not np.array_equal(corrupted, np.asarray(mpp.corrupt(jax.random.key(4), batch,
                                                                patches)[0]))
@@ -243,3 +252,13 @@ def test_fine_tuning_drops_the_mask_and_the_prediction_head(mpp_run, tmp_path, c
   # Prediction and inspection need a classifier: a self-supervised run is refused.
   with pytest.raises(errors.UserError, match='is a self-supervised run .* Fine-tune it first'):
     workdir_lib.load_run(directory)
+
+
+def test_the_objective_adds_only_the_mask_embedding_and_the_prediction_head():
+  count = lambda model: sum(math.prod(x.shape) for x in jax.tree.leaves(jax.eval_shape(
+      model.init, jax.random.key(0), jnp.zeros((1, 224, 224, 3)))['params']))
+  released = count(get_model('b16', num_classes=1000))
+  assert released == 86_567_656  # The paper's ViT-B/16 (REFERENCE.md), objective off.
+  pretraining = count(get_model('b16', num_classes=0, mpp_outputs=mpp.COLORS))
+  # No classifier (768 x 1000 + 1000); a [mask] embedding (768) and a 512-way head.
+  assert pretraining == released - (768 * 1000 + 1000) + 768 + (768 * 512 + 512)
