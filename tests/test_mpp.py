@@ -262,3 +262,21 @@ def test_the_objective_adds_only_the_mask_embedding_and_the_prediction_head():
   pretraining = count(get_model('b16', num_classes=0, mpp_outputs=mpp.COLORS))
   # No classifier (768 x 1000 + 1000); a [mask] embedding (768) and a 512-way head.
   assert pretraining == released - (768 * 1000 + 1000) + 768 + (768 * 512 + 512)
+
+
+def test_pre_training_can_start_from_a_classifier():
+  from vit_jax.checkpoints import release
+
+  options = dict(image_size=16, patch_size=4, hidden_size=32, mlp_dim=64, num_heads=4,
+                 num_layers=2)
+  classifier = get_model('ti16', num_classes=10, **options)
+  pretraining = get_model('ti16', num_classes=0, mpp_outputs=mpp.COLORS, **options)
+  init = lambda model, seed: jax.tree.map(np.asarray, model.init(
+      jax.random.key(seed), jnp.zeros((1, 16, 16, 3)))['params'])
+  source, fresh = init(classifier, 0), init(pretraining, 1)
+  params = release.adapt(release.flatten(release.to_release(source)), fresh, pretraining)
+  for key in ('embedding', 'cls', 'Transformer'):
+    chex.assert_trees_all_equal(params[key], source[key])
+  for key in ('mask_token', 'mpp_head'):  # The model's own, freshly initialised.
+    chex.assert_trees_all_equal(params[key], fresh[key])
+  assert 'head' not in params

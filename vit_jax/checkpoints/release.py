@@ -364,7 +364,9 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
       loaded[key] = ref
       continue
     if key not in source:
-      if key.startswith('pre_logits/'):
+      # A pre-logits layer, or masked patch prediction's parameters (pre-training from a
+      # classifier's checkpoint): new.
+      if key.startswith('pre_logits/') or key.split('/')[0] in PRETRAINING_ONLY:
         log('%s not in the checkpoint: freshly initialised %s', key, ref.shape)
         loaded[key] = ref
       else:
