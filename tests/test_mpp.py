@@ -166,23 +166,47 @@ def test_the_loss_counts_the_corrupted_patches_only():
   assert mpp.masked_loss(logits, recoloured, corrupted, target, 4) != loss
 
 
+def pixel_classes(images: np.ndarray, patch: int) -> np.ndarray:
+  """Each pixel's 3-bit colour, grouped by patch, row-major in both: (b, patches, patch**2)."""
+  n, height, width, _ = images.shape
+  bins = np.minimum(((images + 1) / 2 * 8).astype(int), 7)
+  classes = bins[..., 0] * 64 + bins[..., 1] * 8 + bins[..., 2]
+  return classes.reshape(n, height // patch, patch, width // patch, patch).transpose(
+      0, 1, 3, 2, 4).reshape(n, -1, patch * patch)
+
+
+# Outputs per patch of 4x4 px: the 4x4 cells are single pixels.
+WIDTHS = {'mean_color': 512, 'color_4x4': 16 * 512, 'l2_mean_color': 3, 'l2_patch': 16 * 3}
+
+
 @pytest.mark.parametrize('name', list(mpp.TARGETS))
-def test_every_target_builds_trains_one_step_and_scores(name):
+def test_every_target_is_the_papers_and_trains(name):
   config = tiny_config(**{'objective': 'mpp', 'mpp.target': name})
   plan = train.validate(config)
   model = plan.model
-  cells = mpp.cells_of(mpp.TARGETS[name], 4)
-  width = {'xent': mpp.COLORS, 'l2': 3}[mpp.TARGETS[name].loss]
-  assert model.mpp_outputs == cells * cells * width and plan.num_classes == 0
-  images = jax.random.uniform(jax.random.key(0), (4, 16, 16, 3), minval=-1., maxval=1.)
+  assert model.mpp_outputs == WIDTHS[name] and plan.num_classes == 0
+  images = jax.random.uniform(jax.random.key(0), (2, 16, 16, 3), minval=-1., maxval=1.)
+  x = np.asarray(images)
+  target, every = mpp.TARGETS[name], jnp.ones((2, 16), bool)
+  if target.loss == 'xent':  # Certain of the hand-computed classes: no loss.
+    classes = (hand_targets(x, 4)[..., None] if name == 'mean_color' else pixel_classes(x, 4))
+    logits = 100. * jax.nn.one_hot(classes, mpp.COLORS).reshape(2, 16, -1)
+    assert mpp.masked_loss(logits, images, every, target, 4) < 1e-6
+    assert mpp.masked_loss(jnp.roll(logits, 1, -1), images, every, target, 4) > 50
+  else:  # A zero prediction: the loss is the colours' squared norm, in [0, 1] per channel.
+    colors = (x + 1) / 2
+    if name == 'l2_mean_color':
+      colors = colors.reshape(2, 4, 4, 4, 4, 3).mean(axis=(2, 4))
+    hand = np.mean(np.sum(colors**2, -1))
+    zeros = jnp.zeros((2, 16, WIDTHS[name]))
+    np.testing.assert_allclose(mpp.masked_loss(zeros, images, every, target, 4), hand,
+                               rtol=1e-5)
+  # One step's gradients through the whole model reach the head.
   params = model.init(jax.random.key(1), images)['params']
   value, grads = jax.value_and_grad(lambda p: mpp.loss(model, config, p, images,
                                                         jax.random.key(2)))(params)
   assert np.isfinite(value) and value > 0
   assert np.abs(np.asarray(grads['mpp_head']['kernel'])).sum() > 0
-  # A zero head predicts class 0 (xent) or black (l2); the target is the 3-bit colour.
-  if mpp.TARGETS[name].loss == 'xent':
-    np.testing.assert_allclose(value, math.log(mpp.COLORS), rtol=1e-5)
 
 
 def test_bad_objective_settings_are_named():
