@@ -157,7 +157,7 @@ def load_run(workdir: str | os.PathLike, step: int | None = None) -> Loaded:
   if config.objective == 'mpp':
     raise errors.UserError(
         f'{workdir} is a self-supervised run (masked patch prediction): it has no classifier '
-        'to predict or evaluate with. Fine-tune it first (--config.init_from=' f'{workdir}).')
+        f'to predict or evaluate with. Fine-tune it first (--config.init_from={workdir}).')
   params, step = restore_params(workdir, step)
   num_classes = int(np.shape(params['head']['kernel'])[-1])
   model = model_from_config(config, num_classes)
