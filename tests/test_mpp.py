@@ -274,7 +274,8 @@ def test_fine_tuning_drops_the_mask_and_the_prediction_head(mpp_run, tmp_path, c
   tuned = restore_state(tmp_path, config).params
   assert not np.array_equal(tuned['embedding']['kernel'], pretrained['embedding']['kernel'])
   # Prediction and inspection need a classifier: a self-supervised run is refused.
-  with pytest.raises(errors.UserError, match='is a self-supervised run .* Fine-tune it first'):
+  with pytest.raises(errors.CheckpointError,
+                     match='is a self-supervised run .* Fine-tune it first'):
     workdir_lib.load_run(directory)
 
 

@@ -154,8 +154,8 @@ class Loaded:
 def load_run(workdir: str | os.PathLike, step: int | None = None) -> Loaded:
   """The model and parameters of a run's checkpoint (the latest unless ``step``)."""
   config = load_config(workdir)
-  if config.objective == 'mpp':
-    raise errors.UserError(
+  if config.objective == 'mpp':  # A CheckpointError: every tool's entry point prints it.
+    raise errors.CheckpointError(
         f'{workdir} is a self-supervised run (masked patch prediction): it has no classifier '
         f'to predict or evaluate with. Fine-tune it first (--config.init_from={workdir}).')
   params, step = restore_params(workdir, step)
