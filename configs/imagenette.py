@@ -14,6 +14,10 @@ JPEG folder into the local format:
         --workdir=/tmp/demo/ft64 --config.init_from=/tmp/demo/pre64
     python -m vit_jax.main --config=configs/imagenette.py:finetune_128 \
         --workdir=/tmp/demo/ft128 --config.init_from=/tmp/demo/pre64
+
+``imagenette.py:mpp`` pre-trains the same model at 64 px without labels, by masked patch
+prediction (``vit_jax.mpp``; the labels are not read), with the same Adam recipe; fine-tune
+from its workdir with ``:pretrain`` or ``:finetune_SIZE`` (docs/self_supervised.md).
 """
 
 from vit_jax import config_base
@@ -22,12 +26,12 @@ PRETRAIN_SIZE = 64
 
 
 def get_config(arg: str = 'pretrain'):
-  if arg == 'pretrain':
+  if arg in ('pretrain', 'mpp'):
     size, finetune = PRETRAIN_SIZE, False
   elif arg.startswith('finetune_') and arg[len('finetune_'):].isdigit():
     size, finetune = int(arg[len('finetune_'):]), True
   else:
-    raise ValueError(f'imagenette.py:{arg} - use "pretrain" or "finetune_SIZE" '
+    raise ValueError(f'imagenette.py:{arg} - use "pretrain", "mpp" or "finetune_SIZE" '
                      '(e.g. finetune_128).')
   if size % 8:
     raise ValueError(f'imagenette.py:{arg} - the size must be a multiple of the 8 px patches.')
@@ -50,6 +54,8 @@ def get_config(arg: str = 'pretrain'):
     config.num_epochs = 1
     config.optimizer.name = 'sgd'
     config.schedule.update(base_lr=0.01, warmup_steps=20, decay='cosine')
+  if arg == 'mpp':  # Masked patch prediction: self-supervised, the labels ignored.
+    config.objective = 'mpp'
   config.log_every_steps = 50
   config.checkpoint_every_steps = 300
   config.keep_checkpoints = 2

@@ -7,9 +7,10 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import optax
 import pytest
 
-from vit_jax import config_cli, evaluate, optim, sharding, train
+from vit_jax import config_cli, evaluate, mpp, optim, sharding, train
 from vit_jax.tools import aot
 
 from runs import QUICKSTART, env, tiny_config
@@ -28,18 +29,35 @@ def lowered_by_train(config, devices):
       plan.model, tx, 0, plan.mesh, shard_state=plan.shard_state, abstract=True)
   step = train.make_train_step(plan.model, tx, schedule, plan.config, plan.mesh, shardings)
   batch = {'image': (config.batch_size, *plan.model.image_size, 3),
-           'label': (config.batch_size, plan.num_classes)}
+           'label': (config.batch_size, plan.num_classes or 1)}
   batch = {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=sharding.batch_sharding(plan.mesh))
            for k, v in batch.items()}
   return step.lower(state, batch), plan
 
 
-def test_aot_lowers_the_step_that_training_runs():
-  config = tiny_config()
-  _, lowered = aot.lower_steps(config, jax.devices(), 1000)
-  ours, _ = lowered_by_train(config, jax.devices())
+@pytest.mark.parametrize('objective', ['classification', 'mpp'])
+def test_aot_lowers_the_step_that_training_runs(objective):
+  # No classes given for masked patch prediction: it needs none.
+  config = tiny_config(objective=objective,
+                       **({'dataset.num_classes': 0} if objective == 'mpp' else {}))
+  facts, lowered = aot.lower_steps(config, jax.devices(), 1000)
+  ours, plan = lowered_by_train(config, jax.devices())
   assert lowered['train'].as_text() == ours.as_text()
   assert evaluate.make_eval_step  # The eval step is evaluate's own (lower_steps calls it).
+  # The eval step train_and_evaluate builds: masked patch prediction has its own.
+  state, shardings = train.create_train_state(
+      plan.model, optax.sgd(0.1), 0, plan.mesh, shard_state=plan.shard_state, abstract=True)
+  batch_sharding = sharding.batch_sharding(plan.mesh)
+  args = (plan.model, plan.config if objective == 'mpp' else plan.config.loss, shardings.params,
+          batch_sharding, sharding.replicated(plan.mesh))
+  eval_step = (mpp if objective == 'mpp' else evaluate).make_eval_step(*args)
+  size = plan.config.eval_batch_size
+  batch = {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=batch_sharding)
+           for k, v in {'image': (size, *plan.model.image_size, 3),
+                        'label': (size, plan.num_classes or 1), 'mask': (size,)}.items()}
+  assert lowered['eval'].as_text() == eval_step.lower(state.params, batch).as_text()
+  if objective == 'mpp':  # No classifier: the mask embedding and the per-patch head.
+    assert plan.model.mpp_outputs == mpp.COLORS and facts['num_classes'] == 0
 
 
 def test_cpu_report_sizes_only():
@@ -76,6 +94,22 @@ def test_tpu_report_is_the_compiled_programs(topology, devices, cores):
   assert r['chip_hours'] == pytest.approx(1000 * step * answer['chips'] / 3600)
   assert r['core_days'] == pytest.approx(1000 * step * cores / 86_400)
   assert r['eval']['fits'] and r['eval']['step_seconds'] > 0
+
+
+@needs_libtpu
+def test_tpu_report_plans_masked_patch_prediction():
+  # No classes given: the self-supervised configs need none (vit_b16_mpp.py).
+  answer = probe('report', 'v3-8', json.dumps({'objective': 'mpp', 'model.dtype': 'bfloat16',
+                                               'total_steps': 1000, 'dataset.num_classes': 0}))
+  r = answer['report']
+  assert r['fits'] and r['eval']['fits'] and r['step_seconds'] > 0
+  assert r['hbm_bytes_per_device'] == answer['hbm_bytes_per_device']
+  assert r['step_seconds'] == pytest.approx(answer['step_seconds'])
+  # The per-patch head's FLOPs in the model's count: 16 patches x 32 x 512, 3x per image.
+  assert r['train_flops_per_image'] == answer['train_flops_per_image']
+  classifier = probe('report', 'v3-8', json.dumps({'model.dtype': 'bfloat16',
+                                                   'total_steps': 1000}))['report']
+  assert r['params_bytes_per_device'] > classifier['params_bytes_per_device']
 
 
 @needs_libtpu

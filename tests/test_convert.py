@@ -326,3 +326,44 @@ def test_16_bit_images_are_read_as_8_bits(tmp_path):
   stored = local.LocalSource(str(tmp_path / 'out'), 'train')[0]['image']
   decoded = preprocess.decode()(stored, None)
   np.testing.assert_array_equal(decoded, np.repeat((image >> 8).astype(np.uint8)[..., None], 3, -1))
+
+
+def test_folders_without_classes_are_unlabelled(tmp_path):
+  def images(folder, count):
+    folder.mkdir(parents=True)
+    for i in range(count):
+      Image.fromarray(np.full((8, 8, 3), i, np.uint8)).save(folder / f'{i:03d}.png')
+
+  # SPLIT/ folders of images: every split unlabelled, no class.
+  images(tmp_path / 'splits' / 'train', 6)
+  images(tmp_path / 'splits' / 'val', 3)
+  metadata = convert.convert(str(tmp_path / 'splits'), str(tmp_path / 'a'), shards=2, workers=1)
+  assert (metadata['num_classes'], metadata['class_names'], metadata['multi_label']) == (0, [],
+                                                                                        False)
+  assert {s: v['num_examples'] for s, v in metadata['splits'].items()} == {'train': 6, 'val': 3}
+  source = local.LocalSource(str(tmp_path / 'a'), 'val')
+  assert source.num_classes == 0
+  assert sorted((source[i]['key'], source[i]['label']) for i in range(3)) == [
+      ('val/000.png', -1), ('val/001.png', -1), ('val/002.png', -1)]
+  # The loader's placeholder labels: no class to encode.
+  assert loader._labels(np.array([-1, -1]), 0).shape == (2, 1)
+
+  # One folder of images: train and validation by a hash of each name, --val_fraction.
+  images(tmp_path / 'flat', 200)
+  metadata = convert.convert(str(tmp_path / 'flat'), str(tmp_path / 'b'), workers=1,
+                             val_fraction=0.25)
+  counts = {s: v['num_examples'] for s, v in metadata['splits'].items()}
+  assert sum(counts.values()) == 200 and 25 <= counts['validation'] <= 75, counts
+  keys = {split: {local.LocalSource(str(tmp_path / 'b'), split)[i]['key']
+                  for i in range(n)} for split, n in counts.items()}
+  assert all(convert._hash_split(k, 0.25, 0) == split for split, ks in keys.items() for k in ks)
+
+  # Ambiguous layouts are refused: images beside folders, labelled beside unlabelled splits.
+  images(tmp_path / 'flat' / 'more', 1)
+  with pytest.raises(errors.DataError, match=r'holds both images \(000.png, ...\) and folders '
+                                             r'\(more, ...\)'):
+    convert.convert(str(tmp_path / 'flat'), str(tmp_path / 'c'))
+  images(tmp_path / 'splits' / 'test' / 'cat', 1)
+  with pytest.raises(errors.DataError, match=r"the splits \['train', 'val'\] hold images "
+                                             r"without class folders, \['test'\] class folders"):
+    convert.convert(str(tmp_path / 'splits'), str(tmp_path / 'd'))

@@ -50,7 +50,8 @@ def report(topology: str, overrides: str) -> dict:
   step = train.make_train_step(plan.model, tx, schedule, plan.config, plan.mesh, shardings)
   batch = {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=sharding.batch_sharding(plan.mesh))
            for k, v in {'image': (config.batch_size, *plan.model.image_size, 3),
-                        'label': (config.batch_size, plan.num_classes)}.items()}
+                        # No classes (masked patch prediction): the loader's (n, 1) labels.
+                        'label': (config.batch_size, plan.num_classes or 1)}.items()}
   if not result['fits']:
     return {'report': result}
   compiled = step.lower(state, batch).compile()

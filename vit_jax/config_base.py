@@ -73,6 +73,17 @@ def get_config() -> ml_collections.ConfigDict:
       repeats=1,
   ))
 
+  # What the step learns: 'classification' (the labels), or 'mpp': masked patch prediction,
+  # self-supervised, no label read (vit_jax/mpp.py; the paper's section 4.6).
+  config.objective = 'classification'
+  config.mpp = ml_collections.ConfigDict(dict(
+      # 'mean_color' (512-way 3-bit mean colour, the paper's), 'color_4x4' (a 4x4 downsized
+      # patch of 3-bit colours), 'l2_mean_color' or 'l2_patch' (RGB regressed, L2 loss).
+      target='mean_color',
+      corrupt_rate=0.5,  # The share of each image's patches corrupted and predicted.
+      mask_rate=0.8,  # Of those: replaced by the learnable [mask] embedding,
+      random_rate=0.1,  # by a random other patch's embedding; the rest kept as they are.
+  ))
   config.loss = 'softmax_xent'  # Or 'sigmoid_xent' (multi-label data).
   config.label_smoothing = 0.0
   config.mixup_alpha = 0.0  # Mixup's Beta(a, a); 0: off.

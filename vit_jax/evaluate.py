@@ -105,9 +105,17 @@ class Evaluator:
 
 
 def make_evaluator(plan: Plan, param_shardings: Any) -> Evaluator:
-  """The evaluation of ``plan`` (``train.validate``'s) for parameters on ``param_shardings``."""
-  step = make_eval_step(plan.model, plan.config.loss, param_shardings,
-                        sharding.batch_sharding(plan.mesh), sharding.replicated(plan.mesh))
+  """The evaluation of ``plan`` (``train.validate``'s) for parameters on ``param_shardings``:
+  the classifier's, or for masked patch prediction the corrupted patches' colours
+  (``vit_jax.mpp``; metric 'color_accuracy')."""
+  shardings = (param_shardings, sharding.batch_sharding(plan.mesh),
+               sharding.replicated(plan.mesh))
+  if plan.config.objective == 'mpp':
+    from vit_jax import mpp  # mpp builds its step in this module's form.
+
+    return Evaluator(plan, mpp.make_eval_step(plan.model, plan.config, *shardings),
+                     param_shardings, mpp.METRIC)
+  step = make_eval_step(plan.model, plan.config.loss, *shardings)
   return Evaluator(plan, step, param_shardings, metric_name(plan.config.loss))
 
 

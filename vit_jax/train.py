@@ -38,6 +38,7 @@ from vit_jax import (
     fewshot,
     imagenet_evals,
     mfu,
+    mpp,
     optim,
     sharding,
 )
@@ -118,6 +119,7 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
     if field in options and not _is_size(options[field]):
       raise errors.ConfigError(f'config.model.{field}={options[field]!r} is not a positive int '
                                'or a (height, width) pair of them.')
+  self_supervised = mpp.is_on(config)  # Masked patch prediction: no label is read.
   with_data = num_train_examples is None
   data_dir = config.dataset.data_dir
   if with_data and data_dir and not config.dataset.prepare and not epath.Path(data_dir).exists():
@@ -188,17 +190,25 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
     except ValueError as e:
       raise errors.ConfigError(f'config.dataset ({config.dataset.name!r}): {e}') from None
     num_classes = num_classes or train_source.num_classes
-    if num_classes != train_source.num_classes:
+    if not self_supervised and not train_source.num_classes:
+      raise errors.ConfigError(
+          f'config.dataset: {config.dataset.data_dir or config.dataset.name} has no labels. '
+          "Pre-train on it without labels (config.objective='mpp'), or convert labelled data.")
+    if not self_supervised and num_classes != train_source.num_classes:
       raise errors.ConfigError(f'config.dataset.num_classes={num_classes}, but the data has '
                                f'{train_source.num_classes} classes.')
     num_train_examples = len(train_source)
-  elif not num_classes:
+  elif not num_classes and not self_supervised:
     raise errors.ConfigError('config.dataset.num_classes is 0 (the data\'s): set it to plan '
                              'without the data.')
+  if self_supervised:  # Labels ignored: a per-patch head instead of the classifier.
+    num_classes = 0
   try:
     model = get_model(name, num_classes=num_classes, **options)
   except ValueError as e:
     raise errors.ConfigError(f'config.model: {e}') from None
+  if self_supervised:
+    model = mpp.pretraining_model(config, model)  # Checks config.mpp against the model.
   _check_image_size(model, config.model.image_size)
   if with_data:
     for field, split, source in (('pp_train', config.dataset.train_split, train_source),
@@ -291,6 +301,8 @@ def loss_and_grads(model: nn.Module, config: ml_collections.ConfigDict, params: 
   smoothing = config.label_smoothing
 
   def mean_loss(p: Any, images: jax.Array, labels: jax.Array, key: jax.Array) -> jax.Array:
+    if config.objective == 'mpp':  # Self-supervised: the labels are not read.
+      return mpp.loss(model, config, gather(p), images, key)
     logits = model.apply({'params': gather(p)}, images, train=True, rngs={'dropout': key})
     return optim.loss_fn(config.loss, logits, labels, smoothing).mean()
 

@@ -17,7 +17,7 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from vit_jax import config_base, errors
+from vit_jax import config_base, errors, mpp
 from vit_jax.checkpoints import manager as manager_lib
 from vit_jax.checkpoints import release
 from vit_jax.models import VisionTransformer, get_model
@@ -84,8 +84,14 @@ def load_class_names(workdir: str | os.PathLike) -> tuple[str, ...]:
 
 def model_from_config(config: ml_collections.ConfigDict,
                       num_classes: int | None = None) -> VisionTransformer:
-  """The model a run's config describes (``num_classes`` defaults to the config's)."""
+  """The model a run's config describes (``num_classes`` defaults to the config's).
+
+  A masked-patch-prediction run's (``config.objective='mpp'``): no classifier, its mask
+  embedding and prediction head.
+  """
   name, options = config_base.model_options(config.model)
+  if mpp.is_on(config):
+    return mpp.pretraining_model(config, get_model(name, num_classes=0, **options))
   if num_classes is None:
     num_classes = int(config.dataset.num_classes)
   return get_model(name, num_classes=num_classes, **options)
@@ -127,6 +133,10 @@ def load_run(workdir: str | os.PathLike, step: int | None = None, *,
   ``ema``: the weights' moving average instead of the weights (``restore_params``).
   """
   config = load_config(workdir)
+  if config.objective == 'mpp':  # A CheckpointError: every tool's entry point prints it.
+    raise errors.CheckpointError(
+        f'{workdir} is a self-supervised run (masked patch prediction): it has no classifier '
+        f'to predict or evaluate with. Fine-tune it first (--config.init_from={workdir}).')
   params, step = restore_params(workdir, step, ema=ema)
   num_classes = int(np.shape(params['head']['kernel'])[-1])
   model = model_from_config(config, num_classes)
@@ -151,7 +161,9 @@ def init_params_from(source: str, init_params: dict[str, Any], model: VisionTran
   if is_workdir(source):
     source_config = load_config(source)
     params, step = restore_params(source, step, ema=ema)
-    source_model = model_from_config(source_config, int(params['head']['kernel'].shape[-1]))
+    head = params.get('head')  # None: a self-supervised run's (masked patch prediction).
+    source_model = model_from_config(source_config,
+                                     int(head['kernel'].shape[-1]) if head else None)
     if source_grid is not None and pair(source_grid) != source_model.grid:
       raise errors.ConfigError(
           f'config.init_source_grid={tuple(source_grid)}, but {source} was trained at the '

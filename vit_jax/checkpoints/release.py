@@ -42,6 +42,10 @@ from vit_jax import errors
 from vit_jax.models import VisionTransformer, get_model, registry
 from vit_jax.models.vit import pair
 
+# Masked patch prediction's parameters (vit_jax.mpp): the learnable [mask] embedding and
+# the per-patch prediction head, used only in pre-training; fine-tuning drops them.
+PRETRAINING_ONLY = ('mask_token', 'mpp_head')
+
 Params = dict[str, Any]
 
 POSEMB_KEY = 'Transformer/posembed_input/pos_embedding'
@@ -440,7 +444,9 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
       loaded[key] = ref
       continue
     if key not in source:
-      if key.startswith('pre_logits/'):
+      # A pre-logits layer, or masked patch prediction's parameters (pre-training from a
+      # classifier's checkpoint): new.
+      if key.startswith('pre_logits/') or key.split('/')[0] in PRETRAINING_ONLY:
         log('%s not in the checkpoint: freshly initialised %s', key, ref.shape)
         loaded[key] = ref
       else:
@@ -454,7 +460,9 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
       continue
     loaded[key] = np.asarray(value, dtype=ref.dtype)
 
-  dropped = [k for k in source if k not in target and k.split('/')[0] in ('pre_logits', 'head')]
+  # A classifier the model lacks, or masked patch prediction's mask embedding and head.
+  dropped = [k for k in source if k not in target
+             and k.split('/')[0] in ('pre_logits', 'head', *PRETRAINING_ONLY)]
   extra = [k for k in source if k not in target and k not in dropped]
   if missing or extra or shapes:
     raise errors.CheckpointMismatchError(

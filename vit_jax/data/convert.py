@@ -3,13 +3,17 @@ r"""Converts image datasets into the local sharded format (``vit_jax.data.local`
     python -m vit_jax.data.convert --source=DIR_OR_FILE --out=DIR [--shards=N]
 
 Sources (``--kind=auto`` recognises them):
-  folder    ``SPLIT/CLASS/*.jpg|png`` (e.g. imagenette: train/n01440764/...).
+  folder    ``SPLIT/CLASS/*.jpg|png`` (e.g. imagenette: train/n01440764/...). Without class
+            folders the images are unlabelled (0 classes; for self-supervised
+            pre-training, ``config.objective='mpp'``): ``SPLIT/*.jpg``, or ``*.jpg`` in
+            the folder itself, split into train and validation by ``--val_fraction``.
   idx       MNIST-style IDX files: ``{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]``.
   manifest  a CSV (header ``path,labels[,split]``, labels separated by ``;``) or JSON
             lines (``{"path": ..., "labels": [...], "split": ...}``); paths relative to
             the manifest; several labels per image make a multi-label dataset.
   i21k      the ImageNet-21k release layout: one ``WNID.tar`` of JPEGs per class; the
-            validation split is carved out by ``--val_fraction`` with ``--seed``.
+            validation split is carved out by ``--val_fraction`` with ``--seed`` (a hash
+            of each image's name: the same split whatever the order).
 
 Every image is decoded once, in parallel over all cores, and stored in its own
 encoding; an undecodable or truncated image, or one of more than ``--max_pixels``
@@ -82,11 +86,54 @@ def _folder(path: epath.Path, role: str) -> epath.Path:
   return path
 
 
-def scan_folder(source: epath.Path) -> tuple[list[str], Iterator[Item], int | None]:
-  """SPLIT/CLASS/images; a class entry that is not a folder, or a link loop, is refused."""
-  splits = sorted(p for p in source.iterdir() if p.is_dir() or os.path.islink(p))
+def _hash_split(key: str, val_fraction: float, seed: int) -> str:
+  """'validation' for a ``val_fraction`` share of keys, by a hash of the key, else 'train'."""
+  h = int.from_bytes(hashlib.sha256(f'{seed}:{key}'.encode()).digest()[:8], 'little')
+  return 'validation' if h / 2**64 < val_fraction else 'train'
+
+
+def _visible(folder: epath.Path) -> list[epath.Path]:
+  return sorted(p for p in folder.iterdir() if not p.name.startswith('.'))
+
+
+def scan_folder(source: epath.Path, val_fraction: float = 0.02,
+                seed: int = 0) -> tuple[list[str], Iterator[Item], int | None]:
+  """SPLIT/CLASS/images; a class entry that is not a folder, or a link loop, is refused.
+
+  Unlabelled (no class): SPLIT/images for every split, or images in ``source`` itself
+  (split by ``val_fraction``). A split of both images and folders, or labelled and
+  unlabelled splits side by side, is refused: which images have which class is unclear.
+  """
+  entries = _visible(source)
+  dirs = [p for p in entries if p.is_dir() or os.path.islink(p)]
+  images = [p for p in entries if p not in dirs and p.suffix.lower() in IMAGE_SUFFIXES]
+  if images and dirs:
+    raise errors.DataError(
+        f'{source} holds both images ({images[0].name}, ...) and folders ({dirs[0].name}, '
+        '...): use SPLIT/CLASS/ folders (labelled), SPLIT/ folders of images, or only images '
+        '(unlabelled). Move one or the other out.')
+  if images:  # One unlabelled folder: split by a hash of each name.
+    def flat() -> Iterator[Item]:
+      for path in images:
+        yield _hash_split(path.name, val_fraction, seed), path.name, [], str(path)
+    return [], flat(), len(images)
+  splits = dirs
   if not splits:
-    raise errors.DataError(f'{source} holds no SPLIT/CLASS/ folders.')
+    raise errors.DataError(f'{source} holds no SPLIT/CLASS/ folders and no images.')
+  unlabelled = {split: all(not (p.is_dir() or os.path.islink(p))
+                           for p in _visible(_folder(split, 'split')))
+                for split in splits}
+  if all(unlabelled.values()):
+    def loose() -> Iterator[Item]:
+      for split in splits:
+        for path in _visible(split):
+          yield split.name, f'{split.name}/{path.name}', [], str(path)
+    return [], loose(), sum(len(_visible(s)) for s in splits)
+  if any(unlabelled.values()):
+    raise errors.DataError(
+        f'{source}: the splits {sorted(s.name for s in splits if unlabelled[s])} hold images '
+        f'without class folders, {sorted(s.name for s in splits if not unlabelled[s])} class '
+        'folders: give every split CLASS/ folders (labelled) or none (unlabelled).')
   folders = {split: sorted(_folder(c, 'class') for c in _folder(split, 'split').iterdir()
                            if not c.name.startswith('.'))
              for split in splits}
@@ -157,8 +204,7 @@ def scan_i21k(source: epath.Path, val_fraction: float,
   classes = [p.name[:-len('.tar')] for p in tars]
 
   def split_of(key: str) -> str:
-    h = int.from_bytes(hashlib.sha256(f'{seed}:{key}'.encode()).digest()[:8], 'little')
-    return 'validation' if h / 2**64 < val_fraction else 'train'
+    return _hash_split(key, val_fraction, seed)
 
   def items() -> Iterator[Item]:
     for label, path in enumerate(tars):
@@ -252,8 +298,8 @@ def convert(source: str, out: str, *, shards: int = 16, kind: str = 'auto',
   if (out_path / local.METADATA).exists() and not overwrite:
     print(f'{out} is already converted (pass --overwrite to convert again).', file=sys.stderr)
     return local.read_metadata(out_path)
-  scanners = {'folder': scan_folder, 'idx': scan_idx, 'manifest': scan_manifest,
-              'i21k': lambda s: scan_i21k(s, val_fraction, seed)}
+  scanners = {'folder': lambda s: scan_folder(s, val_fraction, seed), 'idx': scan_idx,
+              'manifest': scan_manifest, 'i21k': lambda s: scan_i21k(s, val_fraction, seed)}
   if kind not in scanners:
     raise ValueError(f'--kind={kind!r} is not one of {sorted(scanners)} or auto.')
   classes, items, total = scanners[kind](source_path)
@@ -277,7 +323,7 @@ def convert(source: str, out: str, *, shards: int = 16, kind: str = 'auto',
         if split not in writers:
           writers[split] = _SplitWriter(tmp, split, shards)
         writers[split].write(local.encode_record(data, labels, key))
-        multi_label |= len(labels) != 1
+        multi_label |= bool(classes) and len(labels) != 1
       progress.update(done, None if total else labels[0] / len(classes))
   metadata = {
       'format_version': local.FORMAT_VERSION, 'name': name or source_path.name,
@@ -305,8 +351,11 @@ def main() -> None:
   shards = flags.DEFINE_integer('shards', 16, 'Shards per split.')
   kind = flags.DEFINE_enum('kind', 'auto', ['auto', 'folder', 'idx', 'manifest', 'i21k'],
                            'Source kind.')
-  val_fraction = flags.DEFINE_float('val_fraction', 0.02, 'i21k: share of validation images.')
-  seed = flags.DEFINE_integer('seed', 0, 'i21k: seed of the validation split.')
+  val_fraction = flags.DEFINE_float(
+      'val_fraction', 0.02, 'i21k, or one folder of unlabelled images: the share of '
+      'validation images.')
+  seed = flags.DEFINE_integer('seed', 0, 'i21k, one unlabelled folder: the validation split\'s '
+                              'seed.')
   workers = flags.DEFINE_integer('workers', None, 'Decoding processes (default: all cores).')
   overwrite = flags.DEFINE_bool('overwrite', False, 'Replace an existing output.')
   name = flags.DEFINE_string('name', '', 'Dataset name in the metadata.')

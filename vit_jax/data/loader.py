@@ -37,7 +37,14 @@ Batch = dict[str, Any]
 
 
 def _labels(labels: np.ndarray, num_classes: int) -> np.ndarray:
-  """Integer labels -> one-hot; multi-hot rows pass through. float32."""
+  """Integer labels -> one-hot; multi-hot rows pass through. float32.
+
+  ``num_classes=0`` (unlabelled data, or labels a self-supervised run ignores): zeros
+  (n, 1), a placeholder; not (n, 0): JAX lays a zero-size array out on one device only,
+  not split over the batch's.
+  """
+  if not num_classes:
+    return np.zeros((len(labels), 1), np.float32)
   if labels.ndim == 2:
     return labels.astype(np.float32)
   # Scattered, not np.eye(num_classes)[labels]: that is 1.9 GB for ImageNet-21k.

@@ -95,7 +95,8 @@ class LocalSource:
 
   The image is the stored encoded bytes (the preprocessing pipeline's ``decode``
   op decodes it, 16-bit images scaled to 8 bits); labels are a class index for
-  single-label data, a multi-hot float32 vector for multi-label data; the key is the
+  single-label data, a multi-hot float32 vector for multi-label data, -1 for unlabelled
+  data (``num_classes`` 0: images only, for self-supervised pre-training); the key is the
   source path. Opening checks every shard's presence and size.
   """
 
@@ -127,7 +128,9 @@ class LocalSource:
   def __getitem__(self, index: int) -> dict[str, Any]:
     header, image = decode_record(self._records[int(index)])
     labels = header['labels']
-    if self.multi_label:
+    if not self.num_classes:
+      label = -1
+    elif self.multi_label:
       label = np.zeros(self.num_classes, np.float32)
       label[labels] = 1.
     else:

@@ -17,6 +17,11 @@ Module and parameter names are those of the released .npz checkpoints, so the
     pre_logits                                optional Dense + tanh
     head                                      zero-initialised classifier
 
+Masked patch prediction (``mpp_outputs > 0``, ``vit_jax.mpp``) adds ``mask_token`` (the
+learnable [mask] embedding) and ``mpp_head`` (a per-patch Dense on the final patch
+representations) in place of the pooling and the classifier; with it off (the default)
+the parameters are exactly the release's.
+
 ViT-22B's block options keep these names: a ``parallel_block`` has no ``LayerNorm_2``,
 ``qk_norm`` adds ``query_ln`` and ``key_ln`` (flax's names) to the attention, and
 ``qkv_bias=False`` / ``norm='rmsnorm'`` drop biases. Hybrids add the BiT stem's
@@ -368,6 +373,10 @@ class VisionTransformer(nn.Module):
     qk_norm: normalise each head's queries and keys before their product (ViT-22B).
     qkv_bias: biases in the query/key/value projections (ViT-22B has none).
     norm: 'layernorm', or 'rmsnorm' (no centering, no bias: ViT-22B's), everywhere.
+    mpp_outputs: masked patch prediction (``vit_jax.mpp``): > 0 adds a learnable
+      ``mask_token`` and an ``mpp_head`` of this many outputs per patch, and the model
+      returns (batch, patches, mpp_outputs) float32 predictions instead of logits (no
+      pooling, no classifier); 0: off, the release's parameters exactly.
     model_name: the registry name, for logs and exports.
   """
 
@@ -397,6 +406,7 @@ class VisionTransformer(nn.Module):
   qk_norm: bool = False
   qkv_bias: bool = True
   norm: str = 'layernorm'
+  mpp_outputs: int = 0
   model_name: str | None = None
 
   def __post_init__(self):
@@ -445,6 +455,8 @@ class VisionTransformer(nn.Module):
     tokens for 'gap' / 'map' pooling, for scanned blocks (one shape for all), and where the
     caller collects 'intermediates' (every layer's full attention weights).
     """
+    if self.mpp_outputs:  # Every patch's final representation is predicted from.
+      return None
     return self.num_prefix_tokens if self.pool == 'token' and not self.scan else None
 
   def forward_flops(self, all_tokens: bool = False) -> int | None:
@@ -466,6 +478,8 @@ class VisionTransformer(nn.Module):
     last = t if all_tokens or self.head_tokens is None else self.head_tokens
     flops = 2 * n * ph * pw * 3 * d  # Patch embedding.
     flops += (self.num_layers - 1) * block(t) + block(last)
+    if self.mpp_outputs:  # The per-patch head instead of pooling and classifier.
+      return flops + 2 * n * d * self.mpp_outputs
     if self.pool == 'map':  # One probe query over t keys and values, then an MLP.
       flops += 4 * d * d + 4 * t * d * d + 4 * t * d + 4 * d * m
     width = d
@@ -475,7 +489,15 @@ class VisionTransformer(nn.Module):
     return flops + 2 * width * (self.num_classes or 0)
 
   @nn.compact
-  def __call__(self, images: Array, *, train: bool = False) -> Array:
+  def __call__(self, images: Array, *, train: bool = False,
+               corruption: tuple[Array, Array] | None = None) -> Array:
+    """Logits (batch, classes); with ``mpp_outputs``, per-patch predictions.
+
+    ``corruption``: masked patch prediction's ``(mask, source)``, both (batch, patches)
+    (``vit_jax.mpp.corrupt``): patch i's embedding is replaced by patch ``source[i]``'s of
+    the same image (itself where it is unchanged), then by the mask embedding where
+    ``mask``; before the position embeddings are added. None: no corruption.
+    """
     expected = pair(self.image_size) + (3,)
     if images.ndim != 4 or tuple(images.shape[1:]) != expected:
       raise ValueError(
@@ -493,6 +515,15 @@ class VisionTransformer(nn.Module):
     n, h, w, c = x.shape
     assert (h, w) == self.grid, ((h, w), self.grid)
     x = x.reshape(n, h * w, c)
+    if self.mpp_outputs:
+      mask_token = self.param('mask_token', nn.initializers.normal(stddev=0.02), (1, 1, c),
+                              self.param_dtype)
+      if corruption is not None:
+        mask, source = corruption
+        x = jnp.take_along_axis(x, source[..., None].astype(jnp.int32), axis=1)
+        x = jnp.where(mask[..., None], mask_token.astype(x.dtype), x)
+    elif corruption is not None:
+      raise ValueError('corruption needs a model built with mpp_outputs > 0.')
     if self.pool == 'token':
       cls = self.param('cls', nn.initializers.zeros, (1, 1, c), self.param_dtype)
       x = jnp.concatenate([jnp.tile(cls, (n, 1, 1)).astype(x.dtype), x], axis=1)
@@ -504,6 +535,10 @@ class VisionTransformer(nn.Module):
         stochastic_depth=self.stochastic_depth, scan=self.scan, remat_policy=self.remat_policy,
         name='Transformer')(x, train=train, output_tokens=output_tokens)
 
+    if self.mpp_outputs:  # Each patch's final representation (prefix tokens dropped).
+      return nn.Dense(self.mpp_outputs, kernel_init=nn.initializers.zeros,
+                      param_dtype=self.param_dtype, name='mpp_head')(
+                          x[:, self.num_prefix_tokens:].astype(jnp.float32))
     if self.pool == 'token':
       x = x[:, 0]
     elif self.pool == 'gap':

@@ -22,6 +22,7 @@ are not estimated.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -146,13 +147,16 @@ def lower_steps(config: Any, devices: list, num_train_examples: int, model: Any 
   batch_sharding = sharding.batch_sharding(mesh)
 
   def batch(size: int, **extra: tuple[int, ...]) -> dict[str, jax.ShapeDtypeStruct]:
-    shapes = {'image': (size, *model.image_size, 3), 'label': (size, plan.num_classes), **extra}
+    # No classes (masked patch prediction): the loader's (size, 1) placeholder labels.
+    shapes = {'image': (size, *model.image_size, 3), 'label': (size, plan.num_classes or 1),
+              **extra}
     return {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=batch_sharding)
             for k, v in shapes.items()}
 
   train_step = train.make_train_step(model, tx, schedule, config, mesh, shardings)
-  eval_step = evaluate.make_eval_step(model, config.loss, shardings.params, batch_sharding,
-                                      sharding.replicated(mesh))
+  # Training's own evaluation (the classifier's, or masked patch prediction's).
+  eval_step = evaluate.make_evaluator(dataclasses.replace(plan, model=model),
+                                      shardings.params).step
   facts = {'total_steps': plan.total_steps, 'num_classes': plan.num_classes,
            'batch_size': config.batch_size, 'eval_batch_size': config.eval_batch_size,
            'params_bytes_per_device': _tree_bytes_per_device(state.params),
