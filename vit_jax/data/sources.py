@@ -166,10 +166,15 @@ def get_source(dataset: Any, split: str) -> ArraySource | TFDSSource | local.Loc
   local sharded format, whatever the name. Otherwise ``dataset.name`` is one of the
   bundled in-memory datasets (``digits``; ``mnist`` and ``fashion_mnist`` from IDX
   files in ``data_dir``) or any TFDS name (``imagenet2012``, ``cifar10``, ...;
-  ``data_dir``, ``manual_dir``, ``prepare``).
+  ``data_dir``, ``manual_dir``, ``prepare``). ``vtab/TASK`` is a VTAB-1k task
+  (``vit_jax.vtab``), its split one of train800, val200, train800val200, test.
   """
   name = dataset.name
   data_dir = dataset.get('data_dir') or None  # '' in a config means: the default.
+  if name.startswith('vtab/'):  # A VTAB-1k task: split is train800, val200, ... (vit_jax.vtab).
+    from vit_jax import vtab
+
+    return vtab.get_source(name[len('vtab/'):], split, data_dir)
   if data_dir and (epath.Path(data_dir) / local.METADATA).exists():
     return local.LocalSource(str(data_dir), split)
   if name == 'digits':
