@@ -143,11 +143,6 @@ def _tiny_builder(name, version, splits, example):
   return Tiny
 
 
-def _dmlab_example(split, i):
-  image = np.full((360, 480, 3), (i % 6) * 40, np.uint8)  # The class's grey: learnable.
-  return {'image': image, 'filename': f'{split}_{i}.png', 'label': i % 6}
-
-
 def _smallnorb_example(split, i):
   image = np.full((96, 96, 1), (i % 9) * 28, np.uint8)
   return {'image': image, 'image2': image, 'label_category': 4, 'instance': 0,
@@ -156,12 +151,9 @@ def _smallnorb_example(split, i):
 
 @pytest.fixture(scope='module')
 def tiny_tfds(tmp_path_factory):
-  """dmlab 2.0.1 and smallnorb 2.0.0, just large enough for train[:800] and the 200-example
-  validation splits (TFDS refuses a slice past a split's end), in ArrayRecord."""
+  """smallnorb 2.0.0 (two tasks: azimuth and elevation), just large enough for train[:800]
+  and test[:200] (TFDS refuses a slice past a split's end), in ArrayRecord."""
   data_dir = str(tmp_path_factory.mktemp('vtab_tfds'))
-  _tiny_builder('dmlab', '2.0.1', {'train': 800, 'validation': 200, 'test': 24},
-                _dmlab_example)(data_dir=data_dir).download_and_prepare(
-                    file_format='array_record')
   _tiny_builder('smallnorb', '2.0.0', {'train': 800, 'test': 400},
                 _smallnorb_example)(data_dir=data_dir).download_and_prepare(
                     file_format='array_record')
@@ -182,7 +174,6 @@ def test_task_sources_read_the_splits_with_the_label_functions(tiny_tfds):
                   for i in range(1000)]
   chex.assert_equal(source[0]['image'].shape, (96, 96, 1))
   chex.assert_equal(len(vtab.get_source('smallnorb_elev', 'test', tiny_tfds)), 200)  # [50%:].
-  chex.assert_equal(len(vtab.get_source('dmlab', 'val200', tiny_tfds)), 200)
   with pytest.raises(errors.MissingFileError, match='not prepared'):
     vtab.get_source('dtd', 'test', tiny_tfds)
 
@@ -204,14 +195,15 @@ def test_vtab_runs_two_tasks_prints_the_grouped_table_and_resumes(tiny_run, tiny
                                                                    tmp_path):
   workdir = tmp_path / 'vtab'
   command = [sys.executable, '-m', 'vit_jax.vtab', f'--init_from={tiny_run}',
-             f'--workdir={workdir}', f'--data_dir={tiny_tfds}', '--tasks=dmlab,smallnorb_elev',
+             f'--workdir={workdir}', f'--data_dir={tiny_tfds}',
+             '--tasks=smallnorb_elev,smallnorb_azi',
              '--steps=6', '--warmup_steps=1', '--batch_size=16', '--image_size=16',
              '--lr=0.03', '--config.log_every_steps=3', '--config.input_workers=2']
   first = subprocess.run(command, env=env(2), capture_output=True, text=True, timeout=600)
   assert first.returncode == 0, first.stderr[-3000:]
   results = json.loads((workdir / 'vtab_results.json').read_text())
-  assert set(results['tasks']) == {'dmlab', 'smallnorb_elev'}
-  for task in ('dmlab', 'smallnorb_elev'):
+  assert set(results['tasks']) == {'smallnorb_azi', 'smallnorb_elev'}
+  for task in ('smallnorb_azi', 'smallnorb_elev'):
     rows = [json.loads(line) for line in (workdir / task / 'metrics.jsonl').open()]
     final = [r for r in rows if r['step'] == 6 and 'eval/accuracy' in r]
     chex.assert_equal(len(final), 1)
@@ -220,27 +212,27 @@ def test_vtab_runs_two_tasks_prints_the_grouped_table_and_resumes(tiny_run, tiny
     assert config['dataset']['name'] == f'vtab/{task}'
     assert config['dataset']['train_split'] == 'train800val200'
     assert (config['optimizer']['name'], config['schedule']['base_lr']) == ('sgd', 0.03)
-  eval_examples = [json.loads(line) for line in (workdir / 'dmlab' / 'metrics.jsonl').open()]
-  assert [r['eval/examples'] for r in eval_examples if 'eval/examples' in r] == [24]
+  rows = [json.loads(line) for line in (workdir / 'smallnorb_azi' / 'metrics.jsonl').open()]
+  assert [r['eval/examples'] for r in rows if 'eval/examples' in r] == [200]  # test[50%:].
   structured = results['groups']['structured']
   assert structured['tasks'] == 2 and structured['of'] == 8
   np.testing.assert_allclose(structured['mean'], np.mean(list(results['tasks'].values())))
   assert results['groups']['natural']['mean'] is None
   np.testing.assert_allclose(results['mean'], structured['mean'])
-  assert '| dmlab | structured |' in first.stdout
+  assert '| smallnorb_azi | structured |' in first.stdout
   assert '| **structured** mean (2 of 8 tasks) |' in first.stdout
   assert '| **VTAB** mean (2 of 19 tasks) |' in first.stdout
 
-  steps_before = sorted(p.name for p in (workdir / 'dmlab' / 'checkpoints').iterdir())
+  steps_before = sorted(p.name for p in (workdir / 'smallnorb_azi' / 'checkpoints').iterdir())
   again = subprocess.run(command, env=env(2), capture_output=True, text=True, timeout=600)
   assert again.returncode == 0, again.stderr[-3000:]
-  assert 'dmlab: finished earlier' in again.stdout
+  assert 'smallnorb_azi: finished earlier' in again.stdout
   assert 'smallnorb_elev: finished earlier' in again.stdout
   assert 'fine-tuning' not in again.stdout
-  assert sorted(p.name for p in (workdir / 'dmlab' / 'checkpoints').iterdir()) == steps_before
+  assert sorted(p.name for p in (workdir / 'smallnorb_azi' / 'checkpoints').iterdir()) == \
+      steps_before
   assert json.loads((workdir / 'vtab_results.json').read_text())['tasks'] == results['tasks']
 
-  other = subprocess.run([c for c in command if not c.startswith('--lr')] + ['--lr=0.01'],
-                         env=env(2), capture_output=True, text=True, timeout=600)
-  assert other.returncode == 2 and 'Traceback' not in other.stderr
-  assert 'finished with other settings (lr differ)' in other.stderr
+  settings = json.loads((workdir / 'smallnorb_azi' / vtab.RESULT_FILE).read_text())['settings']
+  with pytest.raises(errors.ConfigError, match=r'finished with other settings \(lr differ\)'):
+    vtab.run(vtab.select('smallnorb_azi'), str(workdir), {**settings, 'lr': 0.01})
