@@ -109,6 +109,13 @@ def load(path: str | None, overrides: Sequence[tuple[str, str | None]] = (), *,
   if not hasattr(module, 'get_config'):
     raise errors.ConfigError(f'--{flag}={path} has no get_config() function.')
   config = module.get_config(argument) if colon else module.get_config()
+  return apply_overrides(config, overrides, flag=flag)
+
+
+def apply_overrides(config: ml_collections.ConfigDict,
+                    overrides: Sequence[tuple[str, str | None]], *,
+                    flag: str = 'config') -> ml_collections.ConfigDict:
+  """``config`` with ``overrides`` (field path, command-line text) set, typed; then locked."""
   for field, text in overrides:
     *parents, key = field.split('.')
     node, where = config, flag

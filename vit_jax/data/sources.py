@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import pathlib
+import re
 from typing import Any
 
 import numpy as np
@@ -158,6 +159,57 @@ class TFDSSource:
 
 IN_MEMORY = ('digits', 'mnist', 'fashion_mnist')
 
+_SLICE = re.compile(r'^(\w+)\[(-?\d*)(%?):(-?\d*)(%?)\]$')
+
+
+class Subset:
+  """The examples ``indices`` of ``source`` (a sliced split of a local or in-memory source)."""
+
+  def __init__(self, source: Any, indices: np.ndarray):
+    self.source, self.indices = source, indices
+    self.num_classes = source.num_classes
+    self.class_names = tuple(getattr(source, 'class_names', ()))
+    self.multi_label = bool(getattr(source, 'multi_label', False))
+
+  def __len__(self) -> int:
+    return len(self.indices)
+
+  def __getitem__(self, index: Any) -> Any:
+    return self.source[self.indices[index]]
+
+
+def split_slice(split: str, num_examples: int | None = None) -> tuple[str, slice | None]:
+  """``'train[:98%]'`` -> ('train', the slice of ``num_examples``), as TFDS reads it (percent
+  boundaries rounded to the closest example); a plain name -> (name, None)."""
+  match = _SLICE.match(split)
+  if not match:
+    if '[' in split or '+' in split:
+      raise ValueError(f'split {split!r}: only one split and one slice are read here, as '
+                       "'train[:98%]' or 'train[100:200]'.")
+    return split, None
+  name, start, start_pct, stop, stop_pct = match.groups()
+  if num_examples is None:
+    return name, slice(None)
+
+  def bound(text: str, pct: str) -> int | None:
+    if not text:
+      return None
+    value = int(text)
+    if pct and not -100 <= value <= 100:
+      raise ValueError(f'split {split!r}: a percentage must be in [-100, 100].')
+    return int(round(value * num_examples / 100)) if pct else value
+  return name, slice(bound(start, start_pct), bound(stop, stop_pct))
+
+
+def _sliced(split: str, read: Any) -> Any:
+  """``read(name)`` for a plain split; for ``name[a:b]`` its examples a to b."""
+  name, _ = split_slice(split)
+  source = read(name)
+  if name == split:
+    return source
+  _, part = split_slice(split, len(source))
+  return Subset(source, np.arange(len(source))[part])
+
 
 def get_source(dataset: Any, split: str) -> ArraySource | TFDSSource | local.LocalSource:
   """The source of ``split`` for ``config.dataset``.
@@ -166,16 +218,23 @@ def get_source(dataset: Any, split: str) -> ArraySource | TFDSSource | local.Loc
   local sharded format, whatever the name. Otherwise ``dataset.name`` is one of the
   bundled in-memory datasets (``digits``; ``mnist`` and ``fashion_mnist`` from IDX
   files in ``data_dir``) or any TFDS name (``imagenet2012``, ``cifar10``, ...;
-  ``data_dir``, ``manual_dir``, ``prepare``).
+  ``data_dir``, ``manual_dir``, ``prepare``). ``vtab/TASK`` is a VTAB-1k task
+  (``vit_jax.vtab``), its split one of train800, val200, train800val200, test. The local
+  and in-memory sources take a slice of a split as TFDS does (``train[:98%]``,
+  ``train[98%:]``: a minival split, ``vit_jax.sweep``).
   """
   name = dataset.name
   data_dir = dataset.get('data_dir') or None  # '' in a config means: the default.
+  if name.startswith('vtab/'):  # A VTAB-1k task: split is train800, val200, ... (vit_jax.vtab).
+    from vit_jax import vtab
+
+    return vtab.get_source(name[len('vtab/'):], split, data_dir)
   if data_dir and (epath.Path(data_dir) / local.METADATA).exists():
-    return local.LocalSource(str(data_dir), split)
+    return _sliced(split, lambda s: local.LocalSource(str(data_dir), s))
   if name == 'digits':
-    return digits(split)
+    return _sliced(split, digits)
   if name in ('mnist', 'fashion_mnist') and data_dir:
     names = FASHION_MNIST_CLASSES if name == 'fashion_mnist' else ()
-    return idx_dataset(data_dir, split, names)
+    return _sliced(split, lambda s: idx_dataset(data_dir, s, names))
   return TFDSSource(name, split, data_dir, dataset.get('manual_dir') or None,
                     bool(dataset.get('prepare', False)))
