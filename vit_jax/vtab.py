@@ -365,7 +365,7 @@ def model_fields(init_from: str) -> dict[str, Any]:
   if not epath.Path(init_from).is_file():
     raise errors.MissingFileError(f'--init_from={init_from} is neither a release .npz file nor '
                                   'the workdir of a run (a directory with checkpoints/).')
-  arch = workdir_lib.npz_architecture(release.flatten(release.load_npz(init_from)))
+  arch = release.npz_architecture(release.flatten(release.load_npz(init_from)))
   arch.pop('image_size')
   return {'name': 'b16', **{k: v for k, v in arch.items() if v is not None}}
 
