@@ -30,7 +30,7 @@ _DISTRIBUTED = flags.DEFINE_bool(
     'are given, or on a Cloud TPU VM / SLURM job).')
 _CPU_DEVICES = flags.DEFINE_integer(
     'cpu_devices', None, 'Split a CPU host into this many devices (data-parallel, one per core '
-    'is fastest on a CPU-only machine: benchmarks/RESULTS.md; 2 or more also keep freed '
+    'is fastest on a CPU-only machine: results/RESULTS.md; 2 or more also keep freed '
     'memory, VIT_JAX_MALLOC=keep_freed: vit_jax/cpu/); unset: jax\'s default (one, '
     'or XLA_FLAGS=--xla_force_host_platform_device_count=N).')
 flags.mark_flags_as_required(['config', 'workdir'])

@@ -23,7 +23,7 @@ gathers the parameters once, at its start, for its forward and backward passes, 
 reduce-scatters the gradients (ZeRO stage 2, PyTorch FSDP's SHARD_GRAD_OP). The
 communication is that of an all-reduce of the gradients; the optimizer's memory and work
 fall N-fold (TPU v3-8, ViT-L/16 at batch 256: 246.8 -> 233.9 ms per step, 7.31 -> 5.39
-GiB per core, cost model; benchmarks/RESULTS.md).
+GiB per core, cost model; results/RESULTS.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 r"""The long fault test: a run killed with SIGKILL at random steps, N times, then finished.
 
-    python -m vit_jax.benchmarks.faults --runs=10 --out=benchmarks/faults.json
+    python -m vit_jax.benchmarks.faults --runs=10 --out=results/faults.json
 
 The quickstart recipe (``--steps``, a checkpoint every ``--checkpoint_every``
 steps, written asynchronously) is started, killed with ``kill -9`` once it has

@@ -1,7 +1,7 @@
 r"""Input throughput: vit_jax's pipeline against a plain tf.data one, on the same images.
 
     python -m vit_jax.benchmarks.input --data=../shared/data/imagenette_224 \
-        --out=benchmarks/input.json
+        --out=results/input.json
 
 The data is converted to the local format first (into --work_dir, once). Both
 pipelines decode the same JPEG bytes and apply the same operations:

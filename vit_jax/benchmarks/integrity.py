@@ -1,6 +1,6 @@
 r"""What the checkpoint checksums cost: save and restore of a model's train state, with and without.
 
-    python -m vit_jax.benchmarks.integrity --model=b16 --out=benchmarks/integrity.json
+    python -m vit_jax.benchmarks.integrity --model=b16 --out=results/integrity.json
 
 The state is the model's parameters and Adam's two moments (ViT-B/16: 86M
 parameters, 1.03 GB). Each save is timed until it is on disk (Orbax writes

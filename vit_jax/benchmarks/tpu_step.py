@@ -1,6 +1,6 @@
 r"""The train step on a TPU slice, from the TPU compiler (no TPU needed), against big_vision.
 
-    python -m vit_jax.benchmarks.tpu_step --topology=v3-8 --json=benchmarks/tpu_step_v3.json \
+    python -m vit_jax.benchmarks.tpu_step --topology=v3-8 --json=results/tpu_step_v3.json \
         --big_vision=/path/to/big_vision
 
 Each cell (a model and a global batch; by default the three of issue 20: ViT-B/16 at 1024,

@@ -1,6 +1,6 @@
 r"""Training throughput and MFU of the real train step, on the devices of this machine.
 
-    python -m vit_jax.benchmarks.train --model=ti16 --batch_size=32 --out=benchmarks/train.json
+    python -m vit_jax.benchmarks.train --model=ti16 --batch_size=32 --out=results/train.json
     python -m vit_jax.benchmarks.train --model=ti16 --batch_size=32 \
         --sweep=dtype=float32,bfloat16 --sweep=attention=einsum,xla
 

@@ -93,7 +93,7 @@ def shards_state_by_default(platform: str) -> bool:
   """Whether the train state is stored split over the data axis where the config leaves it
   to vit_jax (``config.mesh.shard_state=None``): not on CPU devices, where the step's
   gather and reduce-scatter cost more than the optimizer work they save (ViT-Ti/16 on 2
-  CPU devices: 4-5% fewer images/s, benchmarks/RESULTS.md); on TPUs and GPUs, yes."""
+  CPU devices: 4-5% fewer images/s, results/RESULTS.md); on TPUs and GPUs, yes."""
   return platform != 'cpu'
 
 

@@ -64,5 +64,5 @@ def emulated_bf16_warning(backend: str, matmul_dtype: str | None,
   return (f'model.matmul_dtype=bfloat16, but this CPU has no bfloat16 instructions '
           f'({info["model_name"]}: {" ".join(info["isa"]) or "no ISA flags read"}): XLA '
           'emulates bfloat16 products, and the train step is slower than in float32 '
-          '(ViT-Ti/16 on an AVX2 EPYC: 0.65-0.85x the images/s; benchmarks/RESULTS.md). '
+          '(ViT-Ti/16 on an AVX2 EPYC: 0.65-0.85x the images/s; results/RESULTS.md). '
           'Leave model.matmul_dtype unset on this machine.')

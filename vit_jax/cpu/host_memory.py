@@ -11,7 +11,7 @@ glibc's defaults the kernel faults every such block in again, zero-filled, each 
   keeping its peak memory; the default with ``--cpu_devices=2`` or more;
 * ``default``: glibc's own.
 
-The measurements behind these choices: benchmarks/RESULTS.md ("XLA:CPU and glibc's malloc").
+The measurements behind these choices: results/RESULTS.md ("XLA:CPU and glibc's malloc").
 glibc reads tunables once, at start-up, so an entry point calls ``reexec()`` before it
 allocates much (``vit_jax.main``: before jax is imported); tunables the user set in
 ``GLIBC_TUNABLES`` are kept.

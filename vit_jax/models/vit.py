@@ -171,7 +171,7 @@ class MultiHeadAttention(nn.Module):
       # Batched over (b, h): q k^T -> (b, h, q, k), then weights v -> (b, h, q, d). Both
       # products accumulate in float32 and return `dtype`; the softmax computes in float32.
       # In bfloat16, the (b, h, q, k) tensors that are stored and read several times are
-      # thus half the bytes (the TPU step: 9% faster, 19% less HBM; benchmarks/RESULTS.md).
+      # thus half the bytes (the TPU step: 9% faster, 19% less HBM; results/RESULTS.md).
       logits = dot_general(q, k, (((3,), (3,)), ((0, 1), (0, 1))),
                            preferred_element_type=self.dtype)
       weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
