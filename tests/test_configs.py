@@ -28,13 +28,16 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 VARIANTS = {'imagenette': ('pretrain', 'finetune_64', 'finetune_128'),
             'vit_b16_finetune': ('imagenet2012', 'cifar10', 'cifar100', 'oxford_iiit_pet',
                                  'oxford_flowers102', 'local'),
-            'vit_jft_like': ('b16', 'l16', 'h14')}
+            'vit_jft_like': ('b16', 'l16', 'h14'), 'vit_b16_mpp': ('jft_like', 'i1k'),
+            'vit_i1k_augreg': ('ti16', 's16', 's32', 'b16', 'b32', 'l16')}
 CASES = [(p, arg) for p in CONFIGS for arg in VARIANTS.get(p.stem, (None,))]
 # The model each config is listed with in the README (its name there says which).
 README_CONFIG_MODELS = {
     'vit_b16_i1k': 'b16', 'vit_l16_i21k': 'l16', 'vit_jft_like:b16': 'b16',
     'vit_jft_like:l16': 'l16', 'vit_jft_like:h14': 'h14', 'vit_G14_jft_like': 'G14',
-    'vit_22b_jft_like': '22b14', 'vit_s16_i1k': 's16', 'deit_s16_i1k': 's16',
+    'vit_22b_jft_like': '22b14', 'vit_s16_i1k_plain': 's16', 'deit_s16_i1k': 's16',
+    'vit_b16_mpp:jft_like': 'b16', 'vit_b16_mpp:i1k': 'b16',
+    **{f'vit_i1k_augreg:{m}': m for m in ('ti16', 's16', 's32', 'b16', 'b32', 'l16')},
     **{f'vit_b16_finetune:{d}': 'b16' for d in VARIANTS['vit_b16_finetune']},
 }
 

@@ -300,7 +300,7 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_good_checkpoints(tmp_path
     ({'batch_size': 4}, r'^config.batch_size=4 is smaller than the 8 devices: each device '
                         r'needs at least one example'),
     ({'mesh.tensor': 3}, r'config.mesh: data=2 x fsdp=1 x tensor=3 does not cover the 8 '),
-    ({'dataset.repeats': 0}, r'^config.dataset.repeats=0 must be an integer >= 1'),
+    ({'dataset.repeats': 0}, r'^config.dataset.repeats=0 must be >= 1 \(3: DeiT repeated'),
     ({'dataset.pp_train': 'to_rgb|random_erase(0.25)|value_range(-1, 1)'},
      r'^config.dataset.pp_train: random_erase in .* comes before value_range'),
     ({'dataset.pp_train': "to_rgb|rand_augment('rand-m9-inc0')|value_range(-1, 1)"},

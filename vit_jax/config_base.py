@@ -101,7 +101,7 @@ def get_config() -> ml_collections.ConfigDict:
       name='adam', b1=0.9, b2=0.999,
       momentum=0.9,  # SGD only.
       weight_decay=0.0,  # Scaled by the learning rate, as in the paper's code.
-      grad_clip_norm=1.0,  # 0: no clipping.
+      grad_clip_norm=1.0,  # 0 or None: no clipping.
       mu_dtype=_none(str),  # Adam's first moment in 'bfloat16' saves memory.
       # Layer-wise lr decay d: block i of L learns at lr * d^(L - i), the embeddings at
       # lr * d^(L + 1), the head at lr (BEiT, MAE fine-tuning); 1: off.
@@ -250,6 +250,11 @@ SCHEMA: dict[str, Field] = {
     'dataset.train_split': Field('str'), 'dataset.eval_split': Field('str'),
     'dataset.pp_train': Field('str'), 'dataset.pp_eval': Field('str'),
     'dataset.repeats': Field('int', low=1, why=' (3: DeiT repeated augmentation; 1: off)'),
+    'objective': Field('str', choices=('classification', 'mpp')),
+    'mpp.target': Field('str', choices=('mean_color', 'color_4x4', 'l2_mean_color', 'l2_patch')),
+    'mpp.corrupt_rate': Field('float', low=0, high=1, low_open=True, high_closed=True),
+    'mpp.mask_rate': Field('float', low=0, high=1, high_closed=True),
+    'mpp.random_rate': Field('float', low=0, high=1, high_closed=True),
     'loss': Field('str', choices=('softmax_xent', 'sigmoid_xent')),
     'label_smoothing': Field('float', low=0, high=1,
                              why=' (the share of the target spread over all classes)'),
@@ -264,7 +269,7 @@ SCHEMA: dict[str, Field] = {
     'optimizer.b1': Field('float', low=0, high=1), 'optimizer.b2': Field('float', low=0, high=1),
     'optimizer.momentum': Field('float', low=0, high=1),
     'optimizer.weight_decay': Field('float', low=0),
-    'optimizer.grad_clip_norm': Field('float', low=0),
+    'optimizer.grad_clip_norm': Field('float', none=True, low=0),  # 0 or None: no clipping.
     'optimizer.mu_dtype': _STR_OR_NONE,
     'optimizer.layer_decay': Field('float', low=0, high=1, low_open=True, high_closed=True),
     'optimizer.ema_decay': Field('float', low=0, high=1),

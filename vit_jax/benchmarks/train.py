@@ -125,7 +125,8 @@ def measure(cell: dict[str, Any]) -> dict[str, Any]:
                     matmul_dtype=None if cell['matmul_dtype'] == 'none' else cell['matmul_dtype'],
                     remat_policy=cell['remat'], scan=cell['scan'])
   config = ml_collections.ConfigDict(dict(
-      loss='softmax_xent', label_smoothing=0., mixup_alpha=0., cutmix_alpha=0.,
+      objective='classification', loss='softmax_xent', label_smoothing=0., mixup_alpha=0.,
+      cutmix_alpha=0.,
       grad_accum_steps=1, step_impl=cell['step_impl']))
   schedule = optim.make_schedule(
       ml_collections.ConfigDict(dict(base_lr=1e-3, warmup_steps=1, decay='cosine')),

@@ -373,6 +373,7 @@ def _read_verified(step_dir: epath.Path,
   ``step_dir``, then every array read is checked against the checksums recorded when it was
   written. (tree, '') or (None, the problem), the same on every process."""
   tree, arrays, problem = None, None, ''
+  silence_abandoned_reads()
   try:
     arrays = recorded(step_dir)
     tree = read(arrays)
@@ -381,7 +382,6 @@ def _read_verified(step_dir: epath.Path,
   except errors.CheckpointError as e:
     problem = str(e)
   except Exception as e:  # Any other failure to read it is damage.
-    silence_abandoned_reads()
     problem = read_problem(e, step_dir)
     if arrays is None and (step_dir / STEP_METADATA).exists():
       # No record to tell damage from another model's state: leave it where it is.
@@ -401,22 +401,38 @@ def silence_abandoned_reads() -> None:
   """Silences the reads and writes Orbax abandons after the first failure, for this process.
 
   Their TensorStore callbacks find Orbax's event loop closed and each printed a
-  traceback ("Event loop is closed", dozens around the one real error); the
-  asyncio logger added "Task (or _GatheringFuture) exception was never retrieved" for
-  each. Only those messages are dropped; anything else is reported as before.
+  traceback ("Event loop is closed", dozens around the one real error, through
+  ``sys.unraisablehook`` or ``sys.excepthook``); the read coroutines left behind raised
+  their own copy of the error as they were collected; the asyncio logger added "Task (or
+  _GatheringFuture) exception was never retrieved" for each. Only those are dropped (the
+  real error is reported by the caller); anything else is reported as before. Installed
+  before a read, as the callbacks can fire before the read's exception reaches its caller.
   """
-  previous = sys.unraisablehook
-  if getattr(previous, 'vit_jax', False):
+  if getattr(sys.unraisablehook, 'vit_jax', False):
     return
+  previous_unraisable, previous_except = sys.unraisablehook, sys.excepthook
 
-  def hook(unraisable: Any) -> None:
-    if not (isinstance(unraisable.exc_value, RuntimeError)
-            and str(unraisable.exc_value) == 'Event loop is closed'):
-      previous(unraisable)
-  hook.vit_jax = True
-  sys.unraisablehook = hook
+  def loop_closed(e: BaseException | None) -> bool:
+    return isinstance(e, RuntimeError) and str(e) == 'Event loop is closed'
+
+  def unraisable_hook(unraisable: Any) -> None:
+    abandoned_read = getattr(unraisable.object, '__qualname__', '') in _ORBAX_READS
+    if not (loop_closed(unraisable.exc_value) or abandoned_read):
+      previous_unraisable(unraisable)
+
+  def except_hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    if not loop_closed(value):
+      previous_except(kind, value, tb)
+
+  unraisable_hook.vit_jax = True
+  sys.unraisablehook, sys.excepthook = unraisable_hook, except_hook
   std_logging.getLogger('asyncio').addFilter(
       lambda record: 'exception was never retrieved' not in record.getMessage())
+
+
+# Orbax's coroutines that read an array's chunks; abandoned after a failure, they raise
+# again when collected.
+_ORBAX_READS = ('_read_array_index_and_device_put',)
 
 
 def _check_fits(arrays: dict[str, dict[str, Any]] | None, abstract_state: Any,
