@@ -42,7 +42,7 @@ def test_unknown_fields_are_named_with_the_closest_ones(config, message):
 
 def test_the_schema_covers_every_field_and_the_defaults_pass_it():
   config = config_base.get_config()
-  assert set(config_base.SCHEMA) == set(config_base._flatten(config.to_dict()))
+  assert set(config_base.SCHEMA) == set(config_base.flatten(config.to_dict()))
   config_base.check(config)
 
 

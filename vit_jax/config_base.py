@@ -308,7 +308,7 @@ def check(config: ml_collections.ConfigDict) -> None:
   """Raises ConfigError for the first field of a complete ``config`` outside the schema:
   a wrong type, a None where none is allowed, a value out of range; then the rules that
   join fields."""
-  flat = _flatten(config.to_dict())
+  flat = flatten(config.to_dict())
   for name, field in SCHEMA.items():
     if name in flat and (problem := field.problem(flat[name])):
       raise errors.ConfigError(f'config.{name}={flat[name]!r} {problem}.')
@@ -326,13 +326,14 @@ def check(config: ml_collections.ConfigDict) -> None:
                              'steps, 1 <= first <= last.')
 
 
-def _flatten(tree: dict[str, Any], prefix: str = '') -> dict[str, Any]:
+def flatten(tree: dict[str, Any], prefix: str = '') -> dict[str, Any]:
+  """{'a.b.c': value} of a config's dict (``to_dict()`` or config.json's); lists as tuples."""
   flat = {}
   for key, value in tree.items():
     if isinstance(value, dict):
-      flat.update(_flatten(value, f'{prefix}{key}.'))
+      flat.update(flatten(value, f'{prefix}{key}.'))
     else:
-      flat[f'{prefix}{key}'] = value
+      flat[f'{prefix}{key}'] = tuple(value) if isinstance(value, list) else value
   return flat
 
 

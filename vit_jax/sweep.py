@@ -37,23 +37,13 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from vit_jax import errors
+from vit_jax import config_base, errors
 
 IGNORED = ('seed',)  # Fields that do not make another setting.
 
 
 # ---------------------------------------------------------------------------
 # Reading finished runs.
-
-
-def _flatten(tree: dict[str, Any], prefix: str = '') -> dict[str, Any]:
-  flat = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      flat.update(_flatten(value, f'{prefix}{key}.'))
-    else:
-      flat[f'{prefix}{key}'] = tuple(value) if isinstance(value, list) else value
-  return flat
 
 
 @dataclasses.dataclass
@@ -70,7 +60,7 @@ class Run:
 
 def total_steps(config: Any) -> int:
   """A run's length: ``total_steps``, or ``num_epochs`` over its training split's size."""
-  from vit_jax import config_base, optim
+  from vit_jax import optim
   from vit_jax.data import sources
 
   config = config_base.complete(config)
@@ -85,7 +75,9 @@ def read_run(path: Any) -> Run:
   path = epath.Path(path)
   config = json.loads((path / 'config.json').read_text())
   total = total_steps(config)
-  metric = 'prec@1' if config.get('loss') == 'sigmoid_xent' else 'accuracy'
+  from vit_jax import evaluate
+
+  metric = evaluate.metric_name(config.get('loss', 'softmax_xent'))
   accuracy, last = None, 0
   metrics = path / 'metrics.jsonl'
   for line in metrics.read_text().splitlines() if metrics.exists() else ():
@@ -96,7 +88,7 @@ def read_run(path: Any) -> Run:
     last = max(last, int(row['step']))
     if row['step'] == total and f'eval/{metric}' in row:
       accuracy = float(row[f'eval/{metric}'])
-  return Run(str(path), _flatten(config), total, accuracy, metric, last)
+  return Run(str(path), config_base.flatten(config), total, accuracy, metric, last)
 
 
 def find_runs(directory: Any) -> list[Run]:
