@@ -721,7 +721,8 @@ def _parameter_overview(model: nn.Module, params: Any, workdir: str) -> None:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains (resuming from ``workdir`` if it holds a checkpoint) and evaluates."""
+  """Trains (resuming from ``workdir`` if it holds a checkpoint) and evaluates; returns the
+  last evaluation. On SIGTERM it saves and raises ``errors.Preempted`` (exit status 75)."""
   clock = _Clock()
   plan = validate(config)
   config, model, mesh, total_steps = plan.config, plan.model, plan.mesh, plan.total_steps
