@@ -36,6 +36,25 @@ def _orbax_failure(record: logging.LogRecord) -> bool:
       sign in message for sign in ('raised an exception', 'Failed to run', 'failed'))
 
 
+def start(cpu_devices: int | None) -> str | None:
+  """An entry point's start-up before it uses jax: XLA:CPU's set-up where jax will run on
+  the CPU (``vit_jax.cpu.prepare``: may re-execute the process once), the third-party log
+  lines quiet unless ``--verbosity`` was given, and ``cpu_devices`` CPU devices where set.
+  Returns the malloc mode of a CPU run, else None."""
+  from absl import flags
+
+  from vit_jax import cpu
+
+  malloc = cpu.prepare(cpu_devices or 0) if cpu.runs_on_cpu() else None
+  if not flags.FLAGS['verbosity'].present:
+    quiet_third_party(preload_tensorflow=True)
+  if cpu_devices:
+    import jax
+
+    jax.config.update('jax_num_cpu_devices', cpu_devices)
+  return malloc
+
+
 def quiet_third_party(preload_tensorflow: bool = False) -> None:
   """Only vit_jax's INFO lines (everyone's warnings and errors) from now on.
 

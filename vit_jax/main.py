@@ -17,7 +17,7 @@ import os
 
 from absl import app, flags, logging
 
-from vit_jax import config_cli, console, cpu, errors
+from vit_jax import config_cli, console, errors
 
 _CONFIG = config_cli.DEFINE_config('config', 'Training config file.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and logs.')
@@ -48,17 +48,12 @@ def main(argv: list[str]) -> None:
   if _CPU_DEVICES.value is not None and _CPU_DEVICES.value < 1:
     raise errors.ConfigError(f'--cpu_devices={_CPU_DEVICES.value} must be a number of devices '
                              '>= 1 (or left out: jax\'s default).')
-  if cpu.runs_on_cpu():  # XLA:CPU's set-up; may re-execute this process once.
-    malloc = cpu.prepare(_CPU_DEVICES.value or 0)
-  if not flags.FLAGS['verbosity'].present:
-    console.quiet_third_party(preload_tensorflow=True)
-  if cpu.runs_on_cpu():
+  malloc = console.start(_CPU_DEVICES.value)  # May re-execute this process once (XLA:CPU).
+  if malloc:
     logging.info('XLA:CPU: malloc %s (VIT_JAX_MALLOC; GLIBC_TUNABLES=%r).', malloc,
                  os.environ.get('GLIBC_TUNABLES', ''))
   import jax
 
-  if _CPU_DEVICES.value:
-    jax.config.update('jax_num_cpu_devices', _CPU_DEVICES.value)
   explicit = _COORDINATOR.value is not None
   distributed = _DISTRIBUTED.value if _DISTRIBUTED.value is not None else (
       explicit or _auto_distributed())

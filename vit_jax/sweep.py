@@ -387,16 +387,9 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   sweep = Sweep(config_flag.file.value, config_flag.overrides, flags_['workdir'].value,
                 parse_grid(flags_['grid'].value), flags_['seeds'].value, flags_['minival'].value)
   if not flags_['print_commands'].value:
-    from absl import flags
+    from vit_jax import console
 
-    from vit_jax import console, cpu
-    if cpu.runs_on_cpu():
-      cpu.prepare(flags_['cpu_devices'].value)
-    if not flags.FLAGS['verbosity'].present:
-      console.quiet_third_party(preload_tensorflow=True)
-    if flags_['cpu_devices'].value:
-      import jax
-      jax.config.update('jax_num_cpu_devices', flags_['cpu_devices'].value)
+    console.start(flags_['cpu_devices'].value)
   run_sweep(sweep, flags_['print_commands'].value)
 
 

@@ -514,17 +514,9 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
     from etils import epath
     if not epath.Path(settings['data_dir']).exists():
       raise errors.MissingFileError(f'--data_dir={settings["data_dir"]} does not exist.')
-  from vit_jax import console, cpu
+  from vit_jax import console
 
-  if cpu.runs_on_cpu():
-    cpu.prepare(flags_['cpu_devices'].value)
-  from absl import flags
-  if not flags.FLAGS['verbosity'].present:
-    console.quiet_third_party(preload_tensorflow=True)
-  import jax
-
-  if flags_['cpu_devices'].value:
-    jax.config.update('jax_num_cpu_devices', flags_['cpu_devices'].value)
+  console.start(flags_['cpu_devices'].value)
   config_flag = flags_['config']
   run(tasks, flags_['workdir'].value, settings, config_flag.overrides, config_flag.file.value)
 
