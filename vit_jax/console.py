@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
 import vit_jax
+from vit_jax import errors
 
 _OURS = os.path.dirname(os.path.abspath(vit_jax.__file__)) + os.sep
 
@@ -36,16 +38,75 @@ def _orbax_failure(record: logging.LogRecord) -> bool:
       sign in message for sign in ('raised an exception', 'Failed to run', 'failed'))
 
 
+# ``logging.info(..., extra=console.FILE_ONLY)``: a line for the log file, not the console.
+FILE_ONLY = {'vit_jax_file_only': True}
+
+
+def _console_line(record: logging.LogRecord) -> bool:
+  return not getattr(record, 'vit_jax_file_only', False)
+
+
+class _Plain(logging.Formatter):
+  """A console line as a person reads it: the message, ``warning:`` or ``error:`` before
+  the messages of those levels; no absl prefix (date, time, thread, file:line: the log
+  file keeps them)."""
+
+  def format(self, record: logging.LogRecord) -> str:
+    message = record.getMessage()
+    if record.levelno >= logging.WARNING:
+      message = f'{"error" if record.levelno >= logging.ERROR else "warning"}: {message}'
+    if record.exc_info:
+      message += '\n' + self.formatException(record.exc_info)
+    return message
+
+
+def plain_console() -> None:
+  """The console's log lines without absl's prefix, and without the ``FILE_ONLY`` lines."""
+  from absl import logging as absl_logging
+
+  handler = absl_logging.get_absl_handler()
+  handler.setFormatter(_Plain())
+  if _console_line not in handler.filters:
+    handler.addFilter(_console_line)
+
+
+def log_file(workdir: str, process_index: int) -> str:
+  """Every log line (third-party INFO lines too) with absl's prefix, appended to
+  ``workdir/log.txt`` (``log.process{N}.txt`` for process N > 0); to absl's ``--log_dir``
+  (or the temporary directory) where the workdir is remote. Returns the file's path."""
+  from absl import flags
+  from absl import logging as absl_logging
+
+  name = 'log.txt' if process_index == 0 else f'log.process{process_index}.txt'
+  if '://' in str(workdir):  # An object store cannot be appended to.
+    directory = flags.FLAGS['log_dir'].value or tempfile.gettempdir()
+    name = f'vit_jax.{os.getpid()}.{name}'
+  else:
+    directory = str(workdir)
+  path = os.path.join(directory, name)
+  try:
+    os.makedirs(directory, exist_ok=True)
+    handler = logging.FileHandler(path, mode='a', encoding='utf-8')
+  except OSError as e:
+    raise errors.ConfigError(f'Cannot write the log file {path} ({e.strerror}): pass a '
+                             '--workdir (or --log_dir) this process can write to.') from None
+  handler.setFormatter(absl_logging.PythonFormatter())
+  logging.getLogger().addHandler(handler)
+  return path
+
+
 def start(cpu_devices: int | None) -> str | None:
   """An entry point's start-up before it uses jax: XLA:CPU's set-up where jax will run on
-  the CPU (``vit_jax.cpu.prepare``: may re-execute the process once), the third-party log
-  lines quiet unless ``--verbosity`` was given, and ``cpu_devices`` CPU devices where set.
-  Returns the malloc mode of a CPU run, else None."""
+  the CPU (``vit_jax.cpu.prepare``: may re-execute the process once), plain console lines
+  (``plain_console``), the third-party log lines quiet unless ``--verbosity`` was given,
+  and ``cpu_devices`` CPU devices where set. Returns the malloc mode of a CPU run, else
+  None."""
   from absl import flags
 
   from vit_jax import cpu
 
   malloc = cpu.prepare(cpu_devices or 0) if cpu.runs_on_cpu() else None
+  plain_console()
   if not flags.FLAGS['verbosity'].present:
     quiet_third_party(preload_tensorflow=True)
   if cpu_devices:
@@ -75,6 +136,9 @@ def quiet_third_party(preload_tensorflow: bool = False) -> None:
       with open(os.devnull, 'w') as devnull:
         os.dup2(devnull.fileno(), 2)
       import tensorflow  # noqa: F401
+    except ModuleNotFoundError as e:  # The core install (no TensorFlow): nothing to quiet.
+      if e.name != 'tensorflow':
+        raise
     finally:
       os.dup2(saved, 2)
       os.close(saved)
