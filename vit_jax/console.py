@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 
 import vit_jax
-from vit_jax import errors
 
 _OURS = os.path.dirname(os.path.abspath(vit_jax.__file__)) + os.sep
 
@@ -70,28 +69,60 @@ def plain_console() -> None:
     handler.addFilter(_console_line)
 
 
+class _LogFile(logging.Handler):
+  """Appends absl-prefixed lines to ``path`` once its directory exists: the run creates
+  its workdir only after checking its config, so the lines before are held until then
+  (and dropped if the run ends first: its error is on the console). A file that cannot
+  be written is said once, in one warning, and no more lines are tried."""
+
+  def __init__(self, path: str):
+    from absl import logging as absl_logging
+
+    super().__init__()
+    self.path = path
+    self.held: list[logging.LogRecord] = []
+    self.stream = None
+    self.setFormatter(absl_logging.PythonFormatter())
+
+  def emit(self, record: logging.LogRecord) -> None:
+    if self.stream is None:
+      self.held.append(record)
+      if not os.path.isdir(os.path.dirname(self.path)):
+        return
+      try:
+        self.stream = open(self.path, 'a', encoding='utf-8')  # noqa: SIM115 (the process's)
+      except OSError as e:
+        logging.getLogger().removeHandler(self)
+        logging.getLogger('absl').warning('Cannot write the log file %s (%s).', self.path,
+                                          e.strerror)
+        return
+      records, self.held = self.held, []
+    else:
+      records = [record]
+    for held in records:
+      self.stream.write(self.format(held) + '\n')
+    self.stream.flush()
+
+  def close(self) -> None:
+    if self.stream is not None:
+      self.stream.close()
+    super().close()
+
+
 def log_file(workdir: str, process_index: int) -> str:
-  """Every log line (third-party INFO lines too) with absl's prefix, appended to
-  ``workdir/log.txt`` (``log.process{N}.txt`` for process N > 0); to absl's ``--log_dir``
-  (or the temporary directory) where the workdir is remote. Returns the file's path."""
+  """Every log line from now on (third-party INFO lines too) with absl's prefix, appended
+  to ``workdir/log.txt`` (``log.process{N}.txt`` for process N > 0) once the run creates
+  its workdir; to absl's ``--log_dir`` (or the temporary directory) where the workdir is
+  remote (an object store cannot be appended to). Returns the file's path."""
   from absl import flags
-  from absl import logging as absl_logging
 
   name = 'log.txt' if process_index == 0 else f'log.process{process_index}.txt'
-  if '://' in str(workdir):  # An object store cannot be appended to.
+  directory = str(workdir)
+  if '://' in directory:
     directory = flags.FLAGS['log_dir'].value or tempfile.gettempdir()
     name = f'vit_jax.{os.getpid()}.{name}'
-  else:
-    directory = str(workdir)
   path = os.path.join(directory, name)
-  try:
-    os.makedirs(directory, exist_ok=True)
-    handler = logging.FileHandler(path, mode='a', encoding='utf-8')
-  except OSError as e:
-    raise errors.ConfigError(f'Cannot write the log file {path} ({e.strerror}): pass a '
-                             '--workdir (or --log_dir) this process can write to.') from None
-  handler.setFormatter(absl_logging.PythonFormatter())
-  logging.getLogger().addHandler(handler)
+  logging.getLogger().addHandler(_LogFile(path))
   return path
 
 
