@@ -1,6 +1,8 @@
 """The TensorBoard writer of an install without TensorFlow, read back by TensorBoard's own
 reader as clu's writer is (tests/test_fewshot.py)."""
 
+import sys
+
 import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
@@ -23,3 +25,15 @@ def test_scalars_and_hparams_read_back_by_tensorboard(tmp_path):
   assert events.Tensors('train/mfu')[0].tensor_proto.float_val[0] == pytest.approx(0.25)
   assert events.SummaryMetadata('train/loss').plugin_data.plugin_name == 'scalars'
   assert '_hparams_/session_start_info' in events.Tags()['tensors']
+
+
+def test_clu_writer_with_tensorflow_this_one_without(tmp_path, monkeypatch):
+  from clu import metric_writers
+
+  with_tf = tensorboard_events.writer(str(tmp_path / 'a'))
+  assert isinstance(with_tf, metric_writers.AsyncWriter)
+  with_tf.close()
+  monkeypatch.setitem(sys.modules, 'tensorflow', None)  # As in an install without it.
+  without = tensorboard_events.writer(str(tmp_path / 'b'))
+  assert isinstance(without, tensorboard_events.ScalarWriter)
+  without.close()
