@@ -102,3 +102,23 @@ def test_log_file_keeps_absl_prefixes_and_file_only_lines(tmp_path, caplog):
       handler.close()
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+def test_logging_to_one_run_of_several(tmp_path):
+  root = logging.getLogger()
+  handlers, level = list(root.handlers), root.level
+  root.setLevel(logging.INFO)
+  try:
+    for run in ('a', 'b'):
+      (tmp_path / run).mkdir()
+      with console.logging_to(str(tmp_path / run)) as path:
+        absl_logging.info('in %s', run)
+      assert path == str(tmp_path / run / 'log.txt')
+    absl_logging.info('after both')
+    assert root.handlers == handlers  # Each run's file closed at its end.
+    for run in ('a', 'b'):
+      lines = (tmp_path / run / 'log.txt').read_text().splitlines()
+      assert len(lines) == 1 and lines[0].endswith(f'] in {run}'), lines
+  finally:
+    root.handlers[:] = handlers
+    root.setLevel(level)

@@ -9,12 +9,13 @@ save (vit_jax reports it in one line); the command-line tools call it unless
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import vit_jax
 
@@ -124,6 +125,21 @@ def log_file(workdir: str, process_index: int) -> str:
   path = os.path.join(directory, name)
   logging.getLogger().addHandler(_LogFile(path))
   return path
+
+
+@contextlib.contextmanager
+def logging_to(workdir: str) -> Iterator[str]:
+  """``log_file`` for the lines of one run among several in a process (a sweep's, VTAB's
+  tasks): the file is closed at the end of the block. Yields its path."""
+  import jax
+
+  path = log_file(workdir, jax.process_index())
+  handler = logging.getLogger().handlers[-1]
+  try:
+    yield path
+  finally:
+    logging.getLogger().removeHandler(handler)
+    handler.close()
 
 
 def start(cpu_devices: int | None) -> str | None:
