@@ -371,3 +371,14 @@ def test_a_shard_rewritten_with_the_same_size_is_indexed_again(tmp_path, monkeyp
   records = tfrecord.Records([types.SimpleNamespace(filename=str(shard), skip=0, take=3,
                                                     examples_in_shard=3)])
   assert [records[i] for i in range(3)] == new
+
+
+def test_a_tfds_dataset_without_tfds_installed_is_one_error(monkeypatch):
+  import sys
+
+  from vit_jax import errors
+
+  monkeypatch.setitem(sys.modules, 'tensorflow_datasets', None)  # The core install's.
+  with pytest.raises(errors.ConfigError, match=r"'cifar10' is read through TFDS, which this "
+                     r'install lacks: pip install -e "\.\[tf\]"'):
+    sources.TFDSSource('cifar10', 'train')

@@ -1,6 +1,7 @@
 """The entry point as users run it: real processes, killed, preempted, and on two hosts."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import errors, train
+from vit_jax import errors, mfu, train
 
 from runs import (
     ROOT,
@@ -121,7 +122,8 @@ def test_quickstart_command_reaches_95_percent(tmp_path):
   assert done.returncode == 0, done.stderr[-3000:]
   assert 'step 1500/1500' in done.stderr and 'img/s' in done.stderr and 'ETA' in done.stderr
   assert 'MFU' in done.stderr and 'Done: step 1500/1500, 1500 trained in' in done.stderr
-  assert 'XLA:CPU: malloc huge_pages (VIT_JAX_MALLOC;' in done.stderr  # One device: no keep_freed.
+  # One device: no keep_freed; the malloc line in the log file only (test below).
+  assert 'malloc huge_pages (VIT_JAX_MALLOC;' in (tmp_path / 'log.txt').read_text()
   # One screen: a line per 100 steps and per evaluation, a few more at the start and end.
   assert len(done.stderr.splitlines()) <= 40, done.stderr
   final = [m for m in read_metrics(tmp_path) if 'eval/accuracy' in m][-1]
@@ -130,3 +132,43 @@ def test_quickstart_command_reaches_95_percent(tmp_path):
   assert checkpoint_steps(tmp_path) == [1000, 1500]
   assert json.loads((tmp_path / 'config.json').read_text())['model']['name'] == 'ti16'
   assert list(tmp_path.glob('events.out.tfevents.*'))
+
+
+ABSL_PREFIX = re.compile(r'^[DIWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w.]+:\d+\]')
+
+
+def test_console_is_plain_the_log_file_has_absl_lines_and_mfu_uses_the_kept_peak(tmp_path):
+  """What a person reads: no absl prefixes, no malloc line, the model named by its shape,
+  and MFU over the CPU peak kept in the cache file (not measured again at the start)."""
+  cache = tmp_path / 'cache'
+  kept = cache / 'vit_jax' / 'matmul_peak.json'
+  kept.parent.mkdir(parents=True)
+  # A peak no measurement gives on this machine: the run must take it from the file.
+  key = mfu.peak_key('cpu', 'cpu', 1, 'float32')
+  kept.write_text(json.dumps({key: {'flops': 123e9, 'measured': '2026-01-02'}}))
+  workdir = tmp_path / 'run'
+  done = subprocess.run(main_command(workdir, **{'eval_every_steps': 20}), cwd=ROOT,
+                        env={**env(devices=1), 'XDG_CACHE_HOME': str(cache)},
+                        capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  console_lines = done.stderr.splitlines()
+  assert not [line for line in console_lines if ABSL_PREFIX.match(line)], done.stderr
+  assert 'malloc' not in done.stderr and 'GLIBC_TUNABLES' not in done.stderr
+  assert 'ViT (2 layers, width 32, MLP 64, 4 heads, patch 4): ' in done.stderr
+  assert (f'over the float32 matmul peak of 1 cpu device, 123 GFLOP/s, measured 2026-01-02 '
+          f'(kept in {kept})') in done.stderr
+  log = (workdir / 'log.txt').read_text().splitlines()
+  assert f'Log with timestamps and third-party lines: {workdir / "log.txt"}' in done.stderr
+  # Every console line is in the file, after absl's prefix; the malloc line is there only.
+  for line in console_lines:
+    assert any(ABSL_PREFIX.match(row) and row.endswith('] ' + line) for row in log), line
+  assert any(ABSL_PREFIX.match(row) and 'malloc huge_pages (VIT_JAX_MALLOC;' in row
+             for row in log)
+  assert any('orbax' in row for row in log)  # Third-party INFO lines: in the file only.
+  # MFU: the model's FLOPs of a training image at the logged speed over the kept peak.
+  flops = 3 * train.validate(tiny_config(**{'eval_every_steps': 20})).model.forward_flops()
+  rows = [m for m in read_metrics(workdir) if 'train/mfu' in m]
+  assert rows
+  for m in rows:
+    assert m['train/mfu'] == pytest.approx(flops * m['train/images_per_s'] / 123e9, rel=1e-6)
+  assert json.loads(kept.read_text()) == {key: {'flops': 123e9, 'measured': '2026-01-02'}}

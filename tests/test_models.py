@@ -359,3 +359,22 @@ def test_forward_flops_match_the_published_counts():
   gap = get_model('ti16', num_classes=1000, pool='gap').forward_flops()
   assert gap < get_model('ti16', num_classes=1000).forward_flops(all_tokens=True)
   assert get_model('r50_b16', num_classes=1000).forward_flops() is None
+
+
+@pytest.mark.parametrize('name, overrides, expected', [
+    ('b16', {}, 'ViT-B_16'),
+    ('ViT-L/16', {'image_size': 384, 'pool': 'gap'}, 'ViT-L_16'),  # Not part of the name.
+    ('ti16', {'patch_size': 4}, 'ViT-Ti_4'),  # A zoo size with any patch.
+    ('b16', {'hidden_size': 384, 'mlp_dim': 1536, 'num_heads': 6}, 'ViT-S_16'),  # S's shape.
+    ('g14', {}, 'ViT-g_14'), ('G14', {}, 'ViT-G_14'), ('r50_b16', {}, 'R50+ViT-B_16'),
+    ('r_ti16', {}, 'R+ViT-Ti_16'),
+    # configs/quickstart.py: ti16 made narrow and shallow is no ViT-Ti_16.
+    ('ti16', {'patch_size': 4, 'hidden_size': 64, 'mlp_dim': 128, 'num_heads': 4,
+              'num_layers': 4}, 'ViT (4 layers, width 64, MLP 128, 4 heads, patch 4)'),
+    ('ti16', {'patch_size': (4, 2)}, 'ViT (12 layers, width 192, MLP 768, 3 heads, patch 4x2)'),
+    ('r50_b16', {'num_layers': 6},
+     'ViT (6 layers, width 768, MLP 3072, 12 heads, patch 1 on a BiT stem (3, 4, 9))'),
+    ('b16', {'model_name': 'mine'}, 'mine'),
+])
+def test_model_named_by_its_shape(name, overrides, expected):
+  assert get_model(name, num_classes=10, **overrides).model_name == expected

@@ -81,7 +81,8 @@ def test_fine_tune_on_2_devices_at_a_higher_resolution(source_run, tmp_path):
   tuned = host_memory.tuned_environ({}, host_memory.glibc_version(), host_memory.thp_mode(),
                                     'keep_freed') or {}
   tunables = tuned.get('GLIBC_TUNABLES', '')
-  assert f'XLA:CPU: malloc keep_freed (VIT_JAX_MALLOC; GLIBC_TUNABLES={tunables!r})' in log
+  assert (f'XLA:CPU: malloc keep_freed (VIT_JAX_MALLOC; GLIBC_TUNABLES={tunables!r})'
+          in (tmp_path / 'ft' / 'log.txt').read_text())  # The log file's line only.
   assert f'{POSEMB} resized (1, 17, 32) -> (1, 37, 32)' in log
   assert 'head: new zero-initialised classifier (32, 10)' in log
 

@@ -9,11 +9,13 @@ save (vit_jax reports it in one line); the command-line tools call it unless
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import vit_jax
 
@@ -36,16 +38,122 @@ def _orbax_failure(record: logging.LogRecord) -> bool:
       sign in message for sign in ('raised an exception', 'Failed to run', 'failed'))
 
 
+# ``logging.info(..., extra=console.FILE_ONLY)``: a line for the log file, not the console.
+FILE_ONLY = {'vit_jax_file_only': True}
+
+
+def _console_line(record: logging.LogRecord) -> bool:
+  return not getattr(record, 'vit_jax_file_only', False)
+
+
+class _Plain(logging.Formatter):
+  """A console line as a person reads it: the message, ``warning:`` or ``error:`` before
+  the messages of those levels; no absl prefix (date, time, thread, file:line: the log
+  file keeps them)."""
+
+  def format(self, record: logging.LogRecord) -> str:
+    message = record.getMessage()
+    if record.levelno >= logging.WARNING:
+      message = f'{"error" if record.levelno >= logging.ERROR else "warning"}: {message}'
+    if record.exc_info:
+      message += '\n' + self.formatException(record.exc_info)
+    return message
+
+
+def plain_console() -> None:
+  """The console's log lines without absl's prefix, and without the ``FILE_ONLY`` lines."""
+  from absl import logging as absl_logging
+
+  handler = absl_logging.get_absl_handler()
+  handler.setFormatter(_Plain())
+  if _console_line not in handler.filters:
+    handler.addFilter(_console_line)
+
+
+class _LogFile(logging.Handler):
+  """Appends absl-prefixed lines to ``path`` once its directory exists: the run creates
+  its workdir only after checking its config, so the lines before are held until then
+  (and dropped if the run ends first: its error is on the console). A file that cannot
+  be written is said once, in one warning, and no more lines are tried."""
+
+  def __init__(self, path: str):
+    from absl import logging as absl_logging
+
+    super().__init__()
+    self.path = path
+    self.held: list[logging.LogRecord] = []
+    self.stream = None
+    self.setFormatter(absl_logging.PythonFormatter())
+
+  def emit(self, record: logging.LogRecord) -> None:
+    if self.stream is None:
+      self.held.append(record)
+      if not os.path.isdir(os.path.dirname(self.path)):
+        return
+      try:
+        self.stream = open(self.path, 'a', encoding='utf-8')  # noqa: SIM115 (the process's)
+      except OSError as e:
+        logging.getLogger().removeHandler(self)
+        logging.getLogger('absl').warning('Cannot write the log file %s (%s).', self.path,
+                                          e.strerror)
+        return
+      records, self.held = self.held, []
+    else:
+      records = [record]
+    for held in records:
+      self.stream.write(self.format(held) + '\n')
+    self.stream.flush()
+
+  def close(self) -> None:
+    if self.stream is not None:
+      self.stream.close()
+    super().close()
+
+
+def log_file(workdir: str, process_index: int) -> str:
+  """Every log line from now on (third-party INFO lines too) with absl's prefix, appended
+  to ``workdir/log.txt`` (``log.process{N}.txt`` for process N > 0) once the run creates
+  its workdir; to absl's ``--log_dir`` (or the temporary directory) where the workdir is
+  remote (an object store cannot be appended to). Returns the file's path."""
+  from absl import flags
+
+  name = 'log.txt' if process_index == 0 else f'log.process{process_index}.txt'
+  directory = str(workdir)
+  if '://' in directory:
+    directory = flags.FLAGS['log_dir'].value or tempfile.gettempdir()
+    name = f'vit_jax.{os.getpid()}.{name}'
+  path = os.path.join(directory, name)
+  logging.getLogger().addHandler(_LogFile(path))
+  return path
+
+
+@contextlib.contextmanager
+def logging_to(workdir: str) -> Iterator[str]:
+  """``log_file`` for the lines of one run among several in a process (a sweep's, VTAB's
+  tasks): the file is closed at the end of the block. Yields its path."""
+  import jax
+
+  path = log_file(workdir, jax.process_index())
+  handler = logging.getLogger().handlers[-1]
+  try:
+    yield path
+  finally:
+    logging.getLogger().removeHandler(handler)
+    handler.close()
+
+
 def start(cpu_devices: int | None) -> str | None:
   """An entry point's start-up before it uses jax: XLA:CPU's set-up where jax will run on
-  the CPU (``vit_jax.cpu.prepare``: may re-execute the process once), the third-party log
-  lines quiet unless ``--verbosity`` was given, and ``cpu_devices`` CPU devices where set.
-  Returns the malloc mode of a CPU run, else None."""
+  the CPU (``vit_jax.cpu.prepare``: may re-execute the process once), plain console lines
+  (``plain_console``), the third-party log lines quiet unless ``--verbosity`` was given,
+  and ``cpu_devices`` CPU devices where set. Returns the malloc mode of a CPU run, else
+  None."""
   from absl import flags
 
   from vit_jax import cpu
 
   malloc = cpu.prepare(cpu_devices or 0) if cpu.runs_on_cpu() else None
+  plain_console()
   if not flags.FLAGS['verbosity'].present:
     quiet_third_party(preload_tensorflow=True)
   if cpu_devices:
@@ -75,6 +183,9 @@ def quiet_third_party(preload_tensorflow: bool = False) -> None:
       with open(os.devnull, 'w') as devnull:
         os.dup2(devnull.fileno(), 2)
       import tensorflow  # noqa: F401
+    except ModuleNotFoundError as e:  # The core install (no TensorFlow): nothing to quiet.
+      if e.name != 'tensorflow':
+        raise
     finally:
       os.dup2(saved, 2)
       os.close(saved)

@@ -49,9 +49,6 @@ def main(argv: list[str]) -> None:
     raise errors.ConfigError(f'--cpu_devices={_CPU_DEVICES.value} must be a number of devices '
                              '>= 1 (or left out: jax\'s default).')
   malloc = console.start(_CPU_DEVICES.value)  # May re-execute this process once (XLA:CPU).
-  if malloc:
-    logging.info('XLA:CPU: malloc %s (VIT_JAX_MALLOC; GLIBC_TUNABLES=%r).', malloc,
-                 os.environ.get('GLIBC_TUNABLES', ''))
   import jax
 
   explicit = _COORDINATOR.value is not None
@@ -59,9 +56,14 @@ def main(argv: list[str]) -> None:
       explicit or _auto_distributed())
   if distributed:
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  log_file = console.log_file(_WORKDIR.value, jax.process_index())
+  if malloc:
+    logging.info('XLA:CPU: malloc %s (VIT_JAX_MALLOC; GLIBC_TUNABLES=%r).', malloc,
+                 os.environ.get('GLIBC_TUNABLES', ''), extra=console.FILE_ONLY)
   logging.info('Process %d of %d; %d local / %d global devices (%s).', jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count(),
                jax.devices()[0].platform)
+  logging.info('Log with timestamps and third-party lines: %s', log_file)
 
   from vit_jax import train
 

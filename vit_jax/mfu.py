@@ -11,12 +11,16 @@ both compute it here:
 * The peak: the published bfloat16 peak of the TPU and NVIDIA chips that
   ``vit_jax.accelerators`` knows (the usual denominator), else (CPUs, other chips) the
   measured rate of large matmuls in the step's matmul dtype, all devices multiplying at
-  once (CPU devices share the cores).
+  once (CPU devices share the cores), measured once per machine and kept
+  (``device_peak``).
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
+import json
+import os
 import time
 from typing import Any
 
@@ -49,8 +53,9 @@ def train_flops_per_image(model: Any, compiled: Any, devices: int,
   return flops * devices / batch_size if flops else None
 
 
-def matmul_peak(dtype: str, n: int, repeats: int) -> float:
-  """FLOP/s per device of n x n x n products (float32 accumulation) on all devices at once."""
+def matmul_peak(dtype: str, n: int, repeats: int, best: bool = False) -> float:
+  """FLOP/s per device of n x n x n products (float32 accumulation) on all devices at once:
+  of the median time of ``repeats``, or of the fastest (``best``: the peak)."""
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -69,15 +74,62 @@ def matmul_peak(dtype: str, n: int, repeats: int) -> float:
     start = time.perf_counter()
     matmul(a, b).block_until_ready()
     times.append(time.perf_counter() - start)
-  return 2 * n**3 / float(np.median(times))
+  return 2 * n**3 / float(min(times) if best else np.median(times))
+
+
+def peak_cache() -> str:
+  """The file that keeps measured peaks: ``$XDG_CACHE_HOME/vit_jax/matmul_peak.json``
+  (else ``~/.cache/...``)."""
+  return os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'),
+                      'vit_jax', 'matmul_peak.json')
+
+
+def peak_key(platform: str, kind: str, devices: int, dtype: str) -> str:
+  """A measured peak's key in ``peak_cache()``: what decides it. On a CPU the processor's
+  model and core count (a cloud machine of the same name can be another processor),
+  and the number of devices its cores are split into."""
+  if platform == 'cpu':
+    from vit_jax.cpu import host_cpu
+
+    info = host_cpu.cpu_info()
+    kind = f'{info["model_name"]}, {info["cores"]} cores'
+  return f'{kind}; {devices} {platform} device{"s" if devices > 1 else ""}; {dtype}'
+
+
+def _read_peaks(path: str) -> dict[str, Any]:
+  try:
+    with open(path) as f:
+      peaks = json.load(f)
+  except (OSError, ValueError):  # None yet, or damaged: measured again.
+    return {}
+  return peaks if isinstance(peaks, dict) else {}
+
+
+def _keep_peak(path: str, key: str, peak: float) -> str | None:
+  """Adds ``peak`` to the file (written whole, then renamed); the reason where it cannot."""
+  peaks = _read_peaks(path)
+  peaks[key] = {'flops': peak, 'measured': datetime.date.today().isoformat()}
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f'{path}.{os.getpid()}.tmp'
+    with open(tmp, 'w') as f:
+      json.dump(peaks, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+  except OSError as e:
+    return e.strerror or str(e)
+  return None
 
 
 @functools.cache
 def device_peak(dtype: str) -> tuple[float, str]:
   """(peak FLOP/s of all devices together, how it was found) for matmuls in ``dtype``.
 
-  Published where ``accelerators`` knows the chip; else measured (1024^3 products, the
-  median of 3, about a second on a CPU: a smaller product than the benchmark's).
+  Published where ``accelerators`` knows the chip. Else (CPUs, other chips) measured once
+  per processor and device count (1024^3 products on a CPU, the best of 5: a second or
+  so) and kept in ``peak_cache()``, so that the MFU of every later run has the same
+  denominator, whatever the machine's load at its start (measured at each start, it
+  swung 12-47% for the same run). Delete the entry to measure again, on an idle machine,
+  or write another ``flops`` there.
   """
   import jax
 
@@ -89,7 +141,16 @@ def device_peak(dtype: str) -> tuple[float, str]:
     return (peak * len(devices),
             f'the published bfloat16 peak of {len(devices)} x {kind}, {peak / 1e12:.1f} '
             'TFLOP/s each')
-  peak = matmul_peak(dtype, 1024 if jax.default_backend() == 'cpu' else 8192, 3)
   count = f'{len(devices)} {kind} device' + ('s' if len(devices) > 1 else '')
-  return (peak * len(devices),
-          f'the measured {dtype} matmul peak of {count}, {peak * len(devices) / 1e9:,.0f} GFLOP/s')
+  path, key = peak_cache(), peak_key(devices[0].platform, kind, len(devices), dtype)
+  kept = _read_peaks(path).get(key)
+  if isinstance(kept, dict) and isinstance(kept.get('flops'), (int, float)) and kept['flops'] > 0:
+    return (float(kept['flops']),
+            f'the {dtype} matmul peak of {count}, {kept["flops"] / 1e9:,.0f} GFLOP/s, measured '
+            f'{kept.get("measured", "before")} (kept in {path})')
+  n = 1024 if jax.default_backend() == 'cpu' else 8192
+  peak = len(devices) * matmul_peak(dtype, n, 5, best=True)
+  failed = _keep_peak(path, key, peak)
+  where = f'not kept: {path}: {failed}' if failed else f'kept in {path}'
+  return (peak, f'the {dtype} matmul peak of {count}, {peak / 1e9:,.0f} GFLOP/s, measured '
+          f'now ({where})')

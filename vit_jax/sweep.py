@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from vit_jax import config_base, errors
+from vit_jax import config_base, console, errors
 
 IGNORED = ('seed',)  # Fields that do not make another setting.
 
@@ -292,7 +292,8 @@ def train(sweep: Sweep, plans: list[Plan], out: Any) -> None:
       print(f'[{i}/{len(plans)}] {plan.workdir}: finished earlier', file=out, flush=True)
       continue
     print(f'[{i}/{len(plans)}] {plan.workdir}', file=out, flush=True)
-    train_lib.train_and_evaluate(sweep.config(plan), plan.workdir)
+    with console.logging_to(plan.workdir):  # Its lines with absl's prefix: its log.txt.
+      train_lib.train_and_evaluate(sweep.config(plan), plan.workdir)
     if not finished(plan):
       raise errors.UserError(f'{plan.workdir} stopped before its end (preempted?): run the '
                              'same sweep command again to resume it.')

@@ -41,6 +41,7 @@ from vit_jax import (
     mpp,
     optim,
     sharding,
+    tensorboard_events,
 )
 from vit_jax import workdir as workdir_lib
 from vit_jax.checkpoints import manager as manager_lib
@@ -478,8 +479,6 @@ class _MetricsLog:
   """
 
   def __init__(self, workdir: str, start_step: int = 0, append: bool | None = None):
-    from clu import metric_writers
-
     self.main = jax.process_index() == 0
     self.workdir = workdir
     self.jsonl = epath.Path(workdir) / 'metrics.jsonl'
@@ -489,7 +488,7 @@ class _MetricsLog:
     self.writer = None
     if not self.main:
       return
-    self.writer = metric_writers.AsyncWriter(metric_writers.SummaryWriter(workdir))
+    self.writer = tensorboard_events.writer(workdir)  # clu's, or one without TensorFlow.
     if self.jsonl.exists():
       old = self.jsonl.read_text().splitlines(keepends=True)
       for line in old:

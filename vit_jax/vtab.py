@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from vit_jax import errors
+from vit_jax import console, errors
 
 GROUPS = ('natural', 'specialized', 'structured')
 SPLIT_KEYS = ('train800', 'val200', 'train800val200', 'test')
@@ -421,7 +421,8 @@ def run(tasks: list[Task], workdir: str, settings: dict[str, Any],
     config = config_cli.apply_overrides(config, overrides)
     print(f'{task.name}: fine-tuning in {task_dir} ({settings["steps"]} steps)', file=out,
           flush=True)
-    train_and_evaluate(config, str(task_dir))
+    with console.logging_to(str(task_dir)):  # Its lines with absl's prefix: its log.txt.
+      train_and_evaluate(config, str(task_dir))
     accuracy = finished_accuracy(task_dir, int(settings['steps']))
     if accuracy is None:  # Stopped early (preempted): the next start resumes it.
       print(f'{task.name}: stopped before step {settings["steps"]}; run again to resume.',

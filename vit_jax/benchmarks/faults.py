@@ -44,7 +44,7 @@ _SET = flags.DEFINE_multi_string(
 
 CONFIG = 'configs/quickstart.py'
 _RESUMED = re.compile(r'Resumed from \S+ at step (\d+)\.')
-_STEP = re.compile(r'\] step (\d+)/')
+_STEP = re.compile(r'^step (\d+)/', re.M)  # The console's lines (no absl prefix).
 
 
 def overrides() -> dict[str, Any]:

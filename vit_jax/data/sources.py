@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
+from vit_jax import errors
 from vit_jax.data import local, tfrecord
 
 FASHION_MNIST_CLASSES = ('T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal',
@@ -102,7 +103,14 @@ class TFDSSource:
 
   def __init__(self, name: str, split: str, data_dir: str | None = None,
                manual_dir: str | None = None, prepare: bool = False, label_key: str = 'label'):
-    import tensorflow_datasets as tfds
+    try:
+      import tensorflow_datasets as tfds
+    except ModuleNotFoundError as e:
+      if e.name != 'tensorflow_datasets':
+        raise
+      raise errors.ConfigError(
+          f'Dataset {name!r} is read through TFDS, which this install lacks: pip install -e '
+          '".[tf]" (or use a local dataset: vit_jax.data.convert).') from None
 
     try:
       builder = tfds.builder(name, data_dir=data_dir)

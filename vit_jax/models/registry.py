@@ -100,6 +100,38 @@ def model_kwargs(name: str) -> dict[str, Any]:
   return dict(SIZES[_size(size)], patch_size=int(patch), model_name=release_name(short))
 
 
+_SHAPE = ('hidden_size', 'mlp_dim', 'num_heads', 'num_layers')
+
+
+def shape_name(kwargs: dict[str, Any]) -> str:
+  """The name of a ViT of this architecture (``VisionTransformer`` keyword arguments):
+  the zoo's release name where its encoder has a zoo size (``ViT-B_16``, or ``ViT-S_8``:
+  any zoo size with any square patch) or is a zoo hybrid, else its shape in words
+  (``ViT (4 layers, width 64, MLP 128, 4 heads, patch 4)``), so that no log calls a
+  model by a name whose shape it does not have. Image size and options (pooling, dtypes,
+  ...) are not part of the name."""
+  patch = pair(kwargs['patch_size'])
+  resnet = kwargs.get('resnet_layers')
+  resnet = None if resnet is None else tuple(resnet)
+  shape = {k: kwargs[k] for k in _SHAPE}
+  if resnet is None and patch[0] == patch[1]:
+    for size, fields in SIZES.items():
+      if all(fields[k] == v for k, v in shape.items()):
+        return f'ViT-{_RELEASE_SIZE[size]}_{patch[0]}'
+  if resnet is not None and kwargs.get('resnet_width', 1) == 1:
+    for size, hybrid_patch, layers, release in HYBRIDS.values():
+      if ((resnet, patch) == (layers, (hybrid_patch, hybrid_patch))
+          and all(SIZES[size][k] == v for k, v in shape.items())):
+        return release
+  words = (f'{shape["num_layers"]} layers, width {shape["hidden_size"]}, MLP '
+           f'{shape["mlp_dim"]}, {shape["num_heads"]} heads, patch '
+           + (f'{patch[0]}' if patch[0] == patch[1] else f'{patch[0]}x{patch[1]}'))
+  if resnet is not None:
+    width = kwargs.get('resnet_width', 1)
+    words += f' on a BiT stem {resnet}' + (f' of width x{width}' if width != 1 else '')
+  return f'ViT ({words})'
+
+
 def list_models() -> tuple[str, ...]:
   """The short names of the paper's variants and of the giant ones."""
   return NAMED
@@ -130,4 +162,6 @@ def get_model(name: str, *, num_classes: int | None, **overrides: Any) -> Vision
     kwargs[key] = pair(kwargs.get(key, 224))
   if kwargs.get('resnet_layers') is not None:
     kwargs['resnet_layers'] = tuple(kwargs['resnet_layers'])
+  if 'model_name' not in overrides:  # The name of the shape built, overrides and all.
+    kwargs['model_name'] = shape_name(kwargs)
   return VisionTransformer(num_classes=num_classes, **kwargs)

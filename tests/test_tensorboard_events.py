@@ -1,0 +1,39 @@
+"""The TensorBoard writer of an install without TensorFlow, read back by TensorBoard's own
+reader as clu's writer is (tests/test_fewshot.py)."""
+
+import sys
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing import event_accumulator
+
+from vit_jax import tensorboard_events
+
+
+def test_scalars_and_hparams_read_back_by_tensorboard(tmp_path):
+  writer = tensorboard_events.ScalarWriter(str(tmp_path))
+  writer.write_hparams({'batch_size': '128', 'model.name': 'ti16'})
+  writer.write_scalars(5, {'train/loss': 2.5, 'train/mfu': np.float32(0.25)})
+  writer.write_scalars(10, {'train/loss': 1.25})
+  writer.close()
+  events = event_accumulator.EventAccumulator(str(tmp_path), size_guidance={'tensors': 0})
+  events.Reload()
+  loss = events.Tensors('train/loss')
+  assert [e.step for e in loss] == [5, 10]
+  assert [float(e.tensor_proto.float_val[0]) for e in loss] == [2.5, 1.25]
+  assert [e.tensor_proto.tensor_shape.dim for e in loss] == [[], []]  # 0-d, as tf.summary's.
+  assert events.Tensors('train/mfu')[0].tensor_proto.float_val[0] == pytest.approx(0.25)
+  assert events.SummaryMetadata('train/loss').plugin_data.plugin_name == 'scalars'
+  assert '_hparams_/session_start_info' in events.Tags()['tensors']
+
+
+def test_clu_writer_with_tensorflow_this_one_without(tmp_path, monkeypatch):
+  from clu import metric_writers
+
+  with_tf = tensorboard_events.writer(str(tmp_path / 'a'))
+  assert isinstance(with_tf, metric_writers.AsyncWriter)
+  with_tf.close()
+  monkeypatch.setitem(sys.modules, 'tensorflow', None)  # As in an install without it.
+  without = tensorboard_events.writer(str(tmp_path / 'b'))
+  assert isinstance(without, tensorboard_events.ScalarWriter)
+  without.close()
