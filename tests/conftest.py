@@ -2,10 +2,14 @@
 
 import os
 import pathlib
+import tempfile
 
 # Must happen before jax is imported anywhere.
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+# The CPU peak that MFU is measured against is kept per machine (vit_jax.mfu): the tests
+# measure theirs under their own load into a folder of their own, never the user's cache.
+os.environ['XDG_CACHE_HOME'] = tempfile.mkdtemp(prefix='vit_jax_test_cache_')
 
 import pytest  # noqa: E402
 
