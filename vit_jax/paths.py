@@ -30,27 +30,36 @@ def output_dir(path: str | None, flag: str = 'workdir') -> str:
   if os.path.exists(path) and not os.path.isdir(path):
     raise errors.PathError(f'--{flag}={path} is a file, not a folder: name a folder (it is '
                            'created if it does not exist).')
+  _writable(path, path, flag)
+  return path
+
+
+def output_path(path: str | None, flag: str, folder: bool = False) -> str:
+  """``path`` as a file (or, ``folder``, a folder) to be written there: in a folder that
+  exists or can be created, and can be written; not a folder where a file is asked for."""
+  if not path:
+    raise errors.ConfigError(f'--{flag} is required: the {"folder" if folder else "file"} '
+                             'to write.')
+  if is_remote(path):
+    return path
+  if not folder and os.path.isdir(path):
+    raise errors.PathError(f'--{flag}={path} is a folder: name the file to write.')
+  if folder and os.path.exists(path) and not os.path.isdir(path):
+    raise errors.PathError(f'--{flag}={path} is a file: name a folder to write.')
+  _writable(os.path.dirname(os.path.abspath(path)), path, flag)
+  return path
+
+
+def _writable(folder: str, path: str, flag: str) -> None:
+  """``folder`` created if needed and written to once (which also finds a read-only file
+  system, where the permission bits say nothing for root)."""
   try:
-    os.makedirs(path, exist_ok=True)
-    with tempfile.TemporaryFile(dir=path):  # Write access, also on a read-only file system.
+    os.makedirs(folder, exist_ok=True)
+    with tempfile.TemporaryFile(dir=folder):
       pass
   except OSError as e:
     raise errors.PathError(f'--{flag}={path} cannot be written ({e.strerror or e}): name a '
-                           'folder you can write into.') from None
-  return path
-
-
-def output_file(path: str | None, flag: str) -> str:
-  """``path`` as a file this process can write: not a folder, in a folder that exists or can
-  be created and written."""
-  if not path:
-    raise errors.ConfigError(f'--{flag} is required: the file to write.')
-  if is_remote(path):
-    return path
-  if os.path.isdir(path):
-    raise errors.PathError(f'--{flag}={path} is a folder: name the file to write.')
-  output_dir(os.path.dirname(os.path.abspath(path)), flag)
-  return path
+                           'place you can write into.') from None
 
 
 def input_path(path: str | None, flag: str, what: str = 'file or folder') -> str:
@@ -59,4 +68,25 @@ def input_path(path: str | None, flag: str, what: str = 'file or folder') -> str
     raise errors.ConfigError(f'--{flag} is required: the {what} to read.')
   if not is_remote(path) and not os.path.exists(path):
     raise errors.MissingFileError(f'--{flag}={path} does not exist: name an existing {what}.')
+  return path
+
+
+def input_files(files: list[str], what: str = 'image files') -> list[str]:
+  """``files``, each of which must exist (a ``MissingFileError`` naming the missing ones)."""
+  missing = [f for f in files if not is_remote(f) and not os.path.exists(f)]
+  if missing:
+    raise errors.MissingFileError(f'{", ".join(missing[:5])}{" ..." if len(missing) > 5 else ""} '
+                                  f'{"does" if len(missing) == 1 else "do"} not exist: name '
+                                  f'{what} that exist.')
+  return files
+
+
+def run_dir(path: str | None, flag: str = 'workdir') -> str:
+  """``path`` as the workdir of a ``vit_jax.main`` run: a folder with ``checkpoints/``
+  (``vit_jax.workdir``'s layout)."""
+  input_path(path, flag, 'workdir of a vit_jax.main run')
+  if not is_remote(path) and not os.path.isdir(os.path.join(path, 'checkpoints')):
+    raise errors.MissingFileError(f'--{flag}={path} is not the workdir of a vit_jax.main run '
+                                  '(no checkpoints/ in it): train there first, or name the '
+                                  'run\'s --workdir.')
   return path
