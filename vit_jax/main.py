@@ -44,6 +44,8 @@ def _auto_distributed() -> bool:
 def main(argv: list[str]) -> None:
   config = _CONFIG.value  # Its errors first, before anything starts.
   paths.output_dir(_WORKDIR.value)  # Then the workdir's, before jax and TensorFlow start.
+  if config.get('init_from'):
+    paths.input_path(config.init_from, 'config.init_from', 'release .npz file or workdir')
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if _CPU_DEVICES.value is not None and _CPU_DEVICES.value < 1:

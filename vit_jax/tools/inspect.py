@@ -538,7 +538,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths.input_files(args.images)
     paths.output_dir(args.out, 'out')
     written = inspect(args)
-  except (FileNotFoundError, ValueError, errors.CheckpointMismatchError) as e:
+  except (errors.UserError, FileNotFoundError, ValueError) as e:
     return errors.report(e)  # One line, exit status 2, as every entry point.
   for path in written:
     print(path)

@@ -327,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       print(path)
       for rank, (label, p) in enumerate(result, 1):
         print(f'  {rank}. {100 * p:6.2f}%  {label}')
-  except (FileNotFoundError, ValueError, errors.CheckpointMismatchError) as e:
+  except (errors.UserError, FileNotFoundError, ValueError) as e:
     return errors.report(e)  # One line, exit status 2, as every entry point.
   return 1 if failed else 0
 
