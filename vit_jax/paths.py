@@ -71,10 +71,11 @@ def input_path(path: str | None, flag: str, what: str = 'file or folder') -> str
   return path
 
 
-def input_files(files: list[str], what: str = 'image files') -> list[str]:
-  """``files``, each of which must exist (a ``MissingFileError`` naming the missing ones)."""
+def input_files(files: list[str], what: str = 'image files', every: bool = True) -> list[str]:
+  """``files``, each of which must exist (a ``MissingFileError`` naming the missing ones);
+  ``every=False``: at least one (a tool that reports each missing file and goes on)."""
   missing = [f for f in files if not is_remote(f) and not os.path.exists(f)]
-  if missing:
+  if missing and (every or len(missing) == len(files)):
     raise errors.MissingFileError(f'{", ".join(missing[:5])}{" ..." if len(missing) > 5 else ""} '
                                   f'{"does" if len(missing) == 1 else "do"} not exist: name '
                                   f'{what} that exist.')

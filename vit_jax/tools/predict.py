@@ -313,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   try:
     check_source_paths(args)
-    paths.input_files(args.images)
+    paths.input_files(args.images, every=False)  # Each missing one is named as it comes.
     source = load_source(args)
     print(f'# {describe(source)}')
     for note in source.notes:
