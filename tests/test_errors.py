@@ -36,6 +36,8 @@ CASES = [
     ('vit_jax.main', ['--config={dir}/nope.py', '--workdir={dir}/w'], 'does not exist', True),
     ('vit_jax.main', [f'--config={QUICKSTART}', '--workdir={dir}/w', '--config.nope=1'],
      'config.nope is not a config field', True),
+    ('vit_jax.main', [f'--config={QUICKSTART}', '--workdir={dir}/w', '--config.batch_size=None'],
+     'config.batch_size=None cannot be None', True),
     ('vit_jax.main', [f'--config={QUICKSTART}', '--workdir={file}'], 'is a file, not a folder',
      True),
     ('vit_jax.main', [f'--config={QUICKSTART}', '--workdir={file}/sub'], 'cannot be written',
@@ -95,3 +97,4 @@ def test_a_mistake_is_one_error_line_and_exit_2(places, module, args, message, b
   assert p.returncode == 2
   if before_jax:
     assert 'jax imported: False' in p.stdout
+  assert not os.path.exists(os.path.join(places['dir'], 'w'))  # Nothing created.

@@ -21,8 +21,9 @@ def is_remote(path: str) -> bool:
 
 
 def output_dir(path: str | None, flag: str = 'workdir') -> str:
-  """``path``, created if needed, as a folder this process can write into; else a
-  ``PathError`` (or ``ConfigError`` where the flag is missing) naming the flag and the fix."""
+  """``path`` as a folder this process can write into, or create (nothing is created
+  here); else a ``PathError`` (or ``ConfigError`` where the flag is missing) naming the flag
+  and the fix."""
   if not path:
     raise errors.ConfigError(f'--{flag} is required: a folder to write into.')
   if is_remote(path):
@@ -51,11 +52,16 @@ def output_path(path: str | None, flag: str, folder: bool = False) -> str:
 
 
 def _writable(folder: str, path: str, flag: str) -> None:
-  """``folder`` created if needed and written to once (which also finds a read-only file
-  system, where the permission bits say nothing for root)."""
+  """``folder``, or the nearest of its parents that exists where it does not (it would be
+  created there), written to once: which also finds a read-only file system, where the
+  permission bits say nothing for root."""
+  existing = os.path.abspath(folder)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise errors.PathError(f'--{flag}={path} cannot be created: {existing} is a file.')
   try:
-    os.makedirs(folder, exist_ok=True)
-    with tempfile.TemporaryFile(dir=folder):
+    with tempfile.TemporaryFile(dir=existing):
       pass
   except OSError as e:
     raise errors.PathError(f'--{flag}={path} cannot be written ({e.strerror or e}): name a '
