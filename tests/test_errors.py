@@ -11,6 +11,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / 'configs' / 'quickstart.py')
 FINETUNE = str(ROOT / 'configs' / 'vit_b16_finetune.py')
+UNDER_FILE = 'cannot be created: {file} is a file'  # A path under a file.
 
 # Runs a module as `python -m` does and says on stdout, at exit, whether jax was imported.
 _RUN = ('import atexit, runpy, sys\n'
@@ -40,26 +41,26 @@ CASES = [
      'config.batch_size=None cannot be None', True),
     ('vit_jax.main', [f'--config={QUICKSTART}', '--workdir={file}'], 'is a file, not a folder',
      True),
-    ('vit_jax.main', [f'--config={QUICKSTART}', '--workdir={file}/sub'], 'cannot be written',
+    ('vit_jax.main', [f'--config={QUICKSTART}', '--workdir={file}/sub'], UNDER_FILE,
      True),
     ('vit_jax.main', [f'--config={QUICKSTART}', '--workdir={dir}/w',
                       '--config.init_from={dir}/nope.npz'],
      '--config.init_from={dir}/nope.npz does not exist', True),
-    ('vit_jax.sweep', [f'--config={QUICKSTART}', '--workdir={file}/sub'], 'cannot be written',
+    ('vit_jax.sweep', [f'--config={QUICKSTART}', '--workdir={file}/sub'], UNDER_FILE,
      True),
     ('vit_jax.vtab', ['--init_from={dir}/nope.npz', '--workdir={dir}/v'],
      '--init_from={dir}/nope.npz does not exist', True),
-    ('vit_jax.vtab', ['--init_from={file}', '--workdir={file}/sub'], 'cannot be written', True),
+    ('vit_jax.vtab', ['--init_from={file}', '--workdir={file}/sub'], UNDER_FILE, True),
     ('vit_jax.tools.export', ['--workdir={run}'], '--out is required', True),
     ('vit_jax.tools.export', ['--workdir={dir}/nope', '--out={dir}/o.npz'], 'does not exist',
      True),
     ('vit_jax.tools.export', ['--workdir={dir}', '--out={dir}/o.npz'],
      'is not the workdir of a vit_jax.main run', True),
-    ('vit_jax.tools.export', ['--workdir={run}', '--out={file}/o.npz'], 'cannot be written',
+    ('vit_jax.tools.export', ['--workdir={run}', '--out={file}/o.npz'], UNDER_FILE,
      True),
     ('vit_jax.data.convert', ['--out={dir}/c'], '--source is required', True),
     ('vit_jax.data.convert', ['--source={dir}/nope', '--out={dir}/c'], 'does not exist', True),
-    ('vit_jax.data.convert', ['--source={dir}', '--out={file}/c'], 'cannot be written', True),
+    ('vit_jax.data.convert', ['--source={dir}', '--out={file}/c'], UNDER_FILE, True),
     ('vit_jax.tools.aot', [f'--config={QUICKSTART}'], '--topology is required', True),
     # These modules import jax (not its backends) before main runs.
     ('vit_jax.evaluate', [], '--workdir is required', False),
@@ -68,7 +69,7 @@ CASES = [
     ('vit_jax.tools.predict', ['--npz={dir}/nope.npz', '{file}'], 'does not exist', False),
     ('vit_jax.tools.predict', ['--workdir={run}', '{dir}/nope.png'],
      '{dir}/nope.png does not exist', False),
-    ('vit_jax.tools.inspect', ['--workdir={run}', '--out={file}/i'], 'cannot be written', False),
+    ('vit_jax.tools.inspect', ['--workdir={run}', '--out={file}/i'], UNDER_FILE, False),
     ('vit_jax.fewshot', ['--workdir={run}'], 'arguments are required: --dataset', False),
     ('vit_jax.fewshot', ['--workdir={dir}/nope', '--dataset=digits'], 'does not exist', False),
 ]
