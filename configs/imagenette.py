@@ -31,10 +31,10 @@ def get_config(arg: str = 'pretrain'):
   elif arg.startswith('finetune_') and arg[len('finetune_'):].isdigit():
     size, finetune = int(arg[len('finetune_'):]), True
   else:
-    raise ValueError(f'imagenette.py:{arg} - use "pretrain", "mpp" or "finetune_SIZE" '
+    raise ValueError(f'{arg!r} is not a choice: use "pretrain", "mpp" or "finetune_SIZE" '
                      '(e.g. finetune_128).')
   if size % 8:
-    raise ValueError(f'imagenette.py:{arg} - the size must be a multiple of the 8 px patches.')
+    raise ValueError(f'{arg!r}: the size must be a multiple of the 8 px patches.')
   config = config_base.get_config()
   config.model.update(name='ti16', image_size=size, patch_size=8, hidden_size=128, mlp_dim=384,
                       num_heads=4, num_layers=6, pool='token')

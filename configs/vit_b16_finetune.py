@@ -28,7 +28,7 @@ PRESETS = {
 
 def get_config(dataset: str = 'cifar10'):
   if dataset not in PRESETS:
-    raise ValueError(f'vit_b16_finetune.py:{dataset} - pick one of {sorted(PRESETS)}.')
+    raise ValueError(f'{dataset!r} is not a choice: pick one of {", ".join(PRESETS)}.')
   classes, steps, warmup, train_split, eval_split = PRESETS[dataset]
   config = config_base.get_config()
   config.model.update(name='b16', image_size=384, dtype='bfloat16', scan=True)

@@ -32,7 +32,7 @@ DATA = ('i1k', 'jft_like')
 
 def get_config(data: str = 'jft_like'):
   if data not in DATA:
-    raise ValueError(f'vit_b16_mpp.py:{data} - pick one of {DATA}.')
+    raise ValueError(f'{data!r} is not a choice: pick one of {", ".join(DATA)}.')
   config = config_base.get_config()
   config.objective = 'mpp'
   config.mpp.update(target='mean_color', corrupt_rate=0.5, mask_rate=0.8, random_rate=0.1)

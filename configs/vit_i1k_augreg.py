@@ -25,7 +25,7 @@ PRESETS = {'ti16': (192, 0, 0.0), 's32': (384, 15, 0.2), 's16': (384, 15, 0.5),
 
 def get_config(model: str = 'b16'):
   if model not in PRESETS:
-    raise ValueError(f'vit_i1k_augreg.py:{model} - pick one of {sorted(PRESETS)}.')
+    raise ValueError(f'{model!r} is not a choice: pick one of {", ".join(PRESETS)}.')
   width, magnitude, mixup = PRESETS[model]
   config = config_base.get_config()
   config.model.update(name=model, pool='token', posemb='learn', representation_size=width,

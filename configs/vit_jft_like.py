@@ -27,7 +27,7 @@ PRESETS = {'b16': (8e-4, 7), 'l16': (4e-4, 14), 'h14': (3e-4, 14)}
 
 def get_config(model: str = 'b16'):
   if model not in PRESETS:
-    raise ValueError(f'vit_jft_like.py:{model} - pick one of {sorted(PRESETS)}.')
+    raise ValueError(f'{model!r} is not a choice: pick one of {", ".join(PRESETS)}.')
   base_lr, epochs = PRESETS[model]
   config = config_base.get_config()
   width = {'b16': 768, 'l16': 1024, 'h14': 1280}[model]

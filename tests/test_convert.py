@@ -276,7 +276,8 @@ def test_command_line(tmp_path):
   assert local.read_metadata(tmp_path / 'out')['splits']['val']['num_examples'] == 3
   missing = subprocess.run(command[:3] + [f'--source={tmp_path / "nope"}', command[4]],
                            capture_output=True, text=True)
-  assert missing.returncode != 0 and 'The source' in missing.stderr
+  assert missing.returncode == 2, missing.stderr
+  assert missing.stderr.startswith(f'error: --source={tmp_path / "nope"} does not exist')
 
 
 def test_the_converter_refuses_loops_and_files_as_class_folders(tmp_path):

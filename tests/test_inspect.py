@@ -145,7 +145,7 @@ def test_predict_errors_name_the_problem(npz_file, photo_files, tmp_path, capsys
   err = capsys.readouterr().err
   assert 'does not fit the model ViT-S_16' in err and 'width 32, 2 layers' in err
   assert predict.main(['--workdir', str(tmp_path), photo_files[0]]) == 2
-  assert 'config.json does not exist' in capsys.readouterr().err
+  assert 'is not the workdir of a vit_jax.main run' in capsys.readouterr().err
 
 
 def _check_page(out, names):

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import inspect
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import ml_collections
-from absl import app, flags
+from absl import flags
 
 from vit_jax import config_base, errors
 
@@ -82,7 +83,7 @@ def parse_flags(argv: list[str]) -> list[str]:
       _DEFINED[name].overrides.append((field, 'false' if negated else text))
     else:
       rest.append(arg)
-  return app.parse_flags_with_usage(rest)
+  return errors.parse_flags(rest)
 
 
 def run(main: Callable[[list[str]], Any]) -> None:
@@ -108,7 +109,18 @@ def load(path: str | None, overrides: Sequence[tuple[str, str | None]] = (), *,
                                   'configs/, e.g. configs/quickstart.py).') from None
   if not hasattr(module, 'get_config'):
     raise errors.ConfigError(f'--{flag}={path} has no get_config() function.')
-  config = module.get_config(argument) if colon else module.get_config()
+  args = (argument,) if colon else ()
+  try:
+    inspect.signature(module.get_config).bind(*args)
+  except TypeError:
+    fix = (f'no argument: use --{flag}={path}.' if colon else
+           f'an argument: --{flag}={path}:ARG (the file says which).')
+    raise errors.ConfigError(f'--{flag}={path}{colon}{argument}: its get_config() takes '
+                             f'{fix}') from None
+  try:
+    config = module.get_config(*args)
+  except (ValueError, KeyError) as e:  # The file's own check of its argument, or a field.
+    raise errors.ConfigError(f'--{flag}={path}{colon}{argument}: {e}') from None
   return apply_overrides(config, overrides, flag=flag)
 
 

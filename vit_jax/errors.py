@@ -20,9 +20,11 @@ Each class is also the built-in exception that callers expect of it
 
 from __future__ import annotations
 
+import argparse
+import re
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 EXIT_STATUS = 2
 SAVE_FAILED_STATUS = 74
@@ -39,6 +41,11 @@ class ConfigError(UserError, ValueError):
 
 class MissingFileError(UserError, FileNotFoundError):
   """A file or directory the user named is not there."""
+
+
+class PathError(UserError, OSError):
+  """A path the user named that cannot be used as asked: a workdir that cannot be written,
+  a file where a folder is needed."""
 
 
 class DataError(UserError, ValueError):
@@ -67,9 +74,15 @@ class Preempted(Exception):  # noqa: N818 (not an error: the run saved and stopp
   exit_status = PREEMPTED_STATUS
 
 
+class UsageError(UserError):
+  """A command line that does not parse: a missing or unknown flag, a value of the wrong type."""
+
+
 def one_line(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
-  """``main`` with a ``UserError`` printed as one line on stderr (exit status 2, or the
-  error's own ``exit_status``) and ``Preempted`` as exit status 75."""
+  """``main`` with a ``UserError`` (or absl's ``app.UsageError``) printed as one line on
+  stderr (exit status 2, or the error's own ``exit_status``) and ``Preempted`` as exit
+  status 75."""
+  from absl import app
 
   def wrapped(argv: list[str]) -> Any:
     try:
@@ -78,7 +91,33 @@ def one_line(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
       sys.exit(PREEMPTED_STATUS)
     except UserError as e:
       sys.exit(report(e))
+    except app.UsageError as e:
+      sys.exit(report(UsageError(f'{e} (--helpshort lists the flags).')))
   return wrapped
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing (``app.run``'s ``flags_parser``) with its errors (a required flag
+  left out, an unknown flag, a bad value) as one ``error:`` line and exit status 2, instead
+  of absl's two lines and exit status 1."""
+  from absl import flags
+
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    message = str(e)
+    if match := re.fullmatch(r'flag --(\w+)=None: Flag --\w+ must have a value other than None\.',
+                             message):
+      message = f'--{match.group(1)} is required'
+    sys.exit(report(UsageError(f'{message} (--helpshort lists the flags).')))
+
+
+class ArgumentParser(argparse.ArgumentParser):
+  """``argparse.ArgumentParser`` whose errors are one ``error:`` line (exit status 2), as
+  the absl entry points', instead of argparse's usage block and ``PROG: error:`` line."""
+
+  def error(self, message: str) -> NoReturn:
+    sys.exit(report(UsageError(f'{message} ({self.prog} --help lists the arguments).')))
 
 
 def report(e: BaseException) -> int:
@@ -90,7 +129,9 @@ def report(e: BaseException) -> int:
 
 
 def run(main: Callable[[list[str]], Any], **kwargs: Any) -> None:
-  """``absl.app.run(main)`` with user errors as one line (``one_line``); kwargs go to app.run."""
+  """``absl.app.run(main)`` with user errors and flag errors as one line (``one_line``,
+  ``parse_flags``); kwargs go to app.run."""
   from absl import app
 
+  kwargs.setdefault('flags_parser', parse_flags)
   app.run(one_line(main), **kwargs)

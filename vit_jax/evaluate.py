@@ -153,7 +153,10 @@ def _define_flags() -> dict[str, Any]:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  from vit_jax import paths
   from vit_jax import workdir as workdir_lib
+
+  paths.run_dir(flags.FLAGS.workdir)  # Before the model and the data pipeline start.
 
   if not flags.FLAGS['verbosity'].present:  # Orbax's INFO lines only with --verbosity.
     console.quiet_third_party()

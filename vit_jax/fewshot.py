@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax import errors, sharding
+from vit_jax import errors, paths, sharding
 from vit_jax.models.vit import pair
 
 BIAS_CONSTANT = 100.  # big_vision's constant bias feature.
@@ -381,7 +381,7 @@ def table(results: dict[tuple[str, int], list[float]]) -> str:
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(prog='python -m vit_jax.fewshot', description=__doc__,
+  parser = errors.ArgumentParser(prog='python -m vit_jax.fewshot', description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   group = parser.add_mutually_exclusive_group(required=True)
   group.add_argument('--workdir', help='a vit_jax.main run directory')
@@ -449,6 +449,8 @@ def _main(args: argparse.Namespace) -> int:
   check_options(shots, args.seeds, args.l2_reg, '--')
   if args.npz and not os.path.isfile(args.npz):
     raise errors.MissingFileError(f'--npz={args.npz}: no such file.')
+  if args.workdir:
+    paths.run_dir(args.workdir)
   datasets = [open_dataset(spec, args.data_dir) for spec in args.dataset]
   for dataset in datasets:
     check_shots(dataset, shots)

@@ -17,7 +17,7 @@ import os
 
 from absl import app, flags, logging
 
-from vit_jax import config_cli, console, errors
+from vit_jax import config_base, config_cli, console, errors, paths
 
 _CONFIG = config_cli.DEFINE_config('config', 'Training config file.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and logs.')
@@ -43,6 +43,10 @@ def _auto_distributed() -> bool:
 
 def main(argv: list[str]) -> None:
   config = _CONFIG.value  # Its errors first, before anything starts.
+  config_base.check(config_base.complete(config))  # Types, None, ranges (train.validate's).
+  paths.output_dir(_WORKDIR.value)  # Then the workdir's, before jax and TensorFlow start.
+  if config.get('init_from'):
+    paths.input_path(config.init_from, 'config.init_from', 'release .npz file or workdir')
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if _CPU_DEVICES.value is not None and _CPU_DEVICES.value < 1:

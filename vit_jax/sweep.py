@@ -388,8 +388,9 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   sweep = Sweep(config_flag.file.value, config_flag.overrides, flags_['workdir'].value,
                 parse_grid(flags_['grid'].value), flags_['seeds'].value, flags_['minival'].value)
   if not flags_['print_commands'].value:
-    from vit_jax import console
+    from vit_jax import console, paths
 
+    paths.output_dir(flags_['workdir'].value)  # Before jax and TensorFlow start.
     console.start(flags_['cpu_devices'].value)
   run_sweep(sweep, flags_['print_commands'].value)
 

@@ -515,8 +515,10 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
     from etils import epath
     if not epath.Path(settings['data_dir']).exists():
       raise errors.MissingFileError(f'--data_dir={settings["data_dir"]} does not exist.')
-  from vit_jax import console
+  from vit_jax import console, paths
 
+  paths.input_path(settings['init_from'], 'init_from', 'release .npz file or workdir')
+  paths.output_dir(flags_['workdir'].value)  # Before jax and TensorFlow start.
   console.start(flags_['cpu_devices'].value)
   config_flag = flags_['config']
   run(tasks, flags_['workdir'].value, settings, config_flag.overrides, config_flag.file.value)

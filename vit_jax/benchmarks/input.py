@@ -29,7 +29,7 @@ import platform
 import time
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 from etils import epath
 
 _DATA = flags.DEFINE_string('data', '../shared/data/imagenette_224', 'An image folder.')
@@ -201,4 +201,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  from vit_jax import errors
+
+  errors.run(main)  # Flag mistakes and user errors as one line, exit status 2.

@@ -18,7 +18,7 @@ import shutil
 import time
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 _MODEL = flags.DEFINE_string('model', 'b16', 'A model of the zoo (vit_jax.models).')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Measurements per cell; the median is reported.')
@@ -112,4 +112,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  from vit_jax import errors
+
+  errors.run(main)  # Flag mistakes and user errors as one line, exit status 2.

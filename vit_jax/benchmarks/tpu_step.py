@@ -24,7 +24,7 @@ import os
 import sys
 from typing import Any
 
-from absl import app, flags
+from absl import flags
 
 _TOPOLOGY = flags.DEFINE_string('topology', 'v3-8', 'A Cloud TPU slice (vit_jax.tools.aot).')
 _CELLS = flags.DEFINE_list('cells', ['b16:1024', 'l16:256', 'h14:256'],
@@ -135,4 +135,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  from vit_jax import errors
+
+  errors.run(main)  # Flag mistakes and user errors as one line, exit status 2.

@@ -352,4 +352,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  from vit_jax import errors
+
+  errors.run(main)  # Flag mistakes and user errors as one line, exit status 2.

@@ -21,26 +21,11 @@ A TPU or GPU host starts ``vit_jax.main`` with none of it: no re-execution.
 from __future__ import annotations
 
 import glob
-import importlib.util
 import os
 from collections.abc import Callable
 from typing import Any
 
-# jax's accelerator plugins, and the device files of the accelerators they drive.
-_ACCELERATORS = (
-    (('libtpu',), ('/dev/accel*', '/dev/vfio/[0-9]*')),
-    (('jax_cuda12_plugin', 'jax_cuda13_plugin', 'jax_plugins.xla_cuda12',
-      'jax_plugins.xla_cuda13'), ('/dev/nvidia[0-9]*',)),
-    (('jax_rocm60_plugin', 'jax_rocm7_plugin', 'jax_plugins.xla_rocm60',
-      'jax_plugins.xla_rocm7'), ('/dev/kfd',)),
-)
-
-
-def _installed(module: str) -> bool:
-  try:
-    return importlib.util.find_spec(module) is not None
-  except (ImportError, ValueError):
-    return False
+from vit_jax import platforms as platforms_lib
 
 
 def runs_on_cpu(environ: dict[str, str] | None = None) -> bool:
@@ -51,8 +36,10 @@ def runs_on_cpu(environ: dict[str, str] | None = None) -> bool:
   environ = os.environ if environ is None else environ
   if platforms := environ.get('JAX_PLATFORMS') or environ.get('JAX_PLATFORM_NAME'):
     return platforms.split(',')[0].strip().lower() == 'cpu'
-  return not any(any(map(_installed, modules)) and any(glob.glob(p) for p in files)
-                 for modules, files in _ACCELERATORS)
+  accelerators = [(platforms_lib.TPU_MODULES, platforms_lib.TPU_FILES)] + [
+      (modules, files) for _, modules, files in platforms_lib.GPUS]
+  return not any(any(map(platforms_lib.installed, modules)) and any(glob.glob(p) for p in files)
+                 for modules, files in accelerators)
 
 
 def prepare(cpu_devices: int) -> str:

@@ -44,7 +44,7 @@ from absl import app, flags
 from etils import epath
 from PIL import Image
 
-from vit_jax import console, errors
+from vit_jax import console, errors, paths
 from vit_jax.data import local
 
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp')
@@ -368,6 +368,8 @@ def main() -> None:
   def run(argv: list[str]) -> None:
     if len(argv) > 1:
       raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    paths.input_path(source.value, 'source', 'image folder, IDX folder, manifest or i21k folder')
+    paths.output_path(out.value, 'out', folder=True)
     convert(source.value, out.value, shards=shards.value, kind=kind.value,
             val_fraction=val_fraction.value, seed=seed.value, workers=workers.value,
             overwrite=overwrite.value, name=name.value, max_pixels=max_pixels.value,

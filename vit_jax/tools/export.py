@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from absl import app, flags, logging
 
-from vit_jax import errors
+from vit_jax import errors, paths
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The workdir of a vit_jax.main run.')
 _OUT = flags.DEFINE_string('out', None, 'The .npz file to write.')
@@ -47,6 +47,8 @@ def export(workdir: str, out: str, step: int | None = None, *, ema: bool = False
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  paths.run_dir(_WORKDIR.value)  # Before jax starts.
+  paths.output_path(_OUT.value, 'out')
   from vit_jax import console, evaluate
   from vit_jax import workdir as workdir_lib
   from vit_jax.checkpoints import release

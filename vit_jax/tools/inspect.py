@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from vit_jax import errors
+from vit_jax import errors, paths
 from vit_jax.models import VisionTransformer
 from vit_jax.models.vit import pair
 from vit_jax.tools import predict
@@ -520,7 +520,7 @@ def inspect(args: argparse.Namespace) -> list[pathlib.Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog='python -m vit_jax.tools.inspect', description=__doc__,
+  parser = errors.ArgumentParser(prog='python -m vit_jax.tools.inspect', description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   predict.add_source_flags(parser)
   parser.add_argument('--out', required=True, help='directory for the PNGs and index.html')
@@ -534,8 +534,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(argv)
 
   try:
+    predict.check_source_paths(args)
+    paths.input_files(args.images)
+    paths.output_dir(args.out, 'out')
     written = inspect(args)
-  except (FileNotFoundError, ValueError, errors.CheckpointMismatchError) as e:
+  except (errors.UserError, FileNotFoundError, ValueError) as e:
     return errors.report(e)  # One line, exit status 2, as every entry point.
   for path in written:
     print(path)

@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from vit_jax import errors, workdir
+from vit_jax import errors, paths, workdir
 from vit_jax.checkpoints import release
 from vit_jax.models import VisionTransformer
 from vit_jax.models.vit import pair
@@ -128,6 +128,14 @@ def _workdir_class_names(loaded: release.Loaded) -> tuple[str, ...]:
     return tuple(sources.get_source(dataset, dataset.get('eval_split', 'test')).class_names)
   except Exception:  # The data may be elsewhere: class indices then.
     return ()
+
+
+def check_source_paths(args: argparse.Namespace) -> None:
+  """--workdir or --npz checked before the model loads (``vit_jax.paths``)."""
+  if args.workdir:
+    paths.run_dir(args.workdir)
+  else:
+    paths.input_path(args.npz, 'npz', '.npz file')
 
 
 def load_source(args: argparse.Namespace) -> Source:
@@ -296,7 +304,7 @@ def describe(source: Source) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog='python -m vit_jax.tools.predict', description=__doc__,
+  parser = errors.ArgumentParser(prog='python -m vit_jax.tools.predict', description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   add_source_flags(parser)
   parser.add_argument('--top', type=int, default=5, help='classes shown per image')
@@ -304,6 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(argv)
 
   try:
+    check_source_paths(args)
+    paths.input_files(args.images, every=False)  # Each missing one is named as it comes.
     source = load_source(args)
     print(f'# {describe(source)}')
     for note in source.notes:
@@ -317,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       print(path)
       for rank, (label, p) in enumerate(result, 1):
         print(f'  {rank}. {100 * p:6.2f}%  {label}')
-  except (FileNotFoundError, ValueError, errors.CheckpointMismatchError) as e:
+  except (errors.UserError, FileNotFoundError, ValueError) as e:
     return errors.report(e)  # One line, exit status 2, as every entry point.
   return 1 if failed else 0
 

@@ -1,0 +1,103 @@
+"""Every entry point: a user's mistake is one ``error:`` line and exit status 2, found before
+the heavy start-up (no jax import where the entry point's module does not import it)."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+QUICKSTART = str(ROOT / 'configs' / 'quickstart.py')
+FINETUNE = str(ROOT / 'configs' / 'vit_b16_finetune.py')
+UNDER_FILE = 'cannot be created: {file} is a file'  # A path under a file.
+
+# Runs a module as `python -m` does and says on stdout, at exit, whether jax was imported.
+_RUN = ('import atexit, runpy, sys\n'
+        'atexit.register(lambda: print("jax imported:", "jax" in sys.modules, flush=True))\n'
+        'sys.argv = sys.argv[1:]\n'
+        'runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)\n')
+
+# (module, arguments ({file}, {dir}, {run}: see `places`), a piece of the message, whether the
+# check comes before any jax import). {file} is a file, so {file}/sub cannot be created.
+CASES = [
+    ('vit_jax.main', [f'--config={QUICKSTART}'], '--workdir is required', True),
+    ('vit_jax.main', ['--workdir={dir}/w'], '--config is required', True),
+    ('vit_jax.main', [f'--config={QUICKSTART}', '--workdir={dir}/w', '--bogus=1'],
+     "Unknown command line flag 'bogus'", True),
+    ('vit_jax.main', [f'--config={QUICKSTART}', '--workdir={dir}/w', '--cpu_devices=two'],
+     '--cpu_devices=two', True),
+    ('vit_jax.main', [f'--config={QUICKSTART}', '--workdir={dir}/w', 'extra'],
+     "Unexpected arguments: ['extra']", True),
+    ('vit_jax.main', [f'--config={FINETUNE}:cifar11', '--workdir={dir}/w'],
+     "'cifar11' is not a choice: pick one of imagenet2012, cifar10, cifar100", True),
+    ('vit_jax.main', [f'--config={QUICKSTART}:b16', '--workdir={dir}/w'],
+     'takes no argument', True),
+    ('vit_jax.main', ['--config={dir}/nope.py', '--workdir={dir}/w'], 'does not exist', True),
+    ('vit_jax.main', [f'--config={QUICKSTART}', '--workdir={dir}/w', '--config.nope=1'],
+     'config.nope is not a config field', True),
+    ('vit_jax.main', [f'--config={QUICKSTART}', '--workdir={dir}/w', '--config.batch_size=None'],
+     'config.batch_size=None cannot be None', True),
+    ('vit_jax.main', [f'--config={QUICKSTART}', '--workdir={file}'], 'is a file, not a folder',
+     True),
+    ('vit_jax.main', [f'--config={QUICKSTART}', '--workdir={file}/sub'], UNDER_FILE,
+     True),
+    ('vit_jax.main', [f'--config={QUICKSTART}', '--workdir={dir}/w',
+                      '--config.init_from={dir}/nope.npz'],
+     '--config.init_from={dir}/nope.npz does not exist', True),
+    ('vit_jax.sweep', [f'--config={QUICKSTART}', '--workdir={file}/sub'], UNDER_FILE,
+     True),
+    ('vit_jax.vtab', ['--init_from={dir}/nope.npz', '--workdir={dir}/v'],
+     '--init_from={dir}/nope.npz does not exist', True),
+    ('vit_jax.vtab', ['--init_from={file}', '--workdir={file}/sub'], UNDER_FILE, True),
+    ('vit_jax.tools.export', ['--workdir={run}'], '--out is required', True),
+    ('vit_jax.tools.export', ['--workdir={dir}/nope', '--out={dir}/o.npz'], 'does not exist',
+     True),
+    ('vit_jax.tools.export', ['--workdir={dir}', '--out={dir}/o.npz'],
+     'is not the workdir of a vit_jax.main run', True),
+    ('vit_jax.tools.export', ['--workdir={run}', '--out={file}/o.npz'], UNDER_FILE,
+     True),
+    ('vit_jax.data.convert', ['--out={dir}/c'], '--source is required', True),
+    ('vit_jax.data.convert', ['--source={dir}/nope', '--out={dir}/c'], 'does not exist', True),
+    ('vit_jax.data.convert', ['--source={dir}', '--out={file}/c'], UNDER_FILE, True),
+    ('vit_jax.tools.aot', [f'--config={QUICKSTART}'], '--topology is required', True),
+    *[(f'vit_jax.benchmarks.{name}', ['--bogus'], "Unknown command line flag 'bogus'", True)
+      for name in ('train', 'input', 'integrity', 'tpu_step', 'faults')],
+    # These modules import jax (not its backends) before main runs.
+    ('vit_jax.evaluate', [], '--workdir is required', False),
+    ('vit_jax.evaluate', ['--workdir={dir}/nope'], 'does not exist', False),
+    ('vit_jax.tools.predict', ['{file}'], 'one of the arguments --workdir --npz', False),
+    ('vit_jax.tools.predict', ['--npz={dir}/nope.npz', '{file}'], 'does not exist', False),
+    ('vit_jax.tools.predict', ['--workdir={run}', '{dir}/nope.png'],
+     '{dir}/nope.png does not exist', False),
+    ('vit_jax.tools.inspect', ['--workdir={run}', '--out={file}/i'], UNDER_FILE, False),
+    ('vit_jax.fewshot', ['--workdir={run}'], 'arguments are required: --dataset', False),
+    ('vit_jax.fewshot', ['--workdir={dir}/nope', '--dataset=digits'], 'does not exist', False),
+]
+
+
+@pytest.fixture(scope='module')
+def places(tmp_path_factory) -> dict[str, str]:
+  """{dir}: an empty folder; {file}: a file; {run}: a folder laid out as a run's workdir."""
+  root = tmp_path_factory.mktemp('mistakes')
+  (root / 'file').write_text('')
+  (root / 'run' / 'checkpoints').mkdir(parents=True)
+  return {'dir': str(root / 'empty'), 'file': str(root / 'file'), 'run': str(root / 'run')}
+
+
+@pytest.mark.parametrize('module, args, message, before_jax', CASES,
+                         ids=[f'{c[0].split(".")[-1]}-{i}' for i, c in enumerate(CASES)])
+def test_a_mistake_is_one_error_line_and_exit_2(places, module, args, message, before_jax):
+  os.makedirs(places['dir'], exist_ok=True)
+  args = [a.format(**places) for a in args]
+  env = {k: v for k, v in os.environ.items() if k != 'JAX_PLATFORMS'}
+  p = subprocess.run([sys.executable, '-c', _RUN, module, *args], capture_output=True,
+                     text=True, cwd=ROOT, env={**env, 'PYTHONPATH': str(ROOT)}, timeout=120)
+  lines = p.stderr.splitlines()
+  assert len(lines) == 1 and lines[0].startswith('error: '), p.stderr
+  assert message.format(**places) in lines[0]
+  assert p.returncode == 2
+  if before_jax:
+    assert 'jax imported: False' in p.stdout
+  assert not os.path.exists(os.path.join(places['dir'], 'w'))  # Nothing created.
