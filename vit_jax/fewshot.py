@@ -26,7 +26,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,7 +36,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax import errors, sharding
+from vit_jax import errors, paths, sharding
 from vit_jax.models.vit import pair
 
 BIAS_CONSTANT = 100.  # big_vision's constant bias feature.
@@ -447,7 +446,7 @@ def _main(args: argparse.Namespace) -> int:
     raise errors.ConfigError(f'--shots={args.shots!r} must be comma-separated ints, '
                              'e.g. 1,5,10,25.') from None
   check_options(shots, args.seeds, args.l2_reg, '--')
-  if args.npz and not os.path.isfile(args.npz):
+  if args.npz and not paths.is_file(args.npz):  # Local or remote (gs://).
     raise errors.MissingFileError(f'--npz={args.npz}: no such file.')
   datasets = [open_dataset(spec, args.data_dir) for spec in args.dataset]
   for dataset in datasets:
