@@ -31,7 +31,7 @@ CHECKPOINTS = 'checkpoints'
 def is_workdir(path: str | os.PathLike) -> bool:
   """True for a directory with a ``checkpoints/`` folder (a run's workdir), local or remote;
   an unreachable filesystem (``gs://`` offline) is a ``errors.MissingFileError``."""
-  return paths.is_dir(paths.path(path) / CHECKPOINTS)
+  return paths.is_dir(path) and paths.is_dir(paths.path(path) / CHECKPOINTS)
 
 
 def steps(workdir: str | os.PathLike) -> list[int]:
