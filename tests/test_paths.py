@@ -7,6 +7,8 @@ TensorFlow: a real backend failure, as an unreachable bucket is.
 """
 
 import os
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -66,3 +68,17 @@ def test_missing_and_unreachable_files_are_user_errors():
                        match=r"^cannot read s3://bucket/x\.npz: .*'s3' not implemented"):
       check('s3://bucket/x.npz')
   assert not paths.filesystem_error(ValueError('a bug, not the filesystem'))
+
+
+def test_a_missing_filesystem_backend_is_a_user_error():
+  # Without TensorFlow's gfile (EPATH_USE_TF=false: what a user without TensorFlow gets),
+  # epath reads gs:// with fsspec, which needs gcsfs (not installed here).
+  code = ('from vit_jax import errors, paths\n'
+          'try:\n  paths.is_file("gs://vit_models/imagenet21k/ViT-B_16.npz")\n'
+          'except errors.MissingFileError as e:\n  print(e)\n')
+  result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                          env={**os.environ, 'EPATH_USE_TF': 'false'}, timeout=60)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.startswith('cannot read gs://vit_models/imagenet21k/ViT-B_16.npz: no '
+                                  'filesystem for it is installed'), result.stdout
+  assert 'pip install gcsfs' in result.stdout

@@ -4,7 +4,9 @@ etils epath is the project's one filesystem layer. A local path goes to the os; 
 ``gs://`` path (and ``s3://``, ``az://``, ``hf://``) to TensorFlow's ``tf.io.gfile``,
 which epath picks whenever TensorFlow is installed (it is a dependency here; its gfile
 reads ``gs://`` itself, with the machine's Google credentials or anonymously for a public
-bucket such as ``gs://vit_models``; ``s3://`` and the others need a gfile plugin).
+bucket such as ``gs://vit_models``; ``s3://`` and the others need a gfile plugin). Without
+TensorFlow (or with ``EPATH_USE_TF=false``) epath reads them with fsspec, which needs
+``gcsfs`` for ``gs://``.
 ``os.path`` and ``open`` see none of these, so every file the user names is opened and
 checked through here (or ``epath.Path``), never through them.
 
@@ -105,6 +107,12 @@ def _ask(p: str | os.PathLike, question: str) -> bool:
     return p.exists() and (question == 'exists' or getattr(p, question)())
   except errors.UserError:
     raise
+  except ImportError as e:  # No backend for the scheme: TensorFlow absent, no fsspec plugin.
+    if not is_remote(p):
+      raise
+    raise errors.MissingFileError(
+        f'cannot read {p}: no filesystem for it is installed ({e}). gs:// is read by '
+        'TensorFlow (pip install tensorflow-cpu) or by gcsfs (pip install gcsfs).') from None
   except Exception as e:  # Narrowed to the filesystem's errors below; others are bugs.
     if filesystem_error(e):
       raise unreachable(p, e) from None
