@@ -1,8 +1,10 @@
 """The predict and inspect commands, run as a user runs them, on a trained workdir and a .npz."""
 
 import base64
+import os
 import pathlib
 import re
+import uuid
 
 import cv2
 import jax
@@ -10,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import workdir
+from vit_jax import paths, workdir
 from vit_jax.checkpoints import release
 from vit_jax.data import preprocess, sources
 from vit_jax.models import get_model
@@ -146,6 +148,37 @@ def test_predict_errors_name_the_problem(npz_file, photo_files, tmp_path, capsys
   assert 'does not fit the model ViT-S_16' in err and 'width 32, 2 layers' in err
   assert predict.main(['--workdir', str(tmp_path), photo_files[0]]) == 2
   assert 'is not the workdir of a vit_jax.main run' in capsys.readouterr().err
+
+
+def test_predict_and_inspect_on_a_non_local_filesystem(npz_file, photo_files, tmp_path, capsys):
+  # ram:// is TensorFlow's in-memory filesystem, read through epath's gfile backend as gs://
+  # is; os.path, open() and pathlib cannot see it. The same files there give the same output.
+  root = paths.path(f'ram://{uuid.uuid4().hex}')
+  root.mkdir(parents=True, exist_ok=True)
+  names = tmp_path / 'names.txt'
+  names.write_text('\n'.join(f'kind {i}' for i in range(1000)))
+  local = [str(npz_file[0]), str(names), *photo_files]
+  remote = [str(root / pathlib.Path(p).name) for p in local]
+  for src, dst in zip(local, remote, strict=True):
+    paths.path(dst).write_bytes(pathlib.Path(src).read_bytes())
+  assert not any(os.path.exists(p) for p in remote)
+  assert predict.main(['--npz', local[0], '--class_names', local[1], *local[2:]]) == 0
+  expected = list(_parse(capsys.readouterr().out).values())
+  assert predict.main(['--npz', remote[0], '--class_names', remote[1], *remote[2:]]) == 0
+  results = _parse(capsys.readouterr().out)
+  assert list(results) == remote[2:] and list(results.values()) == expected
+  assert expected[0][0][1].startswith('kind ')
+
+  out = root / 'figures'
+  assert inspect.main(['--npz', remote[0], '--out', str(out), '--images', *remote[2:]]) == 0
+  assert capsys.readouterr().out.split() == [str(out / f'{n}.png') for n in FIGURES] + [
+      str(out / 'index.html')]
+  assert 'b.jpg' in _check_page(out, FIGURES)
+
+  assert predict.main(['--npz', str(root / 'absent.npz'), remote[2]]) == 2
+  assert capsys.readouterr().err.strip().splitlines() == [
+      f'error: No checkpoint file at {root}/absent.npz: name a release .npz file (the '
+      'README\'s "Release checkpoints" says where to get them).']
 
 
 def _check_page(out, names):

@@ -1,11 +1,88 @@
-"""vit_jax.paths: the command lines' paths checked with the standard library, creating nothing."""
+"""Tests of vit_jax.paths: files named by URI go through epath's gfile backend, not the os;
+the command lines' paths are checked with the standard library, creating nothing.
+
+``ram://`` is TensorFlow's in-memory filesystem: a real non-local filesystem that
+``os.path`` and ``open`` cannot see, read and written through the same gfile layer as
+``gs://`` (this machine has no network). ``s3://`` has no gfile filesystem in this
+TensorFlow: a real backend failure, as an unreachable bucket is.
+"""
 
 import os
+import subprocess
 import sys
+import uuid
 
 import pytest
+from etils import epath
+from etils.epath import backend as epath_backend
 
 from vit_jax import errors, paths
+
+
+def ram_dir() -> epath.Path:
+  """A fresh directory on ram:// (the filesystem is shared by the whole test process)."""
+  return paths.path(f'ram://{uuid.uuid4().hex}')
+
+
+def test_ram_paths_are_gfile_paths_the_os_cannot_see():
+  root = ram_dir()
+  file = root / 'sub' / 'a.bin'
+  assert isinstance(file, paths.RamPath) and str(file) == f'{root}/sub/a.bin'
+  assert str(file.parent.parent) == str(root) and file.name == 'a.bin'
+  assert not paths.exists(file) and not paths.is_file(file)
+  file.parent.mkdir(parents=True, exist_ok=True)
+  file.write_bytes(b'\x00\x01')
+  assert paths.exists(file) and paths.exists(str(file.parent))
+  assert paths.is_file(file) and paths.is_dir(file.parent) and not paths.is_file(file.parent)
+  assert paths.read_bytes(str(file)) == b'\x00\x01'
+  assert paths.is_remote(file) and paths.is_remote('gs://vit_models/x')
+  assert not paths.is_remote('/tmp/x') and not paths.is_remote('file:///tmp/x')
+  # What os.path would answer: a check through it refuses every remote file.
+  assert not os.path.exists(str(file)) and not os.path.exists(f'{root}/sub')
+
+
+def test_gs_goes_to_tensorflows_gfile():
+  # epath picks tf.io.gfile for gs:// when TensorFlow is installed (it is a dependency):
+  # no gcsfs needed. ram:// goes the same way.
+  assert paths.path('gs://vit_models/imagenet21k/ViT-B_16.npz')._backend is (
+      epath_backend.tf_backend)
+  assert ram_dir()._backend is epath_backend.tf_backend
+  assert paths.path('/tmp/x')._backend is epath_backend.os_backend
+
+
+def test_file_uris_are_local_paths(tmp_path):
+  (tmp_path / 'f.txt').write_text('x')
+  uri = (tmp_path / 'f.txt').as_uri()
+  assert uri.startswith('file:///')
+  assert str(paths.path(uri)) == str(tmp_path / 'f.txt') and paths.is_file(uri)
+  with pytest.raises(errors.ConfigError, match='not an absolute file:// URI'):
+    paths.path('file://relative/f.txt')
+
+
+def test_missing_and_unreachable_files_are_user_errors():
+  missing = f'{ram_dir()}/missing.npz'
+  with pytest.raises(errors.MissingFileError, match=f'cannot read image {missing}: no such file'):
+    paths.read_bytes(missing, 'image')
+  # No s3 filesystem in this TensorFlow: the backend's own error, as one user error.
+  for check in (paths.exists, paths.is_file, paths.is_dir):
+    with pytest.raises(errors.MissingFileError,
+                       match=r"^cannot read s3://bucket/x\.npz: .*'s3' not implemented"):
+      check('s3://bucket/x.npz')
+  assert not paths.filesystem_error(ValueError('a bug, not the filesystem'))
+
+
+def test_a_missing_filesystem_backend_is_a_user_error():
+  # Without TensorFlow's gfile (EPATH_USE_TF=false: what a user without TensorFlow gets),
+  # epath reads gs:// with fsspec, which needs gcsfs (not installed here).
+  code = ('from vit_jax import errors, paths\n'
+          'try:\n  paths.is_file("gs://vit_models/imagenet21k/ViT-B_16.npz")\n'
+          'except errors.MissingFileError as e:\n  print(e)\n')
+  result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                          env={**os.environ, 'EPATH_USE_TF': 'false'}, timeout=60)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.startswith('cannot read gs://vit_models/imagenet21k/ViT-B_16.npz: no '
+                                  'filesystem for it is installed'), result.stdout
+  assert 'pip install gcsfs' in result.stdout
 
 
 def test_an_output_folder_is_checked_and_not_created(tmp_path):

@@ -5,6 +5,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import uuid
 
 import chex
 import jax
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import scipy.ndimage
 
-from vit_jax import errors
+from vit_jax import errors, paths
 from vit_jax.checkpoints import release
 from vit_jax.models import get_model
 
@@ -111,6 +112,33 @@ def test_save_then_load_is_exact(tmp_path, scan):
     assert 'Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel' in f.files
     assert all(f[k].dtype == np.float32 for k in f.files)
   assert not list(tmp_path.glob('.*tmp*'))  # No temporary file left behind.
+
+
+def test_a_release_file_on_a_non_local_filesystem_loads_as_the_local_one(tmp_path,
+                                                                        monkeypatch):
+  # ram:// (TensorFlow's in-memory filesystem) goes through epath's gfile backend, as gs://
+  # does; os.path and open() cannot see it, so any fallback to them fails here.
+  model = small(num_classes=7, representation_size=16)
+  params = randomise(init(model))
+  remote = f'ram://{uuid.uuid4().hex}/released/ViT-tiny.npz'
+  monkeypatch.setattr(release, '_CHUNK', 4096)  # Written in many pieces.
+  release.save_npz(remote, params)  # gfile's writers cannot tell(): numpy's zip needs it.
+  release.save_npz(tmp_path / 'local.npz', params)
+  assert paths.is_file(remote) and not os.path.exists(remote)
+  assert [p.name for p in paths.path(remote).parent.iterdir()] == ['ViT-tiny.npz']
+  local = release.load_npz(tmp_path / 'local.npz')
+  chex.assert_trees_all_equal(release.load_npz(remote), local)
+  chex.assert_trees_all_equal(release.load_npz(paths.path(remote)), local)
+  # Fine-tuning from it and reading its architecture go through the same reads.
+  target = small(image_size=48, num_classes=3)
+  chex.assert_trees_all_equal(release.load_pretrained(remote, init(target), target),
+                              release.load_pretrained(tmp_path / 'local.npz', init(target),
+                                                      target))
+  loaded = release.load_npz_model(remote)
+  assert loaded.source == remote and loaded.model.num_classes == 7
+  missing = remote.replace('ViT-tiny', 'ViT-absent')
+  with pytest.raises(errors.MissingFileError, match=f'No checkpoint file at {missing}'):
+    release.load_npz(missing)
 
 
 def test_bfloat16_params_export_as_float32(tmp_path):

@@ -8,6 +8,7 @@ devices, exactly as a user runs it; its export loads back with the same logits.
 import re
 import subprocess
 import sys
+import uuid
 
 import chex
 import jax
@@ -139,6 +140,43 @@ def test_export_command_evaluates_both_alike(source_run, tmp_path):
   lines = [line for line in result.stdout.splitlines() if 'accuracy' in line]
   assert len(lines) == 2 and out.exists()
   assert lines[0].split(':', 1)[1] == lines[1].split(':', 1)[1], lines
+
+
+def test_export_to_and_fine_tune_from_a_non_local_release_file(source_run, tmp_path):
+  # ram:// is TensorFlow's in-memory filesystem, through epath's gfile backend as gs:// is;
+  # os.path and open() cannot see it (it lives in this process: the run is in-process).
+  remote = f'ram://{uuid.uuid4().hex}/exports/tiny.npz'
+  assert export.export(str(source_run), remote, step=5) == 5
+  export.export(str(source_run), str(tmp_path / 'local.npz'), step=5)
+  local = release.flatten(release.load_npz(tmp_path / 'local.npz'))
+  chex.assert_trees_all_equal(release.flatten(release.load_npz(remote)), local)
+
+  # The warm-up starts at a learning rate of 0: after step 1 the parameters are exactly
+  # the file's, with a new zero head.
+  config = tiny_config(**{**TINY_RUN, 'init_from': remote, 'schedule.warmup_steps': 1,
+                          'total_steps': 2, 'checkpoint_every_steps': 1, 'batch_size': 16,
+                          'eval_batch_size': 16})
+  train.train_and_evaluate(config, str(tmp_path / 'ft'))
+  tuned = release.flatten(release.to_release(workdir.restore_params(tmp_path / 'ft', 1)[0]))
+  chex.assert_trees_all_equal(tuned.pop('head/kernel'), np.zeros((32, 10), np.float32))
+  chex.assert_trees_all_equal(tuned.pop('head/bias'), np.zeros(10, np.float32))
+  del local['head/kernel'], local['head/bias']
+  chex.assert_trees_all_equal(tuned, local)
+
+  missing = remote.replace('tiny', 'absent')
+  with pytest.raises(errors.MissingFileError, match=f'init_from={missing} is neither'):
+    train.validate(tiny_config(init_from=missing))
+  with pytest.raises(errors.MissingFileError, match="cannot read s3://bucket/b16.npz: .*'s3'"):
+    train.validate(tiny_config(init_from='s3://bucket/b16.npz'))
+
+
+def test_a_missing_remote_init_from_is_one_error_line(tmp_path):
+  result = subprocess.run(main_command(tmp_path / 'run', init_from='ram://absent/ViT-B_16.npz'),
+                          env=env(devices=1), capture_output=True, text=True, timeout=300)
+  assert result.returncode == 2, result.stderr[-3000:]
+  lines = result.stderr.strip().splitlines()
+  assert lines[-1].startswith('error: config.init_from=ram://absent/ViT-B_16.npz is neither')
+  assert 'Traceback' not in result.stderr and 'Training steps' not in result.stderr
 
 
 @pytest.fixture(scope='module')

@@ -26,7 +26,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -447,7 +446,7 @@ def _main(args: argparse.Namespace) -> int:
     raise errors.ConfigError(f'--shots={args.shots!r} must be comma-separated ints, '
                              'e.g. 1,5,10,25.') from None
   check_options(shots, args.seeds, args.l2_reg, '--')
-  if args.npz and not os.path.isfile(args.npz):
+  if args.npz and not paths.is_file(args.npz):  # Local or remote (gs://).
     raise errors.MissingFileError(f'--npz={args.npz}: no such file.')
   if args.workdir:
     paths.run_dir(args.workdir)

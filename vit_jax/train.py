@@ -40,6 +40,7 @@ from vit_jax import (
     mfu,
     mpp,
     optim,
+    paths,
     sharding,
     tensorboard_events,
 )
@@ -123,14 +124,14 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
   self_supervised = mpp.is_on(config)  # Masked patch prediction: no label is read.
   with_data = num_train_examples is None
   data_dir = config.dataset.data_dir
-  if with_data and data_dir and not config.dataset.prepare and not epath.Path(data_dir).exists():
+  if with_data and data_dir and not config.dataset.prepare and not paths.exists(data_dir):
     raise errors.MissingFileError(
         f'config.dataset.data_dir={config.dataset.data_dir} does not exist.')
   init_from, init_step = config.init_from, config.init_step
   if with_data and init_from:
     if workdir_lib.is_workdir(init_from):
       workdir_lib.resolve_step(init_from, init_step)  # Raises, naming the steps there.
-    elif not epath.Path(init_from).is_file():
+    elif not paths.is_file(init_from):  # Local or remote (gs://): vit_jax.paths.
       raise errors.MissingFileError(
           f'config.init_from={init_from} is neither a release .npz file nor the workdir of '
           'an earlier run (a directory with checkpoints/).')

@@ -353,8 +353,7 @@ def task_config(task: Task, model: dict[str, Any], settings: dict[str, Any],
 
 def model_fields(init_from: str) -> dict[str, Any]:
   """The config.model fields of a checkpoint: a run's config, or a release file's shapes."""
-  from etils import epath
-
+  from vit_jax import paths
   from vit_jax import workdir as workdir_lib
   from vit_jax.checkpoints import release
 
@@ -362,7 +361,7 @@ def model_fields(init_from: str) -> dict[str, Any]:
     fields = dict(workdir_lib.load_config(init_from).model)
     fields.pop('image_size', None)
     return {k: v for k, v in fields.items() if v is not None}
-  if not epath.Path(init_from).is_file():
+  if not paths.is_file(init_from):
     raise errors.MissingFileError(f'--init_from={init_from} is neither a release .npz file nor '
                                   'the workdir of a run (a directory with checkpoints/).')
   arch = release.npz_architecture(release.flatten(release.load_npz(init_from)))

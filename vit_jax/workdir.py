@@ -17,7 +17,7 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from vit_jax import config_base, errors, mpp
+from vit_jax import config_base, errors, mpp, paths
 from vit_jax.checkpoints import manager as manager_lib
 from vit_jax.checkpoints import release
 from vit_jax.models import VisionTransformer, get_model
@@ -29,8 +29,9 @@ CHECKPOINTS = 'checkpoints'
 
 
 def is_workdir(path: str | os.PathLike) -> bool:
-  """True for a directory with a ``checkpoints/`` folder (a run's workdir)."""
-  return (epath.Path(path) / CHECKPOINTS).is_dir()
+  """True for a directory with a ``checkpoints/`` folder (a run's workdir), local or remote;
+  an unreachable filesystem (``gs://`` offline) is a ``errors.MissingFileError``."""
+  return paths.is_dir(path) and paths.is_dir(paths.path(path) / CHECKPOINTS)
 
 
 def steps(workdir: str | os.PathLike) -> list[int]:

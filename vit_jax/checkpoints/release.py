@@ -25,6 +25,7 @@ with its classifier only where its pool type is said (``check_source_pool``).
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 import os
 import re
@@ -36,9 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
-from etils import epath
 
-from vit_jax import errors
+from vit_jax import errors, paths
 from vit_jax.models import VisionTransformer, get_model, registry
 from vit_jax.models.vit import pair
 
@@ -49,6 +49,7 @@ PRETRAINING_ONLY = ('mask_token', 'mpp_head')
 Params = dict[str, Any]
 
 POSEMB_KEY = 'Transformer/posembed_input/pos_embedding'
+_CHUNK = 64 << 20  # Bytes per write of a file built in memory (save_npz).
 _BLOCK = re.compile(r'^Transformer/encoderblock_(\d+)/')
 _SCANNED = 'Transformer/encoderblock/'
 # big_vision names the block's children by Linen's automatic numbering.
@@ -146,19 +147,28 @@ def _canonicalise(flat: dict[str, np.ndarray], path: Any) -> dict[str, np.ndarra
 
 
 def load_npz(path: str | os.PathLike) -> Params:
-  """Reads a release (or big_vision) .npz file into the nested release layout."""
-  path = epath.Path(path)
-  if not path.exists():
-    raise FileNotFoundError(f'No checkpoint file at {path}.')
+  """Reads a release (or big_vision) .npz file into the nested release layout.
+
+  ``path`` is local or on any filesystem ``vit_jax.paths`` reads (``gs://vit_models/...``):
+  it is read through epath, never ``open``. A missing or unreachable file is a
+  ``errors.MissingFileError``.
+  """
+  if not paths.is_file(path):
+    raise errors.MissingFileError(f'No checkpoint file at {path}: name a release .npz file (the '
+                                  'README\'s "Release checkpoints" says where to get them).')
   try:
-    with path.open('rb') as f:
+    with paths.path(path).open('rb') as f:
       archive = np.load(f, allow_pickle=False)
       if not isinstance(archive, np.lib.npyio.NpzFile):
         raise ValueError('it holds a single array, not a named archive')
       flat = {k: archive[k] for k in archive.files}
-  except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+  except (ValueError, zipfile.BadZipFile, EOFError) as e:
     raise ValueError(f'{path} is not a .npz checkpoint that numpy can read ({e}). '
                      'Release checkpoints are numpy .npz archives of float32 arrays.') from e
+  except Exception as e:
+    if paths.filesystem_error(e):
+      raise paths.unreachable(path, e) from None
+    raise
   return unflatten(_canonicalise(flat, path))
 
 
@@ -173,14 +183,26 @@ def to_host(x: Any) -> np.ndarray:
 def save_npz(path: str | os.PathLike, params: Mapping[str, Any]) -> None:
   """Writes params (any layout, dtype or sharding) as a release-layout .npz file.
 
-  The file appears atomically: it is written beside the target, then renamed.
+  ``path`` is local or remote (``gs://``: ``vit_jax.paths``). The file appears
+  atomically: it is written beside the target, then renamed. A remote file is built in
+  memory first, as numpy's zip writer needs a file it can ``tell`` in, which gfile's
+  writers are not.
   """
-  path = epath.Path(path)
+  path = paths.path(path)
   flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.parent / f'.{path.name}.tmp-{os.getpid()}'
-  with tmp.open('wb') as f:
-    np.savez(f, **flat)
+  if paths.is_remote(path):
+    buffer = io.BytesIO()
+    np.savez(buffer, **flat)
+    view = buffer.getbuffer()
+    with tmp.open('wb') as f:  # gfile takes bytes only: copied a chunk at a time.
+      for start in range(0, len(view), _CHUNK):
+        f.write(bytes(view[start:start + _CHUNK]))
+    del view
+  else:
+    with tmp.open('wb') as f:
+      np.savez(f, **flat)
   tmp.replace(path)
 
 
@@ -345,7 +367,7 @@ SOURCE_POOLS = {'tok': 'token', 'token': 'token', 'gap': 'gap', 'map': 'map',
 
 def is_big_vision_layout(path: str | os.PathLike) -> bool:
   """Whether a .npz file was written by big_vision (its prefixes or Linen's block names)."""
-  with epath.Path(path).open('rb') as f:
+  with paths.path(path).open('rb') as f:
     keys = np.load(f, allow_pickle=False).files
   return any(k.startswith(('params/', 'opt/target/')) or k == 'pos_embedding'
              or re.search(r'^Transformer/encoderblock(_\d+)?/MlpBlock_0/', k) for k in keys)

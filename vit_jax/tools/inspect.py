@@ -22,7 +22,6 @@ import dataclasses
 import functools
 import html
 import json
-import pathlib
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -30,6 +29,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from etils import epath
 
 from vit_jax import errors, paths
 from vit_jax.models import VisionTransformer
@@ -261,7 +261,7 @@ def attention_rollout_figure(images: Images, maps: np.ndarray, predictions: list
                  caption)
 
 
-def read_metrics(path: pathlib.Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def read_metrics(path: epath.Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """metrics.jsonl -> {name: (steps, values)}; a resumed run's repeated steps keep the last."""
   series: dict[str, dict[int, float]] = {}
   for line in path.read_text().splitlines():
@@ -342,15 +342,15 @@ def training_curves_figure(metrics: dict[str, tuple[np.ndarray, np.ndarray]],
 # Inputs and the attention pass.
 
 
-def user_images(source: predict.Source, paths: Sequence[str]) -> Images:
+def user_images(source: predict.Source, files: Sequence[str]) -> Images:
   """The given files, preprocessed as the model expects."""
   prep, show = predict.preprocess_fn(source), predict.preprocess_fn(source, display=True)
   inputs, pixels = [], []
-  for path in paths:
+  for path in files:
     inputs.append(predict.load_file(path, prep))
     pixels.append(show(predict.read_image(path)))
   return Images(np.stack(inputs).astype(np.float32), np.stack(pixels).astype(np.uint8),
-                [pathlib.Path(p).name for p in paths], [None] * len(paths), 'the given files')
+                [paths.path(p).name for p in files], [None] * len(files), 'the given files')
 
 
 def eval_images(source: predict.Source, workdir: str, count: int) -> Images:
@@ -413,7 +413,7 @@ def attention_pass(source: predict.Source, inputs: np.ndarray,
 # The page.
 
 
-def write_html(path: pathlib.Path, source: predict.Source, figures: list[Figure],
+def write_html(path: epath.Path, source: predict.Source, figures: list[Figure],
                notes: list[str], predictions: list[tuple[str, list[tuple[str, float]]]]) -> None:
   """One self-contained page: the figures as base64 PNGs, their captions, the predictions."""
   model = source.model
@@ -451,7 +451,7 @@ def write_html(path: pathlib.Path, source: predict.Source, figures: list[Figure]
   path.write_text('\n'.join(parts))
 
 
-def inspect(args: argparse.Namespace) -> list[pathlib.Path]:
+def inspect(args: argparse.Namespace) -> list[epath.Path]:
   """Computes the analyses, writes the PNGs and index.html; returns their paths."""
   from vit_jax.checkpoints import release
   from vit_jax.tools import analysis
@@ -496,7 +496,7 @@ def inspect(args: argparse.Namespace) -> list[pathlib.Path]:
   figures.append(attention_rollout_figure(images, maps, titles, args.show))
 
   if args.workdir:
-    metrics = pathlib.Path(args.workdir) / 'metrics.jsonl'
+    metrics = paths.path(args.workdir) / 'metrics.jsonl'
     if metrics.is_file():
       from vit_jax import workdir
 
@@ -505,7 +505,7 @@ def inspect(args: argparse.Namespace) -> list[pathlib.Path]:
     else:
       notes.append(f'{metrics} does not exist: no training curves.')
 
-  out = pathlib.Path(args.out)
+  out = paths.path(args.out)  # Local or remote (gs://).
   out.mkdir(parents=True, exist_ok=True)
   written = []
   for fig in figures:

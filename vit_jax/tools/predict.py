@@ -18,8 +18,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import io
 import json
-import pathlib
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -97,10 +98,7 @@ def add_source_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _read_class_names(path: str) -> tuple[str, ...]:
-  file = pathlib.Path(path)
-  if not file.is_file():
-    raise FileNotFoundError(f'--class_names={path}: no such file.')
-  text = file.read_text()
+  text = paths.read_bytes(path, '--class_names').decode()  # Local or remote (gs://).
   if text.lstrip().startswith('['):
     return tuple(str(n) for n in json.loads(text))
   return tuple(line.strip() for line in text.splitlines() if line.strip())
@@ -185,14 +183,15 @@ def load_source(args: argparse.Namespace) -> Source:
   return Source(loaded, pp_spec, activation, tuple(names), tuple(notes))
 
 
-def read_image(path: str | pathlib.Path) -> np.ndarray:
-  """An image file as an RGB uint8 array (OpenCV, or Pillow for what it cannot read)."""
+def read_image(path: str | os.PathLike) -> np.ndarray:
+  """An image file (local or remote: ``vit_jax.paths``) as an RGB uint8 array (OpenCV, or
+  Pillow for what it cannot read)."""
   from vit_jax.data import preprocess
 
-  file = pathlib.Path(path)
-  if not file.is_file():
-    raise ImageError(f'cannot read image {path}: no such file.')
-  data = file.read_bytes()
+  try:
+    data = paths.read_bytes(path, 'image')
+  except errors.MissingFileError as e:
+    raise ImageError(str(e)) from None
   try:
     return preprocess.decode()(data, None)
   except ValueError:
@@ -200,7 +199,7 @@ def read_image(path: str | pathlib.Path) -> np.ndarray:
   try:
     from PIL import Image, UnidentifiedImageError
 
-    with Image.open(file) as image:
+    with Image.open(io.BytesIO(data)) as image:
       return np.asarray(image.convert('RGB'))
   except (UnidentifiedImageError, OSError, ValueError) as e:
     raise ImageError(f'cannot read image {path}: not an image file OpenCV or Pillow can '
