@@ -315,10 +315,15 @@ def test_command_line_says_whether_the_hosts_feed_the_slice(tmp_path):
   assert 'WARNING: the hosts cannot keep up' in run.stdout
 
 
-def test_a_per_core_rate_that_is_not_positive_is_refused_first():
+@pytest.mark.parametrize('flag, message', [
+    ('--host_images_per_core=0', '--host_images_per_core=0.0 must be positive'),
+    ('--input_rates=/nonexistent/rates.json', '--input_rates=/nonexistent/rates.json is not a '
+     'file of input rates'),
+    (f'--input_rates={QUICKSTART}', f'--input_rates={QUICKSTART} is not a file of input rates'),
+])
+def test_bad_input_rate_flags_are_refused_first(flag, message):
   run = subprocess.run(
       [sys.executable, '-m', 'vit_jax.tools.aot', f'--config={QUICKSTART}', '--topology=cpu',
-       '--host_images_per_core=0'], env=env(2), capture_output=True, text=True, timeout=120)
+       flag], env=env(2), capture_output=True, text=True, timeout=120)
   assert run.returncode == 2 and 'Traceback' not in run.stderr, run.stderr[-2000:]
-  assert run.stderr.strip().splitlines()[-1].startswith('error: --host_images_per_core=0.0 '
-                                                        'must be positive')
+  assert run.stderr.strip().splitlines()[-1].startswith(f'error: {message}')

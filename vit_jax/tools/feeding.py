@@ -93,11 +93,21 @@ def define_flags() -> types.SimpleNamespace:
 
 
 def check_flags(names: types.SimpleNamespace) -> None:
-  """Refuses a per-core rate that is not positive (before anything compiles)."""
-  value = names.per_core.value
+  """Refuses a per-core rate that is not positive and a rates file given that cannot be read
+  (before anything compiles)."""
+  value, path = names.per_core.value, names.rates.value
   if value is not None and not value > 0:
     raise errors.UserError(f'--host_images_per_core={value} must be positive (images/s that '
                            'one host core prepares, e.g. 300).')
+  if path == str(RATES_FILE) and not RATES_FILE.is_file():
+    return  # Not shipped (an installed package): no rates, which the report says.
+  try:
+    rates = load_rates(path) if pathlib.Path(path).is_file() else None
+  except (ValueError, KeyError, TypeError):
+    rates = None
+  if not isinstance(rates, dict):
+    raise errors.UserError(f'--input_rates={path} is not a file of input rates: write one with '
+                           'python -m vit_jax.benchmarks.input --recipes=CONFIG --out=FILE.')
 
 
 @dataclasses.dataclass(frozen=True)
