@@ -2,8 +2,10 @@
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -211,5 +213,117 @@ def test_max_batch_flags_are_checked_first(flags, message):
   run = subprocess.run(
       [sys.executable, '-m', 'vit_jax.tools.aot', f'--config={QUICKSTART}', '--topology=cpu',
        *flags], env=env(2), capture_output=True, text=True, timeout=120)
+  assert run.returncode == 2 and 'Traceback' not in run.stderr, run.stderr[-2000:]
+  assert run.stderr.strip().splitlines()[-1].startswith(f'error: {message}')
+
+
+def _feeding(topology, images_per_second, per_core=None, rates=None, **overrides):
+  """tools.feeding's figures for a slice by name, the tiny recipe's config."""
+  from vit_jax import accelerators
+  from vit_jax.tools import feeding
+
+  tpu = accelerators.tpu_slice(topology)
+  config = tiny_config(**overrides)
+  return feeding.feeding(config, images_per_second, tpu.chip.name, tpu.chips, rates or {},
+                         per_core)
+
+
+def test_feeding_counts_hosts_and_cores_from_the_cloud_tpu_host_facts():
+  """Worked by hand from Cloud TPU's hosts: v5p-8 is 4 chips on 1 host of 208 vCPUs; v3-128
+  is 64 chips on 16 hosts of 4 chips and 96 vCPUs; v5e's slices of 16 chips are 8-chip VMs
+  of 224 vCPUs, its 4-chip slice one VM of 112; v6e's vCPUs are not known here."""
+  f = _feeding('v5p-8', 10_365., per_core=100., **{'input_workers': 32})
+  assert (f.hosts, f.chips_per_host, f.vcpus_per_host) == (1, 4, 208)
+  assert f.per_host == pytest.approx(10_365.)
+  assert f.cores_needed == pytest.approx(103.65) and f.keeps_up is True
+
+  f = _feeding('v3-128', 51_017., per_core=25.)
+  assert (f.hosts, f.chips_per_host, f.vcpus_per_host) == (16, 4, 96)
+  assert f.per_host == pytest.approx(3_188.5625)
+  assert f.cores_needed == pytest.approx(127.5425) and f.keeps_up is False
+
+  assert (_feeding('v5litepod-16', 1., 1.).hosts, _feeding('v5litepod-16', 1., 1.).vcpus_per_host
+          ) == (2, 224)
+  assert (_feeding('v5litepod-4', 1., 1.).hosts, _feeding('v5litepod-4', 1., 1.).vcpus_per_host
+          ) == (1, 112)
+  f = _feeding('v6e-256', 256_000., per_core=100.)
+  assert (f.hosts, f.vcpus_per_host, f.keeps_up) == (32, None, None)
+  assert f.cores_needed == pytest.approx(80.)
+
+
+def test_feeding_lines_warn_where_the_host_cannot_keep_up():
+  from vit_jax.tools import feeding
+
+  pipeline = 'decode|inception_crop(224)|flip_lr|value_range(-1, 1)'
+  fits = feeding.report_lines(_feeding('v5p-8', 10_365., per_core=100.), pipeline, 'v5p', False)
+  assert re.search(r'host cores needed +103\.7  of 208 vCPUs per v5p host', '\n'.join(fits))
+  assert not any(line.startswith('WARNING') for line in fits)
+  # input_workers (2 in the tiny recipe) caps the cores the loader uses.
+  assert fits[-1].startswith('note: config.input_workers=2 loader threads per host')
+
+  short = feeding.report_lines(_feeding('v3-128', 51_017., per_core=25.), pipeline, 'v3', True)
+  text = '\n'.join(short)
+  assert re.search(r'hosts in the slice +16  \(4 chips per host\)', text)
+  assert re.search(r'images/s per host +3,189\n', text)
+  assert 'mixup/CutMix' in text  # On the chips: said, not counted.
+  assert ('WARNING: the hosts cannot keep up: each needs 128 cores for 3,189 images/s but has '
+          '96 vCPUs, at most 2,400 images/s (75% of the step\'s rate)') in text
+
+  unknown = feeding.report_lines(_feeding('v5p-8', 10_365.), pipeline, 'v5p', False)
+  assert unknown[-1].startswith('WARNING: no input rate measured for this pipeline')
+
+
+def test_feeding_finds_the_measured_rate_of_the_configs_pipeline(tmp_path):
+  """The rates file is keyed by the pipeline string (whitespace aside), not by config file."""
+  from vit_jax.tools import feeding
+
+  pipeline = "decode|inception_crop(224)|flip_lr|randaug(2, 15)|value_range(-1, 1)"
+  rates = tmp_path / 'rates.json'
+  rates.write_text(json.dumps({'pipelines': {feeding.pipeline_key(pipeline): {
+      'pipeline': pipeline, 'images_per_second_per_core': 250., 'cores_measured': '1/2',
+      'data_name': 'imagenette_224 (train)'}}}))
+  config = tiny_config(**{'dataset.pp_train': pipeline.replace('|', ' | ')})
+  names = types.SimpleNamespace(per_core=types.SimpleNamespace(value=None),
+                                rates=types.SimpleNamespace(value=str(rates)))
+  report = {'libtpu_topology': 'v3:8x8', 'topology': 'v3-128', 'images_per_second': 51_017.}
+  fed = feeding.check(config, report, names)
+  assert fed['images_per_second_per_core'] == 250. and fed['hosts'] == 16
+  assert fed['host_cores_needed'] == pytest.approx(51_017. / 16 / 250.)
+  assert fed['keeps_up'] is True and 'imagenette_224 (train)' in fed['rate_source']
+  # Another pipeline: not measured, said so.
+  other = tiny_config(**{'dataset.pp_train': 'decode|inception_crop(224)|value_range(-1, 1)'})
+  assert feeding.check(other, report, names)['images_per_second_per_core'] is None
+  assert feeding.check(config, {'libtpu_topology': None}, names) is None  # cpu: no slice.
+
+
+@needs_libtpu
+def test_command_line_says_whether_the_hosts_feed_the_slice(tmp_path):
+  """aot on a v5p-8 with a per-core rate given too small for any host: the feeding lines and
+  the warning, and the same figures in the JSON."""
+  out = tmp_path / 'plan.json'
+  run = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.tools.aot', f'--config={QUICKSTART}', '--topology=v5p-8',
+       '--host_images_per_core=1', f'--json={out}', '--config.model.num_layers=1',
+       '--config.batch_size=64', '--config.eval_batch_size=64'],
+      env=env(8), capture_output=True, text=True, timeout=600)
+  assert run.returncode == 0, run.stderr[-2000:]
+  r = json.loads(out.read_text())
+  fed = r['feeding']
+  assert (fed['hosts'], fed['vcpus_per_host'], fed['keeps_up']) == (1, 208, False)
+  assert fed['host_cores_needed'] == pytest.approx(r['images_per_second'])  # 1 image/s a core.
+  assert re.search(r'hosts in the slice +1  \(4 chips per host\)', run.stdout)
+  assert 'WARNING: the hosts cannot keep up' in run.stdout
+
+
+@pytest.mark.parametrize('flag, message', [
+    ('--host_images_per_core=0', '--host_images_per_core=0.0 must be positive'),
+    ('--input_rates=/nonexistent/rates.json', '--input_rates=/nonexistent/rates.json is not a '
+     'file of input rates'),
+    (f'--input_rates={QUICKSTART}', f'--input_rates={QUICKSTART} is not a file of input rates'),
+])
+def test_bad_input_rate_flags_are_refused_first(flag, message):
+  run = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.tools.aot', f'--config={QUICKSTART}', '--topology=cpu',
+       flag], env=env(2), capture_output=True, text=True, timeout=120)
   assert run.returncode == 2 and 'Traceback' not in run.stderr, run.stderr[-2000:]
   assert run.stderr.strip().splitlines()[-1].startswith(f'error: {message}')

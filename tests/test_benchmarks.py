@@ -117,6 +117,41 @@ def test_input_benchmark_measures_both_pipelines_at_both_stages(shared_data, tmp
   assert 'vit_jax img/s' in done.stdout and 'device' in done.stdout
 
 
+def test_input_benchmark_measures_each_recipes_pipeline_by_its_string(shared_data, tmp_path):
+  """``--recipes``: one entry per distinct training pipeline (two configs share the base one),
+  keyed as vit_jax.tools.feeding looks a config's rate up, with the configs' mixup."""
+  from vit_jax import config_cli
+  from vit_jax.tools import feeding
+
+  out = tmp_path / 'input_recipes.json'
+  recipes = ['configs/vit_b16_i1k.py', 'configs/vit_l16_i21k.py', 'configs/vit_i1k_augreg.py:s16']
+  done = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.benchmarks.input',
+       f'--data={shared_data / "imagenette_224"}', '--split=val', f'--work_dir={tmp_path}',
+       '--images=64', '--batch_size=32', '--repeats=1', f'--recipes={",".join(recipes)}',
+       f'--out={out}'],
+      capture_output=True, text=True, env=env(devices=1), timeout=600, check=False, cwd=ROOT)
+  assert done.returncode == 0, done.stderr[-3000:]
+  rates = feeding.load_rates(out)
+  configs = [config_cli.load(str(ROOT / r)) for r in recipes]
+  assert set(rates) == {feeding.pipeline_key(c.dataset.pp_train) for c in configs}
+  assert len(rates) == 2
+  cores = sorted({1, len(os.sched_getaffinity(0))})
+  for spec, config in zip(recipes, configs, strict=True):
+    entry = rates[feeding.pipeline_key(config.dataset.pp_train)]
+    assert entry['pipeline'] == config.dataset.pp_train
+    recipe = next(r for r in entry['recipes'] if r['config'] == spec)
+    assert recipe['mixup_alpha'] == config.mixup_alpha
+    assert [c['cores'] for c in entry['cells']] == cores
+    for cell in entry['cells']:
+      assert cell['images_per_second'] > 0 and cell['images_per_cpu_second'] > 0
+      assert cell['images_per_second_per_core'] == cell['images_per_second'] / cell['cores']
+    assert entry['images_per_second_per_core'] == min(
+        c['images_per_cpu_second'] for c in entry['cells'])
+    assert feeding.rate_for(config, rates, None)[0] == entry['images_per_second_per_core']
+  assert 'randaug(2, 15)' in done.stdout and 'img/s/core' in done.stdout
+
+
 def test_timm_names_of_the_plain_vits():
   assert timm_step.timm_name('ti16') == 'vit_tiny_patch16_224'
   assert timm_step.timm_name('ViT-B/16') == timm_step.timm_name('ViT-B_16') == (

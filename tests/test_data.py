@@ -6,6 +6,8 @@ import io
 import math
 import os
 import pathlib
+import threading
+import time
 import types
 
 import chex
@@ -187,6 +189,32 @@ def test_repeated_augmentation_is_timms_repeat_aug_sampler():
                              pipeline.on_device(jnp.asarray(expected)), atol=1e-6)
   with pytest.raises(ValueError, match='repeats=0'):
     make(0)
+
+
+def test_the_train_loader_keeps_every_worker_busy():
+  """``TrainLoader`` as ``vit_jax.main`` builds it (``config.input_workers`` threads, no
+  ``prefetch``) prepares that many examples at once: with 4 batches in flight, as before, a
+  host used at most 4 cores however many it had (vit_jax.tools.feeding counts them all)."""
+  live, peak, lock = [0], [0], threading.Lock()
+
+  def slow(image, rng):  # Sleeps, so the threads overlap on any number of cores.
+    with lock:
+      live[0] += 1
+      peak[0] = max(peak[0], live[0])
+    time.sleep(0.05)
+    with lock:
+      live[0] -= 1
+    return image
+
+  source = sources.ArraySource(np.zeros((256, 2, 2, 3), np.uint8), np.zeros(256, np.int64), 10)
+  train_loader = loader.TrainLoader(
+      source, slow, global_batch_size=4, seed=0, num_classes=10, num_workers=12,
+      sharding=sharding.batch_sharding(sharding.make_mesh(None, jax.devices()[:1])))
+  batches = train_loader.iterate_local(0)
+  for _ in range(12):
+    next(batches)
+  batches.close()
+  assert peak[0] == 12
 
 
 def test_each_process_reads_the_rows_its_devices_hold():

@@ -19,6 +19,20 @@ Two stages are measured for each:
   device: batches as float32 jax.Arrays on the (first) device, ready: vit_jax's
           ``iterate()``, and tf.data's batches put there with ``jax.device_put``. The
           comparison of the whole work, wherever each pipeline does it.
+
+``--recipes`` measures configs' own training pipelines instead (``shipped``: every shipped
+recipe, ``SHIPPED_RECIPES``), for ``vit_jax.tools.aot``'s input check:
+
+    python -m vit_jax.benchmarks.input --recipes=shipped --out=results/input_recipes.json
+
+Each distinct ``dataset.pp_train`` runs through ``TrainLoader`` built as ``vit_jax.main``
+builds it (the config's pipeline, ``dataset.repeats`` and seed), on 1 core and on all
+cores, as host batches (``iterate_local``: what the host does; a trailing ``value_range``
+runs on the chips). Mixup and CutMix are not host work: the train step mixes the batch on
+the chips (``train.mix_global_batch``), so they are in aot's step time, not here. The
+loader's threads are as many as the cores, each keeping one batch in flight. The JSON is
+keyed by the pipeline string (``tools.feeding.pipeline_key``), with the configs that use
+it and their mixup/CutMix settings.
 """
 
 from __future__ import annotations
@@ -27,6 +41,7 @@ import json
 import os
 import platform
 import time
+from typing import Any
 
 import numpy as np
 from absl import flags
@@ -41,6 +56,18 @@ _REPEATS = flags.DEFINE_integer('repeats', 3, 'Measurements per cell; the median
 _BATCH = flags.DEFINE_integer('batch_size', 128, 'Batch size.')
 _OUT = flags.DEFINE_string('out', '', 'JSON file for the results.')
 _PIPELINES = flags.DEFINE_list('pipelines', ['train', 'eval'], 'Pipelines to measure.')
+_RECIPES = flags.DEFINE_list(
+    'recipes', [], "Measure these configs' training pipelines instead (config files as "
+    "--config takes them, 'configs/vit_i1k_augreg.py:b16'; 'shipped': SHIPPED_RECIPES).")
+
+# Every shipped recipe that trains on images (the CPU-sized ones aside).
+SHIPPED_RECIPES = (
+    'configs/vit_b16_i1k.py', 'configs/vit_l16_i21k.py', 'configs/vit_jft_like.py:b16',
+    'configs/vit_b16_mpp.py:jft_like', 'configs/vit_G14_jft_like.py',
+    'configs/vit_22b_jft_like.py', 'configs/vit_b16_finetune.py:imagenet2012',
+    'configs/vit_i1k_augreg.py:ti16', 'configs/vit_i1k_augreg.py:b16',
+    'configs/vit_s16_i1k_plain.py', 'configs/deit_s16_i1k.py')
+ROOT = epath.Path(__file__).parents[2]
 
 PIPELINES = {
     'train': 'decode|inception_crop(224)|flip_lr|value_range(-1, 1)',
@@ -71,6 +98,50 @@ def vit_jax_rate(directory: str, split: str, pipeline: str, workers: int, images
   elapsed = time.perf_counter() - start
   batches.close()
   return steps * batch / elapsed
+
+
+def recipe_config(spec: str):
+  """A config as ``--config`` loads it (paths relative to here, else to the project)."""
+  from vit_jax import config_cli
+
+  path, colon, arg = spec.partition(':')
+  if not epath.Path(path).exists() and (ROOT / path).exists():
+    path = str(ROOT / path)
+  return config_cli.load(path + colon + arg)
+
+
+def recipe_loader(config, directory: str, split: str, workers: int, batch: int):
+  """``TrainLoader`` as ``train.train_and_evaluate`` builds it for ``config``, over the
+  local-format copy at ``directory``, with ``workers`` threads and one batch in flight each."""
+  import jax
+
+  from vit_jax import sharding
+  from vit_jax.data import loader, local, preprocess
+
+  source = local.LocalSource(directory, split)
+  return loader.TrainLoader(
+      source, preprocess.parse(config.dataset.pp_train), global_batch_size=batch,
+      seed=config.seed, sharding=sharding.batch_sharding(sharding.make_mesh(None,
+                                                                            jax.devices()[:1])),
+      num_classes=source.num_classes, num_workers=workers, prefetch=workers,
+      repeats=config.dataset.repeats)
+
+
+def recipe_rate(spec: str, directory: str, split: str, workers: int, images: int,
+                batch: int) -> dict[str, float]:
+  """Host images/s of config ``spec``'s training pipeline (``iterate_local``), by the clock
+  and per CPU-second of this process (all its threads): the rate of cores that are its
+  alone, which the clock does not give on a shared machine."""
+  train_loader = recipe_loader(recipe_config(spec), directory, split, workers, batch)
+  batches = train_loader.iterate_local(0)
+  next(batches)  # Warm-up.
+  steps = images // batch
+  start, cpu = time.perf_counter(), time.process_time()
+  for _ in range(steps):
+    next(batches)
+  elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+  batches.close()
+  return {'images_per_s': steps * batch / elapsed, 'images_per_cpu_s': steps * batch / cpu}
 
 
 def tf_data_rate(folder: str, split: str, pipeline: str, workers: int, images: int,
@@ -124,14 +195,16 @@ def tf_data_rate(folder: str, split: str, pipeline: str, workers: int, images: i
 
 
 _MEASURE = flags.DEFINE_string('measure', '', 'Internal: IMPL:STAGE:PIPELINE:WORKERS, one '
-                                'measurement in this (pinned) process, printed as JSON.')
+                                'measurement in this (pinned) process, printed as JSON '
+                                '(IMPL recipe: PIPELINE is a config, with its colon).')
 IMPLS = ('vit_jax', 'tf_data')
 STAGES = ('host', 'device')
 
 
-def _measure_pinned(directory: str, impl: str, stage: str, pipeline: str,
-                    workers: int) -> float:
-  """Runs one measurement in a child process pinned to ``workers`` cores."""
+def _measure_pinned(directory: str, impl: str, stage: str, pipeline: str, workers: int,
+                    key: str = 'images_per_s') -> Any:
+  """Runs one measurement in a child process pinned to ``workers`` cores: its ``key``
+  (None: its whole answer)."""
   import subprocess
   import sys
 
@@ -145,14 +218,20 @@ def _measure_pinned(directory: str, impl: str, stage: str, pipeline: str,
                         preexec_fn=lambda: os.sched_setaffinity(0, cores))
   if done.returncode:
     raise RuntimeError(f'{impl} {stage} {pipeline} failed:\n{done.stderr[-3000:]}')
-  return json.loads(done.stdout.strip().splitlines()[-1])['images_per_s']
+  answer = json.loads(done.stdout.strip().splitlines()[-1])
+  return answer if key is None else answer[key]
 
 
 def main(argv: list[str]) -> None:
   del argv
   converted = str(epath.Path(_WORK_DIR.value) / 'local')
   if _MEASURE.value:
-    impl, stage, pipeline, workers = _MEASURE.value.split(':')
+    impl, stage, rest = _MEASURE.value.split(':', 2)
+    pipeline, workers = rest.rsplit(':', 1)
+    if impl == 'recipe':
+      print(json.dumps(recipe_rate(pipeline, converted, _SPLIT.value, int(workers),
+                                   _IMAGES.value, _BATCH.value)))
+      return
     if impl == 'vit_jax':
       rate = vit_jax_rate(converted, _SPLIT.value, pipeline, int(workers), _IMAGES.value,
                           _BATCH.value, stage)
@@ -166,6 +245,9 @@ def main(argv: list[str]) -> None:
 
   convert.convert(_DATA.value, converted, shards=8)
   cores = len(os.sched_getaffinity(0))
+  if _RECIPES.value:
+    _measure_recipes(converted, cores)
+    return
   rows = []
   for pipeline in _PIPELINES.value:
     for workers in sorted({1, cores}):
@@ -195,6 +277,62 @@ def main(argv: list[str]) -> None:
     result = {'data': _DATA.value, 'split': _SPLIT.value, 'batch_size': _BATCH.value,
               'images': _IMAGES.value, 'repeats': _REPEATS.value,
               'date': time.strftime('%Y-%m-%d'), 'rows': rows}
+    epath.Path(_OUT.value).parent.mkdir(parents=True, exist_ok=True)
+    epath.Path(_OUT.value).write_text(json.dumps(result, indent=1))
+    print(f'wrote {_OUT.value}')
+
+
+def _measure_recipes(converted: str, cores: int) -> None:
+  """``--recipes``: each distinct training pipeline of the configs, per host core."""
+  from vit_jax.tools import feeding
+
+  specs = list(SHIPPED_RECIPES) if _RECIPES.value == ['shipped'] else _RECIPES.value
+  pipelines: dict[str, dict] = {}
+  for spec in specs:
+    config = recipe_config(spec)
+    entry = pipelines.setdefault(feeding.pipeline_key(config.dataset.pp_train), {
+        'pipeline': config.dataset.pp_train, 'spec': spec, 'recipes': []})
+    entry['recipes'].append({
+        'config': spec, 'repeats': config.dataset.repeats, 'mixup_alpha': config.mixup_alpha,
+        'cutmix_alpha': config.cutmix_alpha,
+        'mix_runs_on': ('chips (train step)' if config.mixup_alpha or config.cutmix_alpha
+                        else None)})
+  counts = sorted({1, cores})
+  for entry in pipelines.values():
+    entry['cells'] = []
+    for workers in counts:
+      runs = [_measure_pinned(converted, 'recipe', 'host', entry['spec'], workers, None)
+              for _ in range(_REPEATS.value)]
+      rate = float(np.median([r['images_per_s'] for r in runs]))
+      cpu_rate = float(np.median([r['images_per_cpu_s'] for r in runs]))
+      entry['cells'].append({'cores': workers, 'runs': runs, 'images_per_second': rate,
+                             'images_per_second_per_core': rate / workers,
+                             'images_per_cpu_second': cpu_rate})
+    # Per core: images per CPU-second (what a core of its own gives; the clock's rate is
+    # other processes' too on a shared machine), the lower of the core counts measured.
+    entry['images_per_second_per_core'] = min(c['images_per_cpu_second']
+                                              for c in entry['cells'])
+    entry['cores_measured'] = '/'.join(str(c) for c in counts)
+    entry['data_name'] = (f'{epath.Path(_DATA.value).name} ({_SPLIT.value}), '
+                          f'{platform.machine()}, {time.strftime("%Y-%m-%d")}')
+  print(f'\nTraining pipelines of the recipes on {_DATA.value} ({_SPLIT.value}): host '
+        f'images/s (uint8 batches of {_BATCH.value}, before a trailing value_range, which '
+        f'runs on the chips), median of {_REPEATS.value} x {_IMAGES.value} images, each in a '
+        'process pinned to its cores.')
+  print(f'{"pipeline":72}{"cores":>6}{"img/s":>9}{"img/s/core":>12}{"img/CPU-s":>11}  '
+        'recipes')
+  for entry in pipelines.values():
+    names = ', '.join(r['config'].removeprefix('configs/') for r in entry['recipes'])
+    for cell in entry['cells']:
+      print(f'{entry["pipeline"]:72}{cell["cores"]:>6}{cell["images_per_second"]:>9.0f}'
+            f'{cell["images_per_second_per_core"]:>12.0f}'
+            f'{cell["images_per_cpu_second"]:>11.0f}  {names}')
+  if _OUT.value:
+    result = {'data': _DATA.value, 'split': _SPLIT.value, 'batch_size': _BATCH.value,
+              'images': _IMAGES.value, 'repeats': _REPEATS.value, 'stage': 'host',
+              'machine': platform.machine(), 'date': time.strftime('%Y-%m-%d %H:%M'),
+              'load_average': os.getloadavg(),
+              'pipelines': pipelines}
     epath.Path(_OUT.value).parent.mkdir(parents=True, exist_ok=True)
     epath.Path(_OUT.value).write_text(json.dumps(result, indent=1))
     print(f'wrote {_OUT.value}')

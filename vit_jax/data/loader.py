@@ -142,7 +142,7 @@ class TrainLoader:
 
   def __init__(self, source: Any, preprocess: Callable, *, global_batch_size: int, seed: int,
                sharding: jax.sharding.Sharding, num_classes: int, num_workers: int = 4,
-               prefetch: int = 4, process_index: int | None = None,
+               prefetch: int | None = None, process_index: int | None = None,
                process_count: int | None = None, repeats: int = 1):
     if not isinstance(repeats, int) or repeats < 1:
       raise ValueError(f'repeats={repeats!r}: each image is seen an integer >= 1 times in a row '
@@ -150,7 +150,9 @@ class TrainLoader:
     self.source, self.repeats = source, repeats
     self.preprocess, self.on_device = _split(preprocess)
     self.batch_size, self.seed, self.sharding = global_batch_size, seed, sharding
-    self.num_classes, self.num_workers, self.prefetch = num_classes, num_workers, prefetch
+    # Batches in flight, one thread each (default: every worker busy; fewer caps the cores).
+    self.num_classes, self.num_workers = num_classes, num_workers
+    self.prefetch = prefetch or num_workers
     self.steps_per_epoch = len(source) // global_batch_size
     if not self.steps_per_epoch:
       raise ValueError(f'The batch size {global_batch_size} is larger than the '

@@ -34,6 +34,7 @@ from typing import Any
 from absl import app, flags, logging
 
 from vit_jax import errors
+from vit_jax.tools import feeding
 
 
 def _define_flags() -> types.SimpleNamespace:
@@ -42,6 +43,7 @@ def _define_flags() -> types.SimpleNamespace:
   from vit_jax import config_cli
 
   names = types.SimpleNamespace(
+      feeding=feeding.define_flags(),
       config=config_cli.DEFINE_config('config', 'Training config file.'),
       topology=flags.DEFINE_string(
           'topology', None, 'A Cloud TPU slice (v3-8, v4-32, v5p-128, v5litepod-16, v6e-256), '
@@ -358,6 +360,7 @@ def main(argv: list[str]) -> None:
     if importlib.util.find_spec('libtpu') is None:
       raise errors.UserError('compiling for a TPU needs libtpu: pip install -e ".[tpu]" (or '
                              'use --topology=cpu).')
+  feeding.check_flags(_FLAGS.feeding)
   limit = _FLAGS.max_batch_memory.value
   if limit is not None and (not _FLAGS.max_batch.value or limit <= 0):
     raise errors.UserError(f'--max_batch_memory={limit} is for --max_batch, and positive '
@@ -377,6 +380,9 @@ def main(argv: list[str]) -> None:
       config.batch_size = best
   r = report(config, topology, examples)
   print(format_report(r, _FLAGS.config.file.value))
+  if fed := feeding.check(config, r, _FLAGS.feeding):  # Can the hosts feed the chips?
+    print('\n'.join(fed['lines']))
+    r['feeding'] = fed
   if _FLAGS.json.value:
     from etils import epath
 
