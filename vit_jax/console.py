@@ -145,16 +145,17 @@ def logging_to(workdir: str) -> Iterator[str]:
 def start(cpu_devices: int | None) -> str | None:
   """An entry point's start-up before it uses jax: XLA:CPU's set-up where jax will run on
   the CPU (``vit_jax.cpu.prepare``: may re-execute the process once), plain console lines
-  (``plain_console``), the third-party log lines quiet unless ``--verbosity`` was given,
-  and ``cpu_devices`` CPU devices where set. Returns the malloc mode of a CPU run, else
+  (``plain_console``) with the third-party log lines quiet unless ``--verbosity`` was given
+  (then absl's own lines, prefixes and all: for debugging), and ``cpu_devices`` CPU devices
+  where set. Returns the malloc mode of a CPU run, else
   None."""
   from absl import flags
 
   from vit_jax import cpu
 
   malloc = cpu.prepare(cpu_devices or 0) if cpu.runs_on_cpu() else None
-  plain_console()
   if not flags.FLAGS['verbosity'].present:
+    plain_console()
     quiet_third_party(preload_tensorflow=True)
   if cpu_devices:
     import jax
