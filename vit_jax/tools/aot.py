@@ -309,9 +309,10 @@ class BatchSearch:
   state, plus activations per example. The first estimate of the slope comes from one
   compile and the state's size (``lower_steps``); then the line through the compiles
   nearest the limit proposes the next batch, inside the bounds the compiles have set (the
-  largest that fits, the smallest that does not); where the line is of no help (the same
-  side twice, no memory figure), the interval is bisected. Batches are multiples of the
-  devices that split the batch times ``grad_accum_steps`` ("units"). At most
+  largest that fits, the smallest that does not); where the line is of no help (three
+  compiles in a row on the same side, no memory figure), the interval is bisected.
+  Batches are multiples of the devices that split the batch times ``grad_accum_steps``
+  ("units"). At most
   ``max_compiles`` compiles; every compiled train step is kept (``figures``), so the answer
   is never compiled twice.
   """
@@ -385,8 +386,9 @@ class BatchSearch:
     """The next batch to compile (units), strictly between the bounds."""
     low, high = self.bounds()
     line, cap = self.line(), self.cap()
-    same_side = len(sides) >= 2 and sides[-1] == sides[-2]
-    if line and cap and not (same_side and high is not None):
+    # The line approaching from one side only (three compiles alike): bisect instead.
+    stuck = len(sides) >= 3 and len(set(sides[-3:])) == 1
+    if line and cap and not (stuck and high is not None):
       guess = math.floor((cap - line[0]) / line[1])
     elif high is None:
       guess = 2 * max(low, 1)
@@ -611,6 +613,28 @@ def format_report(r: dict[str, Any], config_name: str) -> str:
   return '\n'.join(lines)
 
 
+def largest_batch_report(config: Any, topology: str, num_train_examples: int | None,
+                         memory_per_device: float | None, max_compiles: int,
+                         log: Any = print) -> tuple[Any, dict[str, Any]]:
+  """``--max_batch``: the config at the largest global batch that fits, and its report
+  (the search's compile of that train step reused; only the eval step compiled more)."""
+  search = BatchSearch(config, topology, num_train_examples, memory_per_device, max_compiles,
+                       log)
+  best, proven = search.largest(config.batch_size // search.unit)
+  if not best:
+    raise errors.UserError(f'not even the smallest global batch ({search.unit}) fits on '
+                           f'{topology}' + (f' in {gib(memory_per_device)} per device.'
+                                            if memory_per_device else '.'))
+  log(f'Largest global batch that fits on {topology}: {best}' + (
+      '.' if proven else f' (of {search.compiles} compiles, the cap --max_compiles: a '
+      'larger one may fit).'))
+  config = _variant(config, batch_size=best)
+  r = report(config, topology, num_train_examples, memory_per_device,
+             compiled={'train': search.at(best)})
+  r['max_batch'] = {'batch_size': best, 'proven_largest': proven, 'compiles': search.compiles}
+  return config, r
+
+
 def format_advice(suggestions: list[dict[str, Any]]) -> str:
   """The suggestions as lines: the override, the memory per device, checked or estimated."""
   if not suggestions:
@@ -678,19 +702,10 @@ def main(argv: list[str]) -> None:
                              'use --topology=cpu).')
   config = _FLAGS.config.value
   limit = limit and limit * 2**30
-  compiled = None
   if _FLAGS.max_batch.value:
-    search = BatchSearch(config, topology, examples, limit, max_compiles)
-    best, proven = search.largest(config.batch_size // search.unit)
-    if not best:
-      raise errors.UserError(f'not even the smallest global batch ({search.unit}) fits on '
-                             f'{topology}' + (f' in {gib(limit)} per device.' if limit else '.'))
-    print(f'Largest global batch that fits on {topology}: {best}' + (
-        '.' if proven else f' (of {search.compiles} compiles, the cap --max_compiles: a '
-        'larger one may fit).'))
-    config = _variant(config, batch_size=best)
-    compiled = {'train': search.at(best)}  # The winner, not compiled again.
-  r = report(config, topology, examples, limit, compiled)
+    config, r = largest_batch_report(config, topology, examples, limit, max_compiles)
+  else:
+    r = report(config, topology, examples, limit)
   print(format_report(r, _FLAGS.config.file.value))
   if not r['fits'] and _FLAGS.suggest.value:
     r['suggestions'] = advise(config, topology, r, examples, limit, max_compiles)
