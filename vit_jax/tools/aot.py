@@ -466,7 +466,8 @@ def advise(config: Any, topology: str, r: dict[str, Any], num_train_examples: in
     out.append({'kind': 'largest batch', 'override': f'--config.batch_size={best}',
                 'bytes_per_device': search.at(best)['hbm_bytes_per_device'], 'how': 'checked',
                 'fits': True, 'proven_largest': proven,
-                'note': '' if proven else f'the largest of {search.compiles} compiles (the cap)'})
+                'note': '' if proven else f'--max_compiles={search.compiles} reached: a larger '
+                'one may fit'})
 
   # Gradient accumulation: the same batch in k micro-batches, each no larger than fits.
   split = search.unit // accum
