@@ -436,8 +436,8 @@ def advise(config: Any, topology: str, r: dict[str, Any], num_train_examples: in
            log: Any = print) -> list[dict[str, Any]]:
   """What would fit, for a plan ``r`` that does not: each suggestion's command-line
   override, what it needs per device, and whether a compile checked it ('checked') or it is
-  an estimate ('estimate'). Only suggestions that fit (checked), or are estimated to, are
-  returned, but for a note on those checked and found not to fit."""
+  an estimate ('estimate'). Those a compile found not to fit come too (``fits`` False), so
+  that the user need not try them."""
   from vit_jax import accelerators
 
   out: list[dict[str, Any]] = []
