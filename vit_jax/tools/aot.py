@@ -677,10 +677,10 @@ def check_flags(topology: str, limit: float | None, max_batch: bool, max_compile
                            'needs a batch that fits and one that does not).')
   if examples is not None and examples <= 0:
     raise errors.UserError(f'--num_train_examples={examples} must be positive.')
-  if json_path:
-    from etils import epath
+  if json_path and '://' not in json_path:  # A local folder (a bucket is written as it is).
+    import pathlib
 
-    parent = epath.Path(json_path).parent
+    parent = pathlib.Path(json_path).parent
     if not parent.is_dir():
       raise errors.UserError(f'--json={json_path}: the folder {parent} does not exist; '
                              'create it, or name another file.')
