@@ -148,18 +148,6 @@ def test_a_batch_that_does_not_fit_is_reported_not_raised():
   assert r['step_seconds'] is None
 
 
-def test_largest_batch_bisects():
-  calls = []
-
-  def fits(units):
-    calls.append(units)
-    return units <= 37
-
-  assert aot.bisect_largest(fits, start=4) == 37
-  assert len(calls) < 12
-  assert aot.bisect_largest(lambda units: False, start=4) == 0
-
-
 def test_train_examples_follow_the_split():
   config = tiny_config(**{'dataset.name': 'imagenet2012', 'dataset.train_split': 'train[:99%]'})
   assert aot.train_examples(config, None) == round(1_281_167 * 0.99)  # As TFDS slices it.
@@ -183,38 +171,159 @@ def test_command_line_writes_the_json(tmp_path):
   assert (r['devices'], r['fits']) == (2, True)
 
 
-def test_max_batch_on_cpu_finds_the_largest_batch_under_the_memory_given(tmp_path):
-  """``--max_batch`` as the README runs it, on --topology=cpu with a memory per device: the
-  batch it reports fits, the next multiple of the devices does not (compiled here)."""
-  limit_gib = 1.15 / 1024  # Between the 8- and the 16-image train steps of this model.
-  out = tmp_path / 'plan.json'
-  run = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.tools.aot', f'--config={QUICKSTART}', '--topology=cpu',
-       '--max_batch', f'--max_batch_memory={limit_gib}', f'--json={out}',
-       '--config.model.num_layers=1', '--config.batch_size=8'],
+def aot_command(*flags, layers=1):
+  """`python -m vit_jax.tools.aot` of the quickstart recipe with ``layers`` blocks, on 2
+  CPU devices."""
+  return subprocess.run(
+      [sys.executable, '-m', 'vit_jax.tools.aot', f'--config={QUICKSTART}',
+       f'--config.model.num_layers={layers}', *flags],
       env=env(2), capture_output=True, text=True, timeout=600)
-  assert run.returncode == 0, run.stderr[-2000:]
+
+
+def train_bytes(overrides, devices=2):
+  """The train step's memory per device of the one-block quickstart recipe, compiled here."""
+  config = config_cli.load(str(QUICKSTART), [('model.num_layers', '1'), *overrides])
+  return aot.compile_steps(config, jax.devices()[:devices], 0,
+                           only_train=True)['train']['hbm_bytes_per_device']
+
+
+def test_a_plan_that_does_not_fit_exits_3_and_says_what_fits(tmp_path):
+  """Made not to fit by the memory given (4 MiB; the 128-image train step takes ~7.5): exit
+  status 3, one closing line, and suggestions that fit when applied (run again)."""
+  limit = 4 / 1024
+  out = tmp_path / 'plan.json'
+  run = aot_command('--topology=cpu', f'--memory_per_device={limit}', f'--json={out}')
+  assert run.returncode == aot.DOES_NOT_FIT_STATUS == 3, run.stderr[-2000:]
+  assert 'Traceback' not in run.stderr and 'error:' not in run.stderr
+  assert run.stderr.strip().splitlines()[-1].startswith(
+      'does not fit: the train step needs 7.')
   r = json.loads(out.read_text())
-  best = r['batch_size']
-  assert f'Largest global batch that fits on cpu: {best}.' in run.stdout
-  assert 8 <= best < 16 and best % 2 == 0
-  assert r['train']['hbm_bytes_per_device'] <= limit_gib * 2**30
-  over = config_cli.load(str(QUICKSTART), [('model.num_layers', '1'),
-                                             ('batch_size', str(best + 2))])
-  figures = aot.compile_steps(over, jax.devices()[:2], 0, only_train=True)['train']
-  assert figures['hbm_bytes_per_device'] > limit_gib * 2**30
+  assert not r['fits'] and r['memory_limit_bytes'] == limit * 2**30
+  fitting = {s['kind']: s for s in r['suggestions'] if s['fits']}
+  assert set(fitting) == {'largest batch', 'gradient accumulation'}, r['suggestions']
+  assert all(s['how'] == 'checked' for s in r['suggestions'])
+  for s in r['suggestions']:  # Each printed as its override and how it was found.
+    assert s['override'] in run.stdout
+  assert 'checked: compiled' in run.stdout
+  # The largest batch: proven (the next multiple of the 2 devices was compiled and failed).
+  best = fitting['largest batch']
+  assert best['proven_largest'] and best['override'].startswith('--config.batch_size=')
+  size = int(best['override'].split('=')[1])
+  # Applied, each fits (the largest batch: aot run again with it); the next batch does not.
+  again = aot_command('--topology=cpu', f'--memory_per_device={limit}', best['override'])
+  assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+  assert re.search(r'memory limit per device +4.0 MiB  fits: ', again.stdout)
+  assert train_bytes([('batch_size', str(size + 2))]) > limit * 2**30
+  k = fitting['gradient accumulation']['override'].split('=')[1]
+  assert train_bytes([('grad_accum_steps', k)]) <= limit * 2**30
+  # The compiles that checked it: as many progress lines as compiles, each with its figures.
+  progress = [ln for ln in run.stdout.splitlines() if re.match(r'compile \d+/8: ', ln)]
+  assert progress and all(re.fullmatch(
+      r'compile \d/8: global batch \d+: [\d.]+ MiB per device, (fits|does not fit) \(\d+s\)',
+      ln) for ln in progress), progress
+
+
+def search(limit_mib, max_compiles=8, **overrides):
+  """A BatchSearch of the one-block tiny recipe on this process's 8 CPU devices."""
+  config = tiny_config(**{'model.num_layers': 1, **overrides})
+  return aot.BatchSearch(config, 'cpu', 1000, limit_mib * 2**20, max_compiles,
+                         log=lambda *a, **k: None)
+
+
+def test_max_batch_finds_the_largest_batch_in_few_compiles():
+  s = search(4.0)
+  best, proven = s.largest(64 // 8)
+  assert proven and best > 0 and best % 8 == 0
+  # The answer fits, the next multiple of the 8 devices does not: compiled here on their own.
+  config = tiny_config(**{'model.num_layers': 1})
+  for size, fits in ((best, True), (best + 8, False)):
+    probe = aot._variant(config, batch_size=size)
+    figures = aot.compile_steps(probe, jax.devices(), 1000, only_train=True)['train']
+    assert (figures['hbm_bytes_per_device'] <= 4 * 2**20) == fits, (size, figures)
+  # The line of memory against the batch: few compiles, far fewer than doubling and
+  # bisecting from 64 images would take.
+  assert s.compiles <= 4, s.figures.keys()
+
+
+def test_max_batch_stops_at_its_cap_and_says_so():
+  s = search(64.0, max_compiles=2)  # Far above the start: the cap ends it, unproven.
+  best, proven = s.largest(1)
+  assert s.compiles == 2 and not proven and best >= 8
+
+
+def test_max_batch_does_not_compile_its_answer_again(monkeypatch):
+  compiles = []
+  real = jax.stages.Lowered.compile
+
+  def counted(self, *args, **kwargs):
+    compiles.append(1)
+    return real(self, *args, **kwargs)
+
+  monkeypatch.setattr(jax.stages.Lowered, 'compile', counted)
+  lines = []
+  config = tiny_config(**{'model.num_layers': 1})
+  config, r = aot.largest_batch_report(config, 'cpu', 1000, 4 * 2**20, 8,
+                                       log=lambda *a, **k: lines.append(a[0]))
+  searched = r['max_batch']['compiles']
+  assert len(compiles) == searched + 1  # The search's train steps, then one eval step.
+  assert sum(bool(re.match(r'compile \d+/8: ', ln)) for ln in lines) == searched
+  assert r['fits'] and r['batch_size'] == config.batch_size == r['max_batch']['batch_size']
+
+
+def test_flop_units():
+  assert [aot.flop(n) for n in (950, 2.5e4, 3.1e6, 356.7e9, 1.2e13, 4e15)] == [
+      '950 FLOP', '25.0 kFLOP', '3.1 MFLOP', '356.7 GFLOP', '12.0 TFLOP', '4.0 PFLOP']
+  assert aot.ms(0.2681) == '268.1 ms' and aot.ms(3.5e-5) == '35.0 µs'
+
+
+@needs_libtpu
+def test_names_per_generation():
+  """A v3 device is a core (16 GiB, half a chip), a v5p device a chip: the report says so,
+  and prices chip-hours by generation."""
+  overrides = json.dumps({'model.dtype': 'bfloat16', 'total_steps': 1000})
+  v3 = aot.format_report(probe('report', 'v3-8', overrides)['report'], 'tiny')
+  assert 'v3-8 (v3:2x2: 8 x TPU v3 cores, 4 chips)' in v3
+  assert re.search(r'\nHBM per device \(core\) +16.00 GiB  fits', v3)
+  assert ' v3-chip-hours, ' in v3 and ' v3-core-days' in v3
+  r = probe('report', 'v5p-8', overrides)['report']
+  v5p = aot.format_report(r, 'tiny')
+  assert r['chip'] == 'TPU v5p' and r['device_is'] == 'chip'
+  assert 'v5p-8 (v5:2x2x1: 4 x TPU v5p chips)' in v5p
+  assert re.search(r'\nHBM per device \(chip\) +95.00 GiB  fits', v5p)
+  assert ' v5p-chip-hours' in v5p and 'core-days' not in v5p and 'TPU v5 ' not in v5p
+  # The tiny model's FLOPs a training image, in a unit that shows them.
+  flops = r['train_flops_per_image']
+  assert 1e6 < flops < 1e9 and f'(model FLOPs: {aot.flop(flops)} a training' in v5p
+  assert 'MFLOP' in aot.flop(flops)
 
 
 @pytest.mark.parametrize('flags, message', [
-    (['--max_batch'], '--max_batch on --topology=cpu needs --max_batch_memory=GIB'),
-    (['--max_batch_memory=2'], '--max_batch_memory=2.0 is for --max_batch'),
+    (['--topology=cpu', '--max_batch'],
+     '--max_batch on --topology=cpu needs --memory_per_device=GIB'),
+    (['--topology=cpu', '--max_batch_memory=0'], '--memory_per_device=0.0 must be a positive'),
+    (['--topology=v3-8', '--memory_per_device=-2'], '--memory_per_device=-2.0 must be'),
+    (['--topology=v3-8', '--max_compiles=1'], '--max_compiles=1 must be at least 2'),
+    (['--topology=v9-8'], "--topology=v9-8: Unknown TPU slice 'v9-8'. Use Cloud TPU names"),
+    (['--topology=v3-7'], '--topology=v3-7: v3-7: v3 slices are named by TensorCores'),
+    (['--topology=v4:2x2'], "--topology=v4:2x2: Unknown TPU topology 'v4:2x2'"),
+    (['--topology=cpu', '--json=/no/such/folder/plan.json'], '--json=/no/such/folder/plan.json'),
 ])
-def test_max_batch_flags_are_checked_first(flags, message):
-  run = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.tools.aot', f'--config={QUICKSTART}', '--topology=cpu',
-       *flags], env=env(2), capture_output=True, text=True, timeout=120)
+def test_bad_flags_are_one_line_before_jax(flags, message):
+  run = aot_command(*flags)
   assert run.returncode == 2 and 'Traceback' not in run.stderr, run.stderr[-2000:]
-  assert run.stderr.strip().splitlines()[-1].startswith(f'error: {message}')
+  assert run.stderr.strip().splitlines() == [run.stderr.strip()]  # One line, no libtpu's.
+  assert run.stderr.startswith(f'error: {message}')
+
+
+def test_flags_are_checked_without_jax():
+  code = ('import sys\nfrom vit_jax import errors\nfrom vit_jax.tools import aot\n'
+          'try:\n  aot.check_flags("v9-8", None, False, 8, None, None)\n'
+          'except errors.UserError as e:\n  print("jax" in sys.modules, e)\n')
+  run = subprocess.run([sys.executable, '-c', code], env=env(2), capture_output=True,
+                       text=True, timeout=120)
+  assert run.stdout.startswith('False --topology=v9-8: Unknown TPU slice'), run.stderr[-2000:]
+  for generation in ('v2', 'v3', 'v4', 'v5p', 'v5litepod', 'v6e'):
+    assert generation in run.stdout
 
 
 def _feeding(topology, images_per_second, per_core=None, rates=None, **overrides):

@@ -11,9 +11,18 @@ compiles them ahead of time for the named Cloud TPU slice with libtpu, no TPU at
 (``pip install -e ".[tpu]"``). The compiled program says how much HBM each device needs
 (exact buffer assignment) and, from the TPU compiler's cost model, how long a step takes;
 from these come images/s, MFU against the chip's published bfloat16 peak, and the whole
-schedule's cost in chip-hours and core-days. ``--max_batch`` finds the largest global batch
-that fits. ``--topology=cpu`` compiles for this host's devices (sizes only: XLA:CPU has no
-cost model).
+schedule's cost in chip-hours (and, on v2 and v3, whose devices are cores, core-days).
+``--topology=cpu`` compiles for this host's devices (sizes only: XLA:CPU has no cost
+model; ``--memory_per_device`` gives them a limit).
+
+A plan that does not fit exits with status 3 (``DOES_NOT_FIT_STATUS``; not a user error,
+2, nor a bug, 1) after printing what would, each as its command-line override: the largest
+batch and gradient accumulation and FSDP (each checked by a compile of its train step), a
+bigger slice of the same generation (an estimate). ``--max_batch`` finds the largest global
+batch that fits (``BatchSearch``: a line of memory against the batch, then bisection, at
+most ``--max_compiles`` compiles, a line for each) and plans it, its train step not
+compiled twice. Mistakes in the flags (an unknown slice, a memory <= 0) are one ``error:``
+line, exit status 2, before jax starts.
 
 The cost model counts the body of a loop once: the step time of a scanned model
 (``model.scan=True``), and the train step's with micro-batches (``grad_accum_steps>1``),
@@ -27,11 +36,12 @@ import json
 import math
 import os
 import re
+import sys
 import time
 import types
 from typing import Any
 
-from absl import app, flags, logging
+from absl import app, flags
 
 from vit_jax import errors
 from vit_jax.tools import feeding
@@ -49,15 +59,23 @@ def _define_flags() -> types.SimpleNamespace:
           'topology', None, 'A Cloud TPU slice (v3-8, v4-32, v5p-128, v5litepod-16, v6e-256), '
           'a libtpu topology (v4:2x2x1), or "cpu" (this host\'s devices).'),
       json=flags.DEFINE_string('json', None, 'Also write the report as JSON to this file.'),
-      max_batch=flags.DEFINE_bool('max_batch', False,
-                                  'Find the largest global batch that fits.'),
-      max_batch_memory=flags.DEFINE_float(
-          'max_batch_memory', None, 'With --max_batch: the memory per device (GiB) the train '
-          'step may take. Needed on --topology=cpu (XLA:CPU compiles any batch); on a TPU, a '
-          'cap below its HBM (default: the HBM, as the compiler decides).'),
+      max_batch=flags.DEFINE_bool(
+          'max_batch', False, 'Find the largest global batch that fits (and plan that batch).'),
+      memory_per_device=flags.DEFINE_float(
+          'memory_per_device', None, 'The memory per device (GiB) the steps may take, for the '
+          'fit and --max_batch: on a TPU, a cap below its HBM (default: the HBM, as the '
+          'compiler decides); on --topology=cpu, none unless given (XLA:CPU compiles any '
+          'batch). Also --max_batch_memory.'),
+      max_compiles=flags.DEFINE_integer(
+          'max_compiles', 8, 'The most train-step compiles --max_batch, or the largest batch '
+          'suggested for a plan that does not fit, may take.'),
+      suggest=flags.DEFINE_bool(
+          'suggest', True, 'For a plan that does not fit, find and compile what would '
+          '(--nosuggest: only the verdict).'),
       examples=flags.DEFINE_integer(
           'num_train_examples', None, 'Training examples per epoch, for schedules in epochs '
           '(default: the dataset\'s, where it is known here: TRAIN_EXAMPLES).'))
+  flags.DEFINE_alias('max_batch_memory', 'memory_per_device')
   flags.mark_flags_as_required(['topology'])
   return names
 
@@ -71,6 +89,9 @@ TRAIN_EXAMPLES = {
     'cifar10': 50_000, 'cifar100': 50_000, 'oxford_iiit_pet': 3_680, 'oxford_flowers102': 1_020,
 }
 DAY = 86_400.
+# The exit status of a plan that does not fit (after the report and the suggestions): not a
+# user error (2), not a bug (1).
+DOES_NOT_FIT_STATUS = 3
 
 
 def train_examples(config: Any, given: int | None) -> int:
@@ -193,10 +214,18 @@ def compiled_figures(compiled: Any, loops: bool) -> dict[str, Any]:
 
 
 def compile_steps(config: Any, devices: list, num_train_examples: int,
-                  only_train: bool = False, model: Any = None) -> dict[str, Any]:
-  """Compiles the config's steps for ``devices``; the facts and what the compiler says."""
+                  only_train: bool = False, model: Any = None,
+                  compiled: dict[str, Any] | None = None) -> dict[str, Any]:
+  """Compiles the config's steps for ``devices``; the facts and what the compiler says.
+
+  ``compiled``: figures of steps already compiled for this config (``{'train': ...}``, as
+  ``--max_batch`` keeps its answer's), taken as they are instead of compiling them again.
+  """
   facts, lowered = lower_steps(config, devices, num_train_examples, model)
   for name in ('train',) if only_train else ('train', 'eval'):
+    if compiled and name in compiled:
+      facts[name] = compiled[name]
+      continue
     start = time.perf_counter()
     try:
       loops = facts['scan'] or (name == 'train' and facts['grad_accum_steps'] > 1)
@@ -212,18 +241,52 @@ def compile_steps(config: Any, devices: list, num_train_examples: int,
   return facts
 
 
-def report(config: Any, topology: str, num_train_examples: int | None = None) -> dict[str, Any]:
-  """Compiles the config for ``topology`` and derives speed, fit and cost (the JSON)."""
+def needed_bytes(figures: dict[str, Any]) -> float | None:
+  """The memory per device a compiled step takes, or (out of memory) needs; None: unknown."""
+  return figures.get('hbm_bytes_per_device') if figures['fits'] else figures.get(
+      'required_bytes')
+
+
+def within(figures: dict[str, Any], limit: float | None) -> bool:
+  """Whether a compiled step fits: the compiler placed it, in ``limit`` bytes per device."""
+  return figures['fits'] and (limit is None or figures['hbm_bytes_per_device'] <= limit)
+
+
+def generation(tpu: Any) -> str:
+  """The generation as Cloud TPU's documents name it: v3, v5p, v5e (the v5litepod's), v6e."""
+  return {'v5litepod': 'v5e'}.get(tpu.chip.name, tpu.chip.name)
+
+
+def device_is(tpu: Any) -> str:
+  """What one JAX device of the slice is: a 'core' (v2, v3: two per chip) or a 'chip'
+  (megacore v4 and v5p, single-core v5e and v6e)."""
+  return 'core' if tpu.chip.devices > 1 else 'chip'
+
+
+def report(config: Any, topology: str, num_train_examples: int | None = None,
+           memory_per_device: float | None = None,
+           compiled: dict[str, Any] | None = None) -> dict[str, Any]:
+  """Compiles the config for ``topology`` and derives speed, fit and cost (the JSON).
+
+  ``memory_per_device``: bytes a device may use (as the compiler counts them) for the plan
+  to fit, besides the compiler's own out-of-memory; the only limit there is on 'cpu'.
+  ``compiled``: steps already compiled (``compile_steps``).
+  """
   devices, tpu = _target(topology)
-  compiled = compile_steps(config, devices, _examples(config, num_train_examples))
+  compiled = compile_steps(config, devices, _examples(config, num_train_examples),
+                           compiled=compiled)
   train_ = compiled['train']
+  limit = memory_per_device
   out: dict[str, Any] = {
       'topology': tpu.name if tpu else 'cpu', 'libtpu_topology': tpu and tpu.topology,
       'devices': len(devices), 'device_kind': devices[0].device_kind,
+      'chip': f'TPU {generation(tpu)}' if tpu else None,
+      'device_is': device_is(tpu) if tpu else None,
       'chips': tpu.chips if tpu else None, 'cores': tpu.cores if tpu else None,
       **{k: v for k, v in compiled.items() if k not in ('train', 'eval')},
       'hbm_capacity_bytes': tpu.hbm_per_device if tpu else None,
-      'fits': train_['fits'] and compiled['eval']['fits'],
+      'memory_limit_bytes': limit,
+      'fits': within(train_, limit) and within(compiled['eval'], limit),
       'hbm_bytes_per_device': train_.get('hbm_bytes_per_device'),
       'step_seconds': train_.get('step_seconds'),
       'compile_seconds': train_['compile_seconds'] + compiled['eval']['compile_seconds'],
@@ -241,41 +304,225 @@ def report(config: Any, topology: str, num_train_examples: int | None = None) ->
   return out
 
 
-def largest_batch(config: Any, topology: str, num_train_examples: int | None,
-                  memory_per_device: float | None = None) -> int | None:
-  """The largest global batch whose train step fits (bisection over multiples of the
-  devices x grad_accum_steps); None if not even the smallest does.
+class BatchSearch:
+  """The largest global batch whose train step fits, in few compiles, each one logged.
 
-  ``memory_per_device``: bytes a device may use (as the compiler counts them), besides
-  the compiler's own out-of-memory; the only limit there is on 'cpu'.
+  Memory per device grows about linearly with the batch: the parameters and optimizer
+  state, plus activations per example. The first estimate of the slope comes from one
+  compile and the state's size (``lower_steps``); then the line through the compiles
+  nearest the limit proposes the next batch, inside the bounds the compiles have set (the
+  largest that fits, the smallest that does not); where the line is of no help (three
+  compiles in a row on the same side, no memory figure), the interval is bisected.
+  Batches are multiples of the devices that split the batch times ``grad_accum_steps``
+  ("units"). At most
+  ``max_compiles`` compiles; every compiled train step is kept (``figures``), so the answer
+  is never compiled twice.
   """
-  devices, _ = _target(topology)
-  unit = len(devices) * int(config.get('grad_accum_steps') or 1)
-  examples = _examples(config, num_train_examples)
 
-  def fits(units: int) -> bool:
-    probe = config.copy_and_resolve_references()
+  def __init__(self, config: Any, topology: str, num_train_examples: int | None,
+               memory_per_device: float | None, max_compiles: int,
+               log: Any = print) -> None:
+    self.config, self.limit, self.max_compiles, self.log = (
+        config, memory_per_device, max_compiles, log)
+    self.devices, self.tpu = _target(topology)
+    split = len(self.devices) // int(config.mesh.tensor)
+    self.unit = split * int(config.get('grad_accum_steps') or 1)
+    self.examples = _examples(config, num_train_examples)
+    self.figures: dict[int, dict[str, Any]] = {}  # Units -> the train step's figures.
+    self.state_bytes: float | None = None  # Parameters and optimizer state per device.
+    self.compiles, self.start = 0, time.perf_counter()
+
+  def ok(self, units: int) -> bool:
+    return within(self.figures[units], self.limit)
+
+  def add(self, units: int, figures: dict[str, Any]) -> None:
+    """A train step compiled elsewhere (the report's) at ``units``."""
+    self.figures[units] = figures
+
+  def compile(self, units: int) -> bool:
+    """Compiles the train step at ``units`` x ``unit`` images (logged); whether it fits."""
+    probe = self.config.copy_and_resolve_references()
     with probe.unlocked():
-      probe.batch_size = probe.eval_batch_size = units * unit
-    figures = compile_steps(probe, devices, examples, only_train=True)['train']
-    ok = figures['fits'] and (memory_per_device is None
-                              or figures['hbm_bytes_per_device'] <= memory_per_device)
-    logging.info('global batch %d: %s', units * unit, 'fits' if ok else 'does not fit')
-    return ok
+      probe.batch_size = units * self.unit
+    facts = compile_steps(probe, self.devices, self.examples, only_train=True)
+    self.state_bytes = facts['params_bytes_per_device'] + facts['opt_state_bytes_per_device']
+    self.compiles += 1
+    self.figures[units] = facts['train']
+    memory = needed_bytes(facts['train'])
+    self.log(f'compile {self.compiles}/{self.max_compiles}: global batch {units * self.unit}: '
+             f'{gib(memory)} per device, {"fits" if self.ok(units) else "does not fit"} '
+             f'({time.perf_counter() - self.start:.0f}s)', flush=True)
+    return self.ok(units)
 
-  return bisect_largest(fits, max(config.batch_size // unit, 1)) * unit or None
+  def bounds(self) -> tuple[int, int | None]:
+    """The largest units known to fit (0: none), the smallest known not to (None: none)."""
+    good = [n for n in self.figures if self.ok(n)]
+    bad = [n for n in self.figures if not self.ok(n)]
+    return max(good, default=0), min(bad, default=None)
+
+  def cap(self) -> float | None:
+    """The bytes a device may use: the limit given, or the least the compiler said it had."""
+    said = [f['available_bytes'] for f in self.figures.values() if f.get('available_bytes')]
+    caps = [c for c in (self.limit, self.tpu and self.tpu.hbm_per_device, *said) if c]
+    return min(caps, default=None)
+
+  def line(self) -> tuple[float, float] | None:
+    """(bytes at 0 units, bytes per unit) through the two compiles nearest the bounds, or
+    through one compile and the parameters and optimizer state; None: no memory known."""
+    known = sorted((n, needed_bytes(f)) for n, f in self.figures.items()
+                   if needed_bytes(f) is not None)
+    if not known:
+      return None
+    low, high = self.bounds()
+    near = sorted(known, key=lambda p: min(abs(p[0] - low), abs(p[0] - (high or low))))[:2]
+    if len(near) == 2 and near[0][0] != near[1][0]:
+      (n0, m0), (n1, m1) = near
+      slope = (m1 - m0) / (n1 - n0)
+      if slope > 0:
+        return m0 - slope * n0, slope
+    n0, m0 = known[-1]
+    base = min(self.state_bytes or 0., m0)
+    return (base, (m0 - base) / n0) if m0 > base else None
+
+  def next_units(self, sides: list[bool]) -> int:
+    """The next batch to compile (units), strictly between the bounds."""
+    low, high = self.bounds()
+    line, cap = self.line(), self.cap()
+    # The line approaching from one side only (three compiles alike): bisect instead.
+    stuck = len(sides) >= 3 and len(set(sides[-3:])) == 1
+    if line and cap and not (stuck and high is not None):
+      guess = math.floor((cap - line[0]) / line[1])
+    elif high is None:
+      guess = 2 * max(low, 1)
+    else:
+      guess = (low + high) // 2
+    guess = max(guess, low + 1)
+    return guess if high is None else min(guess, high - 1)
+
+  def largest(self, start: int) -> tuple[int, bool]:
+    """(The largest batch found to fit, 0 if none; whether it is proven the largest: the
+    next multiple does not fit), starting from ``start`` units if nothing is known yet."""
+    sides: list[bool] = []
+    if not self.figures:
+      sides.append(self.compile(max(start, 1)))
+    while True:
+      low, high = self.bounds()
+      if high is not None and high - low <= 1:
+        return low * self.unit, True
+      if self.compiles >= self.max_compiles:
+        return low * self.unit, False
+      sides.append(self.compile(self.next_units(sides)))
+
+  def at(self, batch: int) -> dict[str, Any] | None:
+    """The train step's figures at a global batch, if compiled."""
+    return self.figures.get(batch // self.unit) if batch % self.unit == 0 else None
 
 
-def bisect_largest(fits: Any, start: int) -> int:
-  """The largest n >= 1 with ``fits(n)`` (0 if none), for a ``fits`` true up to some n:
-  doubling from ``start`` until it fails, then bisecting."""
-  low, high = 0, start  # fits(low) holds (0 trivially); fits(high) is not known yet.
-  while fits(high):
-    low, high = high, high * 2
-  while high - low > 1:
-    mid = (low + high) // 2
-    low, high = (mid, high) if fits(mid) else (low, mid)
-  return low
+def _variant(config: Any, **fields: Any) -> Any:
+  """The config with dotted ``fields`` set."""
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    config.update_from_flattened_dict(fields)
+  return config
+
+
+def _check(config: Any, devices: list, examples: int, limit: float | None
+           ) -> dict[str, Any]:
+  """The train step of ``config`` compiled: its figures, and whether they fit."""
+  figures = compile_steps(config, devices, examples, only_train=True)['train']
+  return {**figures, 'within': within(figures, limit)}
+
+
+def advise(config: Any, topology: str, r: dict[str, Any], num_train_examples: int | None,
+           memory_per_device: float | None, max_compiles: int,
+           log: Any = print) -> list[dict[str, Any]]:
+  """What would fit, for a plan ``r`` that does not: each suggestion's command-line
+  override, what it needs per device, and whether a compile checked it ('checked') or it is
+  an estimate ('estimate'). Those a compile found not to fit come too (``fits`` False), so
+  that the user need not try them."""
+  from vit_jax import accelerators
+
+  out: list[dict[str, Any]] = []
+  batch, accum = int(config.batch_size), int(config.get('grad_accum_steps') or 1)
+  devices, tpu = _target(topology)
+  examples = _examples(config, num_train_examples)
+  limit = memory_per_device
+  train_, eval_ = r['train'], r['eval']
+
+  if not within(eval_, limit):  # The eval step alone: its memory is about proportional.
+    need, cap = needed_bytes(eval_), limit or (tpu and tpu.hbm_per_device)
+    split = len(devices) // int(config.mesh.tensor)
+    if need and cap:
+      size = int(config.eval_batch_size * cap / need) // split * split
+      if size >= split:
+        out.append({'kind': 'eval batch', 'override': f'--config.eval_batch_size={size}',
+                    'bytes_per_device': need * size / config.eval_batch_size,
+                    'how': 'estimate', 'fits': True})
+  if within(train_, limit):
+    return out
+
+  search = BatchSearch(config, topology, num_train_examples, limit, max_compiles, log)
+  search.add(batch // search.unit, train_)
+  best, proven = search.largest(batch // search.unit)
+  if best:
+    out.append({'kind': 'largest batch', 'override': f'--config.batch_size={best}',
+                'bytes_per_device': search.at(best)['hbm_bytes_per_device'], 'how': 'checked',
+                'fits': True, 'proven_largest': proven,
+                'note': '' if proven else f'--max_compiles={search.compiles} reached: a larger '
+                'one may fit'})
+
+  # Gradient accumulation: the same batch in k micro-batches, each no larger than fits.
+  split = search.unit // accum
+  tried = 0
+  for k in range(accum * 2, batch // split + 1):
+    if tried == 2 or not best:
+      break
+    if batch % (k * split) or batch * accum > best * k:
+      continue
+    tried += 1
+    figures = _check(_variant(config, grad_accum_steps=k), devices, examples, limit)
+    log(f'check: --config.grad_accum_steps={k}: {gib(needed_bytes(figures))} per device, '
+        f'{"fits" if figures["within"] else "does not fit"}', flush=True)
+    out.append({'kind': 'gradient accumulation', 'override': f'--config.grad_accum_steps={k}',
+                'bytes_per_device': needed_bytes(figures), 'how': 'checked',
+                'fits': figures['within']})
+    if figures['within']:
+      break
+
+  # FSDP: the parameters, gradients and optimizer state split over all the batch devices.
+  if int(config.mesh.fsdp) == 1 and split > 1:
+    figures = _check(_variant(config, **{'mesh.fsdp': split, 'mesh.data': -1}), devices,
+                     examples, limit)
+    log(f'check: --config.mesh.fsdp={split}: {gib(needed_bytes(figures))} per device, '
+        f'{"fits" if figures["within"] else "does not fit"}', flush=True)
+    out.append({'kind': 'FSDP', 'override': f'--config.mesh.fsdp={split}',
+                'bytes_per_device': needed_bytes(figures), 'how': 'checked',
+                'fits': figures['within']})
+
+  # A bigger slice of the same generation (not compiled: an estimate from the line).
+  line, need = search.line(), needed_bytes(train_)
+  if tpu and line and need:
+    cap = search.cap()
+    # What stays per device on a bigger slice (the gathered parameters, code), and what
+    # splits over its devices: the examples' activations, the stored state (split over the
+    # batch devices unless mesh.shard_state=False).
+    state = 0. if config.mesh.get('shard_state') is False else (search.state_bytes or 0.)
+    fixed = max(line[0] - state, 0.)
+    size = tpu.cores if tpu.chip.sized_by == 'cores' else tpu.chips
+    for times in (2 ** i for i in range(1, 12)):
+      name = f'{tpu.chip.name}-{size * times}'
+      try:
+        bigger = accelerators.tpu_slice(name)
+      except ValueError:
+        break
+      if batch % (bigger.devices // int(config.mesh.tensor) * accum):
+        break
+      estimate = fixed + (need - fixed) / times
+      if estimate <= cap:
+        out.append({'kind': 'bigger slice', 'override': f'--topology={name}',
+                    'bytes_per_device': estimate, 'how': 'estimate', 'fits': True})
+        break
+  return out
 
 
 def gib(n: float | None) -> str:
@@ -286,15 +533,30 @@ def gib(n: float | None) -> str:
 
 
 def ms(seconds: float | None) -> str:
-  """Seconds for a table, in milliseconds; '-' for none."""
-  return '-' if seconds is None else f'{1e3 * seconds:.1f} ms'
+  """Seconds for a table: in milliseconds, microseconds below one; '-' for none."""
+  if seconds is None:
+    return '-'
+  return f'{1e3 * seconds:.1f} ms' if seconds >= 1e-3 else f'{1e6 * seconds:.1f} µs'
+
+
+def flop(n: float) -> str:
+  """A count of FLOPs in the unit that fits it: 12.3 kFLOP ... 4.5 PFLOP."""
+  for power, prefix in ((15, 'P'), (12, 'T'), (9, 'G'), (6, 'M'), (3, 'k')):
+    if n >= 10**power:
+      return f'{n / 10**power:.1f} {prefix}FLOP'
+  return f'{n:.0f} FLOP'
 
 
 def format_report(r: dict[str, Any], config_name: str) -> str:
   """The report as a table for the terminal."""
   train_, eval_ = r['train'], r['eval']
-  where = (f'{r["topology"]} ({r["libtpu_topology"]}: {r["devices"]} x {r["device_kind"]})'
-           if r['libtpu_topology'] else f'this host ({r["devices"]} x {r["device_kind"]})')
+  if r['libtpu_topology']:
+    gen = r['chip'].removeprefix('TPU ')
+    units = (f'{r["devices"]} x {r["chip"]} cores, {r["chips"]} chips'
+             if r['device_is'] == 'core' else f'{r["devices"]} x {r["chip"]} chips')
+    where = f'{r["topology"]} ({r["libtpu_topology"]}: {units})'
+  else:
+    where = f'this host ({r["devices"]} x {r["device_kind"]})'
   per = lambda b: f'{b} ({b // r["devices"]} per device)'
   lines = [f'{config_name} on {where}',
            f'global batch {per(r["batch_size"])}; eval batch {per(r["eval_batch_size"])}',
@@ -306,38 +568,43 @@ def format_report(r: dict[str, Any], config_name: str) -> str:
   memory = 'HBM' if r['libtpu_topology'] else 'memory'
   if train_['fits']:
     lines.append(f'{memory + " per device":28}{gib(train_["hbm_bytes_per_device"]):>14}'
-                 f'{gib(eval_.get("hbm_bytes_per_device")):>14}')
+                 f'{gib(needed_bytes(eval_)):>14}')
     lines.append(f'{"  parameters":28}{gib(r["params_bytes_per_device"]):>14}'
                  f'{gib(r["params_bytes_per_device"]):>14}')
     lines.append(f'{"  optimizer state":28}{gib(r["opt_state_bytes_per_device"]):>14}')
     row('  temporaries', 'temp_bytes')
     row('program code (apart)', 'code_bytes')
   else:
-    row(f'{memory} needed per device', 'required_bytes')
-  if r['hbm_capacity_bytes']:
-    cap, used = r['hbm_capacity_bytes'], train_.get('hbm_bytes_per_device')
+    lines.append(f'{memory + " needed per device":28}{gib(train_.get("required_bytes")):>14}'
+                 f'{gib(needed_bytes(eval_)):>14}')
+  cap = r.get('memory_limit_bytes') or r['hbm_capacity_bytes']
+  if cap:
+    used = train_.get('hbm_bytes_per_device')
     verdict = (f'fits: {gib(cap - used)} to spare' if r['fits'] and used is not None else
                'DOES NOT FIT' + (f' (the compiler can use {gib(train_.get("available_bytes"))})'
                                  if train_.get('available_bytes') else ''))
-    lines.append(f'{"HBM per device (chip)":28}{gib(cap):>14}  {verdict}')
+    label = (f'HBM per device ({r["device_is"]})' if not r.get('memory_limit_bytes') else
+             'memory limit per device')
+    lines.append(f'{label:28}{gib(cap):>14}  {verdict}')
   row('step time (cost model)', 'step_seconds', ms)
   if r.get('images_per_second'):
     lines += [f'{"images/s":28}{r["images_per_second"]:>14,.0f}  '
               f'({r["images_per_second_per_chip"]:,.0f} per chip)']
     if r.get('mfu'):
       lines.append(f'{"MFU (bf16 peak)":28}{100 * r["mfu"]:>13.1f}%  '
-                   f'(model FLOPs: {r["train_flops_per_image"] / 1e9:.1f} GFLOP a training '
-                   'image)')
+                   f'(model FLOPs: {flop(r["train_flops_per_image"])} a training image)')
+    # Cloud TPU prices chip-hours; the paper counts TPUv3-core-days (a core is a device
+    # only on v2 and v3).
+    cores = (f', {r["core_days"]:,.1f} {gen}-core-days' if r['device_is'] == 'core' else '')
     lines.append(f'{"schedule":28}{r["total_steps"]:>14,} steps: {r["run_days"]:.2f} days, '
-                 f'{r["chip_hours"]:,.0f} chip-hours, {r["core_days"]:,.1f} '
-                 f'{r["device_kind"]}-core-days')
+                 f'{r["chip_hours"]:,.0f} {gen}-chip-hours{cores}')
   elif r['libtpu_topology'] and r['scan']:
     lines.append('step time: not estimated for model.scan=True (the cost model counts a '
                  "loop's body once); compile it unrolled (--config.model.scan=False), or, "
                  'where that is too large to compile here, 1 and 2 blocks of it unrolled '
                  '(--config.model.num_layers=1, then 2) and extrapolate.')
   elif r['libtpu_topology'] and (train_.get('cost_model_seconds') or 1) <= 0:
-    lines.append(f'step time: the cost model of this libtpu gives none for {r["device_kind"]} '
+    lines.append(f'step time: the cost model of this libtpu gives none for {r["chip"]} '
                  f'(it answers {train_.get("cost_model_seconds")} s); try another generation.')
   elif r['libtpu_topology'] and r['grad_accum_steps'] > 1:
     k = r['grad_accum_steps']
@@ -349,10 +616,87 @@ def format_report(r: dict[str, Any], config_name: str) -> str:
   return '\n'.join(lines)
 
 
+def largest_batch_report(config: Any, topology: str, num_train_examples: int | None,
+                         memory_per_device: float | None, max_compiles: int,
+                         log: Any = print) -> tuple[Any, dict[str, Any]]:
+  """``--max_batch``: the config at the largest global batch that fits, and its report
+  (the search's compile of that train step reused; only the eval step compiled more)."""
+  search = BatchSearch(config, topology, num_train_examples, memory_per_device, max_compiles,
+                       log)
+  best, proven = search.largest(config.batch_size // search.unit)
+  if not best:
+    raise errors.UserError(f'not even the smallest global batch ({search.unit}) fits on '
+                           f'{topology}' + (f' in {gib(memory_per_device)} per device.'
+                                            if memory_per_device else '.'))
+  log(f'Largest global batch that fits on {topology}: {best}' + (
+      '.' if proven else f' (of {search.compiles} compiles, the cap --max_compiles: a '
+      'larger one may fit).'))
+  config = _variant(config, batch_size=best)
+  r = report(config, topology, num_train_examples, memory_per_device,
+             compiled={'train': search.at(best)})
+  r['max_batch'] = {'batch_size': best, 'proven_largest': proven, 'compiles': search.compiles}
+  return config, r
+
+
+def format_advice(suggestions: list[dict[str, Any]]) -> str:
+  """The suggestions as lines: the override, the memory per device, checked or estimated."""
+  if not suggestions:
+    return 'No suggestion fits: try a smaller model, or a bigger slice.'
+  lines = ['What would fit (each on its own, added to the same command):']
+  for s in suggestions:
+    how = ('checked: compiled' if s['how'] == 'checked' else 'estimate, not compiled')
+    note = f'; {s["note"]}' if s.get('note') else ''
+    if s['fits']:
+      lines.append(f'  {s["override"]:36} {s["kind"]}: {gib(s["bytes_per_device"])} per '
+                   f'device ({how}{note})')
+    else:
+      lines.append(f'  ({s["override"]}: {s["kind"]} alone does not fit either, '
+                   f'{gib(s["bytes_per_device"])} per device; {how})')
+  return '\n'.join(lines)
+
+
+def check_flags(topology: str, limit: float | None, max_batch: bool, max_compiles: int,
+                examples: int | None, json_path: str | None) -> Any:
+  """The command line's own mistakes, before any heavy start-up: the TPU slice (None for
+  'cpu') or a ``UserError`` naming the problem and the fix."""
+  tpu = None
+  if topology != 'cpu':
+    from vit_jax import accelerators  # Plain Python: no jax.
+
+    try:
+      tpu = accelerators.tpu_slice(topology)
+    except ValueError as e:
+      also = ' Or "cpu" (this host).' if str(e).startswith('Unknown') else ''
+      raise errors.UserError(f'--topology={topology}: {e}{also}') from None
+  if limit is not None and not (limit > 0 and math.isfinite(limit)):
+    raise errors.UserError(f'--memory_per_device={limit} must be a positive number of GiB '
+                           'per device (e.g. 15.5).')
+  if max_batch and tpu is None and limit is None:
+    raise errors.UserError('--max_batch on --topology=cpu needs --memory_per_device=GIB: '
+                           'XLA:CPU compiles any batch, so nothing else bounds it.')
+  if max_compiles < 2:
+    raise errors.UserError(f'--max_compiles={max_compiles} must be at least 2 (a search '
+                           'needs a batch that fits and one that does not).')
+  if examples is not None and examples <= 0:
+    raise errors.UserError(f'--num_train_examples={examples} must be positive.')
+  if json_path and '://' not in json_path:  # A local folder (a bucket is written as it is).
+    import pathlib
+
+    parent = pathlib.Path(json_path).parent
+    if not parent.is_dir():
+      raise errors.UserError(f'--json={json_path}: the folder {parent} does not exist; '
+                             'create it, or name another file.')
+  return tpu
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   topology = _FLAGS.topology.value.strip().lower()
+  limit, max_compiles = _FLAGS.memory_per_device.value, _FLAGS.max_compiles.value
+  examples, json_path = _FLAGS.examples.value, _FLAGS.json.value
+  check_flags(topology, limit, _FLAGS.max_batch.value, max_compiles, examples, json_path)
+  feeding.check_flags(_FLAGS.feeding)
   if topology != 'cpu':
     os.environ.setdefault('JAX_PLATFORMS', 'cpu')  # Never this host's TPU: only libtpu's compiler.
     import importlib.util
@@ -360,33 +704,29 @@ def main(argv: list[str]) -> None:
     if importlib.util.find_spec('libtpu') is None:
       raise errors.UserError('compiling for a TPU needs libtpu: pip install -e ".[tpu]" (or '
                              'use --topology=cpu).')
-  feeding.check_flags(_FLAGS.feeding)
-  limit = _FLAGS.max_batch_memory.value
-  if limit is not None and (not _FLAGS.max_batch.value or limit <= 0):
-    raise errors.UserError(f'--max_batch_memory={limit} is for --max_batch, and positive '
-                           '(GiB per device).')
-  if _FLAGS.max_batch.value and topology == 'cpu' and limit is None:
-    raise errors.UserError('--max_batch on --topology=cpu needs --max_batch_memory=GIB: '
-                           'XLA:CPU compiles any batch, so nothing else bounds it.')
-  config, examples = _FLAGS.config.value, _FLAGS.examples.value
+  config = _FLAGS.config.value
+  limit = limit and limit * 2**30
   if _FLAGS.max_batch.value:
-    best = largest_batch(config, topology, examples, limit and limit * 2**30)
-    if best is None:
-      raise errors.UserError(f'not even the smallest global batch fits on {topology}'
-                             + (f' in {limit} GiB per device.' if limit else '.'))
-    print(f'Largest global batch that fits on {topology}: {best}.')
-    config = config.copy_and_resolve_references()
-    with config.unlocked():
-      config.batch_size = best
-  r = report(config, topology, examples)
+    config, r = largest_batch_report(config, topology, examples, limit, max_compiles)
+  else:
+    r = report(config, topology, examples, limit)
   print(format_report(r, _FLAGS.config.file.value))
   if fed := feeding.check(config, r, _FLAGS.feeding):  # Can the hosts feed the chips?
     print('\n'.join(fed['lines']))
     r['feeding'] = fed
-  if _FLAGS.json.value:
+  if not r['fits'] and _FLAGS.suggest.value:
+    r['suggestions'] = advise(config, topology, r, examples, limit, max_compiles)
+    print(format_advice(r['suggestions']))
+  if json_path:
     from etils import epath
 
-    epath.Path(_FLAGS.json.value).write_text(json.dumps(r, indent=1))
+    epath.Path(json_path).write_text(json.dumps(r, indent=1))
+  if not r['fits']:
+    step = 'train' if not within(r['train'], limit) else 'eval'
+    print(f'does not fit: the {step} step needs {gib(needed_bytes(r[step]))} per device on '
+          f'{r["topology"]}; exit status {DOES_NOT_FIT_STATUS} (a plan, not an error).',
+          file=sys.stderr, flush=True)
+    sys.exit(DOES_NOT_FIT_STATUS)
 
 
 if __name__ == '__main__':
