@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import chex
 import pytest
 
 from vit_jax.benchmarks import timm_step
@@ -169,7 +170,43 @@ def test_tpu_step_prints_and_writes_its_cells(tmp_path):
   assert all(c['fits'] and c['step_seconds'] > 0 for c in cells)
   # The shipped setting stores the state split over the 8 devices: less HBM each.
   assert cells[0]['hbm_bytes_per_device'] < cells[1]['hbm_bytes_per_device']
-  assert 'ti16 @ 64 vit_jax mesh.shard_state=False' in done.stdout and ' ms ' in done.stdout
+  assert 'ti16 @ 64, 224 px vit_jax mesh.shard_state=False' in done.stdout and ' ms ' in done.stdout
+  assert all(0 < c['mfu'] < 1 and c['image_size'] == 224 for c in cells)
+
+
+def test_tpu_step_fine_tuning_cell_is_the_papers_step_at_its_resolution():
+  """A fine-tuning cell (MODEL:BATCH:IMAGE_SIZE with the fine-tuning config) lowers the
+  paper's fine-tuning step: SGD with momentum (no Adam moments), clipping at global norm 1,
+  and the position embedding of the cell's image size ((384 / 16)^2 + 1 = 577 tokens)."""
+  import jax
+  import optax
+
+  from vit_jax import config_cli
+  from vit_jax.benchmarks import tpu_step
+  from vit_jax.tools import aot
+
+  setting = config_cli.load('configs/vit_b16_finetune.py:imagenet2012', [('model.scan', 'False')])
+  model, batch, pixels = tpu_step.parse_cell('ti16:8:384')
+  config = tpu_step.cell_config(setting, model, batch, pixels, depth=1)
+  assert (config.optimizer.name, config.optimizer.momentum) == ('sgd', 0.9)
+  assert config.optimizer.grad_clip_norm == 1.0 and not config.model.scan
+  _, lowered = aot.lower_steps(config, jax.devices()[:1], 0)
+  state = lowered['train'].args_info[0][0]
+  chex.assert_equal(state.params['Transformer']['posembed_input']['pos_embedding'].shape,
+                    (1, 577, 192))
+  kinds = {type(s) for s in jax.tree.leaves(
+      state.opt_state, is_leaf=lambda x: isinstance(x, tuple) and hasattr(x, '_fields'))}
+  assert optax.TraceState in kinds and optax.ScaleByAdamState not in kinds, kinds
+
+
+@pytest.mark.parametrize('cells', ['b16', 'b16:0', 'b16:512:x', 'b16:1:2:3'])
+def test_tpu_step_refuses_a_malformed_cell(cells):
+  done = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.benchmarks.tpu_step', f'--cells={cells}'],
+      capture_output=True, text=True, env=env(devices=1), cwd=ROOT, timeout=120, check=False)
+  assert done.returncode == 2, done.stderr[-2000:]
+  assert done.stderr.strip().splitlines()[-1].startswith('error: --cells=') and (
+      'MODEL:BATCH[:IMAGE_SIZE]' in done.stderr) and 'Traceback' not in done.stderr
 
 
 # The tiny recipe's model (tests/runs.py: TINY) for the fault benchmark's runs.
