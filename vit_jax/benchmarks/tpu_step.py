@@ -12,6 +12,15 @@ its model's dtypes, scan and remat, its optimizer, its mesh), with softmax cross
 no dropout, no pre-logits layer and 1000 classes; ``--sweep=KEY=A,B`` adds cells with
 other values of one of the setting's fields.
 
+Fine-tuning cells (issue 30) give the image size, ``MODEL:BATCH:IMAGE_SIZE`` (the position
+embedding's grid follows it, as when fine-tuning a release file at 384 px), and take the
+fine-tuning recipe's step (SGD with momentum 0.9, clipping at global norm 1), unrolled::
+
+    python -m vit_jax.benchmarks.tpu_step --topology=v5p-8 --cells=b16:512:384,l16:512:384 \
+        --setting=configs/vit_b16_finetune.py:imagenet2012 --set=model.scan=False
+
+``--depth=N`` gives every model (both implementations) N blocks: quick comparisons of ideas.
+
 ``--big_vision=PATH`` (a checkout of google-research/big_vision; not a dependency) adds
 big_vision's ViT with ``dtype_mm='bfloat16'`` and its class token, in the same step:
 the same optimizer and loss, its parameters and optimizer state replicated as
