@@ -263,3 +263,21 @@ def test_integrity_benchmark_times_the_models_train_state(tmp_path):
                                            abs=0.011)
     assert len(r['runs']['True'][cell]) == len(r['runs']['False'][cell]) == 1
   assert r['checksums_s'] > 0 and 'checksums alone' in done.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
+                    reason='compiling for a TPU needs libtpu (the [tpu] extra)')
+def test_tpu_attention_pads_for_the_kernels_and_shows_what_the_cost_model_counts():
+  """The Pallas kernels take the keys padded to their 128-token blocks; the cost model
+  counts the einsum attention's products but not what runs inside the splash kernel."""
+  from vit_jax import accelerators
+  from vit_jax.benchmarks import tpu_attention
+
+  device = accelerators.tpu_slice('v5p-8').compile_devices()[0]
+  einsum = tpu_attention.measure('einsum', device, 2, 2, 130, 64)
+  splash = tpu_attention.measure('splash', device, 2, 2, 130, 64)
+  assert 'error' not in splash, splash.get('error')
+  assert (einsum['length'], splash['length']) == (130, 256)
+  assert 0.5 < einsum['flops_counted'] / einsum['product_flops'] < 1.5, einsum
+  assert splash['flops_counted'] / splash['product_flops'] < 0.1, splash
+  assert einsum['cost_model_seconds'] > 0 and splash['temp_bytes'] > 0
