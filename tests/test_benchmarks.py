@@ -165,8 +165,8 @@ def test_tpu_step_prints_and_writes_its_cells(tmp_path):
       capture_output=True, text=True, env=env(devices=1), cwd=ROOT, timeout=600, check=False)
   assert done.returncode == 0, done.stderr[-3000:]
   cells = json.loads(out.read_text())['cells']
-  assert [c['cell'] for c in cells] == ['ti16 @ 64 vit_jax (configs/vit_b16_i1k.py)',
-                                        'ti16 @ 64 vit_jax mesh.shard_state=False']
+  assert [c['cell'] for c in cells] == ['ti16 @ 64, 224 px vit_jax (configs/vit_b16_i1k.py)',
+                                        'ti16 @ 64, 224 px vit_jax mesh.shard_state=False']
   assert all(c['fits'] and c['step_seconds'] > 0 for c in cells)
   # The shipped setting stores the state split over the 8 devices: less HBM each.
   assert cells[0]['hbm_bytes_per_device'] < cells[1]['hbm_bytes_per_device']

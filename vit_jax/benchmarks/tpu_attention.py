@@ -20,16 +20,19 @@ from typing import Any
 
 from absl import flags
 
-_TOPOLOGY = flags.DEFINE_string('topology', 'v5p-8', 'A Cloud TPU slice (vit_jax.tools.aot).')
-_BATCH = flags.DEFINE_integer('batch', 128, 'Images per device.')
-_HEADS = flags.DEFINE_integer('heads', 12, 'Attention heads.')
-_TOKENS = flags.DEFINE_integer('tokens', 577, 'Sequence length (577: B/16 at 384 px).')
-_HEAD_DIM = flags.DEFINE_integer('head_dim', 64, 'Features per head.')
-_IMPLS = flags.DEFINE_list('impls', ['einsum', 'flash', 'splash'], 'einsum, flash, splash.')
-_JSON = flags.DEFINE_string('json', None, 'Write the results here.')
-
 IMPLS = ('einsum', 'flash', 'splash')
 BLOCK = 128  # The Pallas kernels' sequence block.
+
+
+def _define_flags() -> None:
+  """The CLI's flags: defined when run as a program only (tpu_step has a --topology too)."""
+  flags.DEFINE_string('topology', 'v5p-8', 'A Cloud TPU slice (vit_jax.tools.aot).')
+  flags.DEFINE_integer('batch', 128, 'Images per device.')
+  flags.DEFINE_integer('heads', 12, 'Attention heads.')
+  flags.DEFINE_integer('tokens', 577, 'Sequence length (577: B/16 at 384 px).')
+  flags.DEFINE_integer('head_dim', 64, 'Features per head.')
+  flags.DEFINE_list('impls', list(IMPLS), 'einsum, flash, splash.')
+  flags.DEFINE_string('json', None, 'Write the results here.')
 
 
 def attention(impl: str, tokens: int) -> Any:
@@ -100,18 +103,19 @@ def main(argv: list[str]) -> None:
   from vit_jax import accelerators, errors
   from vit_jax.benchmarks import results
 
-  bad = [i for i in _IMPLS.value if i not in IMPLS]
+  f = flags.FLAGS
+  bad = [i for i in f.impls if i not in IMPLS]
   if bad:
     raise errors.UserError(f'--impls={bad[0]} is not one of {", ".join(IMPLS)}.')
-  if min(_BATCH.value, _HEADS.value, _TOKENS.value, _HEAD_DIM.value) <= 0:
+  if min(f.batch, f.heads, f.tokens, f.head_dim) <= 0:
     raise errors.UserError('--batch, --heads, --tokens and --head_dim must be positive.')
-  tpu = accelerators.tpu_slice(_TOPOLOGY.value)
+  tpu = accelerators.tpu_slice(f.topology)
   device = tpu.compile_devices()[0]
-  print(f'{tpu.name}: one {device.device_kind}, attention gradient, ({_BATCH.value}, '
-        f'{_HEADS.value}, {_TOKENS.value}, {_HEAD_DIM.value}) bfloat16; cost model.')
+  print(f'{tpu.name}: one {device.device_kind}, attention gradient, ({f.batch}, '
+        f'{f.heads}, {f.tokens}, {f.head_dim}) bfloat16; cost model.')
   rows = []
-  for impl in _IMPLS.value:
-    row = measure(impl, device, _BATCH.value, _HEADS.value, _TOKENS.value, _HEAD_DIM.value)
+  for impl in f.impls:
+    row = measure(impl, device, f.batch, f.heads, f.tokens, f.head_dim)
     rows.append(row)
     if 'error' in row:
       print(f'{impl:8} refused: {row["error"]}', flush=True)
@@ -120,12 +124,13 @@ def main(argv: list[str]) -> None:
     print(f'{impl:8} {row["length"]:5} tokens  {1e3 * (row["cost_model_seconds"] or 0):8.3f} ms'
           f'  temporaries {row["temp_bytes"] / 2**30:6.3f} GiB  FLOPs counted {seen:6.1%} of '
           'the products\'', flush=True)
-  if _JSON.value:
-    results.write(_JSON.value, 'vit_jax.benchmarks.tpu_attention', cpu={},
+  if f.json:
+    results.write(f.json, 'vit_jax.benchmarks.tpu_attention', cpu={},
                   load=os.getloadavg(), topology=tpu.name, rows=rows)
 
 
 if __name__ == '__main__':
   from vit_jax import errors
 
+  _define_flags()
   errors.run(main)
