@@ -185,4 +185,4 @@ def main(argv: list[str]) -> None:
 if __name__ == '__main__':
   from vit_jax import errors
 
-  errors.run(main)
+  errors.run(main)  # Flag mistakes and user errors as one line, exit status 2.
