@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import chex
 import pytest
 
 from vit_jax.benchmarks import timm_step
@@ -199,12 +200,48 @@ def test_tpu_step_prints_and_writes_its_cells(tmp_path):
       capture_output=True, text=True, env=env(devices=1), cwd=ROOT, timeout=600, check=False)
   assert done.returncode == 0, done.stderr[-3000:]
   cells = json.loads(out.read_text())['cells']
-  assert [c['cell'] for c in cells] == ['ti16 @ 64 vit_jax (configs/vit_b16_i1k.py)',
-                                        'ti16 @ 64 vit_jax mesh.shard_state=False']
+  assert [c['cell'] for c in cells] == ['ti16 @ 64, 224 px vit_jax (configs/vit_b16_i1k.py)',
+                                        'ti16 @ 64, 224 px vit_jax mesh.shard_state=False']
   assert all(c['fits'] and c['step_seconds'] > 0 for c in cells)
   # The shipped setting stores the state split over the 8 devices: less HBM each.
   assert cells[0]['hbm_bytes_per_device'] < cells[1]['hbm_bytes_per_device']
-  assert 'ti16 @ 64 vit_jax mesh.shard_state=False' in done.stdout and ' ms ' in done.stdout
+  assert 'ti16 @ 64, 224 px vit_jax mesh.shard_state=False' in done.stdout and ' ms ' in done.stdout
+  assert all(0 < c['mfu'] < 1 and c['image_size'] == 224 for c in cells)
+
+
+def test_tpu_step_fine_tuning_cell_is_the_papers_step_at_its_resolution():
+  """A fine-tuning cell (MODEL:BATCH:IMAGE_SIZE with the fine-tuning config) lowers the
+  paper's fine-tuning step: SGD with momentum (no Adam moments), clipping at global norm 1,
+  and the position embedding of the cell's image size ((384 / 16)^2 + 1 = 577 tokens)."""
+  import jax
+  import optax
+
+  from vit_jax import config_cli
+  from vit_jax.benchmarks import tpu_step
+  from vit_jax.tools import aot
+
+  setting = config_cli.load('configs/vit_b16_finetune.py:imagenet2012', [('model.scan', 'False')])
+  model, batch, pixels = tpu_step.parse_cell('ti16:8:384')
+  config = tpu_step.cell_config(setting, model, batch, pixels, depth=1)
+  assert (config.optimizer.name, config.optimizer.momentum) == ('sgd', 0.9)
+  assert config.optimizer.grad_clip_norm == 1.0 and not config.model.scan
+  _, lowered = aot.lower_steps(config, jax.devices()[:1], 0)
+  state = lowered['train'].args_info[0][0]
+  chex.assert_equal(state.params['Transformer']['posembed_input']['pos_embedding'].shape,
+                    (1, 577, 192))
+  kinds = {type(s) for s in jax.tree.leaves(
+      state.opt_state, is_leaf=lambda x: isinstance(x, tuple) and hasattr(x, '_fields'))}
+  assert optax.TraceState in kinds and optax.ScaleByAdamState not in kinds, kinds
+
+
+@pytest.mark.parametrize('cells', ['b16', 'b16:0', 'b16:512:x', 'b16:1:2:3'])
+def test_tpu_step_refuses_a_malformed_cell(cells):
+  done = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.benchmarks.tpu_step', f'--cells={cells}'],
+      capture_output=True, text=True, env=env(devices=1), cwd=ROOT, timeout=120, check=False)
+  assert done.returncode == 2, done.stderr[-2000:]
+  assert done.stderr.strip().splitlines()[-1].startswith('error: --cells=') and (
+      'MODEL:BATCH[:IMAGE_SIZE]' in done.stderr) and 'Traceback' not in done.stderr
 
 
 # The tiny recipe's model (tests/runs.py: TINY) for the fault benchmark's runs.
@@ -261,3 +298,21 @@ def test_integrity_benchmark_times_the_models_train_state(tmp_path):
                                            abs=0.011)
     assert len(r['runs']['True'][cell]) == len(r['runs']['False'][cell]) == 1
   assert r['checksums_s'] > 0 and 'checksums alone' in done.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
+                    reason='compiling for a TPU needs libtpu (the [tpu] extra)')
+def test_tpu_attention_pads_for_the_kernels_and_shows_what_the_cost_model_counts():
+  """The Pallas kernels take the keys padded to their 128-token blocks; the cost model
+  counts the einsum attention's products but not what runs inside the splash kernel."""
+  from vit_jax import accelerators
+  from vit_jax.benchmarks import tpu_attention
+
+  device = accelerators.tpu_slice('v5p-8').compile_devices()[0]
+  einsum = tpu_attention.measure('einsum', device, 2, 2, 130, 64)
+  splash = tpu_attention.measure('splash', device, 2, 2, 130, 64)
+  assert 'error' not in splash, splash.get('error')
+  assert (einsum['length'], splash['length']) == (130, 256)
+  assert 0.5 < einsum['flops_counted'] / einsum['product_flops'] < 1.5, einsum
+  assert splash['flops_counted'] / splash['product_flops'] < 0.1, splash
+  assert einsum['cost_model_seconds'] > 0 and splash['temp_bytes'] > 0

@@ -12,6 +12,15 @@ its model's dtypes, scan and remat, its optimizer, its mesh), with softmax cross
 no dropout, no pre-logits layer and 1000 classes; ``--sweep=KEY=A,B`` adds cells with
 other values of one of the setting's fields.
 
+Fine-tuning cells (issue 30) give the image size, ``MODEL:BATCH:IMAGE_SIZE`` (the position
+embedding's grid follows it, as when fine-tuning a release file at 384 px), and take the
+fine-tuning recipe's step (SGD with momentum 0.9, clipping at global norm 1), unrolled::
+
+    python -m vit_jax.benchmarks.tpu_step --topology=v5p-8 --cells=b16:512:384,l16:512:384 \
+        --setting=configs/vit_b16_finetune.py:imagenet2012 --set=model.scan=False
+
+``--depth=N`` gives every model (both implementations) N blocks: quick comparisons of ideas.
+
 ``--big_vision=PATH`` (a checkout of google-research/big_vision; not a dependency) adds
 big_vision's ViT with ``dtype_mm='bfloat16'`` and its class token, in the same step:
 the same optimizer and loss, its parameters and optimizer state replicated as
@@ -28,9 +37,13 @@ from absl import flags
 
 _TOPOLOGY = flags.DEFINE_string('topology', 'v3-8', 'A Cloud TPU slice (vit_jax.tools.aot).')
 _CELLS = flags.DEFINE_list('cells', ['b16:1024', 'l16:256', 'h14:256'],
-                           'MODEL:GLOBAL_BATCH cells.')
+                           'MODEL:GLOBAL_BATCH[:IMAGE_SIZE] cells (224 px unless given).')
 _SETTING = flags.DEFINE_string('setting', 'configs/vit_b16_i1k.py',
                                'The config whose precision, optimizer and mesh vit_jax runs.')
+_SET = flags.DEFINE_multi_string('set', [], 'KEY=VALUE: an override of the setting, e.g. '
+                                 'model.scan=False for a fine-tuning config.')
+_DEPTH = flags.DEFINE_integer('depth', None, 'Blocks of every model (both implementations): '
+                              'shallow cells compile fast, to compare ideas.')
 _SWEEP = flags.DEFINE_multi_string('sweep', [], 'KEY=A,B: more vit_jax cells, e.g. '
                                    'model.remat_policy=none,dots.')
 _BIG_VISION = flags.DEFINE_string('big_vision', None, 'A big_vision checkout, for its ViT.')
@@ -41,13 +54,27 @@ SETTING_MODEL_KEYS = ('dtype', 'param_dtype', 'matmul_dtype', 'scan', 'remat_pol
                       'attention_impl')
 
 
-def cell_config(setting: Any, model: str, batch: int) -> Any:
-  """A cell's config: ``setting``'s precision, optimizer and mesh; the cell's model and
+def parse_cell(text: str) -> tuple[str, int, int]:
+  """``MODEL:BATCH[:IMAGE_SIZE]`` -> (model, global batch, image size in pixels)."""
+  from vit_jax import errors
+
+  parts = text.split(':')
+  if len(parts) not in (2, 3) or not all(p.isdigit() and int(p) > 0 for p in parts[1:]):
+    raise errors.UserError(f'--cells={text} is not MODEL:BATCH[:IMAGE_SIZE] with positive '
+                           'integers (e.g. b16:1024 or b16:512:384).')
+  return parts[0], int(parts[1]), int(parts[2]) if len(parts) == 3 else 224
+
+
+def cell_config(setting: Any, model: str, batch: int, image_size: int = 224,
+                depth: int | None = None) -> Any:
+  """A cell's config: ``setting``'s precision, optimizer and mesh; the cell's model, image
+  size (the position embedding's grid follows it, as when fine-tuning a release file) and
   batch; softmax cross-entropy, no dropout, no pre-logits layer, 1000 classes."""
   from vit_jax import config_base
 
   return config_base.complete({
-      'model': {'name': model, **{k: setting.model[k] for k in SETTING_MODEL_KEYS}},
+      'model': {'name': model, 'image_size': image_size, 'num_layers': depth,
+                **{k: setting.model[k] for k in SETTING_MODEL_KEYS}},
       'dataset': {'name': 'imagenet2012', 'num_classes': 1000},
       'optimizer': setting.optimizer.to_dict(), 'mesh': setting.mesh.to_dict(),
       'loss': 'softmax_xent', 'batch_size': batch, 'eval_batch_size': batch,
@@ -55,8 +82,9 @@ def cell_config(setting: Any, model: str, batch: int) -> Any:
 
 
 def big_vision_model(path: str, config: Any) -> Any:
-  """big_vision's ViT of the cell's size (``dtype_mm='bfloat16'``, class token), as a Linen
-  module that returns the logits; its FLOPs are vit_jax's count of all tokens."""
+  """big_vision's ViT of the cell's size, image size and depth (``dtype_mm='bfloat16'``,
+  class token), as a Linen module that returns the logits; its FLOPs are vit_jax's count of
+  all tokens."""
   import flax.linen as nn
 
   from vit_jax import config_base
@@ -65,8 +93,9 @@ def big_vision_model(path: str, config: Any) -> Any:
   sys.path.insert(0, os.path.abspath(path))
   from big_vision.models import vit as bv  # noqa: PLC0415 (a checkout given by path)
 
-  name, _ = config_base.model_options(config.model)
-  ours = get_model(name, num_classes=1000)
+  name, options = config_base.model_options(config.model)
+  shape = {k: options[k] for k in ('image_size', 'num_layers') if options.get(k) is not None}
+  ours = get_model(name, num_classes=1000, **shape)
   size = registry.model_kwargs(name)
   variant = {768: 'B', 1024: 'L', 1280: 'H', 384: 'S', 192: 'Ti'}[size['hidden_size']]
 
@@ -80,47 +109,65 @@ def big_vision_model(path: str, config: Any) -> Any:
     @nn.compact
     def __call__(self, images, train: bool = False):
       return bv.Model(num_classes=1000, variant=f'{variant}/{size["patch_size"]}',
-                      pool_type='tok', dtype_mm='bfloat16', name='vit')(images, train=train)[0]
+                      depth=ours.num_layers, pool_type='tok', dtype_mm='bfloat16',
+                      name='vit')(images, train=train)[0]
 
   return BigVision()
 
 
 def run_cell(config: Any, devices: list, label: str, model: Any = None) -> dict[str, Any]:
+  """Compiles the cell's train step; its time, HBM and MFU (the model's FLOPs at the chip's
+  published bfloat16 peak) per the TPU compiler."""
+  from vit_jax import accelerators
   from vit_jax.tools import aot
 
   facts = aot.compile_steps(config, devices, 0, only_train=True, model=model)
   train = facts['train']
+  seconds, flops = train.get('step_seconds'), facts['train_flops_per_image']
+  peak = accelerators.peak_bf16_flops(devices[0].device_kind)
+  mfu = flops * config.batch_size / seconds / (peak * len(devices)) if (
+      seconds and flops and peak) else None
   row = {'cell': label, 'model': config.model.name, 'batch_size': config.batch_size,
-         'fits': train['fits'], 'step_seconds': train.get('step_seconds'),
+         'image_size': config.model.image_size, 'num_layers': config.model.num_layers,
+         'fits': train['fits'], 'step_seconds': seconds,
          'hbm_bytes_per_device': train.get('hbm_bytes_per_device') or train.get(
-             'required_bytes'), 'compile_seconds': train['compile_seconds']}
-  print(f'{label:60} {aot.ms(row["step_seconds"]):>10} {aot.gib(row["hbm_bytes_per_device"]):>10}'
-        f'{"" if row["fits"] else "  does not fit"}', flush=True)
+             'required_bytes'), 'mfu': mfu, 'compile_seconds': train['compile_seconds']}
+  print(f'{label:70} {aot.ms(seconds):>10} {aot.gib(row["hbm_bytes_per_device"]):>10}'
+        f'{f"  MFU {mfu:.1%}" if mfu else ""}{"" if row["fits"] else "  does not fit"}',
+        flush=True)
   return row
 
 
 def main(argv: list[str]) -> None:
   del argv
   os.environ.setdefault('JAX_PLATFORMS', 'cpu')
-  from vit_jax import accelerators, config_cli
+  from vit_jax import accelerators, config_cli, errors
   from vit_jax.benchmarks import results
 
+  cells = [parse_cell(c) for c in _CELLS.value]
+  bad = [item for item in _SET.value + _SWEEP.value if '=' not in item]
+  if bad:
+    raise errors.UserError(f'--set or --sweep {bad[0]} is not KEY=VALUE '
+                           '(e.g. --set=model.scan=False).')
+  overrides = [tuple(item.split('=', 1)) for item in _SET.value]
+  setting = config_cli.load(_SETTING.value, overrides, flag='setting')
   tpu = accelerators.tpu_slice(_TOPOLOGY.value)
   devices = tpu.compile_devices()
-  setting = config_cli.load(_SETTING.value, [])
   print(f'{tpu.name} ({tpu.topology}), {len(devices)} x {devices[0].device_kind}; step time '
         'from the TPU cost model, HBM per device from the compiled program.')
+  name = ' '.join([_SETTING.value, *_SET.value])
   rows = []
-  for cell in _CELLS.value:
-    model, batch = cell.split(':')
-    config = cell_config(setting, model, int(batch))
-    label = f'{model} @ {batch}'
-    rows.append(run_cell(config, devices, f'{label} vit_jax ({_SETTING.value})') | {
+  for model, batch, pixels in cells:
+    config = cell_config(setting, model, batch, pixels, _DEPTH.value)
+    label = f'{model} @ {batch}, {pixels} px' + (f', {_DEPTH.value} blocks' if _DEPTH.value
+                                                 else '')
+    rows.append(run_cell(config, devices, f'{label} vit_jax ({name})') | {
         'implementation': 'vit_jax'})
     for sweep in _SWEEP.value:
-      key, values = sweep.split('=')
+      key, values = sweep.split('=', 1)
       for value in values.split(','):
-        swept = cell_config(config_cli.load(_SETTING.value, [(key, value)]), model, int(batch))
+        swept = cell_config(config_cli.load(_SETTING.value, [*overrides, (key, value)],
+                                            flag='setting'), model, batch, pixels, _DEPTH.value)
         rows.append(run_cell(swept, devices, f'{label} vit_jax {key}={value}') | {
             'implementation': 'vit_jax', 'sweep': {key: value}})
     if _BIG_VISION.value:
@@ -131,7 +178,8 @@ def main(argv: list[str]) -> None:
                                'implementation': 'big_vision'})
   if _JSON.value:
     results.write(_JSON.value, 'vit_jax.benchmarks.tpu_step', cpu={}, load=os.getloadavg(),
-                  topology=tpu.name, libtpu_topology=tpu.topology, cells=rows)
+                  topology=tpu.name, libtpu_topology=tpu.topology, setting=name,
+                  depth=_DEPTH.value, cells=rows)
 
 
 if __name__ == '__main__':
