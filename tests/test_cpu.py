@@ -28,12 +28,12 @@ def test_runs_on_cpu(environ, on_cpu):
 def test_an_accelerator_run_is_not_re_executed(tmp_path):
   # vit_jax.main re-executes a CPU run with glibc tunables (vit_jax.cpu.host_memory); on a
   # TPU or GPU it must not: there the process's first word is jax's own error here. The
-  # malloc line goes to the workdir's log file only.
+  # malloc line goes to the workdir's log file only (which a run of one step writes).
   def run(platforms):
     (tmp_path / platforms).mkdir()
     done = subprocess.run(
         [sys.executable, '-m', 'vit_jax.main', '--config=configs/quickstart.py',
-         f'--workdir={tmp_path / platforms}', '--config.total_steps=0'],
+         f'--workdir={tmp_path / platforms}', '--config.total_steps=1'],
         env={**env(1), 'JAX_PLATFORMS': platforms, 'VIT_JAX_MALLOC': 'keep_freed',
              'GLIBC_TUNABLES': ''}, capture_output=True, text=True, timeout=300)
     log = tmp_path / platforms / 'log.txt'
