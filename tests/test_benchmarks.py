@@ -13,6 +13,7 @@ from vit_jax.benchmarks import timm_step
 from vit_jax.cpu import host_cpu, host_memory
 
 from runs import ROOT, env
+from tpu_probe import probe
 
 # A Python with torch, torchvision and timm: a venv of their own, as the README sets it up
 # (VIT_JAX_TIMM_PYTHON=/tmp/timmenv/bin/python), or this one if timm is installed here.
@@ -305,12 +306,8 @@ def test_integrity_benchmark_times_the_models_train_state(tmp_path):
 def test_tpu_attention_pads_for_the_kernels_and_shows_what_the_cost_model_counts():
   """The Pallas kernels take the keys padded to their 128-token blocks; the cost model
   counts the einsum attention's products but not what runs inside the splash kernel."""
-  from vit_jax import accelerators
-  from vit_jax.benchmarks import tpu_attention
-
-  device = accelerators.tpu_slice('v5p-8').compile_devices()[0]
-  einsum = tpu_attention.measure('einsum', device, 2, 2, 130, 64)
-  splash = tpu_attention.measure('splash', device, 2, 2, 130, 64)
+  measured = probe('tpu_attention')  # libtpu in a process of its own (tests/tpu_probe.py).
+  einsum, splash = measured['einsum'], measured['splash']
   assert 'error' not in splash, splash.get('error')
   assert (einsum['length'], splash['length']) == (130, 256)
   assert 0.5 < einsum['flops_counted'] / einsum['product_flops'] < 1.5, einsum

@@ -88,8 +88,18 @@ def lowered_for_cpu() -> dict:
   return {'cpu_branch': 'constant(3)' in text, 'other_branch': 'constant(5)' in text}
 
 
+def tpu_attention() -> dict:
+  """``benchmarks.tpu_attention.measure`` of the einsum and splash attention, 130 tokens,
+  on one v5p device."""
+  from vit_jax import accelerators
+  from vit_jax.benchmarks import tpu_attention as attention
+
+  device = accelerators.tpu_slice('v5p-8').compile_devices()[0]
+  return {kind: attention.measure(kind, device, 2, 2, 130, 64) for kind in ('einsum', 'splash')}
+
+
 if __name__ == '__main__':
   os.environ.setdefault('JAX_PLATFORMS', 'cpu')
   command, *args = sys.argv[1:]
-  print(json.dumps({'report': report, 'devices': devices,
-                    'lowered_for_cpu': lowered_for_cpu}[command](*args)))
+  print(json.dumps({'report': report, 'devices': devices, 'lowered_for_cpu': lowered_for_cpu,
+                    'tpu_attention': tpu_attention}[command](*args)))
