@@ -74,7 +74,8 @@ class _LogFile(logging.Handler):
   """Appends absl-prefixed lines to ``path`` once its directory exists: the run creates
   its workdir only after checking its config, so the lines before are held until then
   (and dropped if the run ends first: its error is on the console). A file that cannot
-  be written is said once, in one warning, and no more lines are tried."""
+  be written (or stops being writable: a full disk) is said once, in one warning, and no
+  more lines are tried."""
 
   def __init__(self, path: str):
     from absl import logging as absl_logging
@@ -93,16 +94,26 @@ class _LogFile(logging.Handler):
       try:
         self.stream = open(self.path, 'a', encoding='utf-8')  # noqa: SIM115 (the process's)
       except OSError as e:
-        logging.getLogger().removeHandler(self)
-        logging.getLogger('absl').warning('Cannot write the log file %s (%s).', self.path,
-                                          e.strerror)
+        self._give_up(e)
         return
       records, self.held = self.held, []
     else:
       records = [record]
-    for held in records:
-      self.stream.write(self.format(held) + '\n')
-    self.stream.flush()
+    try:
+      for held in records:
+        self.stream.write(self.format(held) + '\n')
+      self.stream.flush()
+    except OSError as e:
+      self._give_up(e)
+
+  def _give_up(self, e: OSError) -> None:
+    logging.getLogger().removeHandler(self)
+    if self.stream is not None:
+      with contextlib.suppress(OSError):  # What it held could not be written either.
+        self.stream.close()
+      self.stream = None
+    logging.getLogger('absl').warning('Cannot write the log file %s (%s): no more lines go '
+                                      'there.', self.path, e.strerror)
 
   def close(self) -> None:
     if self.stream is not None:

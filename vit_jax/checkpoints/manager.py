@@ -23,6 +23,7 @@ import json
 import logging as std_logging
 import re
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -143,6 +144,9 @@ def check_saves(manager: ocp.CheckpointManager) -> None:
 def make_manager(workdir: str, *, every_steps: int, keep: int,
                  asynchronous: bool = True) -> ocp.CheckpointManager:
   """A manager for ``workdir/checkpoints`` that saves every N steps and keeps the last K."""
+  # Before the first save: a failed write's abandoned callbacks fire in Orbax's background
+  # thread, before its failure reaches ``check_saves``.
+  silence_abandoned_reads()
   return Manager(
       epath.Path(workdir) / 'checkpoints',
       options=ocp.CheckpointManagerOptions(
@@ -402,15 +406,17 @@ def silence_abandoned_reads() -> None:
 
   Their TensorStore callbacks find Orbax's event loop closed and each printed a
   traceback ("Event loop is closed", dozens around the one real error, through
-  ``sys.unraisablehook`` or ``sys.excepthook``); the read coroutines left behind raised
-  their own copy of the error as they were collected; the asyncio logger added "Task (or
-  _GatheringFuture) exception was never retrieved" for each. Only those are dropped (the
-  real error is reported by the caller); anything else is reported as before. Installed
-  before a read, as the callbacks can fire before the read's exception reaches its caller.
+  ``sys.unraisablehook``, ``sys.excepthook`` or ``threading.excepthook``); the read
+  coroutines left behind raised their own copy of the error as they were collected; the
+  asyncio logger added "Task (or _GatheringFuture) exception was never retrieved" for
+  each. Only those are dropped (the real error is reported by the caller); anything else
+  is reported as before. Installed before a read or the first save, as the callbacks can
+  fire before the failure reaches its caller.
   """
   if getattr(sys.unraisablehook, 'vit_jax', False):
     return
   previous_unraisable, previous_except = sys.unraisablehook, sys.excepthook
+  previous_thread = threading.excepthook
 
   def loop_closed(e: BaseException | None) -> bool:
     return isinstance(e, RuntimeError) and str(e) == 'Event loop is closed'
@@ -424,8 +430,13 @@ def silence_abandoned_reads() -> None:
     if not loop_closed(value):
       previous_except(kind, value, tb)
 
+  def thread_hook(args: Any) -> None:
+    if not loop_closed(args.exc_value):
+      previous_thread(args)
+
   unraisable_hook.vit_jax = True
   sys.unraisablehook, sys.excepthook = unraisable_hook, except_hook
+  threading.excepthook = thread_hook
   std_logging.getLogger('asyncio').addFilter(
       lambda record: 'exception was never retrieved' not in record.getMessage())
 
