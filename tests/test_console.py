@@ -96,7 +96,8 @@ def test_log_file_keeps_absl_prefixes_and_file_only_lines(tmp_path, caplog):
     absl_logging.info('one')
     absl_logging.info('two')
     assert [r.getMessage() for r in caplog.records if 'Cannot write' in r.getMessage()] == [
-        f'Cannot write the log file {tmp_path / "odd" / "log.txt"} (Is a directory).']
+        f'Cannot write the log file {tmp_path / "odd" / "log.txt"} (Is a directory): no more '
+        'lines go there.']
   finally:
     for handler in root.handlers[len(handlers):]:
       handler.close()
