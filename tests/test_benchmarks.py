@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import chex
+import numpy as np
 import pytest
 
 from vit_jax.benchmarks import timm_step
@@ -99,6 +100,45 @@ def test_timm_cells_join_the_run_with_the_same_model_flops(tmp_path):
   assert timm['analytic_flops_per_image'] == ours['analytic_flops_all_tokens_per_image'] > (
       ours['analytic_flops_per_image'])
   assert ours['vs_timm'] == pytest.approx(ours['images_per_s'] / timm['images_per_s'])
+
+
+# A big_vision checkout (google-research/big_vision; not a dependency) for its ViT's cells.
+BIG_VISION = os.environ.get('VIT_JAX_BIG_VISION')
+
+
+@pytest.mark.skipif(not BIG_VISION, reason='needs a big_vision checkout (not a vit_jax '
+                    'dependency): set VIT_JAX_BIG_VISION')
+def test_big_vision_cell_joins_the_run_with_every_tokens_flops(tmp_path):
+  out = tmp_path / 'train.json'
+  done = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.benchmarks.train', '--model=ti16', '--image_size=32',
+       '--batch_size=8', '--steps=2', '--warmup=1', '--peak_size=256', '--peak_repeats=3',
+       f'--big_vision={BIG_VISION}', f'--out={out}'],
+      capture_output=True, text=True, env=env(devices=1), timeout=600, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  ours, theirs = json.loads(out.read_text())['cells']
+  assert theirs['framework'] == 'big_vision' and theirs['matmul_dtype'] == 'bfloat16'
+  assert theirs['analytic_flops_per_image'] == ours['analytic_flops_all_tokens_per_image'] > (
+      ours['analytic_flops_per_image'])
+  assert np.isfinite(theirs['loss']) and theirs['images_per_s'] > 0
+  assert 'big_vision dtype_mm=bfloat16' in done.stdout
+
+
+def test_a_failed_cell_leaves_the_others_measured(tmp_path):
+  """Batch 3 over 2 devices cannot split: that cell fails, the other is measured, the run
+  says so and exits 1."""
+  out = tmp_path / 'train.json'
+  done = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.benchmarks.train', '--model=ti16', '--image_size=32',
+       '--steps=2', '--warmup=1', '--peak_size=256', '--peak_repeats=3',
+       '--sweep=batch_size=3,4', f'--out={out}'],
+      capture_output=True, text=True, env=env(devices=2), timeout=600, check=False)
+  assert done.returncode == 1, done.stderr[-3000:]
+  result = json.loads(out.read_text())
+  assert [c['batch_size'] for c in result['cells']] == [4]
+  (failed,) = result['failed']
+  assert failed['batch_size'] == 3 and 'not divisible by the 2 devices' in failed['error']
+  assert 'batch_size=3: failed' in done.stdout and 'not divisible' in done.stderr
 
 
 def test_input_benchmark_measures_both_pipelines_at_both_stages(shared_data, tmp_path):

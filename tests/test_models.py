@@ -218,6 +218,44 @@ def test_fused_attention_matches_einsum(impl):
                               fused.apply({'params': params}, x), atol=1e-5, rtol=1e-5)
 
 
+def test_even_length_padding_leaves_attention_unchanged():
+  """cuDNN's path pads odd token counts by one masked token (``fused_attention``): the same
+  outputs and gradients as unpadded attention, here through the XLA implementation."""
+  from vit_jax.models.vit import fused_attention
+
+  keys = jax.random.split(jax.random.key(0), 3)
+  k, v = (jax.random.normal(key, (2, 17, 4, 8)) for key in keys[1:])
+  for tokens in (17, 1):  # Every token; the last block's class token alone.
+    q = jax.random.normal(keys[0], (2, tokens, 4, 8))
+    f = lambda q, k, v, even: jnp.sum(jnp.sin(fused_attention(q, k, v, 'xla', even)))
+    padded, plain = (jax.value_and_grad(f, argnums=(0, 1, 2))(q, k, v, even)
+                     for even in (True, False))
+    chex.assert_trees_all_close(padded, plain, atol=1e-5, rtol=1e-5)
+    chex.assert_shape(fused_attention(q, k, v, 'xla', True), (2, tokens, 4, 8))
+
+
+def test_auto_attention_is_cudnn_only_where_it_applies():
+  from vit_jax.models.vit import attention_for
+
+  gpu = dict(dropout=False, recording=False, cudnn=True)
+  assert attention_for(jnp.bfloat16, 64, **gpu) == 'cudnn'
+  assert attention_for(jnp.float16, 80, **gpu) == 'cudnn'  # H/14's heads.
+  assert attention_for(jnp.float32, 64, **gpu) == 'einsum'  # cuDNN takes 16-bit inputs.
+  assert attention_for(jnp.bfloat16, 12, **gpu) == 'einsum'  # Not a multiple of 8.
+  assert attention_for(jnp.bfloat16, 512, **gpu) == 'einsum'
+  assert attention_for(jnp.bfloat16, 64, **{**gpu, 'dropout': True}) == 'einsum'
+  assert attention_for(jnp.bfloat16, 64, **{**gpu, 'recording': True}) == 'einsum'
+  assert attention_for(jnp.bfloat16, 64, **{**gpu, 'cudnn': False}) == 'einsum'
+  # Here (no GPU): the einsum, the same logits as asking for it.
+  assert attention_for(jnp.bfloat16, 64, dropout=False, recording=False) == 'einsum'
+  auto = get_model('ti16', num_classes=6, dtype='bfloat16', **SMALL)
+  assert auto.attention_impl == 'auto'
+  params = init(auto)
+  x = images_for(auto)
+  chex.assert_trees_all_equal(auto.apply({'params': params}, x),
+                              auto.clone(attention_impl='einsum').apply({'params': params}, x))
+
+
 def test_attention_weights_are_recorded_without_changing_logits():
   model = get_model('ti16', num_classes=6, **SMALL)
   params = init(model)

@@ -42,7 +42,7 @@ def get_config() -> ml_collections.ConfigDict:
       posemb=_none(str),  # 'learn' or 'sincos2d'.
       dropout_rate=_none(float), attention_dropout_rate=_none(float),  # 0.
       stochastic_depth=_none(float),  # Drop-path rate of the last block (0).
-      attention_impl=_none(str),  # 'einsum', 'xla' or 'cudnn'.
+      attention_impl=_none(str),  # 'auto' (the model's default), 'einsum', 'xla' or 'cudnn'.
       scan=_none(bool),  # One scanned block: compiles much faster (False).
       remat_policy=_none(str),  # 'none', 'full', 'dots' or 'dots_no_batch'.
       dtype=_none(str),  # Compute dtype: 'float32' or 'bfloat16'.

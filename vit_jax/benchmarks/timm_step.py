@@ -1,4 +1,4 @@
-r"""timm's ViT training step on this machine's CPU: the reference for ``vit_jax.benchmarks.train``.
+r"""timm's ViT training step on this machine: the reference for ``vit_jax.benchmarks.train``.
 
 This measures timm's train step the way ``vit_jax.benchmarks.train`` measures vit_jax's.
 PyTorch is not a dependency of vit_jax, so it runs in a venv of its own:
@@ -25,6 +25,11 @@ and labels, the same batch every step; the median of ``--steps`` steps after ``-
 ``torch.autocast('cpu', torch.bfloat16)``: bfloat16 products with float32 accumulation, the
 rest float32, as vit_jax's ``matmul_dtype='bfloat16'``. Each setting runs in a process of
 its own; ``--threads`` defaults to every core.
+
+Where torch sees a CUDA GPU the step runs there (``--device=auto``; ``cpu`` or ``cuda`` to
+choose), as timm's own training script does: ``torch.autocast('cuda')``, the fused
+flash/memory-efficient ``scaled_dot_product_attention`` kernels, each step timed to the
+GPU's completion.
 """
 
 from __future__ import annotations
@@ -60,8 +65,9 @@ def timm_name(model: str) -> str:
 
 
 def measure(model_name: str, batch_size: int, image_size: int, autocast: str, steps: int,
-            warmup: int, threads: int) -> dict[str, Any]:
-  """Times timm's train step in this process; returns one JSON row."""
+            warmup: int, threads: int, device: str = 'auto') -> dict[str, Any]:
+  """Times timm's train step in this process, on ``device`` ('auto': CUDA where torch sees
+  it, else the CPU); returns one JSON row."""
   try:
     import timm
     import torch
@@ -69,20 +75,25 @@ def measure(model_name: str, batch_size: int, image_size: int, autocast: str, st
     raise SystemExit(f'{e}: vit_jax.benchmarks.timm_step needs torch, torchvision and timm, '
                      'which vit_jax does not depend on; install them in a venv of their own '
                      '(see this module\'s docstring).') from None
+  if device == 'auto':
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'
   torch.set_num_threads(threads)
   torch.manual_seed(0)
-  model = timm.create_model(model_name, num_classes=1000, img_size=image_size).train()
+  model = timm.create_model(model_name, num_classes=1000, img_size=image_size).to(device)
+  model.train()
   optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
-  images = torch.rand(batch_size, 3, image_size, image_size) * 2 - 1
-  labels = torch.randint(0, 1000, (batch_size,))
+  images = torch.rand(batch_size, 3, image_size, image_size, device=device) * 2 - 1
+  labels = torch.randint(0, 1000, (batch_size,), device=device)
   dtype = None if autocast == 'none' else getattr(torch, autocast)
 
   def step() -> float:
     optimizer.zero_grad(set_to_none=True)
-    with torch.autocast('cpu', dtype=dtype, enabled=dtype is not None):
+    with torch.autocast(device, dtype=dtype, enabled=dtype is not None):
       loss = torch.nn.functional.cross_entropy(model(images), labels)
     loss.backward()
     optimizer.step()
+    if device == 'cuda':
+      torch.cuda.synchronize()  # The step's time is the GPU's, to its last kernel.
     return loss.item()
 
   for _ in range(warmup):
@@ -103,7 +114,9 @@ def measure(model_name: str, batch_size: int, image_size: int, autocast: str, st
       'page_faults_per_step': faults / steps, 'loss': loss,
       'max_rss_bytes': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
       'torch': torch.__version__, 'timm': timm.__version__,
-      'torch_cpu_capability': torch.backends.cpu.get_cpu_capability(),
+      'torch_cpu_capability': torch.backends.cpu.get_cpu_capability(), 'device': device,
+      'device_name': torch.cuda.get_device_name() if device == 'cuda' else 'cpu',
+      'peak_memory_bytes': torch.cuda.max_memory_allocated() if device == 'cuda' else None,
   }
 
 
@@ -117,12 +130,14 @@ def main() -> None:
   parser.add_argument('--steps', type=int, default=8)
   parser.add_argument('--warmup', type=int, default=2)
   parser.add_argument('--threads', type=int, default=os.cpu_count())
+  parser.add_argument('--device', default='auto', choices=('auto', 'cpu', 'cuda'),
+                      help='auto: CUDA where torch sees a GPU, else the CPU')
   parser.add_argument('--out', default='', help='JSON file for the results')
   parser.add_argument('--cell', default='', help='internal: one setting, in this process')
   args = parser.parse_args()
   if args.cell:
     print(json.dumps(measure(args.model, args.batch_size, args.image_size, args.cell,
-                             args.steps, args.warmup, args.threads)))
+                             args.steps, args.warmup, args.threads, args.device)))
     return
   settings = args.autocast.split(',')
   for autocast in settings:
@@ -139,8 +154,8 @@ def main() -> None:
     except RuntimeError as e:
       sys.exit(str(e))
   print(f'timm {rows[0]["timm"]}, torch {rows[0]["torch"]}: {args.model}, batch '
-        f'{args.batch_size}, {args.threads} threads, median of {args.steps} steps.\n'
-        f'CPU: {host_cpu.describe(cpu)}')
+        f'{args.batch_size}, on {rows[0]["device_name"]} ({args.threads} CPU threads), '
+        f'median of {args.steps} steps.\nCPU: {host_cpu.describe(cpu)}')
   print(f'{"autocast":10}{"step ms":>9}{"img/s":>8}{"host RSS":>10}')
   for r in rows:
     print(f'{r["autocast"]:10}{1e3 * r["step_s_median"]:>9.1f}{r["images_per_s"]:>8.1f}'

@@ -30,7 +30,6 @@ big_vision's own train step keeps them (its default ``sharding_strategy``).
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 from absl import flags
@@ -82,37 +81,13 @@ def cell_config(setting: Any, model: str, batch: int, image_size: int = 224,
 
 
 def big_vision_model(path: str, config: Any) -> Any:
-  """big_vision's ViT of the cell's size, image size and depth (``dtype_mm='bfloat16'``,
-  class token), as a Linen module that returns the logits; its FLOPs are vit_jax's count of
-  all tokens."""
-  import flax.linen as nn
-
+  """big_vision's ViT (``vit_jax.benchmarks.big_vision``) of the cell's model, image size
+  and depth."""
   from vit_jax import config_base
-  from vit_jax.models import get_model, registry
-
-  sys.path.insert(0, os.path.abspath(path))
-  from big_vision.models import vit as bv  # noqa: PLC0415 (a checkout given by path)
+  from vit_jax.benchmarks import big_vision
 
   name, options = config_base.model_options(config.model)
-  shape = {k: options[k] for k in ('image_size', 'num_layers') if options.get(k) is not None}
-  ours = get_model(name, num_classes=1000, **shape)
-  size = registry.model_kwargs(name)
-  variant = {768: 'B', 1024: 'L', 1280: 'H', 384: 'S', 192: 'Ti'}[size['hidden_size']]
-
-  class BigVision(nn.Module):
-    image_size: tuple[int, int] = ours.image_size
-    scan: bool = False
-
-    def forward_flops(self, all_tokens: bool = False) -> int | None:
-      return ours.forward_flops(all_tokens=True)  # big_vision computes every token.
-
-    @nn.compact
-    def __call__(self, images, train: bool = False):
-      return bv.Model(num_classes=1000, variant=f'{variant}/{size["patch_size"]}',
-                      depth=ours.num_layers, pool_type='tok', dtype_mm='bfloat16',
-                      name='vit')(images, train=train)[0]
-
-  return BigVision()
+  return big_vision.vit(path, name, options.get('image_size') or 224, options.get('num_layers'))
 
 
 def run_cell(config: Any, devices: list, label: str, model: Any = None) -> dict[str, Any]:

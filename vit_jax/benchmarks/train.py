@@ -27,11 +27,16 @@ The step is ``vit_jax.train.make_train_step`` (the one training uses: Adam,
 softmax cross-entropy, donated state) on random images already on the devices,
 so the input pipeline is not part of it (see ``vit_jax.benchmarks.input``).
 
+``--big_vision=PATH`` (a big_vision checkout; not a dependency) adds big_vision's ViT of
+the same model (``vit_jax.benchmarks.big_vision``: ``dtype_mm='bfloat16'``, class token)
+in the same step, as a cell of the same run; its FLOPs are those of every token.
+
 ``--timm_python=PATH`` adds timm's train step of the same model, run by that Python
-(``vit_jax.benchmarks.timm_step``), as cells of the same run, each alone on the machine
-like the others: the table gives them the model's FLOPs with every token computed (timm
-computes them all; vit_jax's last block only the class token's) and the same peaks, and
-every vit_jax row its images/s over timm's at the same matmul precision ("vs timm"). The
+(``vit_jax.benchmarks.timm_step``; on the GPU where torch sees one), as cells of the same
+run, each alone on the machine like the others: the table gives them the model's FLOPs
+with every token computed (timm computes them all; vit_jax's last block only the class
+token's) and the same peaks, and every other row its images/s over timm's at the same
+matmul precision ("vs timm": bfloat16 products against timm's bfloat16 autocast). The
 header names the CPU and whether it has bfloat16 instructions (``vit_jax.cpu.host_cpu``).
 """
 
@@ -63,7 +68,8 @@ _BATCH = flags.DEFINE_integer('batch_size', 32, 'Global batch size.')
 _DTYPE = flags.DEFINE_string('dtype', 'float32', 'Compute dtype: float32 or bfloat16.')
 _MATMUL_DTYPE = flags.DEFINE_string('matmul_dtype', 'none', 'Matmul operand dtype with float32 '
                                     'accumulation (bfloat16), or none: the compute dtype.')
-_ATTENTION = flags.DEFINE_string('attention', 'einsum', 'Attention: einsum, xla or cudnn.')
+_ATTENTION = flags.DEFINE_string('attention', 'auto', 'Attention: auto (cuDNN on NVIDIA GPUs '
+                                 'where it applies, else einsum), einsum, xla or cudnn.')
 _REMAT = flags.DEFINE_string('remat', 'none', 'Rematerialisation policy of the blocks.')
 _SCAN = flags.DEFINE_bool('scan', False, 'nn.scan over the blocks.')
 _CPU_DEVICES = flags.DEFINE_integer('cpu_devices', 0, 'Split a CPU host into this many devices '
@@ -84,6 +90,8 @@ _SWEEP = flags.DEFINE_multi_string(
     'sweep', [], 'KEY=V1,V2,...: run every combination of these values (keys: dtype, '
     'matmul_dtype, attention, remat, scan, batch_size, cpu_devices, step_impl, xla_flags, '
     'malloc).')
+_BIG_VISION = flags.DEFINE_string('big_vision', '', 'A big_vision checkout: adds its ViT '
+                                   '(dtype_mm=bfloat16) in the same step as a cell.')
 _TIMM_PYTHON = flags.DEFINE_string(
     'timm_python', '', 'A Python with torch, torchvision and timm: adds timm\'s train step '
     'of the same model to the run (vit_jax.benchmarks.timm_step), one cell per '
@@ -110,7 +118,7 @@ def measure(cell: dict[str, Any]) -> dict[str, Any]:
   import ml_collections
   import numpy as np
 
-  from vit_jax import optim, sharding, train
+  from vit_jax import accelerators, optim, sharding, train
   from vit_jax.models import get_model
 
   if cell['cpu_devices']:
@@ -120,10 +128,15 @@ def measure(cell: dict[str, Any]) -> dict[str, Any]:
   n = cell['peak_size'] or (2048 if backend == 'cpu' else 8192)
   peaks = {dtype: mfu.matmul_peak(dtype, n, cell['peak_repeats']) for dtype in DTYPES}
 
-  model = get_model(cell['model'], num_classes=1000, image_size=cell['image_size'],
-                    dtype=cell['dtype'], attention_impl=cell['attention'],
-                    matmul_dtype=None if cell['matmul_dtype'] == 'none' else cell['matmul_dtype'],
-                    remat_policy=cell['remat'], scan=cell['scan'])
+  if cell['framework'] == 'big_vision':
+    from vit_jax.benchmarks import big_vision
+
+    model = big_vision.vit(cell['path'], cell['model'], cell['image_size'])
+  else:
+    model = get_model(cell['model'], num_classes=1000, image_size=cell['image_size'],
+                      dtype=cell['dtype'], attention_impl=cell['attention'],
+                      matmul_dtype=None if cell['matmul_dtype'] == 'none'
+                      else cell['matmul_dtype'], remat_policy=cell['remat'], scan=cell['scan'])
   config = ml_collections.ConfigDict(dict(
       objective='classification', loss='softmax_xent', label_smoothing=0., mixup_alpha=0.,
       cutmix_alpha=0.,
@@ -175,6 +188,7 @@ def measure(cell: dict[str, Any]) -> dict[str, Any]:
       **cell,
       'backend': backend, 'device_kind': devices[0].device_kind, 'devices': len(devices),
       'peak_flops_float32': peaks['float32'], 'peak_flops_bfloat16': peaks['bfloat16'],
+      'published_peak_flops_bfloat16': accelerators.peak_bf16_flops(devices[0].device_kind),
       'peak_matmul_size': n,
       'compile_s': compile_s, 'step_s_median': step_s, 'step_s_all': times,
       'images_per_s': images_per_s, 'images_per_s_per_device': images_per_s / len(devices),
@@ -197,7 +211,8 @@ def _bool(value: str) -> bool:
 
 
 def cells_from_flags() -> list[dict[str, Any]]:
-  """The cells of this run: the flags' values, crossed with every --sweep, then timm's."""
+  """The cells of this run: the flags' values, crossed with every --sweep, then big_vision's
+  and timm's."""
   base = dict(framework='vit_jax', model=_MODEL.value, image_size=_IMAGE_SIZE.value,
               batch_size=_BATCH.value, dtype=_DTYPE.value, matmul_dtype=_MATMUL_DTYPE.value,
               attention=_ATTENTION.value, remat=_REMAT.value, scan=_SCAN.value,
@@ -217,6 +232,12 @@ def cells_from_flags() -> list[dict[str, Any]]:
       raise app.UsageError(f'--sweep={item!r}: malloc takes {host_memory.MODES}.')
     axes.append([(key, parse(v)) for v in values.split(',')])
   cells = [{**base, **dict(combo)} for combo in itertools.product(*axes)]
+  if _BIG_VISION.value:
+    if not os.path.isdir(os.path.join(_BIG_VISION.value, 'big_vision', 'models')):
+      raise app.UsageError(f'--big_vision={_BIG_VISION.value}: not a big_vision checkout (no '
+                           'big_vision/models in it).')
+    cells.append({**base, 'framework': 'big_vision', 'path': _BIG_VISION.value,
+                  'dtype': 'float32', 'matmul_dtype': 'bfloat16', 'attention': 'einsum'})
   for cell in cells:  # Recorded as the mode itself.
     if cell['malloc'] == 'as_main':
       cell['malloc'] = host_memory.default_mode(cell['cpu_devices'])
@@ -242,6 +263,8 @@ def label(cell: dict[str, Any], varying: list[str]) -> str:
   """The options that tell this cell from the others of its sweep."""
   if cell['framework'] == 'timm':
     return f'timm autocast={cell["autocast"]}'
+  if cell['framework'] == 'big_vision':
+    return 'big_vision dtype_mm=bfloat16'
   return ' '.join(f'{k}={cell[k]}' for k in varying) or cell['dtype']
 
 
@@ -264,19 +287,25 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
   return {**cell, **results.run_cell(command, f'cell {cell}', env)}
 
 
+def matmul_precision(row: dict[str, Any]) -> str:
+  """'bfloat16' where a jax row's products take bfloat16 operands (``dtype`` or
+  ``matmul_dtype``; float32 accumulation either way), else 'none': timm's autocast names."""
+  return 'bfloat16' if 'bfloat16' in (row['dtype'], row['matmul_dtype']) else 'none'
+
+
 def compare_with_timm(rows: list[dict[str, Any]]) -> None:
   """Gives timm's rows the model FLOPs of the same model with every token computed (timm's
-  last block computes them all), and every vit_jax row its images/s over timm's with the
-  same matmul precision (autocast == matmul_dtype)."""
-  ours = [r for r in rows if r['framework'] == 'vit_jax']
+  last block computes them all), and every other row its images/s over timm's with the
+  same matmul precision (``matmul_precision`` == autocast)."""
+  jax_rows = [r for r in rows if r['framework'] != 'timm']
   timm = {r['autocast']: r for r in rows if r['framework'] == 'timm'}
-  flops = ours[0]['analytic_flops_all_tokens_per_image']
+  flops = jax_rows[0]['analytic_flops_all_tokens_per_image']
   for r in timm.values():
     r.update(devices=1, images_per_s_per_device=r['images_per_s'],
              analytic_flops_per_image=flops, xla_flops_per_image=None,
              achieved_flops=flops * r['images_per_s'] if flops else None)
-  for r in ours:
-    reference = timm.get(r['matmul_dtype']) if r['dtype'] == 'float32' else None
+  for r in jax_rows:
+    reference = timm.get(matmul_precision(r))
     r['vs_timm'] = r['images_per_s'] / reference['images_per_s'] if reference else None
 
 
@@ -285,12 +314,17 @@ def format_table(rows: list[dict[str, Any]], varying: list[str]) -> str:
   def num(value: float | None, fmt: str, unit: str = '') -> str:
     return 'n/a' if value is None else format(value, fmt) + unit
 
+  def percent(value: float | None, width: int) -> str:
+    return f'{num(value and 100 * value, ".1f", "%"):>{width}}'
+
   with_timm = any(r['framework'] == 'timm' for r in rows)
+  with_published = any(r['mfu_published_bfloat16'] for r in rows)
   labels = [label(r, varying).replace('--xla_cpu_', '') for r in rows]
   width = max(len(x) for x in labels + ['cell']) + 2
   header = (f'{"cell":{width}}{"compile s":>10}{"step ms":>9}{"img/s":>8}{"img/s/dev":>10}'
             f'{"GFLOP/img":>10}{"XLA/model":>10}{"TFLOP/s":>9}{"MFU f32":>8}{"MFU bf16":>9}'
-            f'{"peak mem":>10}{"faults/step":>12}{"host RSS":>10}'
+            + (f'{"MFU pub":>8}' if with_published else '')
+            + f'{"peak mem":>10}{"faults/step":>12}{"host RSS":>10}'
             + (f'{"vs timm":>9}' if with_timm else ''))
   lines = [header]
   for name, r in zip(labels, rows, strict=True):
@@ -302,8 +336,8 @@ def format_table(rows: list[dict[str, Any]], varying: list[str]) -> str:
         f'{r["images_per_s"]:>8.1f}{r["images_per_s_per_device"]:>10.1f}'
         f'{num(flops and flops / 1e9, ".2f"):>10}{num(r.get("xla_over_analytic"), ".3f"):>10}'
         f'{num(r["achieved_flops"] and r["achieved_flops"] / 1e12, ".3f"):>9}'
-        f'{num(r["mfu_float32"] and 100 * r["mfu_float32"], ".1f", "%"):>8}'
-        f'{num(r["mfu_bfloat16"] and 100 * r["mfu_bfloat16"], ".1f", "%"):>9}'
+        f'{percent(r["mfu_float32"], 8)}{percent(r["mfu_bfloat16"], 9)}'
+        + (percent(r['mfu_published_bfloat16'], 8) if with_published else '') +
         f'{num(memory and memory / 2**20, ".0f", " MiB"):>10}{r["page_faults_per_step"]:>12.0f}'
         f'{r["max_rss_bytes"] / 2**20:>6.0f} MiB'
         + (f'{num(r.get("vs_timm"), ".2f", "x"):>9}' if with_timm else ''))
@@ -320,35 +354,50 @@ def main(argv: list[str]) -> None:
   cells = cells_from_flags()
   varying = [k for k in SWEEP_KEYS
              if len({str(c[k]) for c in cells if c['framework'] == 'vit_jax'}) > 1]
-  rows = []
+  rows, failed = [], []
   for i, cell in enumerate(cells):
     print(f'[{i + 1}/{len(cells)}] {label(cell, varying)} ...', flush=True)
-    rows.append(run_cell(cell))
+    try:
+      rows.append(run_cell(cell))
+    except RuntimeError as e:  # The other cells still run (an out-of-memory batch, say).
+      print(e, file=sys.stderr, flush=True)
+      failed.append({**cell, 'error': str(e)})
+  jax_rows = [r for r in rows if r['framework'] != 'timm']
+  if not jax_rows:
+    sys.exit(f'error: every jax cell failed ({len(failed)}); their errors are above.')
   compare_with_timm(rows)
   # One denominator for the whole table: the best peak of all devices together that
   # any cell measured (XLA flags can speed up the matmul too, and MFU must not rise
   # merely because the peak fell).
-  ours = [r for r in rows if r['framework'] == 'vit_jax']
-  peaks = {dtype: max(r[f'peak_flops_{dtype}'] * r['devices'] for r in ours)
+  peaks = {dtype: max(r[f'peak_flops_{dtype}'] * r['devices'] for r in jax_rows)
            for dtype in DTYPES}
+  first = jax_rows[0]
+  published = first['published_peak_flops_bfloat16']
   for r in rows:
+    achieved = r['achieved_flops']
     for dtype in DTYPES:
-      achieved = r['achieved_flops']
       r[f'mfu_{dtype}'] = achieved / peaks[dtype] if achieved else None
-  first = ours[0]
-  devices = sorted({r['devices'] for r in ours})
+    r['mfu_published_bfloat16'] = (achieved / (published * r['devices'])
+                                   if achieved and published else None)
+  devices = sorted({r['devices'] for r in jax_rows})
   print(f'\n{first["model"]} at {first["image_size"]} px, batch {first["batch_size"]}, on '
         f'{"/".join(map(str, devices))} x {first["device_kind"]} ({first["backend"]}); '
         f'median of {first["steps"]} steps. Peak matmul (n={first["peak_matmul_size"]}, '
         f'best of the cells, all devices together): float32 {peaks["float32"] / 1e9:.0f} '
         f'GFLOP/s, bfloat16 {peaks["bfloat16"] / 1e9:.0f} GFLOP/s. MFU: model FLOPs '
-        '(3 x forward, 2 per multiply-add) per second over that peak.\n'
+        '(3 x forward, 2 per multiply-add) per second over that peak'
+        + (f'; "MFU pub": over the published bfloat16 peak, {published / 1e12:.0f} TFLOP/s a '
+           'device' if published else '') + '.\n'
         f'CPU: {host_cpu.describe(cpu)}')
   print(format_table(rows, varying))
+  for cell in failed:
+    print(f'{label(cell, varying)}: failed (its error is above)')
   if _OUT.value:
     results.write(_OUT.value, 'vit_jax.benchmarks.train', cpu, load,
                   peak_flops_all_devices=peaks, machine=platform.machine(),
-                  cpus=os.cpu_count(), cells=rows)
+                  cpus=os.cpu_count(), cells=rows, failed=failed)
+  if failed:
+    sys.exit(1)
 
 
 if __name__ == '__main__':
