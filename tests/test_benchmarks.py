@@ -83,15 +83,20 @@ def test_each_cell_measures_consistently(sweep):
   assert 1.0 <= unrolled['xla_over_analytic'] < 1.5
 
 
+def small_run(out, *flags, devices=1) -> subprocess.CompletedProcess:
+  """The train benchmark on Ti/16 at 32 px, a few steps, with ``flags``; JSON to ``out``."""
+  return subprocess.run(
+      [sys.executable, '-m', 'vit_jax.benchmarks.train', '--model=ti16', '--image_size=32',
+       '--steps=2', '--warmup=1', '--peak_size=256', '--peak_repeats=3', *flags,
+       f'--out={out}'],
+      capture_output=True, text=True, env=env(devices=devices), timeout=600, check=False)
+
+
 @pytest.mark.skipif(TIMM_PYTHON is None, reason='needs a Python with torch, torchvision and '
                     'timm (not vit_jax dependencies): set VIT_JAX_TIMM_PYTHON')
 def test_timm_cells_join_the_run_with_the_same_model_flops(tmp_path):
   out = tmp_path / 'train.json'
-  done = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.benchmarks.train', '--model=ti16', '--image_size=32',
-       '--batch_size=8', '--steps=2', '--warmup=1', '--peak_size=256', '--peak_repeats=3',
-       f'--timm_python={TIMM_PYTHON}', f'--out={out}'],
-      capture_output=True, text=True, env=env(devices=1), timeout=600, check=False)
+  done = small_run(out, '--batch_size=8', f'--timm_python={TIMM_PYTHON}')
   assert done.returncode == 0, done.stderr[-3000:]
   ours, timm = json.loads(out.read_text())['cells']
   assert timm['framework'] == 'timm' and timm['timm_model'] == 'vit_tiny_patch16_224'
@@ -110,11 +115,7 @@ BIG_VISION = os.environ.get('VIT_JAX_BIG_VISION')
                     'dependency): set VIT_JAX_BIG_VISION')
 def test_big_vision_cell_joins_the_run_with_every_tokens_flops(tmp_path):
   out = tmp_path / 'train.json'
-  done = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.benchmarks.train', '--model=ti16', '--image_size=32',
-       '--batch_size=8', '--steps=2', '--warmup=1', '--peak_size=256', '--peak_repeats=3',
-       f'--big_vision={BIG_VISION}', f'--out={out}'],
-      capture_output=True, text=True, env=env(devices=1), timeout=600, check=False)
+  done = small_run(out, '--batch_size=8', f'--big_vision={BIG_VISION}')
   assert done.returncode == 0, done.stderr[-3000:]
   ours, theirs = json.loads(out.read_text())['cells']
   assert theirs['framework'] == 'big_vision' and theirs['matmul_dtype'] == 'bfloat16'
@@ -128,11 +129,7 @@ def test_a_failed_cell_leaves_the_others_measured(tmp_path):
   """Batch 3 over 2 devices cannot split: that cell fails, the other is measured, the run
   says so and exits 1."""
   out = tmp_path / 'train.json'
-  done = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.benchmarks.train', '--model=ti16', '--image_size=32',
-       '--steps=2', '--warmup=1', '--peak_size=256', '--peak_repeats=3',
-       '--sweep=batch_size=3,4', f'--out={out}'],
-      capture_output=True, text=True, env=env(devices=2), timeout=600, check=False)
+  done = small_run(out, '--sweep=batch_size=3,4', devices=2)
   assert done.returncode == 1, done.stderr[-3000:]
   result = json.loads(out.read_text())
   assert [c['batch_size'] for c in result['cells']] == [4]
