@@ -272,6 +272,63 @@ def test_tpu_step_fine_tuning_cell_is_the_papers_step_at_its_resolution():
   assert optax.TraceState in kinds and optax.ScaleByAdamState not in kinds, kinds
 
 
+def tpu_step(*args: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, '-m', 'vit_jax.benchmarks.tpu_step', *args],
+                        capture_output=True, text=True, env=env(devices=1), cwd=ROOT,
+                        timeout=600, check=False)
+
+
+@pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
+                    reason='compiling for a TPU needs libtpu (the [tpu] extra)')
+def test_tpu_step_extrapolated_from_two_depths_is_the_compiled_step(tmp_path):
+  """--depths=2,3 --depth=4 against the 4-block step compiled whole: the same FLOPs, the
+  same time within 1%, the same HBM within 15% (the buffer assignment is not exactly
+  affine in the depth)."""
+  cell = ['--topology=v3-8', '--cells=ti16:64', '--set=model.scan=False', '--depth=4',
+          '--setting=configs/vit_b16_finetune.py:imagenet2012']
+  done = tpu_step(*cell, '--depths=2,3', f'--json={tmp_path / "two.json"}')
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert tpu_step(*cell, f'--json={tmp_path / "whole.json"}').returncode == 0
+  (guess,), (whole,) = (json.loads((tmp_path / f).read_text())['cells']
+                        for f in ('two.json', 'whole.json'))
+  assert [r['num_layers'] for r in guess['extrapolated_from']] == [2, 3]
+  assert guess['num_layers'] == whole['num_layers'] == 4 and guess['fits']
+  assert guess['train_flops_per_image'] == pytest.approx(whole['train_flops_per_image'])
+  assert guess['step_seconds'] == pytest.approx(whole['step_seconds'], rel=0.01)
+  assert guess['hbm_bytes_per_device'] == pytest.approx(whole['hbm_bytes_per_device'], rel=0.15)
+  assert 'ti16 @ 64, 224 px, 4 blocks from 2 and 3 vit_jax' in done.stdout
+
+
+@pytest.mark.parametrize('depths', ['2', '2,2', '0,2', '2,x'])
+def test_tpu_step_refuses_malformed_depths(depths):
+  done = tpu_step(f'--depths={depths}')
+  assert done.returncode == 2, done.stderr[-2000:]
+  assert done.stderr.strip().splitlines()[-1].startswith(f'error: --depths={depths} is not '
+                                                         'two different positive block counts')
+
+
+@pytest.mark.skipif(not BIG_VISION, reason='needs a big_vision checkout (not a vit_jax '
+                    'dependency): set VIT_JAX_BIG_VISION')
+def test_big_vision_unrolled_remat_is_its_model_rematerialised():
+  """big_vision's ViT with each block rematerialised (its unrolled loop has no remat): the
+  same parameters and gradients as without, and a remat in the program."""
+  import jax
+  import jax.numpy as jnp
+
+  from vit_jax.benchmarks import big_vision
+
+  images = jax.random.normal(jax.random.key(0), (2, 32, 32, 3))
+  plain, remat = (big_vision.vit(BIG_VISION, 'ti16', 32, 2, remat_policy=policy)
+                  for policy in ('none', 'full'))
+  params = plain.init(jax.random.key(1), images)
+  chex.assert_trees_all_equal_structs(params, remat.init(jax.random.key(1), images))
+  loss = lambda model: lambda p: jnp.sum(model.apply(p, images, train=True) ** 2)
+  chex.assert_trees_all_close(jax.grad(loss(remat))(params), jax.grad(loss(plain))(params),
+                              rtol=1e-5, atol=1e-6)
+  programs = [str(jax.make_jaxpr(loss(m))(params)) for m in (plain, remat)]
+  assert 'remat' not in programs[0] and 'remat' in programs[1]
+
+
 @pytest.mark.parametrize('cells', ['b16', 'b16:0', 'b16:512:x', 'b16:1:2:3'])
 def test_tpu_step_refuses_a_malformed_cell(cells):
   done = subprocess.run(

@@ -64,6 +64,8 @@ CASES = [
     ('vit_jax.tools.aot', [f'--config={QUICKSTART}'], '--topology is required', True),
     *[(f'vit_jax.benchmarks.{name}', ['--bogus'], "Unknown command line flag 'bogus'", True)
       for name in ('train', 'input', 'integrity', 'tpu_step', 'faults')],
+    *[(f'vit_jax.benchmarks.{name}', ['--big_vision={dir}'], 'not a big_vision checkout', True)
+      for name in ('train', 'tpu_step')],
     # These modules import jax (not its backends) before main runs.
     ('vit_jax.evaluate', [], '--workdir is required', False),
     ('vit_jax.evaluate', ['--workdir={dir}/nope'], 'does not exist', False),

@@ -20,6 +20,10 @@ fine-tuning recipe's step (SGD with momentum 0.9, clipping at global norm 1), un
         --setting=configs/vit_b16_finetune.py:imagenet2012 --set=model.scan=False
 
 ``--depth=N`` gives every model (both implementations) N blocks: quick comparisons of ideas.
+``--depths=A,B`` compiles every model at A and B blocks and extrapolates the time, HBM and
+FLOPs to its depth (--depth, or the model's own): an unrolled step is a fixed part plus one
+identical part a block, so each is affine in the depth. It is for cells too deep to compile
+whole on the machine at hand (H/14 at 518 px); how close it comes is in RESULTS.
 
 ``--big_vision=PATH`` (a checkout of google-research/big_vision; not a dependency) adds
 big_vision's ViT with ``dtype_mm='bfloat16'`` and its class token, in the same step:
@@ -43,6 +47,8 @@ _SET = flags.DEFINE_multi_string('set', [], 'KEY=VALUE: an override of the setti
                                  'model.scan=False for a fine-tuning config.')
 _DEPTH = flags.DEFINE_integer('depth', None, 'Blocks of every model (both implementations): '
                               'shallow cells compile fast, to compare ideas.')
+_DEPTHS = flags.DEFINE_list('depths', None, 'A,B: compile every model at A and B blocks and '
+                            'extrapolate to its depth (affine in the depth).')
 _SWEEP = flags.DEFINE_multi_string('sweep', [], 'KEY=A,B: more vit_jax cells, e.g. '
                                    'model.remat_policy=none,dots.')
 _BIG_VISION = flags.DEFINE_string('big_vision', None, 'A big_vision checkout, for its ViT.')
@@ -64,6 +70,19 @@ def parse_cell(text: str) -> tuple[str, int, int]:
   return parts[0], int(parts[1]), int(parts[2]) if len(parts) == 3 else 224
 
 
+def parse_depths(text: list[str] | None) -> list[int] | None:
+  """``--depths=A,B`` -> [A, B]: two different positive block counts."""
+  from vit_jax import errors
+
+  if text is None:
+    return None
+  if (len(text) != 2 or not all(t.isdigit() and int(t) > 0 for t in text)
+      or text[0] == text[1]):
+    raise errors.UserError(f'--depths={",".join(text)} is not two different positive block '
+                           'counts (e.g. --depths=2,4).')
+  return sorted(int(t) for t in text)
+
+
 def cell_config(setting: Any, model: str, batch: int, image_size: int = 224,
                 depth: int | None = None) -> Any:
   """A cell's config: ``setting``'s precision, optimizer and mesh; the cell's model, image
@@ -81,13 +100,27 @@ def cell_config(setting: Any, model: str, batch: int, image_size: int = 224,
 
 
 def big_vision_model(path: str, config: Any) -> Any:
-  """big_vision's ViT (``vit_jax.benchmarks.big_vision``) of the cell's model, image size
-  and depth."""
+  """big_vision's ViT (``vit_jax.benchmarks.big_vision``) of the cell's model, image size,
+  depth, scan and remat."""
   from vit_jax import config_base
   from vit_jax.benchmarks import big_vision
 
   name, options = config_base.model_options(config.model)
-  return big_vision.vit(path, name, options.get('image_size') or 224, options.get('num_layers'))
+  return big_vision.vit(path, name, options.get('image_size') or 224, options.get('num_layers'),
+                        scan=bool(options.get('scan')),
+                        remat_policy=options.get('remat_policy') or 'none')
+
+
+def big_vision_label(setting: Any) -> str:
+  """big_vision's cells by what they run: its precision, and its scan and remat."""
+  from vit_jax.benchmarks import big_vision
+
+  remat = setting.model.remat_policy or 'none'
+  if setting.model.scan:
+    remat = f' scan, remat {big_vision.SCAN_REMAT_POLICIES[remat]}'
+  else:
+    remat = f' remat {remat} a block' if remat != 'none' else ''
+  return f'big_vision dtype_mm=bfloat16{remat}'
 
 
 def run_cell(config: Any, devices: list, label: str, model: Any = None) -> dict[str, Any]:
@@ -106,24 +139,89 @@ def run_cell(config: Any, devices: list, label: str, model: Any = None) -> dict[
          'image_size': config.model.image_size, 'num_layers': config.model.num_layers,
          'fits': train['fits'], 'step_seconds': seconds,
          'hbm_bytes_per_device': train.get('hbm_bytes_per_device') or train.get(
-             'required_bytes'), 'mfu': mfu, 'compile_seconds': train['compile_seconds']}
-  print(f'{label:70} {aot.ms(seconds):>10} {aot.gib(row["hbm_bytes_per_device"]):>10}'
-        f'{f"  MFU {mfu:.1%}" if mfu else ""}{"" if row["fits"] else "  does not fit"}',
-        flush=True)
+             'required_bytes'), 'mfu': mfu, 'train_flops_per_image': flops,
+         'compile_seconds': train['compile_seconds']}
+  print_row(row)
   return row
+
+
+def print_row(row: dict[str, Any]) -> None:
+  """A cell's line: its label, step time, HBM per device, MFU and whether it fits."""
+  from vit_jax.tools import aot
+
+  mfu = row['mfu']
+  print(f'{row["cell"]:70} {aot.ms(row["step_seconds"]):>10} '
+        f'{aot.gib(row["hbm_bytes_per_device"]):>10}{f"  MFU {mfu:.1%}" if mfu else ""}'
+        f'{"" if row["fits"] else "  does not fit"}', flush=True)
+
+
+def extrapolate(shallow: list[dict[str, Any]], depth: int, label: str, devices: list,
+                hbm_per_device: int) -> dict[str, Any]:
+  """A cell's row at ``depth`` blocks from its rows at two other depths: time, HBM and
+  FLOPs are a fixed part plus one part a block (an unrolled step repeats the same block)."""
+  from vit_jax import accelerators
+
+  (a, b), (ra, rb) = (r['num_layers'] for r in shallow), shallow
+
+  def at_depth(key: str) -> float | None:
+    if ra[key] is None or rb[key] is None:
+      return None
+    return ra[key] + (depth - a) * (rb[key] - ra[key]) / (b - a)
+
+  seconds, flops, hbm = (at_depth(k) for k in
+                         ('step_seconds', 'train_flops_per_image', 'hbm_bytes_per_device'))
+  peak = accelerators.peak_bf16_flops(devices[0].device_kind)
+  mfu = flops * ra['batch_size'] / seconds / (peak * len(devices)) if (
+      seconds and flops and peak) else None
+  row = {**ra, 'cell': label, 'num_layers': depth, 'step_seconds': seconds,
+         'hbm_bytes_per_device': hbm, 'train_flops_per_image': flops, 'mfu': mfu,
+         'fits': all(r['fits'] for r in shallow) and hbm is not None and hbm <= hbm_per_device,
+         'compile_seconds': sum(r['compile_seconds'] for r in shallow),
+         'extrapolated_from': shallow}
+  print_row(row)
+  return row
+
+
+def measure(setting: Any, cell: tuple[str, int, int], what: str, tpu: Any, devices: list,
+            depth: int | None, depths: list[int] | None,
+            big_vision: str | None = None) -> dict[str, Any]:
+  """A cell's row, vit_jax's in ``setting`` or (``big_vision``: a checkout) big_vision's, at
+  ``depth`` blocks (None: the model's own): compiled, or compiled at ``depths`` and
+  extrapolated."""
+  from vit_jax.models import registry
+
+  model, batch, pixels = cell
+
+  def compile_at(layers: int | None) -> dict[str, Any]:
+    config = cell_config(setting, model, batch, pixels, layers)
+    if big_vision:
+      config.mesh.shard_state = False  # As big_vision's own step keeps its state.
+    blocks = f', {layers} blocks' if layers else ''
+    return run_cell(config, devices, f'{model} @ {batch}, {pixels} px{blocks} {what}',
+                    big_vision_model(big_vision, config) if big_vision else None)
+
+  if not depths:
+    return compile_at(depth)
+  depth = depth or registry.model_kwargs(model)['num_layers']
+  return extrapolate([compile_at(d) for d in depths], depth,
+                     f'{model} @ {batch}, {pixels} px, {depth} blocks from {depths[0]} and '
+                     f'{depths[1]} {what}', devices, tpu.hbm_per_device)
 
 
 def main(argv: list[str]) -> None:
   del argv
   os.environ.setdefault('JAX_PLATFORMS', 'cpu')
   from vit_jax import accelerators, config_cli, errors
-  from vit_jax.benchmarks import results
+  from vit_jax.benchmarks import big_vision, results
 
   cells = [parse_cell(c) for c in _CELLS.value]
   bad = [item for item in _SET.value + _SWEEP.value if '=' not in item]
   if bad:
     raise errors.UserError(f'--set or --sweep {bad[0]} is not KEY=VALUE '
                            '(e.g. --set=model.scan=False).')
+  depths = parse_depths(_DEPTHS.value)
+  if _BIG_VISION.value and big_vision.not_a_checkout(_BIG_VISION.value):
+    raise errors.UserError(big_vision.not_a_checkout(_BIG_VISION.value))
   overrides = [tuple(item.split('=', 1)) for item in _SET.value]
   setting = config_cli.load(_SETTING.value, overrides, flag='setting')
   tpu = accelerators.tpu_slice(_TOPOLOGY.value)
@@ -131,30 +229,24 @@ def main(argv: list[str]) -> None:
   print(f'{tpu.name} ({tpu.topology}), {len(devices)} x {devices[0].device_kind}; step time '
         'from the TPU cost model, HBM per device from the compiled program.')
   name = ' '.join([_SETTING.value, *_SET.value])
+  where = {'tpu': tpu, 'devices': devices, 'depth': _DEPTH.value, 'depths': depths}
   rows = []
-  for model, batch, pixels in cells:
-    config = cell_config(setting, model, batch, pixels, _DEPTH.value)
-    label = f'{model} @ {batch}, {pixels} px' + (f', {_DEPTH.value} blocks' if _DEPTH.value
-                                                 else '')
-    rows.append(run_cell(config, devices, f'{label} vit_jax ({name})') | {
+  for cell in cells:
+    rows.append(measure(setting, cell, f'vit_jax ({name})', **where) | {
         'implementation': 'vit_jax'})
     for sweep in _SWEEP.value:
       key, values = sweep.split('=', 1)
       for value in values.split(','):
-        swept = cell_config(config_cli.load(_SETTING.value, [*overrides, (key, value)],
-                                            flag='setting'), model, batch, pixels, _DEPTH.value)
-        rows.append(run_cell(swept, devices, f'{label} vit_jax {key}={value}') | {
+        swept = config_cli.load(_SETTING.value, [*overrides, (key, value)], flag='setting')
+        rows.append(measure(swept, cell, f'vit_jax {key}={value}', **where) | {
             'implementation': 'vit_jax', 'sweep': {key: value}})
     if _BIG_VISION.value:
-      reference = config.copy_and_resolve_references()
-      reference.mesh.shard_state = False  # As big_vision's own step keeps its state.
-      rows.append(run_cell(reference, devices, f'{label} big_vision dtype_mm=bfloat16',
-                           big_vision_model(_BIG_VISION.value, reference)) | {
-                               'implementation': 'big_vision'})
+      rows.append(measure(setting, cell, big_vision_label(setting), **where,
+                          big_vision=_BIG_VISION.value) | {'implementation': 'big_vision'})
   if _JSON.value:
     results.write(_JSON.value, 'vit_jax.benchmarks.tpu_step', cpu={}, load=os.getloadavg(),
                   topology=tpu.name, libtpu_topology=tpu.topology, setting=name,
-                  depth=_DEPTH.value, cells=rows)
+                  depth=_DEPTH.value, depths=depths, cells=rows)
 
 
 if __name__ == '__main__':

@@ -233,9 +233,10 @@ def cells_from_flags() -> list[dict[str, Any]]:
     axes.append([(key, parse(v)) for v in values.split(',')])
   cells = [{**base, **dict(combo)} for combo in itertools.product(*axes)]
   if _BIG_VISION.value:
-    if not os.path.isdir(os.path.join(_BIG_VISION.value, 'big_vision', 'models')):
-      raise app.UsageError(f'--big_vision={_BIG_VISION.value}: not a big_vision checkout (no '
-                           'big_vision/models in it).')
+    from vit_jax.benchmarks import big_vision
+
+    if big_vision.not_a_checkout(_BIG_VISION.value):
+      raise app.UsageError(big_vision.not_a_checkout(_BIG_VISION.value))
     cells.append({**base, 'framework': 'big_vision', 'path': _BIG_VISION.value,
                   'dtype': 'float32', 'matmul_dtype': 'bfloat16', 'attention': 'einsum'})
   for cell in cells:  # Recorded as the mode itself.
