@@ -228,14 +228,19 @@ def test_timm_step_without_timm_says_how_to_install_it():
   assert 'needs torch, torchvision and timm, which vit_jax does not depend on' in done.stderr
 
 
+def tpu_step(*args: str) -> subprocess.CompletedProcess:
+  """A run of the vit_jax.benchmarks.tpu_step CLI on one CPU device."""
+  return subprocess.run([sys.executable, '-m', 'vit_jax.benchmarks.tpu_step', *args],
+                        capture_output=True, text=True, env=env(devices=1), cwd=ROOT,
+                        timeout=600, check=False)
+
+
 @pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
                     reason='compiling for a TPU needs libtpu (the [tpu] extra)')
 def test_tpu_step_prints_and_writes_its_cells(tmp_path):
   out = tmp_path / 'tpu_step.json'
-  done = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.benchmarks.tpu_step', '--topology=v3-8',
-       '--cells=ti16:64', '--sweep=mesh.shard_state=False', f'--json={out}'],
-      capture_output=True, text=True, env=env(devices=1), cwd=ROOT, timeout=600, check=False)
+  done = tpu_step('--topology=v3-8', '--cells=ti16:64', '--sweep=mesh.shard_state=False',
+                  f'--json={out}')
   assert done.returncode == 0, done.stderr[-3000:]
   cells = json.loads(out.read_text())['cells']
   assert [c['cell'] for c in cells] == ['ti16 @ 64, 224 px vit_jax (configs/vit_b16_i1k.py)',
@@ -270,12 +275,6 @@ def test_tpu_step_fine_tuning_cell_is_the_papers_step_at_its_resolution():
   kinds = {type(s) for s in jax.tree.leaves(
       state.opt_state, is_leaf=lambda x: isinstance(x, tuple) and hasattr(x, '_fields'))}
   assert optax.TraceState in kinds and optax.ScaleByAdamState not in kinds, kinds
-
-
-def tpu_step(*args: str) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, '-m', 'vit_jax.benchmarks.tpu_step', *args],
-                        capture_output=True, text=True, env=env(devices=1), cwd=ROOT,
-                        timeout=600, check=False)
 
 
 @pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
@@ -331,9 +330,7 @@ def test_big_vision_unrolled_remat_is_its_model_rematerialised():
 
 @pytest.mark.parametrize('cells', ['b16', 'b16:0', 'b16:512:x', 'b16:1:2:3'])
 def test_tpu_step_refuses_a_malformed_cell(cells):
-  done = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.benchmarks.tpu_step', f'--cells={cells}'],
-      capture_output=True, text=True, env=env(devices=1), cwd=ROOT, timeout=120, check=False)
+  done = tpu_step(f'--cells={cells}')
   assert done.returncode == 2, done.stderr[-2000:]
   assert done.stderr.strip().splitlines()[-1].startswith('error: --cells=') and (
       'MODEL:BATCH[:IMAGE_SIZE]' in done.stderr) and 'Traceback' not in done.stderr
