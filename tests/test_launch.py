@@ -387,11 +387,14 @@ def test_local_launcher_stops_the_others_when_one_process_fails(tmp_path):
 
 @pytest.mark.parametrize('ctrl_c', [False, True])
 def test_local_launcher_passes_sigterm_and_ctrl_c_on_as_sigterm(ctrl_c, tmp_path):
+  # Started as from a terminal: with SIGINT handled, also where these tests run with it
+  # ignored (under nohup, in the background), which bash's trap cannot undo.
   launcher = subprocess.Popen(
       [str(LAUNCH / 'local.sh'), f'--workdir={tmp_path}', '--num-processes=3', '--port=1',
        f'--python={stand_in_python(tmp_path)}'], stdout=subprocess.DEVNULL,
       stderr=subprocess.PIPE, text=True, start_new_session=True,
-      env={'PATH': os.environ['PATH'], 'HOME': str(tmp_path)})
+      env={'PATH': os.environ['PATH'], 'HOME': str(tmp_path)},
+      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   logs = [tmp_path / 'logs' / f'process_{i}.log' for i in range(3)]
   deadline = time.time() + 20
   while not all(log.exists() and 'started' in log.read_text() for log in logs):
