@@ -69,8 +69,8 @@ def vit(path: str, model: str, image_size: int | tuple[int, int] = 224,
   from vit_jax.models import get_model, registry
   from vit_jax.models.vit import REMAT_POLICIES
 
-  if not_a_checkout(path):
-    raise FileNotFoundError(not_a_checkout(path))
+  if why := not_a_checkout(path):
+    raise FileNotFoundError(why)
   sys.path.insert(0, os.path.abspath(path))
   _import_without_tensorflow()
   from big_vision.models import vit as bv  # noqa: PLC0415 (a checkout given by path)

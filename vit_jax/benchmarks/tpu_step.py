@@ -123,23 +123,31 @@ def big_vision_label(setting: Any) -> str:
   return f'big_vision dtype_mm=bfloat16{remat}'
 
 
+def mfu(flops_per_image: float | None, batch: int, seconds: float | None,
+        devices: list) -> float | None:
+  """The model's FLOPs a step at the devices' published bfloat16 peak (None if unknown)."""
+  from vit_jax import accelerators
+
+  peak = accelerators.peak_bf16_flops(devices[0].device_kind)
+  if not (flops_per_image and seconds and peak):
+    return None
+  return flops_per_image * batch / seconds / (peak * len(devices))
+
+
 def run_cell(config: Any, devices: list, label: str, model: Any = None) -> dict[str, Any]:
   """Compiles the cell's train step; its time, HBM and MFU (the model's FLOPs at the chip's
   published bfloat16 peak) per the TPU compiler."""
-  from vit_jax import accelerators
   from vit_jax.tools import aot
 
   facts = aot.compile_steps(config, devices, 0, only_train=True, model=model)
   train = facts['train']
   seconds, flops = train.get('step_seconds'), facts['train_flops_per_image']
-  peak = accelerators.peak_bf16_flops(devices[0].device_kind)
-  mfu = flops * config.batch_size / seconds / (peak * len(devices)) if (
-      seconds and flops and peak) else None
   row = {'cell': label, 'model': config.model.name, 'batch_size': config.batch_size,
          'image_size': config.model.image_size, 'num_layers': config.model.num_layers,
          'fits': train['fits'], 'step_seconds': seconds,
          'hbm_bytes_per_device': train.get('hbm_bytes_per_device') or train.get(
-             'required_bytes'), 'mfu': mfu, 'train_flops_per_image': flops,
+             'required_bytes'), 'mfu': mfu(flops, config.batch_size, seconds, devices),
+         'train_flops_per_image': flops,
          'compile_seconds': train['compile_seconds']}
   print_row(row)
   return row
@@ -149,9 +157,9 @@ def print_row(row: dict[str, Any]) -> None:
   """A cell's line: its label, step time, HBM per device, MFU and whether it fits."""
   from vit_jax.tools import aot
 
-  mfu = row['mfu']
+  util = row['mfu']
   print(f'{row["cell"]:70} {aot.ms(row["step_seconds"]):>10} '
-        f'{aot.gib(row["hbm_bytes_per_device"]):>10}{f"  MFU {mfu:.1%}" if mfu else ""}'
+        f'{aot.gib(row["hbm_bytes_per_device"]):>10}{f"  MFU {util:.1%}" if util else ""}'
         f'{"" if row["fits"] else "  does not fit"}', flush=True)
 
 
@@ -159,8 +167,6 @@ def extrapolate(shallow: list[dict[str, Any]], depth: int, label: str, devices: 
                 hbm_per_device: int) -> dict[str, Any]:
   """A cell's row at ``depth`` blocks from its rows at two other depths: time, HBM and
   FLOPs are a fixed part plus one part a block (an unrolled step repeats the same block)."""
-  from vit_jax import accelerators
-
   (a, b), (ra, rb) = (r['num_layers'] for r in shallow), shallow
 
   def at_depth(key: str) -> float | None:
@@ -170,11 +176,9 @@ def extrapolate(shallow: list[dict[str, Any]], depth: int, label: str, devices: 
 
   seconds, flops, hbm = (at_depth(k) for k in
                          ('step_seconds', 'train_flops_per_image', 'hbm_bytes_per_device'))
-  peak = accelerators.peak_bf16_flops(devices[0].device_kind)
-  mfu = flops * ra['batch_size'] / seconds / (peak * len(devices)) if (
-      seconds and flops and peak) else None
   row = {**ra, 'cell': label, 'num_layers': depth, 'step_seconds': seconds,
-         'hbm_bytes_per_device': hbm, 'train_flops_per_image': flops, 'mfu': mfu,
+         'hbm_bytes_per_device': hbm, 'train_flops_per_image': flops,
+         'mfu': mfu(flops, ra['batch_size'], seconds, devices),
          'fits': all(r['fits'] for r in shallow) and hbm is not None and hbm <= hbm_per_device,
          'compile_seconds': sum(r['compile_seconds'] for r in shallow),
          'extrapolated_from': shallow}
@@ -220,8 +224,8 @@ def main(argv: list[str]) -> None:
     raise errors.UserError(f'--set or --sweep {bad[0]} is not KEY=VALUE '
                            '(e.g. --set=model.scan=False).')
   depths = parse_depths(_DEPTHS.value)
-  if _BIG_VISION.value and big_vision.not_a_checkout(_BIG_VISION.value):
-    raise errors.UserError(big_vision.not_a_checkout(_BIG_VISION.value))
+  if _BIG_VISION.value and (why := big_vision.not_a_checkout(_BIG_VISION.value)):
+    raise errors.UserError(why)
   overrides = [tuple(item.split('=', 1)) for item in _SET.value]
   setting = config_cli.load(_SETTING.value, overrides, flag='setting')
   tpu = accelerators.tpu_slice(_TOPOLOGY.value)

@@ -235,8 +235,8 @@ def cells_from_flags() -> list[dict[str, Any]]:
   if _BIG_VISION.value:
     from vit_jax.benchmarks import big_vision
 
-    if big_vision.not_a_checkout(_BIG_VISION.value):
-      raise app.UsageError(big_vision.not_a_checkout(_BIG_VISION.value))
+    if why := big_vision.not_a_checkout(_BIG_VISION.value):
+      raise app.UsageError(why)
     cells.append({**base, 'framework': 'big_vision', 'path': _BIG_VISION.value,
                   'dtype': 'float32', 'matmul_dtype': 'bfloat16', 'attention': 'einsum'})
   for cell in cells:  # Recorded as the mode itself.
