@@ -16,11 +16,11 @@ JPEG folder into the local format:
         --workdir=/tmp/demo/ft128 --config.init_from=/tmp/demo/pre64
 
 ``imagenette.py:mpp`` pre-trains the same model at 64 px without labels, by masked patch
-prediction (``vit_jax.mpp``; the labels are not read), with the same Adam recipe; fine-tune
+prediction (``vit_jax.models.mpp``; the labels are not read), with the same Adam recipe; fine-tune
 from its workdir with ``:pretrain`` or ``:finetune_SIZE`` (docs/self_supervised.md).
 """
 
-from vit_jax import config_base
+from vit_jax import config as config_lib
 
 PRETRAIN_SIZE = 64
 
@@ -35,7 +35,7 @@ def get_config(arg: str = 'pretrain'):
                      '(e.g. finetune_128).')
   if size % 8:
     raise ValueError(f'{arg!r}: the size must be a multiple of the 8 px patches.')
-  config = config_base.get_config()
+  config = config_lib.get_config()
   config.model.update(name='ti16', image_size=size, patch_size=8, hidden_size=128, mlp_dim=384,
                       num_heads=4, num_layers=6, pool='token')
   resize = int(size * 1.14)  # Eval: resize the short side, then a central crop.

@@ -11,7 +11,7 @@ learning rate over {0.001, 0.003, 0.01, 0.03}; 0.03 is the default here.
         --config.init_from=ViT-B_16.npz
 """
 
-from vit_jax import config_base
+from vit_jax import config as config_lib
 
 # dataset: (classes, steps, warm-up, train split, eval split)
 PRESETS = {
@@ -30,7 +30,7 @@ def get_config(dataset: str = 'cifar10'):
   if dataset not in PRESETS:
     raise ValueError(f'{dataset!r} is not a choice: pick one of {", ".join(PRESETS)}.')
   classes, steps, warmup, train_split, eval_split = PRESETS[dataset]
-  config = config_base.get_config()
+  config = config_lib.get_config()
   config.model.update(name='b16', image_size=384, dtype='bfloat16', scan=True)
   config.dataset.update(
       name=dataset, num_classes=classes, train_split=train_split, eval_split=eval_split,

@@ -3,7 +3,7 @@ r"""ViT-B/16 pre-trained without labels by masked patch prediction (section 4.6,
 The paper's self-supervised recipe: half of each image's patch embeddings corrupted (80%
 a learnable [mask] embedding, 10% a random other patch's, 10% unchanged), each corrupted
 patch's 3-bit mean colour (512 classes) predicted from its final representation with a
-softmax cross-entropy (``vit_jax.mpp``; ``--config.mpp.target`` picks the alternatives
+softmax cross-entropy (``vit_jax.models.mpp``; ``--config.mpp.target`` picks the alternatives
 it tried: color_4x4, l2_patch, or l2_mean_color). ViT-B/16, batch 4096, Adam (0.9, 0.999),
 base learning rate 2e-4, a 10k-step warm-up then cosine decay, 1M steps (about 14 epochs
 of JFT-300M). The paper names no weight decay or dropout for it: none here; clipping at
@@ -25,7 +25,7 @@ pre-training.
         --num_train_examples=303000000
 """
 
-from vit_jax import config_base
+from vit_jax import config as config_lib
 
 DATA = ('i1k', 'jft_like')
 
@@ -33,7 +33,7 @@ DATA = ('i1k', 'jft_like')
 def get_config(data: str = 'jft_like'):
   if data not in DATA:
     raise ValueError(f'{data!r} is not a choice: pick one of {", ".join(DATA)}.')
-  config = config_base.get_config()
+  config = config_lib.get_config()
   config.objective = 'mpp'
   config.mpp.update(target='mean_color', corrupt_rate=0.5, mask_rate=0.8, random_rate=0.1)
   config.model.update(name='b16', dtype='bfloat16', scan=False)

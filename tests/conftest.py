@@ -7,7 +7,7 @@ import tempfile
 # Must happen before jax is imported anywhere.
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
-# The CPU peak that MFU is measured against is kept per machine (vit_jax.mfu): the tests
+# The CPU peak that MFU is measured against is kept per machine (vit_jax.training.mfu): the tests
 # measure theirs under their own load into a folder of their own, never the user's cache.
 os.environ['XDG_CACHE_HOME'] = tempfile.mkdtemp(prefix='vit_jax_test_cache_')
 
@@ -31,7 +31,7 @@ def tiny_run(tmp_path_factory) -> pathlib.Path:
   Shared by the tests that read a run back (fine-tuning, export, predict, inspect):
   one in-process training instead of one per test file.
   """
-  from vit_jax import train
+  from vit_jax.training import train
 
   from runs import TINY_RUN, tiny_config
 

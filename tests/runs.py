@@ -8,8 +8,8 @@ import sys
 
 import ml_collections
 
-from vit_jax import optim, train
 from vit_jax.checkpoints import manager as manager_lib
+from vit_jax.training import optim, train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / 'configs' / 'quickstart.py'

@@ -4,7 +4,7 @@ import importlib.util
 
 import pytest
 
-from vit_jax import accelerators
+from vit_jax.base import accelerators
 
 from tpu_probe import probe
 

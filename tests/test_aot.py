@@ -12,8 +12,12 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from vit_jax import config_cli, evaluate, mpp, optim, sharding, train
+from vit_jax import evaluate
+from vit_jax.base import sharding
+from vit_jax.config import cli as config_cli
+from vit_jax.models import mpp
 from vit_jax.tools import aot
+from vit_jax.training import optim, train
 
 from runs import QUICKSTART, env, tiny_config
 from tpu_probe import probe
@@ -23,7 +27,7 @@ needs_libtpu = pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
 
 
 def lowered_by_train(config, devices):
-  """The train step as vit_jax.train builds it, lowered on abstract inputs."""
+  """The train step as vit_jax.training.train builds it, lowered on abstract inputs."""
   plan = train.validate(config, devices=devices, num_train_examples=1000)
   schedule = optim.make_schedule(plan.config.schedule, plan.total_steps, plan.warmup_steps)
   tx = optim.make_optimizer(plan.config.optimizer, schedule)
@@ -328,7 +332,7 @@ def test_flags_are_checked_without_jax():
 
 def _feeding(topology, images_per_second, per_core=None, rates=None, **overrides):
   """tools.feeding's figures for a slice by name, the tiny recipe's config."""
-  from vit_jax import accelerators
+  from vit_jax.base import accelerators
   from vit_jax.tools import feeding
 
   tpu = accelerators.tpu_slice(topology)

@@ -1,4 +1,4 @@
-"""Tests of vit_jax.benchmarks: real runs of the train-step, timm and input benchmarks' CLIs."""
+"""Tests of benchmarks: real runs of the train-step, timm and input benchmarks' CLIs."""
 
 import importlib.util
 import json
@@ -10,8 +10,8 @@ import chex
 import numpy as np
 import pytest
 
-from vit_jax.benchmarks import timm_step
-from vit_jax.cpu import host_cpu, host_memory
+from benchmarks import timm_step
+from vit_jax.base.cpu import host_cpu, host_memory
 
 from runs import ROOT, env
 from tpu_probe import probe
@@ -26,7 +26,7 @@ TIMM_PYTHON = os.environ.get('VIT_JAX_TIMM_PYTHON') or (
 def sweep(tmp_path_factory):
   out = tmp_path_factory.mktemp('bench') / 'train.json'
   done = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.benchmarks.train', '--model=ti16', '--image_size=32',
+      [sys.executable, '-m', 'benchmarks.train', '--model=ti16', '--image_size=32',
        '--batch_size=8', '--steps=3', '--warmup=1', '--peak_size=256', '--peak_repeats=3',
        '--sweep=scan=false,true', '--sweep=cpu_devices=0,1', f'--out={out}'],
       capture_output=True, text=True, env=env(devices=2), timeout=600, check=False)
@@ -40,7 +40,7 @@ def test_sweep_prints_a_table_and_writes_every_cell(sweep):
       (False, 0), (False, 1), (True, 0), (True, 1)]
   assert 'scan=False cpu_devices=0' in stdout and 'scan=True cpu_devices=1' in stdout
   assert 'MFU f32' in stdout
-  assert result['command'].startswith('python -m vit_jax.benchmarks.train --model=ti16')
+  assert result['command'].startswith('python -m benchmarks.train --model=ti16')
   assert len(result['load_average_at_start']) == 3
   assert result['cpu'] == host_cpu.cpu_info()
   assert f'CPU: {host_cpu.describe(result["cpu"])}' in stdout
@@ -86,7 +86,7 @@ def test_each_cell_measures_consistently(sweep):
 def small_run(out, *flags, devices=1) -> subprocess.CompletedProcess:
   """The train benchmark on Ti/16 at 32 px, a few steps, with ``flags``; JSON to ``out``."""
   return subprocess.run(
-      [sys.executable, '-m', 'vit_jax.benchmarks.train', '--model=ti16', '--image_size=32',
+      [sys.executable, '-m', 'benchmarks.train', '--model=ti16', '--image_size=32',
        '--steps=2', '--warmup=1', '--peak_size=256', '--peak_repeats=3', *flags,
        f'--out={out}'],
       capture_output=True, text=True, env=env(devices=devices), timeout=600, check=False)
@@ -141,7 +141,7 @@ def test_a_failed_cell_leaves_the_others_measured(tmp_path):
 def test_input_benchmark_measures_both_pipelines_at_both_stages(shared_data, tmp_path):
   out = tmp_path / 'input.json'
   done = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.benchmarks.input',
+      [sys.executable, '-m', 'benchmarks.input',
        f'--data={shared_data / "imagenette_224"}', '--split=val', f'--work_dir={tmp_path}',
        '--images=128', '--batch_size=64', '--repeats=1', '--pipelines=train',
        f'--out={out}'],
@@ -159,13 +159,13 @@ def test_input_benchmark_measures_both_pipelines_at_both_stages(shared_data, tmp
 def test_input_benchmark_measures_each_recipes_pipeline_by_its_string(shared_data, tmp_path):
   """``--recipes``: one entry per distinct training pipeline (two configs share the base one),
   keyed as vit_jax.tools.feeding looks a config's rate up, with the configs' mixup."""
-  from vit_jax import config_cli
+  from vit_jax.config import cli as config_cli
   from vit_jax.tools import feeding
 
   out = tmp_path / 'input_recipes.json'
   recipes = ['configs/vit_b16_i1k.py', 'configs/vit_l16_i21k.py', 'configs/vit_i1k_augreg.py:s16']
   done = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.benchmarks.input',
+      [sys.executable, '-m', 'benchmarks.input',
        f'--data={shared_data / "imagenette_224"}', '--split=val', f'--work_dir={tmp_path}',
        '--images=64', '--batch_size=32', '--repeats=1', f'--recipes={",".join(recipes)}',
        f'--out={out}'],
@@ -202,7 +202,7 @@ def test_timm_names_of_the_plain_vits():
 
 def test_train_benchmark_checks_the_timm_python_first(tmp_path):
   done = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.benchmarks.train', f'--timm_python={tmp_path}/python'],
+      [sys.executable, '-m', 'benchmarks.train', f'--timm_python={tmp_path}/python'],
       capture_output=True, text=True, timeout=120, check=False)
   assert done.returncode == 2
   assert done.stderr.startswith(f'error: --timm_python={tmp_path}/python: no such executable')
@@ -210,7 +210,7 @@ def test_train_benchmark_checks_the_timm_python_first(tmp_path):
 
 def test_timm_step_rejects_a_wrong_autocast_before_importing_torch():
   done = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.benchmarks.timm_step', '--autocast=none,float16'],
+      [sys.executable, '-m', 'benchmarks.timm_step', '--autocast=none,float16'],
       capture_output=True, text=True, timeout=120, check=False)
   assert done.returncode == 2
   assert "--autocast='float16': expected a comma-separated list of ('none', 'bfloat16')" in (
@@ -221,7 +221,7 @@ def test_timm_step_rejects_a_wrong_autocast_before_importing_torch():
                     reason='timm is installed here: the benchmark would run')
 def test_timm_step_without_timm_says_how_to_install_it():
   done = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.benchmarks.timm_step', '--autocast=none'],
+      [sys.executable, '-m', 'benchmarks.timm_step', '--autocast=none'],
       capture_output=True, text=True, timeout=120, check=False)
   assert done.returncode == 1
   assert 'autocast=none failed' in done.stderr
@@ -229,8 +229,8 @@ def test_timm_step_without_timm_says_how_to_install_it():
 
 
 def tpu_step(*args: str) -> subprocess.CompletedProcess:
-  """A run of the vit_jax.benchmarks.tpu_step CLI on one CPU device."""
-  return subprocess.run([sys.executable, '-m', 'vit_jax.benchmarks.tpu_step', *args],
+  """A run of the benchmarks.tpu_step CLI on one CPU device."""
+  return subprocess.run([sys.executable, '-m', 'benchmarks.tpu_step', *args],
                         capture_output=True, text=True, env=env(devices=1), cwd=ROOT,
                         timeout=600, check=False)
 
@@ -259,8 +259,8 @@ def test_tpu_step_fine_tuning_cell_is_the_papers_step_at_its_resolution():
   import jax
   import optax
 
-  from vit_jax import config_cli
-  from vit_jax.benchmarks import tpu_step
+  from benchmarks import tpu_step
+  from vit_jax.config import cli as config_cli
   from vit_jax.tools import aot
 
   setting = config_cli.load('configs/vit_b16_finetune.py:imagenet2012', [('model.scan', 'False')])
@@ -314,7 +314,7 @@ def test_big_vision_unrolled_remat_is_its_model_rematerialised():
   import jax
   import jax.numpy as jnp
 
-  from vit_jax.benchmarks import big_vision
+  from benchmarks import big_vision
 
   images = jax.random.normal(jax.random.key(0), (2, 32, 32, 3))
   plain, remat = (big_vision.vit(BIG_VISION, 'ti16', 32, 2, remat_policy=policy)
@@ -346,7 +346,7 @@ def test_fault_benchmark_survives_kills_on_the_tiny_recipe(tmp_path):
   script's output: here 2 kills (one right after a save began) on a 12-step tiny run."""
   out = tmp_path / 'faults.json'
   done = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.benchmarks.faults', '--runs=2', '--steps=12',
+      [sys.executable, '-m', 'benchmarks.faults', '--runs=2', '--steps=12',
        '--checkpoint_every=3', f'--work_dir={tmp_path / "runs"}', f'--out={out}',
        *(f'--set={s}' for s in TINY_FAULT_RUN)],
       capture_output=True, text=True, env=env(devices=2), cwd=ROOT, timeout=600, check=False)
@@ -362,7 +362,7 @@ def test_fault_benchmark_survives_kills_on_the_tiny_recipe(tmp_path):
 
 def test_fault_benchmark_refuses_a_bad_override(tmp_path):
   done = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.benchmarks.faults', '--set=model.num_layer=2',
+      [sys.executable, '-m', 'benchmarks.faults', '--set=model.num_layer=2',
        f'--work_dir={tmp_path}'], capture_output=True, text=True, env=env(devices=1), cwd=ROOT,
       timeout=120, check=False)
   assert done.returncode == 2 and 'Traceback' not in done.stderr, done.stderr[-2000:]
@@ -375,7 +375,7 @@ def test_integrity_benchmark_times_the_models_train_state(tmp_path):
   state (its 5,717,416 parameters and Adam's two moments, float32), once each way."""
   out = tmp_path / 'integrity.json'
   done = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.benchmarks.integrity', '--model=ti16', '--repeats=1',
+      [sys.executable, '-m', 'benchmarks.integrity', '--model=ti16', '--repeats=1',
        f'--work_dir={tmp_path / "ckpt"}', f'--out={out}'],
       capture_output=True, text=True, env=env(devices=2), cwd=ROOT, timeout=600, check=False)
   assert done.returncode == 0, done.stderr[-3000:]

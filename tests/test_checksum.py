@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from vit_jax import sharding
+from vit_jax.base import sharding
 from vit_jax.checkpoints import checksum
 
 

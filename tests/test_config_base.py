@@ -5,7 +5,8 @@ import dataclasses
 import ml_collections
 import pytest
 
-from vit_jax import config_base, errors
+from vit_jax import config as config_lib
+from vit_jax.base import errors
 from vit_jax.models import VisionTransformer
 
 
@@ -13,17 +14,17 @@ def test_every_model_option_is_a_field():
   fields = {f.name for f in dataclasses.fields(VisionTransformer)}
   # Set by the run, not the user (mpp_outputs: by config.objective and config.mpp.target).
   fields -= {'parent', 'name', 'num_classes', 'model_name', 'mpp_outputs'}
-  assert set(config_base.get_config().model) - {'name'} == fields
+  assert set(config_lib.get_config().model) - {'name'} == fields
 
 
 def test_complete_fills_in_the_defaults():
-  config = config_base.complete(dict(model=dict(name='s16'), batch_size=64,
+  config = config_lib.complete(dict(model=dict(name='s16'), batch_size=64,
                                      schedule=dict(base_lr=0.5)))
   assert (config.model.name, config.model.pool, config.batch_size) == ('s16', None, 64)
   assert (config.schedule.base_lr, config.schedule.warmup_steps) == (0.5, 10_000)
   assert config.optimizer.name == 'adam'
   assert config.mesh.to_dict() == dict(data=-1, fsdp=1, tensor=1, shard_state=None)
-  assert config_base.model_options(config.model) == ('s16', {})
+  assert config_lib.model_options(config.model) == ('s16', {})
 
 
 @pytest.mark.parametrize('config, message', [
@@ -37,13 +38,13 @@ def test_complete_fills_in_the_defaults():
 ])
 def test_unknown_fields_are_named_with_the_closest_ones(config, message):
   with pytest.raises(ValueError, match=message):
-    config_base.complete(ml_collections.ConfigDict(config))
+    config_lib.complete(ml_collections.ConfigDict(config))
 
 
 def test_the_schema_covers_every_field_and_the_defaults_pass_it():
-  config = config_base.get_config()
-  assert set(config_base.SCHEMA) == set(config_base.flatten(config.to_dict()))
-  config_base.check(config)
+  config = config_lib.get_config()
+  assert set(config_lib.SCHEMA) == set(config_lib.flatten(config.to_dict()))
+  config_lib.check(config)
 
 
 @pytest.mark.parametrize('overrides, message', [
@@ -77,13 +78,13 @@ def test_the_schema_covers_every_field_and_the_defaults_pass_it():
     (dict(loss='mse'), r"config.loss='mse' must be one of 'softmax_xent', 'sigmoid_xent'"),
 ])
 def test_check_refuses_values_outside_the_schema(overrides, message):
-  config = config_base.complete(overrides)
+  config = config_lib.complete(overrides)
   with pytest.raises(errors.ConfigError, match=message):
-    config_base.check(config)
+    config_lib.check(config)
 
 
 def test_the_values_at_the_edges_of_each_range_pass():
-  config_base.check(config_base.complete(dict(
+  config_lib.check(config_lib.complete(dict(
       eval_every_steps=0, keep_checkpoints=1, label_smoothing=0.0, grad_accum_steps=1,
       schedule=dict(base_lr=0.1, end_lr=0.1, warmup_steps=0), mixup_switch_prob=1.0,
       optimizer=dict(layer_decay=1.0), mesh=dict(data=-1), profile_steps=(3, 3))))

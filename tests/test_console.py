@@ -1,4 +1,4 @@
-"""Tests of vit_jax.console: progress lines with an ETA, and the third-party INFO filter."""
+"""Tests of vit_jax.base.console: progress lines with an ETA, and the third-party INFO filter."""
 
 import logging
 import re
@@ -6,7 +6,8 @@ import re
 import orbax.checkpoint
 from absl import logging as absl_logging
 
-from vit_jax import console, train
+from vit_jax.base import console
+from vit_jax.training import train
 
 
 def test_progress_lines_rate_and_eta(monkeypatch):

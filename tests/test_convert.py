@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_jax import errors, sharding, train
+from vit_jax.base import errors, sharding
 from vit_jax.data import convert, loader, local, preprocess, sources
+from vit_jax.training import train
 
 from conftest import SHARED_DATA
 from runs import tiny_config

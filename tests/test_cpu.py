@@ -1,4 +1,4 @@
-"""What vit_jax does only for XLA:CPU stays behind vit_jax.cpu's checks."""
+"""What vit_jax does only for XLA:CPU stays behind vit_jax.base.cpu's checks."""
 
 import importlib.util
 import subprocess
@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from vit_jax import cpu
+from vit_jax.base import cpu
 
 from runs import env
 from tpu_probe import probe
@@ -26,7 +26,7 @@ def test_runs_on_cpu(environ, on_cpu):
 
 
 def test_an_accelerator_run_is_not_re_executed(tmp_path):
-  # vit_jax.main re-executes a CPU run with glibc tunables (vit_jax.cpu.host_memory); on a
+  # vit_jax.main re-executes a CPU run with glibc tunables (vit_jax.base.cpu.host_memory); on a
   # TPU or GPU it must not: there the process's first word is jax's own error here. The
   # malloc line goes to the workdir's log file only (which a run of one step writes).
   def run(platforms):
@@ -54,7 +54,7 @@ def test_lowered_for_cpu_picks_by_the_compilation_platform():
 
 
 def test_the_state_stays_replicated_over_cpu_devices_unless_asked():
-  from vit_jax import train
+  from vit_jax.training import train
 
   from runs import tiny_config
 

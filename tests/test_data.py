@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_jax import sharding, train
+from vit_jax.base import sharding
 from vit_jax.data import loader, preprocess, sources, tfrecord
+from vit_jax.training import train
 
 from conftest import SHARED_DATA
 from runs import read_metrics, restore_state, tiny_config
@@ -404,7 +405,7 @@ def test_a_shard_rewritten_with_the_same_size_is_indexed_again(tmp_path, monkeyp
 def test_a_tfds_dataset_without_tfds_installed_is_one_error(monkeypatch):
   import sys
 
-  from vit_jax import errors
+  from vit_jax.base import errors
 
   monkeypatch.setitem(sys.modules, 'tensorflow_datasets', None)  # The core install's.
   with pytest.raises(errors.ConfigError, match=r"'cifar10' is read through TFDS, which this "

@@ -62,9 +62,9 @@ CASES = [
     ('vit_jax.data.convert', ['--source={dir}/nope', '--out={dir}/c'], 'does not exist', True),
     ('vit_jax.data.convert', ['--source={dir}', '--out={file}/c'], UNDER_FILE, True),
     ('vit_jax.tools.aot', [f'--config={QUICKSTART}'], '--topology is required', True),
-    *[(f'vit_jax.benchmarks.{name}', ['--bogus'], "Unknown command line flag 'bogus'", True)
+    *[(f'benchmarks.{name}', ['--bogus'], "Unknown command line flag 'bogus'", True)
       for name in ('train', 'input', 'integrity', 'tpu_step', 'faults')],
-    *[(f'vit_jax.benchmarks.{name}', ['--big_vision={dir}'], 'not a big_vision checkout', True)
+    *[(f'benchmarks.{name}', ['--big_vision={dir}'], 'not a big_vision checkout', True)
       for name in ('train', 'tpu_step')],
     # These modules import jax (not its backends) before main runs.
     ('vit_jax.evaluate', [], '--workdir is required', False),

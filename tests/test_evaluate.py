@@ -11,7 +11,9 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import evaluate, sharding, workdir
+from vit_jax import evaluate
+from vit_jax.base import sharding
+from vit_jax.checkpoints import workdir
 
 from runs import env, read_metrics
 

@@ -3,7 +3,7 @@
 Every case ends in a correct continuation (bitwise that of an uninterrupted run)
 or in one line, ``error: ...``, naming the problem and the fix. The damage cases
 share the workdir of the ``tiny_run`` fixture (10 steps, checkpoints 5 and 10),
-copied per case; ``vit_jax.benchmarks.faults`` is the long version (kill -9 at
+copied per case; ``benchmarks.faults`` is the long version (kill -9 at
 random steps, N times). Each bad config is in tests/test_train.py (``validate``),
 each bad converter input in tests/test_convert.py.
 """
@@ -23,8 +23,9 @@ import chex
 import jax
 import pytest
 
-from vit_jax import errors, workdir
+from vit_jax.base import errors
 from vit_jax.checkpoints import manager as manager_lib
+from vit_jax.checkpoints import workdir
 from vit_jax.tools import export
 
 from runs import (
@@ -306,7 +307,7 @@ def chunk_files(step_dir):
 @pytest.fixture(scope='module')
 def data_file_run(tmp_path_factory):
   """A run of DATA_FILE_RUN (checkpoints 5 and 10), with its two states as references."""
-  from vit_jax import train
+  from vit_jax.training import train
 
   run = tmp_path_factory.mktemp('data_file_run')
   config = tiny_config(**DATA_FILE_RUN)

@@ -10,8 +10,11 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import errors, fewshot, sharding, train, workdir
+from vit_jax import fewshot
+from vit_jax.base import errors, sharding
+from vit_jax.checkpoints import workdir
 from vit_jax.data import preprocess, sources
+from vit_jax.training import train
 
 from runs import ROOT, env, read_metrics, tiny_config
 
@@ -208,14 +211,14 @@ def test_cli_errors_are_one_line(tmp_path):
 def test_the_quickstart_logs_fewshot_accuracy_on_the_digits():
   import importlib.util
 
-  from vit_jax import config_base
+  from vit_jax import config as config_lib
 
   from runs import QUICKSTART
 
   spec = importlib.util.spec_from_file_location('quickstart', QUICKSTART)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  config = config_base.complete(module.get_config())
+  config = config_lib.complete(module.get_config())
   evaluator = fewshot.from_config(config, config.model.image_size)
   assert [d.name for d in evaluator.datasets] == ['digits']
   assert (len(evaluator.datasets[0].train), len(evaluator.datasets[0].test)) == (1438, 359)

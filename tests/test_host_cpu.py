@@ -1,6 +1,6 @@
-"""Tests of vit_jax.cpu.host_cpu: the CPU's instruction sets, and the bfloat16 warning."""
+"""Tests of vit_jax.base.cpu.host_cpu: the CPU's instruction sets, and the bfloat16 warning."""
 
-from vit_jax.cpu import host_cpu
+from vit_jax.base.cpu import host_cpu
 
 # /proc/cpuinfo's first processor, abridged: the development machine's AVX2 CPU (AMD Zen 3),
 # the same with AVX-512 and bfloat16 instructions added, and an Arm server.

@@ -1,4 +1,4 @@
-"""Tests of vit_jax.cpu.host_memory: which glibc tunables are added where, and that a
+"""Tests of vit_jax.base.cpu.host_memory: which glibc tunables are added where, and that a
 re-executed process really gets its large blocks as huge pages and reuses them."""
 
 import os
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from vit_jax.cpu import host_memory
+from vit_jax.base.cpu import host_memory
 
 GLIBC = (2, 36)
 HUGE = 'glibc.malloc.hugetlb=1'
@@ -85,7 +85,7 @@ def test_reads_the_kernels_mode(tmp_path):
 # What XLA:CPU does every step: a large block allocated, written and freed, on a thread.
 _PROGRAM = '''
 import ctypes, os, resource, sys, threading
-from vit_jax.cpu import host_memory
+from vit_jax.base.cpu import host_memory
 host_memory.reexec()
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p

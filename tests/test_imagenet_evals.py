@@ -10,9 +10,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_jax import errors, evaluate, imagenet_evals, sharding, train, workdir
+from vit_jax import evaluate, imagenet_evals
+from vit_jax.base import errors, sharding
+from vit_jax.checkpoints import workdir
 from vit_jax.data import preprocess, sources
 from vit_jax.models import get_model
+from vit_jax.training import train
 
 from runs import TINY_MODEL, read_metrics, tiny_config
 

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import paths, workdir
-from vit_jax.checkpoints import release
+from vit_jax.base import paths
+from vit_jax.checkpoints import release, workdir
 from vit_jax.data import preprocess, sources
 from vit_jax.models import get_model
 from vit_jax.tools import analysis, inspect, predict

@@ -12,16 +12,17 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import errors, mfu, train
+from vit_jax.base import errors
+from vit_jax.training import mfu, train
 
 from runs import (
-    ROOT,
-    env,
-    local_launch_command,
-    main_command,
-    read_metrics,
-    restore_state,
-    tiny_config,
+  ROOT,
+  env,
+  local_launch_command,
+  main_command,
+  read_metrics,
+  restore_state,
+  tiny_config,
 )
 
 

@@ -5,7 +5,7 @@ import json
 import jax
 import pytest
 
-from vit_jax import mfu
+from vit_jax.training import mfu
 
 
 @pytest.fixture

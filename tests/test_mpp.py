@@ -1,4 +1,4 @@
-"""vit_jax.mpp: masked patch prediction, the paper's self-supervised pre-training (section 4.6)."""
+"""vit_jax.models.mpp: masked patch prediction, the paper's self-supervised pre-training."""
 
 import logging
 import math
@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_jax import errors, mpp, train
-from vit_jax import workdir as workdir_lib
+from vit_jax.base import errors
+from vit_jax.checkpoints import workdir as workdir_lib
 from vit_jax.data import convert, local
-from vit_jax.models import get_model
+from vit_jax.models import get_model, mpp
+from vit_jax.training import train
 
 from runs import read_metrics, restore_state, tiny_config
 

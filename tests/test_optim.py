@@ -1,4 +1,4 @@
-"""Tests of vit_jax.optim: schedules, optimizers, losses, durations."""
+"""Tests of vit_jax.training.optim: schedules, optimizers, losses, durations."""
 
 import chex
 import jax
@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from vit_jax import optim
+from vit_jax.training import optim
 
 
 def cfg(**kw):

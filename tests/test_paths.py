@@ -1,4 +1,4 @@
-"""Tests of vit_jax.paths: files named by URI go through epath's gfile backend, not the os;
+"""Tests of vit_jax.base.paths: files named by URI go through epath's gfile backend, not the os;
 the command lines' paths are checked with the standard library, creating nothing.
 
 ``ram://`` is TensorFlow's in-memory filesystem: a real non-local filesystem that
@@ -16,7 +16,7 @@ import pytest
 from etils import epath
 from etils.epath import backend as epath_backend
 
-from vit_jax import errors, paths
+from vit_jax.base import errors, paths
 
 
 def ram_dir() -> epath.Path:

@@ -1,4 +1,4 @@
-"""vit_jax.platforms: jax kept off an installed libtpu where no TPU is attached, before jax
+"""vit_jax.base.platforms: jax kept off an installed libtpu where no TPU is attached, before jax
 starts; the user's JAX_PLATFORMS left alone."""
 
 import importlib.util
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from vit_jax import platforms
+from vit_jax.base import platforms
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 needs_libtpu_and_no_tpu = pytest.mark.skipif(

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import scipy.ndimage
 
-from vit_jax import errors, paths
+from vit_jax.base import errors, paths
 from vit_jax.checkpoints import release
 from vit_jax.models import get_model
 

@@ -1,4 +1,4 @@
-"""Tests of vit_jax.sharding: the mesh, the partitioning rules, the activation constraints."""
+"""Tests of vit_jax.base.sharding: the mesh, the partitioning rules, the activation constraints."""
 
 import re
 
@@ -8,7 +8,7 @@ import ml_collections
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from vit_jax import sharding
+from vit_jax.base import sharding
 from vit_jax.models import get_model
 
 from runs import TINY_MODEL

@@ -10,7 +10,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from vit_jax import errors, sweep
+from vit_jax import sweep
+from vit_jax.base import errors
 from vit_jax.data import sources
 
 from runs import QUICKSTART, TINY, env, read_metrics

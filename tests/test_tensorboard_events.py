@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from vit_jax import tensorboard_events
+from vit_jax.training import tensorboard_events
 
 
 def test_scalars_and_hparams_read_back_by_tensorboard(tmp_path):

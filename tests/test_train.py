@@ -1,4 +1,4 @@
-"""Tests of vit_jax.train on 8 simulated devices: steps, meshes, accumulation, runs, resume."""
+"""Tests of vit_jax.training on 8 simulated devices: steps, meshes, accumulation, runs, resume."""
 
 import functools
 import logging
@@ -11,23 +11,25 @@ import numpy as np
 import pytest
 import scipy.ndimage
 
-from vit_jax import config_base, errors, mfu, optim, sharding, train
+from vit_jax import config as config_lib
+from vit_jax.base import errors, sharding
+from vit_jax.base.cpu import host_cpu
 from vit_jax.checkpoints import manager as manager_lib
 from vit_jax.checkpoints import release
-from vit_jax.cpu import host_cpu
 from vit_jax.models import get_model
+from vit_jax.training import mfu, optim, train
 
 from runs import TINY_MODEL, read_metrics, restore_state, tiny_config
 
 
 def model_of(config):
-  name, options = config_base.model_options(config.model)
+  name, options = config_lib.model_options(config.model)
   return get_model(name, num_classes=10, **options)
 
 
 def setup_step(config, model=None, state=None):
   """The state (``create_train_state``'s, or ``state`` put on this mesh), step and mesh."""
-  config = config_base.complete(config)
+  config = config_lib.complete(config)
   model = model or model_of(config)
   mesh = sharding.make_mesh(config.mesh)
   schedule = optim.make_schedule(config.schedule, 100, 5)
@@ -435,7 +437,7 @@ def test_metrics_log_keeps_earlier_lines_across_a_resume(tmp_path, append):
 def first_step_loss(config, devices, batch):
   """The shard_map step's loss on ``batch`` on a (devices, 1, 1) mesh, from random weights
   (the zero-initialised head would hide every dropout mask)."""
-  model = model_of(config_base.complete(config))
+  model = model_of(config_lib.complete(config))
   mesh = sharding.make_mesh(None, devices=jax.devices()[:devices])
   schedule = optim.make_schedule(config.schedule, 100, 5)
   tx = optim.make_optimizer(config.optimizer, schedule)

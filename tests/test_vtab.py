@@ -9,19 +9,21 @@ import chex
 import numpy as np
 import pytest
 
-from vit_jax import errors, vtab
+from vit_jax import vtab
+from vit_jax.base import errors
+from vit_jax.data import vtab as vtab_tasks
 
 from runs import env
 
 
 def test_the_table_has_the_19_tasks_in_their_groups():
-  chex.assert_equal(len(vtab.TASKS), 19)
-  groups = {g: [t.name for t in vtab.TASKS if t.group == g] for g in vtab.GROUPS}
-  chex.assert_equal([len(groups[g]) for g in vtab.GROUPS], [7, 4, 8])
+  chex.assert_equal(len(vtab_tasks.TASKS), 19)
+  groups = {g: [t.name for t in vtab_tasks.TASKS if t.group == g] for g in vtab_tasks.GROUPS}
+  chex.assert_equal([len(groups[g]) for g in vtab_tasks.GROUPS], [7, 4, 8])
   assert set(groups['structured']) == {'clevr_count', 'clevr_dist', 'dmlab', 'kitti_dist',
                                        'dsprites_loc', 'dsprites_ori', 'smallnorb_azi',
                                        'smallnorb_elev'}
-  classes = {t.name: t.num_classes for t in vtab.TASKS}
+  classes = {t.name: t.num_classes for t in vtab_tasks.TASKS}
   assert classes == {
       'caltech101': 102, 'cifar100': 100, 'dtd': 47, 'oxford_flowers102': 102,
       'oxford_iiit_pet': 37, 'sun397': 397, 'svhn': 10, 'patch_camelyon': 2, 'eurosat': 10,
@@ -32,7 +34,7 @@ def test_the_table_has_the_19_tasks_in_their_groups():
 
 def test_split_strings_are_task_adaptations():
   """Worked by hand from task_adaptation/data/*.py and the datasets' published sizes."""
-  splits = {t.name: t.splits() for t in vtab.TASKS}
+  splits = {t.name: t.splits() for t in vtab_tasks.TASKS}
   assert splits['cifar100'] == {'train800': 'train[:800]', 'val200': 'train[45000:45200]',
                                 'train800val200': 'train[:800]+train[45000:45200]',
                                 'test': 'test'}
@@ -50,9 +52,9 @@ def test_split_strings_are_task_adaptations():
                                      'train800val200': 'train[:800]+test[:200]',
                                      'test': 'test[50%:]'}
   assert splits['dmlab']['train800val200'] == 'train[:800]+validation[:200]'
-  assert vtab.BY_NAME['kitti_dist'].tfds_name == 'kitti:3.1.0'
-  assert vtab.BY_NAME['dmlab'].tfds_name == 'dmlab:2.0.1'
-  assert vtab.BY_NAME['diabetic_retinopathy'].tfds_name == \
+  assert vtab_tasks.BY_NAME['kitti_dist'].tfds_name == 'kitti:3.1.0'
+  assert vtab_tasks.BY_NAME['dmlab'].tfds_name == 'dmlab:2.0.1'
+  assert vtab_tasks.BY_NAME['diabetic_retinopathy'].tfds_name == \
       'diabetic_retinopathy_detection/btgraham-300:3.*.*'
 
 
@@ -61,58 +63,58 @@ def _objects(**fields):
 
 
 def test_clevr_labels():
-  assert vtab.clevr_count(_objects(size=[0, 1, 0])) == 0  # 3 objects.
-  assert vtab.clevr_count(_objects(size=[1] * 10)) == 7  # 10 objects.
+  assert vtab_tasks.clevr_count(_objects(size=[0, 1, 0])) == 0  # 3 objects.
+  assert vtab_tasks.clevr_count(_objects(size=[1] * 10)) == 7  # 10 objects.
   coords = lambda *z: _objects(pixel_coords=[[10., 20., d] for d in z])  # noqa: E731
   # The nearest object's depth, in (0, 8], (8, 8.5], (8.5, 9], (9, 9.5], (9.5, 10], (10, 100].
-  assert vtab.clevr_distance(coords(12.0, 8.2, 9.7)) == 1
-  assert vtab.clevr_distance(coords(8.0)) == 0  # On a threshold: the bin below.
-  assert vtab.clevr_distance(coords(9.0, 11.0)) == 2
-  assert vtab.clevr_distance(coords(9.3)) == 3
-  assert vtab.clevr_distance(coords(9.9)) == 4
-  assert vtab.clevr_distance(coords(10.5, 50.0)) == 5
+  assert vtab_tasks.clevr_distance(coords(12.0, 8.2, 9.7)) == 1
+  assert vtab_tasks.clevr_distance(coords(8.0)) == 0  # On a threshold: the bin below.
+  assert vtab_tasks.clevr_distance(coords(9.0, 11.0)) == 2
+  assert vtab_tasks.clevr_distance(coords(9.3)) == 3
+  assert vtab_tasks.clevr_distance(coords(9.9)) == 4
+  assert vtab_tasks.clevr_distance(coords(10.5, 50.0)) == 5
 
 
 def test_kitti_distance_label():
   def example(types, depths):
     return _objects(type=types, location=[[1.0, 1.5, z] for z in depths])
-  assert vtab.kitti_distance(example([0], [15.0])) == 1  # A car at 15 m: (8, 20].
-  assert vtab.kitti_distance(example([3, 0], [2.0, 15.0])) == 1  # The pedestrian is no vehicle.
-  assert vtab.kitti_distance(example([1, 0], [5.0, 25.0])) == 0  # The nearest: a van at 5 m.
-  assert vtab.kitti_distance(example([2], [30.0])) == 2  # A truck at 30 m.
-  assert vtab.kitti_distance(example([0], [8.0])) == 0  # On a threshold: the bin below.
-  assert vtab.kitti_distance(example([4, 7], [3.0, 4.0])) == 3  # No vehicle at all.
-  assert vtab.kitti_distance(example([], [])) == 3
+  assert vtab_tasks.kitti_distance(example([0], [15.0])) == 1  # A car at 15 m: (8, 20].
+  assert vtab_tasks.kitti_distance(example([3, 0], [2.0, 15.0])) == 1  # A pedestrian: no vehicle.
+  assert vtab_tasks.kitti_distance(example([1, 0], [5.0, 25.0])) == 0  # The nearest: a van at 5 m.
+  assert vtab_tasks.kitti_distance(example([2], [30.0])) == 2  # A truck at 30 m.
+  assert vtab_tasks.kitti_distance(example([0], [8.0])) == 0  # On a threshold: the bin below.
+  assert vtab_tasks.kitti_distance(example([4, 7], [3.0, 4.0])) == 3  # No vehicle at all.
+  assert vtab_tasks.kitti_distance(example([], [])) == 3
 
 
 def test_dsprites_and_smallnorb_labels():
-  loc, ori = vtab.BY_NAME['dsprites_loc'].label, vtab.BY_NAME['dsprites_ori'].label
+  loc, ori = vtab_tasks.BY_NAME['dsprites_loc'].label, vtab_tasks.BY_NAME['dsprites_ori'].label
   # 32 x positions in 16 classes of 2; 40 orientations in 16 classes of 2.5.
   assert [loc({'label_x_position': x}) for x in (0, 1, 2, 17, 31)] == [0, 0, 1, 8, 15]
   assert [ori({'label_orientation': o}) for o in (0, 2, 3, 4, 5, 37, 39)] == \
       [0, 0, 1, 1, 2, 14, 15]
   example = {'label_azimuth': 17, 'label_elevation': 3, 'label_category': 4}
-  assert vtab.BY_NAME['smallnorb_azi'].label(example) == 17
-  assert vtab.BY_NAME['smallnorb_elev'].label(example) == 3
-  assert vtab.BY_NAME['dmlab'].label({'label': 5}) == 5
-  image = vtab.BY_NAME['dsprites_loc'].image(np.array([[[0], [1]]], np.uint8))
+  assert vtab_tasks.BY_NAME['smallnorb_azi'].label(example) == 17
+  assert vtab_tasks.BY_NAME['smallnorb_elev'].label(example) == 3
+  assert vtab_tasks.BY_NAME['dmlab'].label({'label': 5}) == 5
+  image = vtab_tasks.BY_NAME['dsprites_loc'].image(np.array([[[0], [1]]], np.uint8))
   chex.assert_trees_all_equal(image, np.array([[[0], [255]]], np.uint8))
 
 
 def test_task_selection():
-  assert [t.name for t in vtab.select('specialized')] == [
+  assert [t.name for t in vtab_tasks.select('specialized')] == [
       'patch_camelyon', 'eurosat', 'resisc45', 'diabetic_retinopathy']
-  assert len(vtab.select('all')) == 19
-  assert [t.name for t in vtab.select('smallnorb_elev,dmlab')] == ['dmlab', 'smallnorb_elev']
+  assert len(vtab_tasks.select('all')) == 19
+  assert [t.name for t in vtab_tasks.select('smallnorb_elev,dmlab')] == ['dmlab', 'smallnorb_elev']
   with pytest.raises(errors.ConfigError, match='not a VTAB task or group'):
-    vtab.select('natural,cifar10')
+    vtab_tasks.select('natural,cifar10')
 
 
 def test_list_json_prints_the_table():
   out = subprocess.run([sys.executable, '-m', 'vit_jax.vtab', '--list', '--json'],
                        capture_output=True, text=True, check=True).stdout
   table = json.loads(out)
-  assert [t['name'] for t in table] == [t.name for t in vtab.TASKS]
+  assert [t['name'] for t in table] == [t.name for t in vtab_tasks.TASKS]
   for row in table:
     assert set(row) == {'name', 'group', 'tfds_name', 'splits', 'num_classes'}
     assert set(row['splits']) == {'train800', 'val200', 'train800val200', 'test'}
@@ -163,7 +165,7 @@ def tiny_tfds(tmp_path_factory):
 def test_task_sources_read_the_splits_with_the_label_functions(tiny_tfds):
   import tensorflow_datasets as tfds
 
-  source = vtab.get_source('smallnorb_azi', 'train800val200', tiny_tfds)
+  source = vtab_tasks.get_source('smallnorb_azi', 'train800val200', tiny_tfds)
   chex.assert_equal(len(source), 1000)  # train[:800] + test[:200].
   # TFDS itself on the same split strings: the azimuths (not the elevations, nor the category).
   raw = tfds.builder('smallnorb:2.0.0', data_dir=tiny_tfds)
@@ -173,9 +175,9 @@ def test_task_sources_read_the_splits_with_the_label_functions(tiny_tfds):
   assert want != [int(raw.as_data_source(split='train[:800]+test[:200]')[i]['label_elevation'])
                   for i in range(1000)]
   chex.assert_equal(source[0]['image'].shape, (96, 96, 1))
-  chex.assert_equal(len(vtab.get_source('smallnorb_elev', 'test', tiny_tfds)), 200)  # [50%:].
+  chex.assert_equal(len(vtab_tasks.get_source('smallnorb_elev', 'test', tiny_tfds)), 200)  # [50%:].
   with pytest.raises(errors.MissingFileError, match='not prepared'):
-    vtab.get_source('dtd', 'test', tiny_tfds)
+    vtab_tasks.get_source('dtd', 'test', tiny_tfds)
 
 
 def test_a_share_task_of_another_size_is_refused(tmp_path):
@@ -188,7 +190,7 @@ def test_a_share_task_of_another_size_is_refused(tmp_path):
   _tiny_builder('dsprites', '2.0.0', {'train': 48}, example)(
       data_dir=str(tmp_path)).download_and_prepare(file_format='array_record')
   with pytest.raises(errors.DataError, match='holds 48 training examples.*737280'):
-    vtab.get_source('dsprites_loc', 'train800', str(tmp_path))
+    vtab_tasks.get_source('dsprites_loc', 'train800', str(tmp_path))
 
 
 def test_vtab_runs_two_tasks_prints_the_grouped_table_and_resumes(tiny_run, tiny_tfds,
@@ -235,4 +237,4 @@ def test_vtab_runs_two_tasks_prints_the_grouped_table_and_resumes(tiny_run, tiny
 
   settings = json.loads((workdir / 'smallnorb_azi' / vtab.RESULT_FILE).read_text())['settings']
   with pytest.raises(errors.ConfigError, match=r'finished with other settings \(lr differ\)'):
-    vtab.run(vtab.select('smallnorb_azi'), str(workdir), {**settings, 'lr': 0.01})
+    vtab.run(vtab_tasks.select('smallnorb_azi'), str(workdir), {**settings, 'lr': 0.01})

@@ -1,4 +1,4 @@
-"""Tests of vit_jax.workdir and vit_jax.tools.export: fine-tunes that start from an earlier run.
+"""Tests of vit_jax.checkpoints.workdir and vit_jax.tools.export: fine-tunes from an earlier run.
 
 The source run trains on 8 simulated devices; the fine-tune starts from its
 Orbax checkpoint at another resolution, in another layout (scanned) and on 2
@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 import scipy.ndimage
 
-from vit_jax import errors, sharding, train, workdir
-from vit_jax.checkpoints import release
-from vit_jax.cpu import host_memory
+from vit_jax.base import errors, sharding
+from vit_jax.base.cpu import host_memory
+from vit_jax.checkpoints import release, workdir
 from vit_jax.models import get_model
 from vit_jax.tools import export
+from vit_jax.training import train
 
 from runs import TINY_MODEL, TINY_RUN, env, main_command, read_metrics, restore_state, tiny_config
 

@@ -29,13 +29,14 @@ def probe(*args: str) -> dict:
 
 
 def report(topology: str, overrides: str) -> dict:
-  """``aot.report`` of the tiny recipe, and the numbers of the train step that vit_jax.train
+  """``aot.report`` of the tiny recipe, and the numbers of the train step that vit_jax.training
   builds, compiled here independently of aot."""
   import jax
   import jax.numpy as jnp
 
-  from vit_jax import accelerators, optim, sharding, train
+  from vit_jax.base import accelerators, sharding
   from vit_jax.tools import aot
+  from vit_jax.training import optim, train
 
   from runs import tiny_config
 
@@ -66,7 +67,7 @@ def report(topology: str, overrides: str) -> dict:
 
 
 def devices(name: str) -> dict:
-  from vit_jax import accelerators
+  from vit_jax.base import accelerators
 
   found = accelerators.tpu_slice(name).compile_devices()
   return {'count': len(found), 'kinds': sorted({d.device_kind for d in found})}
@@ -77,7 +78,7 @@ def lowered_for_cpu() -> dict:
   import jax
   import jax.numpy as jnp
 
-  from vit_jax import accelerators, cpu
+  from vit_jax.base import accelerators, cpu
 
   device = accelerators.tpu_slice('v3-8').compile_devices()[:1]
   mesh = jax.make_mesh((1,), ('x',), devices=device)
@@ -91,8 +92,8 @@ def lowered_for_cpu() -> dict:
 def tpu_attention() -> dict:
   """``benchmarks.tpu_attention.measure`` of the einsum and splash attention, 130 tokens,
   on one v5p device."""
-  from vit_jax import accelerators
-  from vit_jax.benchmarks import tpu_attention as attention
+  from benchmarks import tpu_attention as attention
+  from vit_jax.base import accelerators
 
   device = accelerators.tpu_slice('v5p-8').compile_devices()[0]
   return {kind: attention.measure(kind, device, 2, 2, 130, 64) for kind in ('einsum', 'splash')}

@@ -22,11 +22,12 @@ import ml_collections
 import numpy as np
 from absl import app, flags
 
-from vit_jax import console, errors, optim, sharding
+from vit_jax.base import console, errors, sharding
 from vit_jax.data import loader
+from vit_jax.training import optim
 
 if TYPE_CHECKING:
-  from vit_jax.train import Plan
+  from vit_jax.training.train import Plan
 
 
 def metric_name(loss: str) -> str:
@@ -107,11 +108,11 @@ class Evaluator:
 def make_evaluator(plan: Plan, param_shardings: Any) -> Evaluator:
   """The evaluation of ``plan`` (``train.validate``'s) for parameters on ``param_shardings``:
   the classifier's, or for masked patch prediction the corrupted patches' colours
-  (``vit_jax.mpp``; metric 'color_accuracy')."""
+  (``vit_jax.models.mpp``; metric 'color_accuracy')."""
   shardings = (param_shardings, sharding.batch_sharding(plan.mesh),
                sharding.replicated(plan.mesh))
   if plan.config.objective == 'mpp':
-    from vit_jax import mpp  # mpp builds its step in this module's form.
+    from vit_jax.models import mpp
 
     return Evaluator(plan, mpp.make_eval_step(plan.model, plan.config, *shardings),
                      param_shardings, mpp.METRIC)
@@ -122,7 +123,7 @@ def make_evaluator(plan: Plan, param_shardings: Any) -> Evaluator:
 def evaluate_params(config: ml_collections.ConfigDict, params: Any, progress: str | None = None,
                     progress_every: float = 10.) -> dict[str, float]:
   """Evaluates ``params`` (host arrays, model layout) with a run's config, on its eval split."""
-  from vit_jax import train  # train builds its Evaluator from this module.
+  from vit_jax.training import train
 
   plan = train.validate(config)
   shardings = sharding.shardings_for(params, plan.mesh)
@@ -153,8 +154,8 @@ def _define_flags() -> dict[str, Any]:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  from vit_jax import paths
-  from vit_jax import workdir as workdir_lib
+  from vit_jax.base import paths
+  from vit_jax.checkpoints import workdir as workdir_lib
 
   paths.run_dir(flags.FLAGS.workdir)  # Before the model and the data pipeline start.
 

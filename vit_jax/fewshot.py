@@ -16,7 +16,7 @@ pooled output (``VisionTransformer`` with ``num_classes=0``).
     python -m vit_jax.fewshot --npz=ViT-B_16.npz --model=b16 --dataset=cifar100 \
         --pp='decode|resize(224)|value_range(-1, 1)'
 
-During training, ``config.evals.fewshot`` (``vit_jax/config_base.py``) names the
+During training, ``config.evals.fewshot`` (``vit_jax/config/__init__.py``) names the
 datasets; the metrics are ``fewshot/<dataset>_<shots>shot``, the mean over the seeds.
 """
 
@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax import errors, paths, sharding
+from vit_jax.base import errors, paths, sharding
 from vit_jax.models.vit import pair
 
 BIAS_CONSTANT = 100.  # big_vision's constant bias feature.
@@ -406,7 +406,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any, str]:
   """(model, params, default pipeline) of --workdir or --npz."""
-  from vit_jax import workdir
+  from vit_jax.checkpoints import workdir
 
   if args.workdir:
     if args.model or args.image_size:

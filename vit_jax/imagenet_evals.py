@@ -25,7 +25,8 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from vit_jax import errors, evaluate, sharding
+from vit_jax import evaluate
+from vit_jax.base import errors, sharding
 from vit_jax.data import loader, local, sources
 
 # name in the metrics -> (TFDS name, split, label feature, examples without labels left out)

@@ -1,9 +1,9 @@
 r"""Entry point: ``python -m vit_jax.main --config=configs/quickstart.py --workdir=DIR``.
 
 Any config field can be overridden on the command line (``--config.batch_size=256``,
-``--config.model.image_size='(16, 24)'``: ``vit_jax.config_cli``). A user error (a bad
+``--config.model.image_size='(16, 24)'``: ``vit_jax.config.cli``). A user error (a bad
 config, a missing file, a checkpoint that does not fit) ends the run with one line,
-``error: ...``, and exit status 2 (``vit_jax.errors``). The log is vit_jax's own lines
+``error: ...``, and exit status 2 (``vit_jax.base.errors``). The log is vit_jax's own lines
 (one per ``log_every_steps``, each evaluation, a closing summary); ``--verbosity=0``
 (absl's flag) adds the INFO lines of Orbax, jax, clu and TensorFlow.
 On Cloud TPU and SLURM, ``jax.distributed`` finds the other processes by itself;
@@ -17,7 +17,9 @@ import os
 
 from absl import app, flags, logging
 
-from vit_jax import config_base, config_cli, console, errors, paths
+from vit_jax import config as config_lib
+from vit_jax.base import console, errors, paths
+from vit_jax.config import cli as config_cli
 
 _CONFIG = config_cli.DEFINE_config('config', 'Training config file.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and logs.')
@@ -31,7 +33,7 @@ _DISTRIBUTED = flags.DEFINE_bool(
 _CPU_DEVICES = flags.DEFINE_integer(
     'cpu_devices', None, 'Split a CPU host into this many devices (data-parallel, one per core '
     'is fastest on a CPU-only machine: results/RESULTS.md; 2 or more also keep freed '
-    'memory, VIT_JAX_MALLOC=keep_freed: vit_jax/cpu/); unset: jax\'s default (one, '
+    'memory, VIT_JAX_MALLOC=keep_freed: vit_jax/base/cpu/); unset: jax\'s default (one, '
     'or XLA_FLAGS=--xla_force_host_platform_device_count=N).')
 flags.mark_flags_as_required(['config', 'workdir'])
 
@@ -43,7 +45,7 @@ def _auto_distributed() -> bool:
 
 def main(argv: list[str]) -> None:
   config = _CONFIG.value  # Its errors first, before anything starts.
-  config_base.check(config_base.complete(config))  # Types, None, ranges (train.validate's).
+  config_lib.check(config_lib.complete(config))  # Types, None, ranges (train.validate's).
   paths.output_dir(_WORKDIR.value)  # Then the workdir's, before jax and TensorFlow start.
   if config.get('init_from'):
     paths.input_path(config.init_from, 'config.init_from', 'release .npz file or workdir')
@@ -69,7 +71,7 @@ def main(argv: list[str]) -> None:
                jax.devices()[0].platform)
   logging.info('Log with timestamps and third-party lines: %s', log_file)
 
-  from vit_jax import train
+  from vit_jax.training import train
 
   train.train_and_evaluate(config, _WORKDIR.value)
 

@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from vit_jax import config_base, console, errors
+from vit_jax import config as config_lib
+from vit_jax.base import console, errors
 
 IGNORED = ('seed',)  # Fields that do not make another setting.
 
@@ -60,10 +61,10 @@ class Run:
 
 def total_steps(config: Any) -> int:
   """A run's length: ``total_steps``, or ``num_epochs`` over its training split's size."""
-  from vit_jax import optim
   from vit_jax.data import sources
+  from vit_jax.training import optim
 
-  config = config_base.complete(config)
+  config = config_lib.complete(config)
   if config.total_steps:
     return int(config.total_steps)
   source = sources.get_source(config.dataset, config.dataset.train_split)
@@ -88,7 +89,7 @@ def read_run(path: Any) -> Run:
     last = max(last, int(row['step']))
     if row['step'] == total and f'eval/{metric}' in row:
       accuracy = float(row[f'eval/{metric}'])
-  return Run(str(path), config_base.flatten(config), total, accuracy, metric, last)
+  return Run(str(path), config_lib.flatten(config), total, accuracy, metric, last)
 
 
 def find_runs(directory: Any) -> list[Run]:
@@ -229,7 +230,7 @@ class Sweep:
 
   def __init__(self, config_file: str, user_overrides: list[tuple[str, str | None]],
                workdir: str, grid: list[tuple[str, list[str]]], seeds: int, minival: float):
-    from vit_jax import config_cli
+    from vit_jax.config import cli as config_cli
 
     if seeds < 1:
       raise errors.ConfigError(f'--seeds={seeds}: at least one.')
@@ -242,7 +243,7 @@ class Sweep:
                    if minival else None)
 
   def config(self, plan: Plan) -> Any:
-    from vit_jax import config_cli
+    from vit_jax.config import cli as config_cli
     return config_cli.load(self.config_file, self.user + plan.overrides)
 
   def minival_runs(self) -> list[Plan]:
@@ -285,7 +286,7 @@ def finished(plan: Plan) -> bool:
 
 
 def train(sweep: Sweep, plans: list[Plan], out: Any) -> None:
-  from vit_jax import train as train_lib
+  from vit_jax.training import train as train_lib
 
   for i, plan in enumerate(plans, 1):
     if finished(plan):
@@ -351,7 +352,7 @@ def run_sweep(sweep: Sweep, print_commands: bool = False, out: Any = None) -> di
 def _define_flags() -> dict[str, Any]:
   from absl import flags
 
-  from vit_jax import config_cli
+  from vit_jax.config import cli as config_cli
 
   return dict(
       config=config_cli.DEFINE_config('config', 'The recipe swept.'),
@@ -388,7 +389,7 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   sweep = Sweep(config_flag.file.value, config_flag.overrides, flags_['workdir'].value,
                 parse_grid(flags_['grid'].value), flags_['seeds'].value, flags_['minival'].value)
   if not flags_['print_commands'].value:
-    from vit_jax import console, paths
+    from vit_jax.base import console, paths
 
     paths.output_dir(flags_['workdir'].value)  # Before jax and TensorFlow start.
     console.start(flags_['cpu_devices'].value)
@@ -398,6 +399,6 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
 if __name__ == '__main__':
   import functools
 
-  from vit_jax import config_cli
+  from vit_jax.config import cli as config_cli
 
   config_cli.run(functools.partial(main, flags_=_define_flags()))

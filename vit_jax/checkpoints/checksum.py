@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import cpu
-from vit_jax.sharding import path_name
+from vit_jax.base import cpu
+from vit_jax.base.sharding import path_name
 
 _U32 = jnp.uint32
 

@@ -34,7 +34,7 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from vit_jax import errors, sharding
+from vit_jax.base import errors, sharding
 from vit_jax.checkpoints import checksum
 
 ARRAYS = 'vit_jax_arrays'  # Key of ``describe``'s record in the step's custom metadata.
@@ -330,7 +330,7 @@ def restore_params(step_dir: epath.Path, mesh: jax.sharding.Mesh | None = None, 
   Only the parameters are read (not the optimizer state); with ``ema``, the weights'
   moving average instead (``optim.weight_ema``, in the parameters' layout; a checkpoint
   without one is an ``errors.CheckpointMismatchError``). With ``mesh`` they are placed
-  on it, sharded by ``vit_jax.sharding``'s rules whatever mesh they were saved from;
+  on it, sharded by ``vit_jax.base.sharding``'s rules whatever mesh they were saved from;
   without, as numpy arrays on the host.
   """
 

@@ -38,11 +38,11 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from vit_jax import errors, paths
+from vit_jax.base import errors, paths
 from vit_jax.models import VisionTransformer, get_model, registry
 from vit_jax.models.vit import pair
 
-# Masked patch prediction's parameters (vit_jax.mpp): the learnable [mask] embedding and
+# Masked patch prediction's parameters (vit_jax.models.mpp): the learnable [mask] embedding and
 # the per-patch prediction head, used only in pre-training; fine-tuning drops them.
 PRETRAINING_ONLY = ('mask_token', 'mpp_head')
 
@@ -149,7 +149,7 @@ def _canonicalise(flat: dict[str, np.ndarray], path: Any) -> dict[str, np.ndarra
 def load_npz(path: str | os.PathLike) -> Params:
   """Reads a release (or big_vision) .npz file into the nested release layout.
 
-  ``path`` is local or on any filesystem ``vit_jax.paths`` reads (``gs://vit_models/...``):
+  ``path`` is local or on any filesystem ``vit_jax.base.paths`` reads (``gs://vit_models/...``):
   it is read through epath, never ``open``. A missing or unreachable file is a
   ``errors.MissingFileError``.
   """
@@ -183,7 +183,7 @@ def to_host(x: Any) -> np.ndarray:
 def save_npz(path: str | os.PathLike, params: Mapping[str, Any]) -> None:
   """Writes params (any layout, dtype or sharding) as a release-layout .npz file.
 
-  ``path`` is local or remote (``gs://``: ``vit_jax.paths``). The file appears
+  ``path`` is local or remote (``gs://``: ``vit_jax.base.paths``). The file appears
   atomically: it is written beside the target, then renamed. A remote file is built in
   memory first, as numpy's zip writer needs a file it can ``tell`` in, which gfile's
   writers are not.

@@ -44,7 +44,7 @@ from absl import app, flags
 from etils import epath
 from PIL import Image
 
-from vit_jax import console, errors, paths
+from vit_jax.base import console, errors, paths
 from vit_jax.data import local
 
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp')

@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from vit_jax import sharding as sharding_lib
+from vit_jax.base import sharding as sharding_lib
 
 Batch = dict[str, Any]
 

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from vit_jax import errors
-from vit_jax.data import local, tfrecord
+from vit_jax.base import errors
+from vit_jax.data import local, tfrecord, vtab
 
 FASHION_MNIST_CLASSES = ('T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal',
                          'Shirt', 'Sneaker', 'Bag', 'Ankle boot')
@@ -227,15 +227,13 @@ def get_source(dataset: Any, split: str) -> ArraySource | TFDSSource | local.Loc
   bundled in-memory datasets (``digits``; ``mnist`` and ``fashion_mnist`` from IDX
   files in ``data_dir``) or any TFDS name (``imagenet2012``, ``cifar10``, ...;
   ``data_dir``, ``manual_dir``, ``prepare``). ``vtab/TASK`` is a VTAB-1k task
-  (``vit_jax.vtab``), its split one of train800, val200, train800val200, test. The local
+  (``vit_jax.data.vtab``), its split one of train800, val200, train800val200, test. The local
   and in-memory sources take a slice of a split as TFDS does (``train[:98%]``,
   ``train[98%:]``: a minival split, ``vit_jax.sweep``).
   """
   name = dataset.name
   data_dir = dataset.get('data_dir') or None  # '' in a config means: the default.
   if name.startswith('vtab/'):  # A VTAB-1k task: split is train800, val200, ... (vit_jax.vtab).
-    from vit_jax import vtab
-
     return vtab.get_source(name[len('vtab/'):], split, data_dir)
   if data_dir and (epath.Path(data_dir) / local.METADATA).exists():
     return _sliced(split, lambda s: local.LocalSource(str(data_dir), s))

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from vit_jax import cpu
+from vit_jax.base import cpu
 
 Array = jax.Array
 DimensionNumbers = tuple[tuple[Any, Any], tuple[Any, Any]]

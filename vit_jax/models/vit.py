@@ -17,7 +17,7 @@ Module and parameter names are those of the released .npz checkpoints, so the
     pre_logits                                optional Dense + tanh
     head                                      zero-initialised classifier
 
-Masked patch prediction (``mpp_outputs > 0``, ``vit_jax.mpp``) adds ``mask_token`` (the
+Masked patch prediction (``mpp_outputs > 0``, ``vit_jax.models.mpp``) adds ``mask_token`` (the
 learnable [mask] embedding) and ``mpp_head`` (a per-patch Dense on the final patch
 representations) in place of the pooling and the classifier; with it off (the default)
 the parameters are exactly the release's.
@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import sharding
+from vit_jax.base import sharding
 from vit_jax.models import resnet
 from vit_jax.models.matmul import dot_general_for
 
@@ -102,33 +102,49 @@ def drop_path(x: Array, rate: float | Array, rng: Array) -> Array:
   return jnp.where(mask, x / keep, 0).astype(x.dtype)
 
 
-class MlpBlock(nn.Module):
-  """Dense(mlp_dim) -> GELU (tanh approximation) -> Dense(D), dropout after each."""
+@dataclasses.dataclass(frozen=True)
+class BlockOptions:
+  """How every block computes: ``VisionTransformer``'s fields of the same names (documented
+  there), passed down as one value to the blocks, their attention and MLP, and the MAP head."""
 
   mlp_dim: int
+  num_heads: int
   dropout_rate: float = 0.
+  attention_dropout_rate: float = 0.
+  attention_impl: str = 'auto'
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   matmul_dtype: Dtype | None = None
+  parallel_block: bool = False
+  qk_norm: bool = False
+  qkv_bias: bool = True
+  norm: str = 'layernorm'
+
+
+class MlpBlock(nn.Module):
+  """Dense(mlp_dim) -> GELU (tanh approximation) -> Dense(D), dropout after each."""
+
+  options: BlockOptions
 
   @nn.compact
   def __call__(self, x: Array, *, deterministic: bool) -> Array:
-    dense = lambda n: nn.Dense(n, dtype=self.dtype, param_dtype=self.param_dtype,
-                               dot_general=dot_general_for(self.matmul_dtype),
+    o = self.options
+    dense = lambda n: nn.Dense(n, dtype=o.dtype, param_dtype=o.param_dtype,
+                               dot_general=dot_general_for(o.matmul_dtype),
                                kernel_init=_dense_init, bias_init=_bias_init)
     width = x.shape[-1]
-    x = nn.gelu(dense(self.mlp_dim)(x))
+    x = nn.gelu(dense(o.mlp_dim)(x))
     x = sharding.constrain(x, 'hidden')
-    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+    x = nn.Dropout(o.dropout_rate)(x, deterministic=deterministic)
     x = dense(width)(x)
-    return nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+    return nn.Dropout(o.dropout_rate)(x, deterministic=deterministic)
 
 
 class MultiHeadAttention(nn.Module):
   """Multi-head dot-product attention with the release's parameter layout.
 
   ``query``/``key``/``value`` kernels are (D, heads, head_dim), ``out`` is
-  (heads, head_dim, D). ``implementation`` picks the kernel: 'einsum' (plain
+  (heads, head_dim, D). ``options.attention_impl`` picks the kernel: 'einsum' (plain
   softmax attention; the only one that supports attention dropout and records the
   weights in the 'intermediates' collection), or ``jax.nn.dot_product_attention``
   with 'xla' or 'cudnn' (the fused flash kernel on NVIDIA GPUs); 'auto' (the default)
@@ -136,39 +152,33 @@ class MultiHeadAttention(nn.Module):
   normalises each head's queries and keys (ViT-22B; flax's ``normalize_qk`` names).
   """
 
-  num_heads: int
-  dropout_rate: float = 0.
-  implementation: str = 'auto'
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  matmul_dtype: Dtype | None = None
-  qk_norm: bool = False
-  qkv_bias: bool = True
-  norm: str = 'layernorm'
+  options: BlockOptions
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array, *, deterministic: bool) -> Array:
+    o = self.options
     width = inputs_q.shape[-1]
-    if width % self.num_heads:
-      raise ValueError(f'width {width} is not divisible by num_heads={self.num_heads}.')
-    head_dim = width // self.num_heads
-    dot_general = dot_general_for(self.matmul_dtype)
+    if width % o.num_heads:
+      raise ValueError(f'width {width} is not divisible by num_heads={o.num_heads}.')
+    head_dim = width // o.num_heads
+    dot_general = dot_general_for(o.matmul_dtype)
     proj = lambda name: nn.DenseGeneral(
-        (self.num_heads, head_dim), dtype=self.dtype, param_dtype=self.param_dtype,
-        dot_general=dot_general, kernel_init=_dense_init, use_bias=self.qkv_bias, name=name)
+        (o.num_heads, head_dim), dtype=o.dtype, param_dtype=o.param_dtype,
+        dot_general=dot_general, kernel_init=_dense_init, use_bias=o.qkv_bias, name=name)
     q = proj('query')(inputs_q)
     k = proj('key')(inputs_kv)
     v = proj('value')(inputs_kv)
     q, k, v = (sharding.constrain(t, 'heads') for t in (q, k, v))
-    if self.qk_norm:
-      qk_norm = lambda name: norm_layer(self.norm, use_bias=False, dtype=self.dtype,
-                                        param_dtype=self.param_dtype, name=name)
+    if o.qk_norm:
+      qk_norm = lambda name: norm_layer(o.norm, use_bias=False, dtype=o.dtype,
+                                        param_dtype=o.param_dtype, name=name)
       q, k = qk_norm('query_ln')(q), qk_norm('key_ln')(k)
 
-    implementation = self.implementation
+    implementation = o.attention_impl
+    dropout = o.attention_dropout_rate
     if implementation == 'auto':
       implementation = attention_for(
-          q.dtype, head_dim, dropout=bool(self.dropout_rate) and not deterministic,
+          q.dtype, head_dim, dropout=bool(dropout) and not deterministic,
           recording=self.is_mutable_collection('intermediates'))
     if implementation == 'einsum':
       # Heads next to the batch, (b, h, tokens, d): the batched matmuls' preferred layout
@@ -180,21 +190,21 @@ class MultiHeadAttention(nn.Module):
       # In bfloat16, the (b, h, q, k) tensors that are stored and read several times are
       # thus half the bytes (the TPU step: 9% faster, 19% less HBM; results/RESULTS.md).
       logits = dot_general(q, k, (((3,), (3,)), ((0, 1), (0, 1))),
-                           preferred_element_type=self.dtype)
+                           preferred_element_type=o.dtype)
       weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
       self.sow('intermediates', 'attention_weights', weights)
-      weights = nn.Dropout(self.dropout_rate, broadcast_dims=())(
-          weights, deterministic=deterministic).astype(self.dtype)
+      weights = nn.Dropout(dropout, broadcast_dims=())(
+          weights, deterministic=deterministic).astype(o.dtype)
       x = dot_general(weights, v, (((3,), (2,)), ((0, 1), (0, 1))),
-                      preferred_element_type=self.dtype)
+                      preferred_element_type=o.dtype)
       x = x.swapaxes(1, 2)
     else:
-      if self.dropout_rate and not deterministic:
+      if dropout and not deterministic:
         raise ValueError('attention_dropout_rate > 0 needs attention_impl="einsum".')
       x = fused_attention(q, k, v, implementation)
 
     x = sharding.constrain(x, 'heads')
-    return nn.DenseGeneral(width, axis=(-2, -1), dtype=self.dtype, param_dtype=self.param_dtype,
+    return nn.DenseGeneral(width, axis=(-2, -1), dtype=o.dtype, param_dtype=o.param_dtype,
                            dot_general=dot_general, kernel_init=_dense_init, name='out')(x)
 
 
@@ -246,24 +256,6 @@ def fused_attention(q: Array, k: Array, v: Array, implementation: str,
   return x[:, :t]
 
 
-@dataclasses.dataclass(frozen=True)
-class BlockOptions:
-  """What every block of an encoder shares (``VisionTransformer``'s fields of the same names)."""
-
-  mlp_dim: int
-  num_heads: int
-  dropout_rate: float = 0.
-  attention_dropout_rate: float = 0.
-  attention_impl: str = 'auto'
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  matmul_dtype: Dtype | None = None
-  parallel_block: bool = False
-  qk_norm: bool = False
-  qkv_bias: bool = True
-  norm: str = 'layernorm'
-
-
 class EncoderBlock(nn.Module):
   """One pre-LayerNorm Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)).
 
@@ -283,8 +275,7 @@ class EncoderBlock(nn.Module):
     o = self.options
     kw = dict(dtype=o.dtype, param_dtype=o.param_dtype)
     layer_norm = lambda name: norm_layer(o.norm, name=name, **kw)
-    mlp = lambda: MlpBlock(o.mlp_dim, o.dropout_rate, matmul_dtype=o.matmul_dtype,
-                           name='MlpBlock_3', **kw)
+    mlp = lambda: MlpBlock(o, name='MlpBlock_3')
 
     def residual(branch: Array) -> Array:
       if self.stochastic_depth and not deterministic:
@@ -294,11 +285,8 @@ class EncoderBlock(nn.Module):
     y = queries = layer_norm('LayerNorm_0')(x)
     if query_tokens is not None:  # LayerNorm is per token: slicing after it is exact.
       x, queries = x[:, :query_tokens], y[:, :query_tokens]
-    y = MultiHeadAttention(o.num_heads, o.attention_dropout_rate, o.attention_impl,
-                           matmul_dtype=o.matmul_dtype, qk_norm=o.qk_norm,
-                           qkv_bias=o.qkv_bias, norm=o.norm,
-                           name='MultiHeadDotProductAttention_1', **kw)(
-                               queries, y, deterministic=deterministic)
+    y = MultiHeadAttention(o, name='MultiHeadDotProductAttention_1')(
+        queries, y, deterministic=deterministic)
     y = nn.Dropout(o.dropout_rate)(y, deterministic=deterministic)
     if o.parallel_block:
       y = y + mlp()(queries, deterministic=deterministic)
@@ -376,28 +364,20 @@ class AddPositionEmbs(nn.Module):
 
 
 class MAPHead(nn.Module):
-  """Multihead attention pooling: a learned probe attends over all tokens."""
+  """Multihead attention pooling: a learned probe attends over all tokens (no dropout)."""
 
-  num_heads: int
-  mlp_dim: int
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  matmul_dtype: Dtype | None = None
-  qk_norm: bool = False
-  qkv_bias: bool = True
-  norm: str = 'layernorm'
+  options: BlockOptions
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, matmul_dtype=self.matmul_dtype)
-    probe = self.param('probe', _dense_init, (1, 1, x.shape[-1]), self.param_dtype)
+    # The head's attention takes the blocks' kernel, but none of their dropout.
+    o = dataclasses.replace(self.options, dropout_rate=0., attention_dropout_rate=0.)
+    probe = self.param('probe', _dense_init, (1, 1, x.shape[-1]), o.param_dtype)
     probe = jnp.tile(probe, (x.shape[0], 1, 1)).astype(x.dtype)
-    x = MultiHeadAttention(self.num_heads, qk_norm=self.qk_norm, qkv_bias=self.qkv_bias,
-                           norm=self.norm, name='MultiHeadDotProductAttention_0', **kw)(
+    x = MultiHeadAttention(o, name='MultiHeadDotProductAttention_0')(
         probe, x, deterministic=True)
-    y = norm_layer(self.norm, name='LayerNorm_0', dtype=self.dtype,
-                   param_dtype=self.param_dtype)(x)
-    x = x + MlpBlock(self.mlp_dim, name='MlpBlock_0', **kw)(y, deterministic=True)
+    y = norm_layer(o.norm, name='LayerNorm_0', dtype=o.dtype, param_dtype=o.param_dtype)(x)
+    x = x + MlpBlock(o, name='MlpBlock_0')(y, deterministic=True)
     return x[:, 0]
 
 
@@ -429,7 +409,7 @@ class VisionTransformer(nn.Module):
     qk_norm: normalise each head's queries and keys before their product (ViT-22B).
     qkv_bias: biases in the query/key/value projections (ViT-22B has none).
     norm: 'layernorm', or 'rmsnorm' (no centering, no bias: ViT-22B's), everywhere.
-    mpp_outputs: masked patch prediction (``vit_jax.mpp``): > 0 adds a learnable
+    mpp_outputs: masked patch prediction (``vit_jax.models.mpp``): > 0 adds a learnable
       ``mask_token`` and an ``mpp_head`` of this many outputs per patch, and the model
       returns (batch, patches, mpp_outputs) float32 predictions instead of logits (no
       pooling, no classifier); 0: off, the release's parameters exactly.
@@ -550,7 +530,7 @@ class VisionTransformer(nn.Module):
     """Logits (batch, classes); with ``mpp_outputs``, per-patch predictions.
 
     ``corruption``: masked patch prediction's ``(mask, source)``, both (batch, patches)
-    (``vit_jax.mpp.corrupt``): patch i's embedding is replaced by patch ``source[i]``'s of
+    (``vit_jax.models.mpp.corrupt``): patch i's embedding is replaced by patch ``source[i]``'s of
     the same image (itself where it is unchanged), then by the mask embedding where
     ``mask``; before the position embeddings are added. None: no corruption.
     """
@@ -600,9 +580,7 @@ class VisionTransformer(nn.Module):
     elif self.pool == 'gap':
       x = jnp.mean(x, axis=1)
     else:
-      x = MAPHead(self.num_heads, self.mlp_dim, matmul_dtype=self.matmul_dtype,
-                  qk_norm=self.qk_norm, qkv_bias=self.qkv_bias, norm=self.norm,
-                  name='MAPHead_0', **kw)(x)
+      x = MAPHead(self.block_options, name='MAPHead_0')(x)
 
     if self.representation_size is not None:
       x = nn.tanh(nn.Dense(self.representation_size, name='pre_logits', **kw)(x))

@@ -43,14 +43,14 @@ from typing import Any
 
 from absl import app, flags
 
-from vit_jax import errors
+from vit_jax.base import errors
 from vit_jax.tools import feeding
 
 
 def _define_flags() -> types.SimpleNamespace:
   """The command line's flags (defined when run as a program, so that the functions below
   can be imported beside other programs' flags)."""
-  from vit_jax import config_cli
+  from vit_jax.config import cli as config_cli
 
   names = types.SimpleNamespace(
       feeding=feeding.define_flags(),
@@ -121,7 +121,7 @@ def _target(topology: str) -> tuple[list, Any]:
   """The devices to compile for and the TPU slice (None for 'cpu': this host's)."""
   import jax
 
-  from vit_jax import accelerators
+  from vit_jax.base import accelerators
 
   if topology == 'cpu':
     return jax.devices('cpu'), None
@@ -159,7 +159,9 @@ def lower_steps(config: Any, devices: list, num_train_examples: int, model: Any 
   import jax
   import jax.numpy as jnp
 
-  from vit_jax import evaluate, mfu, optim, sharding, train
+  from vit_jax import evaluate
+  from vit_jax.base import sharding
+  from vit_jax.training import mfu, optim, train
 
   plan = train.validate(config, devices=devices, num_train_examples=num_train_examples)
   config, model, mesh = plan.config, model or plan.model, plan.mesh
@@ -184,7 +186,7 @@ def lower_steps(config: Any, devices: list, num_train_examples: int, model: Any 
            'batch_size': config.batch_size, 'eval_batch_size': config.eval_batch_size,
            'params_bytes_per_device': _tree_bytes_per_device(state.params),
            'opt_state_bytes_per_device': _tree_bytes_per_device(state.opt_state),
-           # Model FLOPs as the training log and the benchmark count them (vit_jax.mfu).
+           # Model FLOPs as the training log and the benchmark count them (vit_jax.training.mfu).
            'train_flops_per_image': mfu.analytic_train_flops(model),
            'scan': model.scan, 'grad_accum_steps': int(config.grad_accum_steps)}
   eval_batch = batch(config.eval_batch_size, mask=(config.eval_batch_size,))
@@ -195,7 +197,7 @@ def lower_steps(config: Any, devices: list, num_train_examples: int, model: Any 
 def compiled_figures(compiled: Any, loops: bool) -> dict[str, Any]:
   """What a compiled program says of itself: HBM per device, cost-model time (not where
   the step ``loops``: the cost model counts a loop's body once), FLOPs."""
-  from vit_jax import mfu
+  from vit_jax.training import mfu
 
   memory = compiled.memory_analysis()
   cost = mfu.cost(compiled)
@@ -235,7 +237,7 @@ def compile_steps(config: Any, devices: list, num_train_examples: int,
         raise
     facts[name] = {**figures, 'compile_seconds': time.perf_counter() - start}
   if facts['train_flops_per_image'] is None and facts['train'].get('xla_flops_per_device'):
-    # Hybrids: XLA's count of the compiled step (vit_jax.mfu).
+    # Hybrids: XLA's count of the compiled step (vit_jax.training.mfu).
     facts['train_flops_per_image'] = (facts['train']['xla_flops_per_device'] * len(devices)
                                       / facts['batch_size'])
   return facts
@@ -440,7 +442,7 @@ def advise(config: Any, topology: str, r: dict[str, Any], num_train_examples: in
   override, what it needs per device, and whether a compile checked it ('checked') or it is
   an estimate ('estimate'). Those a compile found not to fit come too (``fits`` False), so
   that the user need not try them."""
-  from vit_jax import accelerators
+  from vit_jax.base import accelerators
 
   out: list[dict[str, Any]] = []
   batch, accum = int(config.batch_size), int(config.get('grad_accum_steps') or 1)
@@ -661,7 +663,7 @@ def check_flags(topology: str, limit: float | None, max_batch: bool, max_compile
   'cpu') or a ``UserError`` naming the problem and the fix."""
   tpu = None
   if topology != 'cpu':
-    from vit_jax import accelerators  # Plain Python: no jax.
+    from vit_jax.base import accelerators
 
     try:
       tpu = accelerators.tpu_slice(topology)
@@ -730,7 +732,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  from vit_jax import config_cli
+  from vit_jax.config import cli as config_cli
 
   _FLAGS = _define_flags()
   config_cli.run(main)

@@ -10,14 +10,14 @@ of the weights.
 run's evaluation split, to show the export is faithful; progress lines with an ETA
 go to stderr every ``--progress_every`` seconds. The checkpoint is verified against the
 checksums recorded when it was written: a damaged one is an error naming the other steps
-(``vit_jax.workdir.restore_params``).
+(``vit_jax.checkpoints.workdir.restore_params``).
 """
 
 from __future__ import annotations
 
 from absl import app, flags, logging
 
-from vit_jax import errors, paths
+from vit_jax.base import errors, paths
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The workdir of a vit_jax.main run.')
 _OUT = flags.DEFINE_string('out', None, 'The .npz file to write.')
@@ -36,8 +36,8 @@ def export(workdir: str, out: str, step: int | None = None, *, ema: bool = False
 
   ``ema``: their moving average instead (``workdir.restore_params``).
   """
-  from vit_jax import workdir as workdir_lib
   from vit_jax.checkpoints import release
+  from vit_jax.checkpoints import workdir as workdir_lib
 
   params, step = workdir_lib.restore_params(workdir, step, ema=ema)
   release.save_npz(out, params)
@@ -49,9 +49,10 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   paths.run_dir(_WORKDIR.value)  # Before jax starts.
   paths.output_path(_OUT.value, 'out')
-  from vit_jax import console, evaluate
-  from vit_jax import workdir as workdir_lib
+  from vit_jax import evaluate
+  from vit_jax.base import console
   from vit_jax.checkpoints import release
+  from vit_jax.checkpoints import workdir as workdir_lib
 
   if not flags.FLAGS['verbosity'].present:  # Orbax's INFO lines only with --verbosity.
     console.quiet_third_party()

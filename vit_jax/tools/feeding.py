@@ -2,7 +2,7 @@
 
 ``vit_jax.tools.aot`` gives a train step's images/s (cost model); every host of the slice
 must decode and augment its share of them. ``check`` divides that share by the per-core
-rate that ``python -m vit_jax.benchmarks.input --recipes=...`` measured for the config's
+rate that ``python -m benchmarks.input --recipes=...`` measured for the config's
 ``dataset.pp_train`` (``results/input_recipes.json``, keyed by the pipeline string) or
 that the user gives (``--host_images_per_core``), and compares the cores needed with the
 vCPUs of one host of the generation (``HOSTS``), with a warning where they do not suffice
@@ -22,9 +22,9 @@ import re
 import types
 from typing import Any
 
-from vit_jax import errors
+from vit_jax.base import errors
 
-# Written by ``python -m vit_jax.benchmarks.input --recipes=shipped --out=...`` (RESULTS.md).
+# Written by ``python -m benchmarks.input --recipes=shipped --out=...`` (RESULTS.md).
 RATES_FILE = pathlib.Path(__file__).resolve().parents[2] / 'results' / 'input_recipes.json'
 
 
@@ -89,7 +89,7 @@ def define_flags() -> types.SimpleNamespace:
           'dataset.pp_train).'),
       rates=flags.DEFINE_string(
           'input_rates', str(RATES_FILE), 'JSON of per-core input rates (python -m '
-          'vit_jax.benchmarks.input --recipes=... --out=...).'))
+          'benchmarks.input --recipes=... --out=...).'))
 
 
 def check_flags(names: types.SimpleNamespace) -> None:
@@ -107,7 +107,7 @@ def check_flags(names: types.SimpleNamespace) -> None:
     rates = None
   if not isinstance(rates, dict):
     raise errors.UserError(f'--input_rates={path} is not a file of input rates: write one with '
-                           'python -m vit_jax.benchmarks.input --recipes=CONFIG --out=FILE.')
+                           'python -m benchmarks.input --recipes=CONFIG --out=FILE.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +174,7 @@ def report_lines(f: Feeding, pipeline: str, generation: str, mixes: bool) -> lis
   if f.cores_needed is None:
     lines.append(f'{"host cores needed":28}{"?":>14}  ({vcpus})')
     lines.append('WARNING: no input rate measured for this pipeline: measure it (python -m '
-                 'vit_jax.benchmarks.input --recipes=CONFIG --out=FILE, then --input_rates=FILE)'
+                 'benchmarks.input --recipes=CONFIG --out=FILE, then --input_rates=FILE)'
                  ' or give one (--host_images_per_core=N); whether the hosts keep up is '
                  'not checked.')
     return lines
@@ -198,7 +198,7 @@ def check(config: Any, r: dict[str, Any], names: types.SimpleNamespace
           ) -> dict[str, Any] | None:
   """``aot.report``'s report checked for input: the lines and figures (None where there is
   no TPU slice or no images/s: nothing to feed, or no step time)."""
-  from vit_jax import accelerators
+  from vit_jax.base import accelerators
 
   if not r.get('libtpu_topology'):
     return None

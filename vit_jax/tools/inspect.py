@@ -31,7 +31,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from vit_jax import errors, paths
+from vit_jax.base import errors, paths
 from vit_jax.models import VisionTransformer
 from vit_jax.models.vit import pair
 from vit_jax.tools import predict
@@ -498,7 +498,7 @@ def inspect(args: argparse.Namespace) -> list[epath.Path]:
   if args.workdir:
     metrics = paths.path(args.workdir) / 'metrics.jsonl'
     if metrics.is_file():
-      from vit_jax import workdir
+      from vit_jax.checkpoints import workdir
 
       step = workdir.resolve_step(args.workdir, args.step)
       figures.append(training_curves_figure(read_metrics(metrics), step))

@@ -28,8 +28,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from vit_jax import errors, paths, workdir
-from vit_jax.checkpoints import release
+from vit_jax.base import errors, paths
+from vit_jax.checkpoints import release, workdir
 from vit_jax.models import VisionTransformer
 from vit_jax.models.vit import pair
 
@@ -129,7 +129,7 @@ def _workdir_class_names(loaded: release.Loaded) -> tuple[str, ...]:
 
 
 def check_source_paths(args: argparse.Namespace) -> None:
-  """--workdir or --npz checked before the model loads (``vit_jax.paths``)."""
+  """--workdir or --npz checked before the model loads (``vit_jax.base.paths``)."""
   if args.workdir:
     paths.run_dir(args.workdir)
   else:
@@ -184,7 +184,7 @@ def load_source(args: argparse.Namespace) -> Source:
 
 
 def read_image(path: str | os.PathLike) -> np.ndarray:
-  """An image file (local or remote: ``vit_jax.paths``) as an RGB uint8 array (OpenCV, or
+  """An image file (local or remote: ``vit_jax.base.paths``) as an RGB uint8 array (OpenCV, or
   Pillow for what it cannot read)."""
   from vit_jax.data import preprocess
 

@@ -4,7 +4,7 @@ A cloud machine of the same name can be another processor from one day to the ne
 one without bfloat16 instructions emulates bfloat16 products (slower than float32 ones):
 the benchmarks record the CPU with every result, and training warns when
 ``model.matmul_dtype='bfloat16'`` would be emulated. Standard library only:
-``vit_jax.benchmarks.timm_step`` runs it without jax.
+``benchmarks.timm_step`` runs it without jax.
 """
 
 from __future__ import annotations

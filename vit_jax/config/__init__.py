@@ -20,7 +20,7 @@ from typing import Any
 
 import ml_collections
 
-from vit_jax import errors
+from vit_jax.base import errors
 
 _none = ml_collections.config_dict.placeholder
 
@@ -74,7 +74,7 @@ def get_config() -> ml_collections.ConfigDict:
   ))
 
   # What the step learns: 'classification' (the labels), or 'mpp': masked patch prediction,
-  # self-supervised, no label read (vit_jax/mpp.py; the paper's section 4.6).
+  # self-supervised, no label read (vit_jax/models/mpp.py; the paper's section 4.6).
   config.objective = 'classification'
   config.mpp = ml_collections.ConfigDict(dict(
       # 'mean_color' (512-way 3-bit mean colour, the paper's), 'color_4x4' (a 4x4 downsized
@@ -119,11 +119,11 @@ def get_config() -> ml_collections.ConfigDict:
   # Both mix (mixup/CutMix) the global batch with one draw per step; under shard_map each
   # device draws its own dropout/stochastic-depth masks (its index folded into the key).
   config.step_impl = 'jit'
-  # The device mesh (vit_jax/sharding.py): data parallelism x fully-sharded data
+  # The device mesh (vit_jax/base/sharding.py): data parallelism x fully-sharded data
   # parallelism x tensor parallelism (heads and MLP units split). data=-1 takes the
   # devices that fsdp and tensor leave. shard_state: the parameters and optimizer state
   # are stored split over the data axis too, gathered once per step; None: on TPUs and
-  # GPUs, off on CPUs (vit_jax/cpu/).
+  # GPUs, off on CPUs (vit_jax/base/cpu/).
   config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1,
                                                shard_state=_none(bool)))
 
@@ -365,7 +365,7 @@ def unknown_field(where: str, key: str, fields: list[str]) -> errors.ConfigError
   close = difflib.get_close_matches(key, fields, n=3, cutoff=0.6)
   hint = f' Did you mean {", ".join(f"{where}.{c}" for c in close)}?' if close else ''
   return errors.ConfigError(f'{where}.{key} is not a config field.{hint} The fields of {where}: '
-                            f'{", ".join(sorted(fields))} (vit_jax/config_base.py).')
+                            f'{", ".join(sorted(fields))} (vit_jax/config/__init__.py).')
 
 
 def model_options(model: Any) -> tuple[str, dict[str, Any]]:

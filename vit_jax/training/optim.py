@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from vit_jax import errors
+from vit_jax.base import errors
 from vit_jax.checkpoints.release import flatten, unflatten
 
 _MU_DTYPES = {None: None, 'float32': jnp.float32, 'bfloat16': jnp.bfloat16}

@@ -1,6 +1,6 @@
 r"""Attention alone on one TPU device, from the TPU compiler: einsum against Pallas kernels.
 
-    python -m vit_jax.benchmarks.tpu_attention --topology=v5p-8 --batch=128 --heads=12 \
+    python -m benchmarks.tpu_attention --topology=v5p-8 --batch=128 --heads=12 \
         --tokens=577 --impls=einsum,flash,splash
 
 The gradient of one attention (q, k and v of shape (batch, heads, tokens, head_dim), in
@@ -74,7 +74,7 @@ def measure(impl: str, device: Any, batch: int, heads: int, tokens: int,
   import jax.numpy as jnp
   from jax.sharding import SingleDeviceSharding
 
-  from vit_jax import mfu
+  from vit_jax.training import mfu
 
   length = tokens if impl == 'einsum' else -(-tokens // BLOCK) * BLOCK
   fn = attention(impl, tokens)
@@ -100,8 +100,8 @@ def measure(impl: str, device: Any, batch: int, heads: int, tokens: int,
 def main(argv: list[str]) -> None:
   del argv
   os.environ.setdefault('JAX_PLATFORMS', 'cpu')
-  from vit_jax import accelerators, errors
-  from vit_jax.benchmarks import results
+  from benchmarks import results
+  from vit_jax.base import accelerators, errors
 
   f = flags.FLAGS
   bad = [i for i in f.impls if i not in IMPLS]
@@ -125,12 +125,12 @@ def main(argv: list[str]) -> None:
           f'  temporaries {row["temp_bytes"] / 2**30:6.3f} GiB  FLOPs counted {seen:6.1%} of '
           'the products\'', flush=True)
   if f.json:
-    results.write(f.json, 'vit_jax.benchmarks.tpu_attention', cpu={},
+    results.write(f.json, 'benchmarks.tpu_attention', cpu={},
                   load=os.getloadavg(), topology=tpu.name, rows=rows)
 
 
 if __name__ == '__main__':
-  from vit_jax import errors
+  from vit_jax.base import errors
 
   _define_flags()
   errors.run(main)

@@ -1,7 +1,7 @@
 r"""Training throughput and MFU of the real train step, on the devices of this machine.
 
-    python -m vit_jax.benchmarks.train --model=ti16 --batch_size=32 --out=results/train.json
-    python -m vit_jax.benchmarks.train --model=ti16 --batch_size=32 \
+    python -m benchmarks.train --model=ti16 --batch_size=32 --out=results/train.json
+    python -m benchmarks.train --model=ti16 --batch_size=32 \
         --sweep=dtype=float32,bfloat16 --sweep=attention=einsum,xla
 
 Each cell (one combination of options) runs in its own process and measures:
@@ -20,24 +20,24 @@ Each cell (one combination of options) runs in its own process and measures:
     denominator, also when the cells split a CPU into different numbers of devices);
   * the peak memory where the backend reports it (GPUs), else XLA's buffer sizes;
   * the host's minor page faults per step (memory the kernel maps in afresh) and the
-    process's peak resident memory, both of which ``vit_jax.cpu.host_memory``'s glibc
+    process's peak resident memory, both of which ``vit_jax.base.cpu.host_memory``'s glibc
     tunables change (``--malloc``: by default as ``vit_jax.main`` runs).
 
-The step is ``vit_jax.train.make_train_step`` (the one training uses: Adam,
+The step is ``vit_jax.training.train.make_train_step`` (the one training uses: Adam,
 softmax cross-entropy, donated state) on random images already on the devices,
-so the input pipeline is not part of it (see ``vit_jax.benchmarks.input``).
+so the input pipeline is not part of it (see ``benchmarks.input``).
 
 ``--big_vision=PATH`` (a big_vision checkout; not a dependency) adds big_vision's ViT of
-the same model (``vit_jax.benchmarks.big_vision``: ``dtype_mm='bfloat16'``, class token)
+the same model (``benchmarks.big_vision``: ``dtype_mm='bfloat16'``, class token)
 in the same step, as a cell of the same run; its FLOPs are those of every token.
 
 ``--timm_python=PATH`` adds timm's train step of the same model, run by that Python
-(``vit_jax.benchmarks.timm_step``; on the GPU where torch sees one), as cells of the same
+(``benchmarks.timm_step``; on the GPU where torch sees one), as cells of the same
 run, each alone on the machine like the others: the table gives them the model's FLOPs
 with every token computed (timm computes them all; vit_jax's last block only the class
 token's) and the same peaks, and every other row its images/s over timm's at the same
 matmul precision ("vs timm": bfloat16 products against timm's bfloat16 autocast). The
-header names the CPU and whether it has bfloat16 instructions (``vit_jax.cpu.host_cpu``).
+header names the CPU and whether it has bfloat16 instructions (``vit_jax.base.cpu.host_cpu``).
 """
 
 from __future__ import annotations
@@ -54,9 +54,9 @@ from typing import Any
 
 from absl import app, flags
 
-from vit_jax import mfu
-from vit_jax.benchmarks import results, timm_step
-from vit_jax.cpu import host_cpu, host_memory
+from benchmarks import results, timm_step
+from vit_jax.base.cpu import host_cpu, host_memory
+from vit_jax.training import mfu
 
 DTYPES = ('float32', 'bfloat16')
 SWEEP_KEYS = ('dtype', 'matmul_dtype', 'attention', 'remat', 'scan', 'batch_size',
@@ -79,8 +79,8 @@ _XLA_FLAGS = flags.DEFINE_string('xla_flags', '', 'Extra XLA_FLAGS for the cell 
                                  'none), space-separated.')
 _MALLOC = flags.DEFINE_enum('malloc', 'as_main', ('as_main', *host_memory.MODES),
                             'glibc malloc tunables of the cell: vit_jax.main\'s VIT_JAX_MALLOC '
-                            '(vit_jax.cpu.host_memory); as_main: what vit_jax.main picks for the '
-                            'cell\'s cpu_devices (keep_freed for 2 or more, else huge_pages).')
+                            '(vit_jax.base.cpu.host_memory); as_main: what vit_jax.main picks for '
+                            'the cell\'s cpu_devices (keep_freed for 2 or more, else huge_pages).')
 _STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps per cell.')
 _WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
 _PEAK_SIZE = flags.DEFINE_integer('peak_size', 0, 'n of the n x n peak matmul (0: 2048 on '
@@ -94,7 +94,7 @@ _BIG_VISION = flags.DEFINE_string('big_vision', '', 'A big_vision checkout: adds
                                    '(dtype_mm=bfloat16) in the same step as a cell.')
 _TIMM_PYTHON = flags.DEFINE_string(
     'timm_python', '', 'A Python with torch, torchvision and timm: adds timm\'s train step '
-    'of the same model to the run (vit_jax.benchmarks.timm_step), one cell per '
+    'of the same model to the run (benchmarks.timm_step), one cell per '
     '--timm_autocast, and a "vs timm" column.')
 _TIMM_AUTOCAST = flags.DEFINE_list('timm_autocast', ['none'],
                                    'timm cells: none (float32) and/or bfloat16 autocast.')
@@ -118,8 +118,9 @@ def measure(cell: dict[str, Any]) -> dict[str, Any]:
   import ml_collections
   import numpy as np
 
-  from vit_jax import accelerators, optim, sharding, train
+  from vit_jax.base import accelerators, sharding
   from vit_jax.models import get_model
+  from vit_jax.training import optim, train
 
   if cell['cpu_devices']:
     jax.config.update('jax_num_cpu_devices', cell['cpu_devices'])
@@ -129,7 +130,7 @@ def measure(cell: dict[str, Any]) -> dict[str, Any]:
   peaks = {dtype: mfu.matmul_peak(dtype, n, cell['peak_repeats']) for dtype in DTYPES}
 
   if cell['framework'] == 'big_vision':
-    from vit_jax.benchmarks import big_vision
+    from benchmarks import big_vision
 
     model = big_vision.vit(cell['path'], cell['model'], cell['image_size'])
   else:
@@ -197,7 +198,7 @@ def measure(cell: dict[str, Any]) -> dict[str, Any]:
       'xla_over_analytic': (xla_per_image / analytic) if analytic and xla_per_image else None,
       'achieved_flops': achieved,  # MFU: in main(), over the best peak of all cells.
       'memory': _memory(compiled, devices[0]),
-      # Host memory faulted in per step and the process's peak (vit_jax.cpu.host_memory),
+      # Host memory faulted in per step and the process's peak (vit_jax.base.cpu.host_memory),
       # and the glibc tunables in force.
       'page_faults_per_step': faults / cell['steps'],
       'max_rss_bytes': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -233,7 +234,7 @@ def cells_from_flags() -> list[dict[str, Any]]:
     axes.append([(key, parse(v)) for v in values.split(',')])
   cells = [{**base, **dict(combo)} for combo in itertools.product(*axes)]
   if _BIG_VISION.value:
-    from vit_jax.benchmarks import big_vision
+    from benchmarks import big_vision
 
     if why := big_vision.not_a_checkout(_BIG_VISION.value):
       raise app.UsageError(why)
@@ -284,7 +285,7 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     env.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
     env = host_memory.tuned_environ(env, host_memory.glibc_version(), host_memory.thp_mode(),
                                     cell['malloc']) or env
-    command = [sys.executable, '-m', 'vit_jax.benchmarks.train', f'--cell={json.dumps(cell)}']
+    command = [sys.executable, '-m', 'benchmarks.train', f'--cell={json.dumps(cell)}']
   return {**cell, **results.run_cell(command, f'cell {cell}', env)}
 
 
@@ -394,7 +395,7 @@ def main(argv: list[str]) -> None:
   for cell in failed:
     print(f'{label(cell, varying)}: failed (its error is above)')
   if _OUT.value:
-    results.write(_OUT.value, 'vit_jax.benchmarks.train', cpu, load,
+    results.write(_OUT.value, 'benchmarks.train', cpu, load,
                   peak_flops_all_devices=peaks, machine=platform.machine(),
                   cpus=os.cpu_count(), cells=rows, failed=failed)
   if failed:
@@ -402,6 +403,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  from vit_jax import errors
+  from vit_jax.base import errors
 
   errors.run(main)  # Flag mistakes and user errors as one line, exit status 2.

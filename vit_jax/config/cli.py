@@ -5,7 +5,7 @@ r"""The ``--config`` flag of the entry points: a recipe file, then ``--config.FI
 
 ``--config=FILE:ARG`` calls the file's ``get_config(ARG)``
 (``configs/vit_b16_finetune.py:cifar10``). A value is read as a Python literal
-and checked against the field's type in the recipe (``vit_jax.config_base``):
+and checked against the field's type in the recipe (``vit_jax.config``):
 ``(16, 24)`` or ``[16, 24]`` for a tuple field or an int-or-pair one
 (``model.image_size``), ``None`` to unset a field, ``true`` / ``false`` (or
 ``--config.F`` / ``--noconfig.F``) for booleans; a string field takes the text as
@@ -35,7 +35,8 @@ from typing import Any
 import ml_collections
 from absl import flags
 
-from vit_jax import config_base, errors
+from vit_jax import config as config_lib
+from vit_jax.base import errors
 
 # --NAME.a.b=VALUE, --NAME.a.b (True) or --noNAME.a.b (False).
 _OVERRIDE = re.compile(r'^--?(no)?([A-Za-z_]\w*)\.([\w.]+)(?:=(.*))?$', re.DOTALL)
@@ -49,7 +50,7 @@ class ConfigFlag:
   def __init__(self, name: str, help_string: str):
     self.name = name
     self.file = flags.DEFINE_string(name, None, help_string + ' Fields are overridden with '
-                                    f'--{name}.FIELD=VALUE (vit_jax/config_base.py).')
+                                    f'--{name}.FIELD=VALUE (vit_jax/config/__init__.py).')
     self.overrides: list[tuple[str, str | None]] = []  # (field path, text), set by parse_flags.
 
   @property
@@ -144,7 +145,7 @@ def apply_overrides(config: ml_collections.ConfigDict,
 
 def _check_field(node: ml_collections.ConfigDict, key: str, where: str) -> None:
   if key not in node:
-    raise config_base.unknown_field(where, key, list(node))
+    raise config_lib.unknown_field(where, key, list(node))
 
 
 def _set(node: ml_collections.ConfigDict, key: str, text: Any, where: str) -> None:

@@ -1,6 +1,6 @@
 r"""The train step on a TPU slice, from the TPU compiler (no TPU needed), against big_vision.
 
-    python -m vit_jax.benchmarks.tpu_step --topology=v3-8 --json=results/tpu_step_v3.json \
+    python -m benchmarks.tpu_step --topology=v3-8 --json=results/tpu_step_v3.json \
         --big_vision=/path/to/big_vision
 
 Each cell (a model and a global batch; by default the three of issue 20: ViT-B/16 at 1024,
@@ -16,7 +16,7 @@ Fine-tuning cells (issue 30) give the image size, ``MODEL:BATCH:IMAGE_SIZE`` (th
 embedding's grid follows it, as when fine-tuning a release file at 384 px), and take the
 fine-tuning recipe's step (SGD with momentum 0.9, clipping at global norm 1), unrolled::
 
-    python -m vit_jax.benchmarks.tpu_step --topology=v5p-8 --cells=b16:512:384,l16:512:384 \
+    python -m benchmarks.tpu_step --topology=v5p-8 --cells=b16:512:384,l16:512:384 \
         --setting=configs/vit_b16_finetune.py:imagenet2012 --set=model.scan=False
 
 ``--depth=N`` gives every model (both implementations) N blocks: quick comparisons of ideas.
@@ -61,7 +61,7 @@ SETTING_MODEL_KEYS = ('dtype', 'param_dtype', 'matmul_dtype', 'scan', 'remat_pol
 
 def parse_cell(text: str) -> tuple[str, int, int]:
   """``MODEL:BATCH[:IMAGE_SIZE]`` -> (model, global batch, image size in pixels)."""
-  from vit_jax import errors
+  from vit_jax.base import errors
 
   parts = text.split(':')
   if len(parts) not in (2, 3) or not all(p.isdigit() and int(p) > 0 for p in parts[1:]):
@@ -72,7 +72,7 @@ def parse_cell(text: str) -> tuple[str, int, int]:
 
 def parse_depths(text: list[str] | None) -> list[int] | None:
   """``--depths=A,B`` -> [A, B]: two different positive block counts."""
-  from vit_jax import errors
+  from vit_jax.base import errors
 
   if text is None:
     return None
@@ -88,9 +88,9 @@ def cell_config(setting: Any, model: str, batch: int, image_size: int = 224,
   """A cell's config: ``setting``'s precision, optimizer and mesh; the cell's model, image
   size (the position embedding's grid follows it, as when fine-tuning a release file) and
   batch; softmax cross-entropy, no dropout, no pre-logits layer, 1000 classes."""
-  from vit_jax import config_base
+  from vit_jax import config as config_lib
 
-  return config_base.complete({
+  return config_lib.complete({
       'model': {'name': model, 'image_size': image_size, 'num_layers': depth,
                 **{k: setting.model[k] for k in SETTING_MODEL_KEYS}},
       'dataset': {'name': 'imagenet2012', 'num_classes': 1000},
@@ -100,12 +100,12 @@ def cell_config(setting: Any, model: str, batch: int, image_size: int = 224,
 
 
 def big_vision_model(path: str, config: Any) -> Any:
-  """big_vision's ViT (``vit_jax.benchmarks.big_vision``) of the cell's model, image size,
+  """big_vision's ViT (``benchmarks.big_vision``) of the cell's model, image size,
   depth, scan and remat."""
-  from vit_jax import config_base
-  from vit_jax.benchmarks import big_vision
+  from benchmarks import big_vision
+  from vit_jax import config as config_lib
 
-  name, options = config_base.model_options(config.model)
+  name, options = config_lib.model_options(config.model)
   return big_vision.vit(path, name, options.get('image_size') or 224, options.get('num_layers'),
                         scan=bool(options.get('scan')),
                         remat_policy=options.get('remat_policy') or 'none')
@@ -113,7 +113,7 @@ def big_vision_model(path: str, config: Any) -> Any:
 
 def big_vision_label(setting: Any) -> str:
   """big_vision's cells by what they run: its precision, and its scan and remat."""
-  from vit_jax.benchmarks import big_vision
+  from benchmarks import big_vision
 
   remat = setting.model.remat_policy or 'none'
   if setting.model.scan:
@@ -126,7 +126,7 @@ def big_vision_label(setting: Any) -> str:
 def mfu(flops_per_image: float | None, batch: int, seconds: float | None,
         devices: list) -> float | None:
   """The model's FLOPs a step at the devices' published bfloat16 peak (None if unknown)."""
-  from vit_jax import accelerators
+  from vit_jax.base import accelerators
 
   peak = accelerators.peak_bf16_flops(devices[0].device_kind)
   if not (flops_per_image and seconds and peak):
@@ -215,8 +215,9 @@ def measure(setting: Any, cell: tuple[str, int, int], what: str, tpu: Any, devic
 def main(argv: list[str]) -> None:
   del argv
   os.environ.setdefault('JAX_PLATFORMS', 'cpu')
-  from vit_jax import accelerators, config_cli, errors
-  from vit_jax.benchmarks import big_vision, results
+  from benchmarks import big_vision, results
+  from vit_jax.base import accelerators, errors
+  from vit_jax.config import cli as config_cli
 
   cells = [parse_cell(c) for c in _CELLS.value]
   bad = [item for item in _SET.value + _SWEEP.value if '=' not in item]
@@ -248,12 +249,12 @@ def main(argv: list[str]) -> None:
       rows.append(measure(setting, cell, big_vision_label(setting), **where,
                           big_vision=_BIG_VISION.value) | {'implementation': 'big_vision'})
   if _JSON.value:
-    results.write(_JSON.value, 'vit_jax.benchmarks.tpu_step', cpu={}, load=os.getloadavg(),
+    results.write(_JSON.value, 'benchmarks.tpu_step', cpu={}, load=os.getloadavg(),
                   topology=tpu.name, libtpu_topology=tpu.topology, setting=name,
                   depth=_DEPTH.value, depths=depths, cells=rows)
 
 
 if __name__ == '__main__':
-  from vit_jax import errors
+  from vit_jax.base import errors
 
   errors.run(main)  # Flag mistakes and user errors as one line, exit status 2.

@@ -1,6 +1,6 @@
 """Model FLOPs utilisation: the model's FLOPs per image over the devices' peak.
 
-The training loop's log line and the train-step benchmark (``vit_jax.benchmarks.train``)
+The training loop's log line and the train-step benchmark (``benchmarks.train``)
 both compute it here:
 
 * FLOPs per image of a training step: the model's analytic count (``forward_flops``,
@@ -9,7 +9,7 @@ both compute it here:
   body once, so its count is not used where the model has one: for a 2-layer ViT it
   is 1.08x the analytic count unrolled, 0.59x scanned, 0.31x with ``grad_accum_steps=4``.
 * The peak: the published bfloat16 peak of the TPU and NVIDIA chips that
-  ``vit_jax.accelerators`` knows (the usual denominator), else (CPUs, other chips) the
+  ``vit_jax.base.accelerators`` knows (the usual denominator), else (CPUs, other chips) the
   measured rate of large matmuls in the step's matmul dtype, all devices multiplying at
   once (CPU devices share the cores), measured once per machine and kept
   (``device_peak``).
@@ -89,7 +89,7 @@ def peak_key(platform: str, kind: str, devices: int, dtype: str) -> str:
   model and core count (a cloud machine of the same name can be another processor),
   and the number of devices its cores are split into."""
   if platform == 'cpu':
-    from vit_jax.cpu import host_cpu
+    from vit_jax.base.cpu import host_cpu
 
     info = host_cpu.cpu_info()
     kind = f'{info["model_name"]}, {info["cores"]} cores'
@@ -133,7 +133,7 @@ def device_peak(dtype: str) -> tuple[float, str]:
   """
   import jax
 
-  from vit_jax import accelerators
+  from vit_jax.base import accelerators
 
   devices = jax.devices()
   kind = devices[0].device_kind

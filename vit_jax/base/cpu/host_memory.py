@@ -69,7 +69,7 @@ def tuned_environ(environ: Mapping[str, str], glibc: tuple[int, ...] | None,
   to GLIBC_TUNABLES; None where that adds nothing."""
   mode = mode or environ.get(ENV) or default
   if mode not in MODES:
-    raise ValueError(f'{ENV}={mode!r}: expected one of {MODES} (vit_jax/cpu/host_memory.py).')
+    raise ValueError(f'{ENV}={mode!r}: expected one of {MODES} (vit_jax/base/cpu/host_memory.py).')
   if mode == 'default' or glibc is None:
     return None
   add = [*(HUGE_PAGES if glibc >= (2, 35) and thp == 'madvise' else ()),

@@ -1,6 +1,6 @@
 r"""What the checkpoint checksums cost: save and restore of a model's train state, with and without.
 
-    python -m vit_jax.benchmarks.integrity --model=b16 --out=results/integrity.json
+    python -m benchmarks.integrity --model=b16 --out=results/integrity.json
 
 The state is the model's parameters and Adam's two moments (ViT-B/16: 86M
 parameters, 1.03 GB). Each save is timed until it is on disk (Orbax writes
@@ -31,16 +31,18 @@ def main(argv: list[str]) -> None:
   import jax
   import orbax.checkpoint as ocp
 
-  from vit_jax import config_base, optim, sharding, train
-  from vit_jax.benchmarks import results
+  from benchmarks import results
+  from vit_jax import config as config_lib
+  from vit_jax.base import sharding
+  from vit_jax.base.cpu import host_cpu
   from vit_jax.checkpoints import checksum
   from vit_jax.checkpoints import manager as manager_lib
-  from vit_jax.cpu import host_cpu
   from vit_jax.models import get_model
+  from vit_jax.training import optim, train
 
   load = os.getloadavg()
   model = get_model(_MODEL.value, num_classes=1000)
-  config = config_base.get_config()  # Adam, as the paper's pre-training.
+  config = config_lib.get_config()  # Adam, as the paper's pre-training.
   tx = optim.make_optimizer(config.optimizer, optim.make_schedule(config.schedule, 100, 10))
   state, shardings = train.create_train_state(model, tx, 0, sharding.make_mesh())
   abstract = manager_lib.abstract_like(state, shardings)
@@ -105,13 +107,13 @@ def main(argv: list[str]) -> None:
         f'compiling, {first:.1f} s) for {size / 1e9:.2f} GB in {len(jax.tree.leaves(state))} '
         f'arrays of {model.model_name} and Adam.')
   if _OUT.value:
-    results.write(_OUT.value, 'vit_jax.benchmarks.integrity', host_cpu.cpu_info(), load,
+    results.write(_OUT.value, 'benchmarks.integrity', host_cpu.cpu_info(), load,
                   model=model.model_name, state_bytes=size, devices=jax.device_count(),
                   checksums_s=round(steady, 3), checksums_first_call_s=round(first, 2),
                   runs={str(v): runs[v] for v in runs}, **rows)
 
 
 if __name__ == '__main__':
-  from vit_jax import errors
+  from vit_jax.base import errors
 
   errors.run(main)  # Flag mistakes and user errors as one line, exit status 2.

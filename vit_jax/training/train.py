@@ -29,27 +29,16 @@ from absl import logging
 from etils import epath
 from jax.sharding import PartitionSpec as P
 
-from vit_jax import (
-    config_base,
-    console,
-    cpu,
-    errors,
-    evaluate,
-    fewshot,
-    imagenet_evals,
-    mfu,
-    mpp,
-    optim,
-    paths,
-    sharding,
-    tensorboard_events,
-)
-from vit_jax import workdir as workdir_lib
+from vit_jax import config as config_lib
+from vit_jax import evaluate, fewshot, imagenet_evals
+from vit_jax.base import console, cpu, errors, paths, sharding
 from vit_jax.checkpoints import manager as manager_lib
 from vit_jax.checkpoints import release
+from vit_jax.checkpoints import workdir as workdir_lib
 from vit_jax.data import loader, preprocess, sources
-from vit_jax.models import canonical_name, get_model
+from vit_jax.models import canonical_name, get_model, mpp
 from vit_jax.models.vit import pair
+from vit_jax.training import mfu, optim, tensorboard_events
 
 
 @flax.struct.dataclass
@@ -110,9 +99,9 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
   all of this run's). With ``num_train_examples`` no data or file is opened (planning ahead
   of time, ``vit_jax.tools.aot``): the plan has no sources, and ``dataset.num_classes`` must be set.
   """
-  config = config_base.complete(config)
-  config_base.check(config)  # Types, None, ranges: vit_jax/config_base.py's SCHEMA.
-  name, options = config_base.model_options(config.model)
+  config = config_lib.complete(config)
+  config_lib.check(config)  # Types, None, ranges: vit_jax/config/__init__.py's SCHEMA.
+  name, options = config_lib.model_options(config.model)
   try:
     canonical_name(name)
   except ValueError as e:
@@ -131,7 +120,7 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
   if with_data and init_from:
     if workdir_lib.is_workdir(init_from):
       workdir_lib.resolve_step(init_from, init_step)  # Raises, naming the steps there.
-    elif not paths.is_file(init_from):  # Local or remote (gs://): vit_jax.paths.
+    elif not paths.is_file(init_from):  # Local or remote (gs://): vit_jax.base.paths.
       raise errors.MissingFileError(
           f'config.init_from={init_from} is neither a release .npz file nor the workdir of '
           'an earlier run (a directory with checkpoints/).')
@@ -271,7 +260,7 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation, seed:
                        abstract: bool = False) -> tuple[TrainState, Any]:
   """Initialises the state directly in its shardings (never gathered on one host).
 
-  ``shard_state``: stored split over the data axis too (``vit_jax.sharding``;
+  ``shard_state``: stored split over the data axis too (``vit_jax.base.sharding``;
   ``Plan.shard_state`` says where a config asks for it).
   ``abstract``: only its shapes and shardings (``jax.ShapeDtypeStruct``s), nothing computed.
   """

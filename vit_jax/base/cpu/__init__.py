@@ -3,9 +3,9 @@
 vit_jax is tested on CPUs and tuned for the TPUs and GPUs it trains on. These things help
 only where XLA runs on the host's CPU, and they stay here, behind these checks:
 
-* glibc's malloc tunables for XLA:CPU's per-step host buffers (``vit_jax.cpu.host_memory``),
+* glibc's malloc tunables for XLA:CPU's per-step host buffers (``vit_jax.base.cpu.host_memory``),
   which need the process to re-execute itself before jax is imported: ``prepare``;
-* a warning where bfloat16 products would be emulated by this CPU (``vit_jax.cpu.host_cpu``):
+* a warning where bfloat16 products would be emulated by this CPU (``vit_jax.base.cpu.host_cpu``):
   ``warnings``;
 * the operand layouts XLA:CPU's bfloat16 matmul kernels take (``vit_jax.models.matmul``),
   chosen when a product is lowered for the CPU, so that a program compiled here for a TPU
@@ -25,7 +25,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from vit_jax import platforms as platforms_lib
+from vit_jax.base import platforms as platforms_lib
 
 
 def runs_on_cpu(environ: dict[str, str] | None = None) -> bool:
@@ -47,7 +47,7 @@ def prepare(cpu_devices: int) -> str:
   unset: no accelerator plugin is tried, and an installed libtpu stays silent), and glibc's
   malloc for XLA:CPU's buffers (``VIT_JAX_MALLOC``, else ``host_memory.default_mode``).
   Re-executes the process once where that adds tunables; returns the malloc mode."""
-  from vit_jax.cpu import host_memory
+  from vit_jax.base.cpu import host_memory
 
   os.environ.setdefault('JAX_PLATFORMS', 'cpu')
   mode = os.environ.get(host_memory.ENV) or host_memory.default_mode(cpu_devices)
@@ -59,7 +59,7 @@ def warnings(matmul_dtype: str | None) -> list[str]:
   """Warnings for a CPU run of this config (after jax picked the CPU)."""
   import jax
 
-  from vit_jax.cpu import host_cpu
+  from vit_jax.base.cpu import host_cpu
 
   warning = host_cpu.emulated_bf16_warning(jax.default_backend(), matmul_dtype,
                                            host_cpu.cpu_info())

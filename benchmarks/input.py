@@ -1,6 +1,6 @@
 r"""Input throughput: vit_jax's pipeline against a plain tf.data one, on the same images.
 
-    python -m vit_jax.benchmarks.input --data=../shared/data/imagenette_224 \
+    python -m benchmarks.input --data=../shared/data/imagenette_224 \
         --out=results/input.json
 
 The data is converted to the local format first (into --work_dir, once). Both
@@ -23,7 +23,7 @@ Two stages are measured for each:
 ``--recipes`` measures configs' own training pipelines instead (``shipped``: every shipped
 recipe, ``SHIPPED_RECIPES``), for ``vit_jax.tools.aot``'s input check:
 
-    python -m vit_jax.benchmarks.input --recipes=shipped --out=results/input_recipes.json
+    python -m benchmarks.input --recipes=shipped --out=results/input_recipes.json
 
 Each distinct ``dataset.pp_train`` runs through ``TrainLoader`` built as ``vit_jax.main``
 builds it (the config's pipeline, ``dataset.repeats`` and seed), on 1 core and on all
@@ -80,7 +80,7 @@ def vit_jax_rate(directory: str, split: str, pipeline: str, workers: int, images
   """Images/s of vit_jax's loader (threads decode in parallel) at ``stage``."""
   import jax
 
-  from vit_jax import sharding
+  from vit_jax.base import sharding
   from vit_jax.data import loader, local, preprocess
 
   source = local.LocalSource(directory, split)
@@ -102,7 +102,7 @@ def vit_jax_rate(directory: str, split: str, pipeline: str, workers: int, images
 
 def recipe_config(spec: str):
   """A config as ``--config`` loads it (paths relative to here, else to the project)."""
-  from vit_jax import config_cli
+  from vit_jax.config import cli as config_cli
 
   path, colon, arg = spec.partition(':')
   if not epath.Path(path).exists() and (ROOT / path).exists():
@@ -115,7 +115,7 @@ def recipe_loader(config, directory: str, split: str, workers: int, batch: int):
   local-format copy at ``directory``, with ``workers`` threads and one batch in flight each."""
   import jax
 
-  from vit_jax import sharding
+  from vit_jax.base import sharding
   from vit_jax.data import loader, local, preprocess
 
   source = local.LocalSource(directory, split)
@@ -209,7 +209,7 @@ def _measure_pinned(directory: str, impl: str, stage: str, pipeline: str, worker
   import sys
 
   cores = sorted(os.sched_getaffinity(0))[:workers]
-  command = [sys.executable, '-m', 'vit_jax.benchmarks.input', f'--data={_DATA.value}',
+  command = [sys.executable, '-m', 'benchmarks.input', f'--data={_DATA.value}',
              f'--split={_SPLIT.value}', f'--work_dir={_WORK_DIR.value}',
              f'--images={_IMAGES.value}', f'--batch_size={_BATCH.value}',
              f'--measure={impl}:{stage}:{pipeline}:{workers}']
@@ -339,6 +339,6 @@ def _measure_recipes(converted: str, cores: int) -> None:
 
 
 if __name__ == '__main__':
-  from vit_jax import errors
+  from vit_jax.base import errors
 
   errors.run(main)  # Flag mistakes and user errors as one line, exit status 2.

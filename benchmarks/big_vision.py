@@ -5,8 +5,8 @@ google-research/big_vision (not a dependency of vit_jax) and wraps it as a Linen
 that returns the logits: ``dtype_mm='bfloat16'`` (big_vision's mixed precision: bfloat16
 products, float32 parameters and element-wise work) and the class token, with
 vit_jax's analytic FLOP count of every token (big_vision computes them all).
-``vit_jax.benchmarks.tpu_step`` compiles it for a TPU slice and
-``vit_jax.benchmarks.train`` times it on this machine's devices.
+``benchmarks.tpu_step`` compiles it for a TPU slice and
+``benchmarks.train`` times it on this machine's devices.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A benchmark's results: each cell measured in a process of its own, and the JSON file of
 the run (what ran, where and when, then the benchmark's own fields).
 
-Standard library only: ``vit_jax.benchmarks.timm_step`` runs in a venv without jax.
+Standard library only: ``benchmarks.timm_step`` runs in a venv without jax.
 """
 
 from __future__ import annotations

@@ -17,10 +17,11 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from vit_jax import config_base, errors, mpp, paths
+from vit_jax import config as config_lib
+from vit_jax.base import errors, paths
 from vit_jax.checkpoints import manager as manager_lib
 from vit_jax.checkpoints import release
-from vit_jax.models import VisionTransformer, get_model
+from vit_jax.models import VisionTransformer, get_model, mpp
 from vit_jax.models.vit import pair
 
 CONFIG_FILE = 'config.json'
@@ -74,7 +75,7 @@ def load_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
   if not path.exists():
     raise errors.MissingFileError(f'{path} does not exist: {workdir} is not the workdir of a '
                                   'vit_jax.main run.')
-  return config_base.complete(json.loads(path.read_text()))
+  return config_lib.complete(json.loads(path.read_text()))
 
 
 def load_class_names(workdir: str | os.PathLike) -> tuple[str, ...]:
@@ -90,7 +91,7 @@ def model_from_config(config: ml_collections.ConfigDict,
   A masked-patch-prediction run's (``config.objective='mpp'``): no classifier, its mask
   embedding and prediction head.
   """
-  name, options = config_base.model_options(config.model)
+  name, options = config_lib.model_options(config.model)
   if mpp.is_on(config):
     return mpp.pretraining_model(config, get_model(name, num_classes=0, **options))
   if num_classes is None:
@@ -111,7 +112,7 @@ def restore_params(workdir: str | os.PathLike, step: int | None = None,
   ``ema``: the weights' moving average instead (``config.optimizer.ema_decay``; kept
   in float32 in the optimizer state), in the parameters' layout; a run that kept none
   is a ``errors.CheckpointMismatchError``. With ``mesh``, they are restored straight
-  onto it (sharded by the rules of ``vit_jax.sharding``, whatever mesh they were saved
+  onto it (sharded by the rules of ``vit_jax.base.sharding``, whatever mesh they were saved
   from); without, as numpy arrays on the host. They are verified against the checksums
   the checkpoint recorded; a damaged one raises ``errors.CheckpointError`` naming the
   other steps.

@@ -7,7 +7,7 @@ final representation, the patch's colour (``color_targets``: its mean R, G, B, e
 into 8 bins, 512 classes) with a softmax cross-entropy over the corrupted patches only.
 No label is read: any image data trains it, labelled or not.
 
-``config.objective='mpp'`` selects it in ``vit_jax.train``; ``config.mpp.target`` picks
+``config.objective='mpp'`` selects it in ``vit_jax.training.train``; ``config.mpp.target`` picks
 the prediction target (``TARGETS``): the paper's reported 'mean_color', or the
 alternatives it tried (a 4x4 downsized patch of 3-bit colours, an L2 regression of the
 full patch) and an L2 regression of the mean colour. Fine-tuning from such a run
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from vit_jax import errors
+from vit_jax.base import errors
 from vit_jax.models.vit import pair
 
 BITS = 3  # Per channel: 8 levels.

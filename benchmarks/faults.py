@@ -1,6 +1,6 @@
 r"""The long fault test: a run killed with SIGKILL at random steps, N times, then finished.
 
-    python -m vit_jax.benchmarks.faults --runs=10 --out=results/faults.json
+    python -m benchmarks.faults --runs=10 --out=results/faults.json
 
 The quickstart recipe (``--steps``, a checkpoint every ``--checkpoint_every``
 steps, written asynchronously) is started, killed with ``kill -9`` once it has
@@ -99,8 +99,9 @@ def wait(process: subprocess.Popen, condition: Any, what: str, timeout: float = 
 def final_state(workdir: str) -> Any:
   import jax
 
-  from vit_jax import config_cli, optim, train
   from vit_jax.checkpoints import manager as manager_lib
+  from vit_jax.config import cli as config_cli
+  from vit_jax.training import optim, train
 
   config = config_cli.load(CONFIG, [(k, str(v)) for k, v in overrides().items()])
   plan = train.validate(config)
@@ -160,9 +161,10 @@ def main(argv: list[str]) -> None:
   del argv
   import jax
 
-  from vit_jax import config_cli, errors
-  from vit_jax.benchmarks import results
-  from vit_jax.cpu import host_cpu
+  from benchmarks import results
+  from vit_jax.base import errors
+  from vit_jax.base.cpu import host_cpu
+  from vit_jax.config import cli as config_cli
 
   bad = [item for item in _SET.value if '=' not in item]
   if bad:
@@ -203,11 +205,11 @@ def main(argv: list[str]) -> None:
         f'survived {summary["survived"]}, data lost {summary["data_lost"]} (final state bitwise '
         f'equal to an uninterrupted run: {bitwise}; loss mismatches: {loss_mismatches}).')
   if _OUT.value:
-    results.write(_OUT.value, 'vit_jax.benchmarks.faults', host_cpu.cpu_info(), load,
+    results.write(_OUT.value, 'benchmarks.faults', host_cpu.cpu_info(), load,
                   config={'config': CONFIG, **overrides()}, faults=faults, **summary)
 
 
 if __name__ == '__main__':
-  from vit_jax import errors
+  from vit_jax.base import errors
 
   errors.run(main)

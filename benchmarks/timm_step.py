@@ -1,6 +1,6 @@
-r"""timm's ViT training step on this machine: the reference for ``vit_jax.benchmarks.train``.
+r"""timm's ViT training step on this machine: the reference for ``benchmarks.train``.
 
-This measures timm's train step the way ``vit_jax.benchmarks.train`` measures vit_jax's.
+This measures timm's train step the way ``benchmarks.train`` measures vit_jax's.
 PyTorch is not a dependency of vit_jax, so it runs in a venv of its own:
 
     python3 -m venv /tmp/timmenv
@@ -10,12 +10,12 @@ The comparison is best made by the train benchmark itself, which runs this file 
 Python as cells of its run, next to vit_jax's (a cloud machine's speed can drift by 10-30%
 within minutes: run it more than once):
 
-    python -m vit_jax.benchmarks.train --model=ti16 --batch_size=32 --cpu_devices=2 \
+    python -m benchmarks.train --model=ti16 --batch_size=32 --cpu_devices=2 \
         --timm_python=/tmp/timmenv/bin/python
 
 It also runs alone, from the repository root:
 
-    /tmp/timmenv/bin/python -m vit_jax.benchmarks.timm_step --model=vit_tiny_patch16_224 \
+    /tmp/timmenv/bin/python -m benchmarks.timm_step --model=vit_tiny_patch16_224 \
         --autocast=none,bfloat16 --out=/tmp/timm_ti16.json
 
 The step: timm's model in train mode (its fused ``scaled_dot_product_attention``), AdamW,
@@ -47,8 +47,8 @@ from typing import Any
 
 if not __package__:  # Run as a file by another venv's Python: vit_jax is beside this file.
   sys.path.append(str(pathlib.Path(__file__).resolve().parents[2]))
-from vit_jax.benchmarks import results  # noqa: E402 (standard library only)
-from vit_jax.cpu import host_cpu  # noqa: E402 (standard library only)
+from benchmarks import results  # noqa: E402 (standard library only)
+from vit_jax.base.cpu import host_cpu  # noqa: E402 (standard library only)
 
 AUTOCASTS = ('none', 'bfloat16')
 _TIMM_SIZES = {'ti': 'tiny', 's': 'small', 'b': 'base', 'l': 'large', 'h': 'huge'}
@@ -72,7 +72,7 @@ def measure(model_name: str, batch_size: int, image_size: int, autocast: str, st
     import timm
     import torch
   except ImportError as e:
-    raise SystemExit(f'{e}: vit_jax.benchmarks.timm_step needs torch, torchvision and timm, '
+    raise SystemExit(f'{e}: benchmarks.timm_step needs torch, torchvision and timm, '
                      'which vit_jax does not depend on; install them in a venv of their own '
                      '(see this module\'s docstring).') from None
   if device == 'auto':
@@ -161,7 +161,7 @@ def main() -> None:
     print(f'{r["autocast"]:10}{1e3 * r["step_s_median"]:>9.1f}{r["images_per_s"]:>8.1f}'
           f'{r["max_rss_bytes"] / 2**20:>6.0f} MiB')
   if args.out:
-    results.write(args.out, 'vit_jax.benchmarks.timm_step', cpu, load, cells=rows)
+    results.write(args.out, 'benchmarks.timm_step', cpu, load, cells=rows)
 
 
 if __name__ == '__main__':

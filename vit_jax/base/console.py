@@ -155,14 +155,14 @@ def logging_to(workdir: str) -> Iterator[str]:
 
 def start(cpu_devices: int | None) -> str | None:
   """An entry point's start-up before it uses jax: XLA:CPU's set-up where jax will run on
-  the CPU (``vit_jax.cpu.prepare``: may re-execute the process once), plain console lines
+  the CPU (``vit_jax.base.cpu.prepare``: may re-execute the process once), plain console lines
   (``plain_console``) with the third-party log lines quiet unless ``--verbosity`` was given
   (then absl's own lines, prefixes and all: for debugging), and ``cpu_devices`` CPU devices
   where set. Returns the malloc mode of a CPU run, else
   None."""
   from absl import flags
 
-  from vit_jax import cpu
+  from vit_jax.base import cpu
 
   malloc = cpu.prepare(cpu_devices or 0) if cpu.runs_on_cpu() else None
   if not flags.FLAGS['verbosity'].present:

@@ -1,0 +1,1 @@
+"""The bottom layer: errors, paths, platforms, the console, devices and the mesh."""

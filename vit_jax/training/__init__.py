@@ -1,0 +1,1 @@
+"""Training: the plan, the state and its step, the loop."""
