@@ -101,14 +101,13 @@ def final_state(workdir: str) -> Any:
 
   from vit_jax.checkpoints import manager as manager_lib
   from vit_jax.config import cli as config_cli
-  from vit_jax.training import optim, train
+  from vit_jax.training import plan as plan_lib
+  from vit_jax.training import step
 
   config = config_cli.load(CONFIG, [(k, str(v)) for k, v in overrides().items()])
-  plan = train.validate(config)
-  tx = optim.make_optimizer(config.optimizer, optim.make_schedule(
-      config.schedule, plan.total_steps, plan.warmup_steps))
-  state, shardings = train.create_train_state(plan.model, tx, config.seed, plan.mesh,
-                                              shard_state=plan.shard_state)
+  plan = plan_lib.validate(config)
+  state, shardings = step.create_train_state(plan.model, plan.tx, config.seed, plan.mesh,
+                                             shard_state=plan.shard_state)
   manager = manager_lib.make_manager(workdir, every_steps=1, keep=3)
   try:
     return jax.device_get(manager_lib.restore(

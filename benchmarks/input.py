@@ -29,7 +29,7 @@ Each distinct ``dataset.pp_train`` runs through ``TrainLoader`` built as ``vit_j
 builds it (the config's pipeline, ``dataset.repeats`` and seed), on 1 core and on all
 cores, as host batches (``iterate_local``: what the host does; a trailing ``value_range``
 runs on the chips). Mixup and CutMix are not host work: the train step mixes the batch on
-the chips (``train.mix_global_batch``), so they are in aot's step time, not here. The
+the chips (``vit_jax.training.mixing``), so they are in aot's step time, not here. The
 loader's threads are as many as the cores, each keeping one batch in flight. The JSON is
 keyed by the pipeline string (``tools.feeding.pipeline_key``), with the configs that use
 it and their mixup/CutMix settings.
@@ -111,7 +111,7 @@ def recipe_config(spec: str):
 
 
 def recipe_loader(config, directory: str, split: str, workers: int, batch: int):
-  """``TrainLoader`` as ``train.train_and_evaluate`` builds it for ``config``, over the
+  """``TrainLoader`` as ``vit_jax.training.loop`` builds it for ``config``, over the
   local-format copy at ``directory``, with ``workers`` threads and one batch in flight each."""
   import jax
 

@@ -38,13 +38,14 @@ def main(argv: list[str]) -> None:
   from vit_jax.checkpoints import checksum
   from vit_jax.checkpoints import manager as manager_lib
   from vit_jax.models import get_model
-  from vit_jax.training import optim, train
+  from vit_jax.training import optim
+  from vit_jax.training import step as train_step
 
   load = os.getloadavg()
   model = get_model(_MODEL.value, num_classes=1000)
   config = config_lib.get_config()  # Adam, as the paper's pre-training.
   tx = optim.make_optimizer(config.optimizer, optim.make_schedule(config.schedule, 100, 10))
-  state, shardings = train.create_train_state(model, tx, 0, sharding.make_mesh())
+  state, shardings = train_step.create_train_state(model, tx, 0, sharding.make_mesh())
   abstract = manager_lib.abstract_like(state, shardings)
   size = sum(x.nbytes for x in jax.tree.leaves(state))
 

@@ -23,7 +23,7 @@ Each cell (one combination of options) runs in its own process and measures:
     process's peak resident memory, both of which ``vit_jax.base.cpu.host_memory``'s glibc
     tunables change (``--malloc``: by default as ``vit_jax.main`` runs).
 
-The step is ``vit_jax.training.train.make_train_step`` (the one training uses: Adam,
+The step is ``vit_jax.training.step.make_train_step`` (the one training uses: Adam,
 softmax cross-entropy, donated state) on random images already on the devices,
 so the input pipeline is not part of it (see ``benchmarks.input``).
 
@@ -120,7 +120,8 @@ def measure(cell: dict[str, Any]) -> dict[str, Any]:
 
   from vit_jax.base import accelerators, sharding
   from vit_jax.models import get_model
-  from vit_jax.training import optim, train
+  from vit_jax.training import optim
+  from vit_jax.training import step as train_step
 
   if cell['cpu_devices']:
     jax.config.update('jax_num_cpu_devices', cell['cpu_devices'])
@@ -138,10 +139,7 @@ def measure(cell: dict[str, Any]) -> dict[str, Any]:
                       dtype=cell['dtype'], attention_impl=cell['attention'],
                       matmul_dtype=None if cell['matmul_dtype'] == 'none'
                       else cell['matmul_dtype'], remat_policy=cell['remat'], scan=cell['scan'])
-  config = ml_collections.ConfigDict(dict(
-      objective='classification', loss='softmax_xent', label_smoothing=0., mixup_alpha=0.,
-      cutmix_alpha=0.,
-      grad_accum_steps=1, step_impl=cell['step_impl']))
+  options = train_step.StepOptions(impl=cell['step_impl'])  # Softmax cross-entropy.
   schedule = optim.make_schedule(
       ml_collections.ConfigDict(dict(base_lr=1e-3, warmup_steps=1, decay='cosine')),
       total_steps=1_000_000, warmup_steps=1)
@@ -151,8 +149,8 @@ def measure(cell: dict[str, Any]) -> dict[str, Any]:
   batch_size = cell['batch_size']
   if batch_size % mesh.size:
     raise ValueError(f'--batch_size={batch_size} is not divisible by the {mesh.size} devices.')
-  state, shardings = train.create_train_state(model, tx, 0, mesh)
-  step = train.make_train_step(model, tx, schedule, config, mesh, shardings)
+  state, shardings = train_step.create_train_state(model, tx, 0, mesh)
+  step = train_step.make_train_step(model, tx, schedule, options, mesh, shardings)
 
   rng = np.random.default_rng(0)
   images = rng.uniform(-1, 1, (batch_size, *model.image_size, 3)).astype(np.float32)

@@ -31,10 +31,10 @@ def tiny_run(tmp_path_factory) -> pathlib.Path:
   Shared by the tests that read a run back (fine-tuning, export, predict, inspect):
   one in-process training instead of one per test file.
   """
-  from vit_jax.training import train
+  from vit_jax import main
 
   from runs import TINY_RUN, tiny_config
 
   directory = tmp_path_factory.mktemp('tiny_run')
-  train.train_and_evaluate(tiny_config(**TINY_RUN), str(directory))
+  main.train_and_evaluate(tiny_config(**TINY_RUN), str(directory))
   return directory

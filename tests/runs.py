@@ -9,7 +9,8 @@ import sys
 import ml_collections
 
 from vit_jax.checkpoints import manager as manager_lib
-from vit_jax.training import optim, train
+from vit_jax.training import plan as plan_lib
+from vit_jax.training import step as step_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / 'configs' / 'quickstart.py'
@@ -23,7 +24,7 @@ TINY = {'model.hidden_size': 32, 'model.mlp_dim': 64, 'model.num_layers': 2,
         # The state stored split over the devices, as on TPUs and GPUs (CPUs default to not).
         'mesh.shard_state': True,
         # quickstart's few-shot evaluation off: tests/test_fewshot.py turns it on where tested.
-        'evals.fewshot.datasets': ()}
+        'evals.fewshot': None}
 # The run of the shared ``tiny_run`` fixture (conftest.py).
 TINY_RUN = {'model.pool': 'token', 'total_steps': 10, 'checkpoint_every_steps': 5}
 
@@ -64,11 +65,9 @@ def read_metrics(workdir):
 
 def abstract_state(config):
   """The train state of ``config`` as ShapeDtypeStructs with shardings: a restore's target."""
-  plan = train.validate(config)
-  schedule = optim.make_schedule(config.schedule, plan.total_steps, plan.warmup_steps)
-  tx = optim.make_optimizer(config.optimizer, schedule)
-  state, shardings = train.create_train_state(plan.model, tx, 0, plan.mesh,
-                                              shard_state=plan.shard_state)
+  plan = plan_lib.validate(config)
+  state, shardings = step_lib.create_train_state(plan.model, plan.tx, 0, plan.mesh,
+                                                 shard_state=plan.shard_state)
   return manager_lib.abstract_like(state, shardings)
 
 

@@ -17,7 +17,9 @@ from vit_jax.base import sharding
 from vit_jax.config import cli as config_cli
 from vit_jax.models import mpp
 from vit_jax.tools import aot
-from vit_jax.training import optim, train
+from vit_jax.training import optim
+from vit_jax.training import plan as plan_lib
+from vit_jax.training import step as step_lib
 
 from runs import QUICKSTART, env, tiny_config
 from tpu_probe import probe
@@ -28,12 +30,12 @@ needs_libtpu = pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
 
 def lowered_by_train(config, devices):
   """The train step as vit_jax.training.train builds it, lowered on abstract inputs."""
-  plan = train.validate(config, devices=devices, num_train_examples=1000)
+  plan = plan_lib.validate(config, devices=devices, num_train_examples=1000)
   schedule = optim.make_schedule(plan.config.schedule, plan.total_steps, plan.warmup_steps)
   tx = optim.make_optimizer(plan.config.optimizer, schedule)
-  state, shardings = train.create_train_state(
+  state, shardings = step_lib.create_train_state(
       plan.model, tx, 0, plan.mesh, shard_state=plan.shard_state, abstract=True)
-  step = train.make_train_step(plan.model, tx, schedule, plan.config, plan.mesh, shardings)
+  step = step_lib.make_train_step(plan.model, tx, schedule, plan.config, plan.mesh, shardings)
   batch = {'image': (config.batch_size, *plan.model.image_size, 3),
            'label': (config.batch_size, plan.num_classes or 1)}
   batch = {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=sharding.batch_sharding(plan.mesh))
@@ -51,7 +53,7 @@ def test_aot_lowers_the_step_that_training_runs(objective):
   assert lowered['train'].as_text() == ours.as_text()
   assert evaluate.make_eval_step  # The eval step is evaluate's own (lower_steps calls it).
   # The eval step train_and_evaluate builds: masked patch prediction has its own.
-  state, shardings = train.create_train_state(
+  state, shardings = step_lib.create_train_state(
       plan.model, optax.sgd(0.1), 0, plan.mesh, shard_state=plan.shard_state, abstract=True)
   batch_sharding = sharding.batch_sharding(plan.mesh)
   args = (plan.model, plan.config if objective == 'mpp' else plan.config.loss, shardings.params,
@@ -71,7 +73,7 @@ def test_cpu_report_sizes_only():
   r = aot.report(config, 'cpu')
   assert (r['topology'], r['devices'], r['fits']) == ('cpu', 8, True)
   assert r['step_seconds'] is None and r['core_days'] is None  # XLA:CPU has no cost model.
-  params = jax.eval_shape(train.validate(config).model.init, jax.random.key(0),
+  params = jax.eval_shape(plan_lib.validate(config).model.init, jax.random.key(0),
                           jnp.zeros((1, 16, 16, 3)))
   params_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
   # Stored split over the 8 devices (config.mesh.shard_state), but for the arrays that 8

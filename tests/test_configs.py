@@ -204,7 +204,7 @@ def test_giant_recipes_divide_evenly_on_their_slices(name, chips):
 @pytest.mark.parametrize('dataset', ['imagenet2012', 'cifar10', 'cifar100', 'oxford_iiit_pet',
                                      'oxford_flowers102'])
 def test_recipes_pass_validation_up_to_their_data(dataset, tmp_path):
-  from vit_jax.training import train
+  from vit_jax.training import plan as plan_lib
 
   root = pathlib.Path(__file__).resolve().parents[1] / 'configs'
   spec = importlib.util.spec_from_file_location('finetune', root / 'vit_b16_finetune.py')
@@ -221,14 +221,14 @@ def test_recipes_pass_validation_up_to_their_data(dataset, tmp_path):
     # Everything else checks out (model, batch sizes on 8 devices, ops, schedule):
     # only the dataset itself is missing here.
     with pytest.raises(FileNotFoundError, match='is not prepared in'):
-      train.validate(config)
+      plan_lib.validate(config)
 
 
 def test_fashion_mnist_config_validates(shared_data, monkeypatch):
-  from vit_jax.training import train
+  from vit_jax.training import plan as plan_lib
 
   root = pathlib.Path(__file__).resolve().parents[1]
   monkeypatch.chdir(root)
-  plan = train.validate(load(root / 'configs' / 'fashion_mnist.py'))
+  plan = plan_lib.validate(load(root / 'configs' / 'fashion_mnist.py'))
   assert (len(plan.train_source), len(plan.eval_source)) == (60_000, 10_000)
   assert plan.total_steps == 7032  # 30 epochs of 60,000 at batch 256.

@@ -7,7 +7,7 @@ import orbax.checkpoint
 from absl import logging as absl_logging
 
 from vit_jax.base import console
-from vit_jax.training import train
+from vit_jax.training import loop
 
 
 def test_progress_lines_rate_and_eta(monkeypatch):
@@ -43,13 +43,13 @@ def test_third_party_info_is_dropped_ours_and_warnings_kept():
       return bool(handler.filter(logging.LogRecord('absl', level, path, 1, 'm', (), None)))
     assert not passes(logging.INFO, orbax.checkpoint.__file__)
     assert passes(logging.WARNING, orbax.checkpoint.__file__)
-    assert passes(logging.INFO, train.__file__)
+    assert passes(logging.INFO, loop.__file__)
   finally:
     handler.filters[:] = before
 
 
 def _record(level: int, message: str, *args, **extra) -> logging.LogRecord:
-  record = logging.LogRecord('absl', level, train.__file__, 1, message, args, None)
+  record = logging.LogRecord('absl', level, loop.__file__, 1, message, args, None)
   record.__dict__.update(extra)
   return record
 

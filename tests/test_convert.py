@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from vit_jax import main
 from vit_jax.base import errors, sharding
 from vit_jax.data import convert, loader, local, preprocess, sources
-from vit_jax.training import train
 
 from conftest import SHARED_DATA
 from runs import tiny_config
@@ -104,7 +104,7 @@ def test_training_from_the_local_format(fashion_local, tmp_path):
   config.dataset.pp_train = 'decode|resize(16)|value_range(-1, 1)'
   config.dataset.pp_eval = 'decode|resize(16)|value_range(-1, 1)'
   config.dataset.eval_split = 'test'
-  result = train.train_and_evaluate(config, str(tmp_path))
+  result = main.train_and_evaluate(config, str(tmp_path))
   assert result['examples'] == 10_000
 
 
@@ -254,7 +254,7 @@ def test_multi_label_training_reports_precision_at_1(tmp_path):
   config.dataset.update(dict(name='tags', num_classes=4, eval_split='validation',
                              pp_train='decode|inception_crop(16)|value_range(-1, 1)',
                              pp_eval='decode|resize(16)|value_range(-1, 1)'))
-  result = train.train_and_evaluate(config, str(tmp_path / 'run'))
+  result = main.train_and_evaluate(config, str(tmp_path / 'run'))
   assert set(result) == {'prec@1', 'loss', 'examples'} and result['examples'] == 16
   assert 0 <= result['prec@1'] <= 1
 

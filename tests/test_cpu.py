@@ -54,11 +54,11 @@ def test_lowered_for_cpu_picks_by_the_compilation_platform():
 
 
 def test_the_state_stays_replicated_over_cpu_devices_unless_asked():
-  from vit_jax.training import train
+  from vit_jax.training import plan as plan_lib
 
   from runs import tiny_config
 
   assert cpu.shards_state_by_default('tpu') and cpu.shards_state_by_default('gpu')
   assert not cpu.shards_state_by_default('cpu')
   for asked, stored in ((None, False), (True, True), (False, False)):
-    assert train.validate(tiny_config(**{'mesh.shard_state': asked})).shard_state == stored
+    assert plan_lib.validate(tiny_config(**{'mesh.shard_state': asked})).shard_state == stored

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from vit_jax import main
 from vit_jax.base import sharding
 from vit_jax.data import loader, preprocess, sources, tfrecord
-from vit_jax.training import train
 
 from conftest import SHARED_DATA
 from runs import read_metrics, restore_state, tiny_config
@@ -354,12 +354,12 @@ def test_a_run_on_tfrecord_data_resumes_exactly(local_tfds_tfrecord, tmp_path, m
       pp_train='to_rgb|resize(16)|flip_lr|value_range(-1, 1)',
       pp_eval='to_rgb|resize(16)|value_range(-1, 1)'))
   config.profile_steps = (2, 4)
-  result = train.train_and_evaluate(config, str(tmp_path / 'a'))
+  result = main.train_and_evaluate(config, str(tmp_path / 'a'))
   assert result['examples'] == 256
   assert list((tmp_path / 'a' / 'profile').rglob('*.xplane.pb'))  # The profiler trace.
   (tmp_path / 'b' / 'checkpoints').mkdir(parents=True)
   shutil.copytree(tmp_path / 'a' / 'checkpoints' / '4', tmp_path / 'b' / 'checkpoints' / '4')
-  assert train.train_and_evaluate(config, str(tmp_path / 'b')) == result
+  assert main.train_and_evaluate(config, str(tmp_path / 'b')) == result
   losses = lambda run: {m['step']: m['train/loss'] for m in read_metrics(tmp_path / run)
                         if 'train/loss' in m}
   assert losses('b') == {s: loss for s, loss in losses('a').items() if s > 4}

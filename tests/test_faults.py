@@ -307,11 +307,11 @@ def chunk_files(step_dir):
 @pytest.fixture(scope='module')
 def data_file_run(tmp_path_factory):
   """A run of DATA_FILE_RUN (checkpoints 5 and 10), with its two states as references."""
-  from vit_jax.training import train
+  from vit_jax import main
 
   run = tmp_path_factory.mktemp('data_file_run')
   config = tiny_config(**DATA_FILE_RUN)
-  train.train_and_evaluate(config, str(run))
+  main.train_and_evaluate(config, str(run))
   return dict(run=run, config=config, abstract=abstract_state(config),
               step5=jax.device_get(restore_state(run, config, 5)),
               step10=jax.device_get(restore_state(run, config, 10)))

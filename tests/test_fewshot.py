@@ -1,5 +1,6 @@
-"""Tests of vit_jax.fewshot: the regression against closed forms, the draws, real features of
-a trained model on the bundled digits, the training loop's metrics and the command line."""
+"""vit_jax.evals.fewshot and `python -m vit_jax.fewshot`: the regression against closed forms,
+the draws, real features of a trained model on the bundled digits, the training loop's metrics
+and the command line."""
 
 import json
 import subprocess
@@ -10,13 +11,15 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import fewshot
+from vit_jax import evals, main
 from vit_jax.base import errors, sharding
 from vit_jax.checkpoints import workdir
 from vit_jax.data import preprocess, sources
-from vit_jax.training import train
+from vit_jax.evals import fewshot
 
 from runs import ROOT, env, read_metrics, tiny_config
+
+FEWSHOT = dict(type='fewshot', datasets=('digits',))
 
 
 def ridge_by_lstsq(x, y, x_test, num_classes, l2_reg):
@@ -110,7 +113,7 @@ def test_features_of_a_trained_model_on_digits(tiny_run):
   model, params = loaded.model, loaded.params
   mesh = sharding.make_mesh()
   batch_sharding = sharding.batch_sharding(mesh)
-  step = fewshot.make_feature_step(model, sharding.replicated(mesh), batch_sharding)
+  step = fewshot.make_feature_step(model, batch_sharding)
   pp = preprocess.parse(loaded.config.dataset.pp_eval)
   test = sources.digits('test')
   features, labels = fewshot.split_features(step, params, test, pp, batch_size=64,
@@ -152,9 +155,9 @@ def test_a_pre_logits_layer_is_the_representation():
 
 
 def test_training_logs_fewshot_metrics_and_the_cli_agrees(tmp_path):
-  config = tiny_config(**{'evals.fewshot.datasets': ('digits',), 'evals.fewshot.shots': (1, 5),
-                          'evals.fewshot.seeds': 2, 'eval_every_steps': 10})
-  result = train.train_and_evaluate(config, str(tmp_path))
+  config = tiny_config(**{'evals.fewshot': FEWSHOT | dict(shots=(1, 5), seeds=2),
+                          'eval_every_steps': 10})
+  result = main.train_and_evaluate(config, str(tmp_path))
   rows = [r for r in read_metrics(tmp_path) if any(k.startswith('fewshot/') for k in r)]
   assert [r['step'] for r in rows] == [10, 20]
   assert set(rows[-1]) == {'step', 'fewshot/digits_1shot', 'fewshot/digits_5shot'}
@@ -179,24 +182,24 @@ def test_training_logs_fewshot_metrics_and_the_cli_agrees(tmp_path):
   assert cli[('digits', 1)] == pytest.approx(rows[-1]['fewshot/digits_1shot'], abs=1e-6)
 
 
-@pytest.mark.parametrize('overrides,match', [
-    ({'evals.fewshot.datasets': ('digits,train',)}, 'NAME,TRAIN_SPLIT,TEST_SPLIT'),
-    ({'evals.fewshot.datasets': ('no_such_dataset',)}, 'not in the TFDS catalog'),
-    ({'evals.fewshot.datasets': ('digits',), 'evals.fewshot.shots': (1, 200)},
-     'class .* has 1[0-9]+ training examples, fewer than 200 shots'),
-    ({'evals.fewshot.datasets': ('digits',), 'evals.fewshot.shots': (0,)}, 'positive ints'),
-    ({'evals.fewshot.datasets': ('digits',), 'evals.fewshot.pp': 'to_rgb|resize(8)'},
-     'makes 8x8x3 images'),
+@pytest.mark.parametrize('entry,match', [
+    (dict(datasets=('digits,train',)), 'NAME,TRAIN_SPLIT,TEST_SPLIT'),
+    (dict(datasets=('no_such_dataset',)), 'not in the TFDS catalog'),
+    (dict(shots=(1, 200)), 'class .* has 1[0-9]+ training examples, fewer than 200 shots'),
+    (dict(shots=(0,)), 'positive ints'),
+    (dict(pp='to_rgb|resize(8)'), r'config.evals.fewshot.pp=.* makes 8x8x3 images'),
+    (dict(datasets=()), 'must name datasets'),
 ])
-def test_bad_fewshot_configs_are_refused_before_anything_starts(tmp_path, overrides, match):
+def test_bad_fewshot_configs_are_refused_before_anything_starts(tmp_path, entry, match):
+  config = tiny_config(**{'evals.fewshot': FEWSHOT | entry})
   with pytest.raises(errors.UserError, match=match):
-    train.train_and_evaluate(tiny_config(**overrides), str(tmp_path / 'run'))
+    main.train_and_evaluate(config, str(tmp_path / 'run'))
   assert not (tmp_path / 'run').exists()
 
 
 def test_cli_errors_are_one_line(tmp_path):
   for args, match in (([f'--workdir={tmp_path}', '--dataset=digits'], 'not the workdir'),
-                      (['--npz=/no/such.npz', '--dataset=digits'], 'no such file'),
+                      (['--npz=/no/such.npz', '--dataset=digits'], 'does not exist'),
                       ([f'--workdir={tmp_path}', '--dataset=digits', '--shots=1,x'],
                        'comma-separated ints')):
     run = subprocess.run([sys.executable, '-m', 'vit_jax.fewshot', *args], capture_output=True,
@@ -211,16 +214,17 @@ def test_cli_errors_are_one_line(tmp_path):
 def test_the_quickstart_logs_fewshot_accuracy_on_the_digits():
   import importlib.util
 
-  from vit_jax import config as config_lib
+  from vit_jax.training import plan as plan_lib
 
   from runs import QUICKSTART
 
   spec = importlib.util.spec_from_file_location('quickstart', QUICKSTART)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  config = config_lib.complete(module.get_config())
-  evaluator = fewshot.from_config(config, config.model.image_size)
+  plan = plan_lib.validate(module.get_config())
+  (evaluator,) = [e for e in evals.from_config(plan) if e.name == 'fewshot']
+  assert isinstance(evaluator, fewshot.Evaluator)
   assert [d.name for d in evaluator.datasets] == ['digits']
   assert (len(evaluator.datasets[0].train), len(evaluator.datasets[0].test)) == (1438, 359)
   assert evaluator.shots == (1, 5, 10, 25) and evaluator.seeds == 3
-  assert evaluator.due(500, 1500, config.eval_every_steps)
+  assert evaluator.due(500, 1500, plan.config.eval_every_steps)

@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_jax import evaluate, imagenet_evals
+from vit_jax import evaluate, imagenet_evals, main
 from vit_jax.base import errors, sharding
 from vit_jax.checkpoints import workdir
 from vit_jax.data import preprocess, sources
 from vit_jax.models import get_model
-from vit_jax.training import train
 
 from runs import TINY_MODEL, read_metrics, tiny_config
 
@@ -166,7 +165,7 @@ def test_a_run_logs_real_and_v2_beside_its_top1(data_dir, tmp_path):
       'dataset.eval_split': 'test', 'dataset.pp_train': PP, 'dataset.pp_eval': PP,
       'batch_size': 8, 'eval_batch_size': 8, 'total_steps': 2, 'schedule.warmup_steps': 1,
       'checkpoint_every_steps': 2, 'evals.real': True, 'evals.v2': True})
-  result = train.train_and_evaluate(config, str(tmp_path))
+  result = main.train_and_evaluate(config, str(tmp_path))
   row = [r for r in read_metrics(tmp_path) if 'eval/accuracy' in r][-1]
   assert row['eval/v2/accuracy'] == row['eval/accuracy']
   assert row['eval/v2/loss'] == pytest.approx(row['eval/loss'])
@@ -183,13 +182,13 @@ def test_a_run_logs_real_and_v2_beside_its_top1(data_dir, tmp_path):
 
 def test_bad_real_v2_configs_are_refused_before_anything_starts(data_dir, tmp_path):
   with pytest.raises(errors.ConfigError, match='1000-class ImageNet model; this one has 10'):
-    train.train_and_evaluate(tiny_config(**{'evals.real': True}), str(tmp_path / 'a'))
+    main.train_and_evaluate(tiny_config(**{'evals.real': True}), str(tmp_path / 'a'))
   imagenet_like = {
       'dataset.name': 'imagenet_v2', 'dataset.num_classes': 1000, 'dataset.data_dir': data_dir,
       'dataset.train_split': 'test',
       'dataset.eval_split': 'test', 'dataset.pp_train': PP, 'dataset.pp_eval': PP,
       'batch_size': 8, 'eval_batch_size': 8}
   with pytest.raises(errors.MissingFileError, match="'imagenet2012_real' is not prepared"):
-    train.train_and_evaluate(tiny_config(**imagenet_like, **{
+    main.train_and_evaluate(tiny_config(**imagenet_like, **{
         'evals.real': True, 'evals.data_dir': str(tmp_path)}), str(tmp_path / 'b'))
   assert not (tmp_path / 'a').exists() and not (tmp_path / 'b').exists()

@@ -12,8 +12,10 @@ import jax
 import numpy as np
 import pytest
 
+from vit_jax import main
 from vit_jax.base import errors
-from vit_jax.training import mfu, train
+from vit_jax.training import mfu
+from vit_jax.training import plan as plan_lib
 
 from runs import (
   ROOT,
@@ -43,7 +45,7 @@ def wait_for_checkpoint(process, workdir, step, timeout=300):
 def test_kill_9_and_sigterm_then_resume_equal_an_uninterrupted_run(tmp_path):
   overrides = {'total_steps': 300, 'checkpoint_every_steps': 50, 'log_every_steps': 10}
   config = tiny_config(**overrides)
-  train.train_and_evaluate(config, str(tmp_path / 'reference'))
+  main.train_and_evaluate(config, str(tmp_path / 'reference'))
 
   workdir = tmp_path / 'interrupted'
   command = main_command(workdir, **overrides)
@@ -90,7 +92,7 @@ def test_two_processes_of_four_devices_match_one_of_eight(tmp_path):
   (data, fsdp, tensor) = (2, 2, 2) mesh: data across the processes, fsdp and tensor in each."""
   overrides = {'total_steps': 20, 'eval_every_steps': 10, 'mesh.fsdp': 2, 'mesh.tensor': 2}
   config = tiny_config(**overrides)
-  one = train.train_and_evaluate(config, str(tmp_path / 'one'))
+  one = main.train_and_evaluate(config, str(tmp_path / 'one'))
 
   workdir = tmp_path / 'two'
   launch = subprocess.run(local_launch_command(workdir, **overrides), cwd=ROOT, env=env(),
@@ -167,7 +169,7 @@ def test_console_is_plain_the_log_file_has_absl_lines_and_mfu_uses_the_kept_peak
              for row in log)
   assert any('orbax' in row for row in log)  # Third-party INFO lines: in the file only.
   # MFU: the model's FLOPs of a training image at the logged speed over the kept peak.
-  flops = 3 * train.validate(tiny_config(**{'eval_every_steps': 20})).model.forward_flops()
+  flops = 3 * plan_lib.validate(tiny_config(**{'eval_every_steps': 20})).model.forward_flops()
   rows = [m for m in read_metrics(workdir) if 'train/mfu' in m]
   assert rows
   for m in rows:

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from vit_jax import main
 from vit_jax.base import errors
 from vit_jax.checkpoints import workdir as workdir_lib
 from vit_jax.data import convert, local
 from vit_jax.models import get_model, mpp
-from vit_jax.training import train
+from vit_jax.training import plan as plan_lib
 
 from runs import read_metrics, restore_state, tiny_config
 
@@ -51,7 +52,7 @@ def unlabelled(tmp_path_factory):
 def mpp_run(unlabelled, tmp_path_factory):
   """A workdir pre-trained by masked patch prediction: 10 steps, checkpoints at 5 and 10."""
   directory = tmp_path_factory.mktemp('mpp_run')
-  result = train.train_and_evaluate(mpp_config(unlabelled), str(directory))
+  result = main.train_and_evaluate(mpp_config(unlabelled), str(directory))
   return directory, result
 
 
@@ -183,7 +184,7 @@ WIDTHS = {'mean_color': 512, 'color_4x4': 16 * 512, 'l2_mean_color': 3, 'l2_patc
 @pytest.mark.parametrize('name', list(mpp.TARGETS))
 def test_every_target_is_the_papers_and_trains(name):
   config = tiny_config(**{'objective': 'mpp', 'mpp.target': name})
-  plan = train.validate(config)
+  plan = plan_lib.validate(config)
   model = plan.model
   assert model.mpp_outputs == WIDTHS[name] and plan.num_classes == 0
   images = jax.random.uniform(jax.random.key(0), (2, 16, 16, 3), minval=-1., maxval=1.)
@@ -220,7 +221,7 @@ def test_bad_objective_settings_are_named():
        r'cuts each patch into 4x4 cells, but the patches are 2x2 px'),
   ):
     with pytest.raises(errors.ConfigError, match=message):
-      train.validate(tiny_config(**overrides))
+      plan_lib.validate(tiny_config(**overrides))
 
 
 def test_unlabelled_data_trains_only_self_supervised(unlabelled):
@@ -231,7 +232,7 @@ def test_unlabelled_data_trains_only_self_supervised(unlabelled):
   config = mpp_config(unlabelled, objective='classification')
   with pytest.raises(errors.ConfigError, match=r"has no labels. Pre-train on it without "
                                                r"labels \(config.objective='mpp'\)"):
-    train.validate(config)
+    plan_lib.validate(config)
 
 
 def test_a_self_supervised_run_resumes_exactly(mpp_run, unlabelled, tmp_path):
@@ -244,7 +245,7 @@ def test_a_self_supervised_run_resumes_exactly(mpp_run, unlabelled, tmp_path):
   # Restarted from its step-5 checkpoint: the same state at step 10, bit for bit.
   (tmp_path / 'checkpoints').mkdir()
   shutil.copytree(directory / 'checkpoints' / '5', tmp_path / 'checkpoints' / '5')
-  resumed = train.train_and_evaluate(config, str(tmp_path))
+  resumed = main.train_and_evaluate(config, str(tmp_path))
   state = restore_state(directory, config)
   assert set(state.params) >= {'mask_token', 'mpp_head'} and 'head' not in state.params
   chex.assert_trees_all_equal(state, restore_state(tmp_path, config))
@@ -258,7 +259,7 @@ def test_fine_tuning_drops_the_mask_and_the_prediction_head(mpp_run, tmp_path, c
                           'schedule.warmup_steps': 1})
   with config.unlocked():
     config.init_from = str(directory)
-  plan = train.validate(config)
+  plan = plan_lib.validate(config)
   init = jax.tree.map(np.asarray, plan.model.init(
       jax.random.key(0), jnp.zeros((1, 16, 16, 3)))['params'])
   params = workdir_lib.init_params_from(str(directory), init, plan.model)
@@ -270,7 +271,7 @@ def test_fine_tuning_drops_the_mask_and_the_prediction_head(mpp_run, tmp_path, c
   assert 'mask_token (1, 1, 32) dropped' in caplog.text
   assert f'mpp_head/kernel (32, {mpp.COLORS}) dropped' in caplog.text
   # And the run fine-tunes from it like from any checkpoint, on labelled data.
-  result = train.train_and_evaluate(config, str(tmp_path))
+  result = main.train_and_evaluate(config, str(tmp_path))
   assert result['examples'] == 359 and np.isfinite(result['loss'])
   tuned = restore_state(tmp_path, config).params
   assert not np.array_equal(tuned['embedding']['kernel'], pretrained['embedding']['kernel'])

@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 import scipy.ndimage
 
+from vit_jax import main
 from vit_jax.base import errors, sharding
 from vit_jax.base.cpu import host_memory
 from vit_jax.checkpoints import release, workdir
 from vit_jax.models import get_model
 from vit_jax.tools import export
-from vit_jax.training import train
+from vit_jax.training import plan as plan_lib
 
 from runs import TINY_MODEL, TINY_RUN, env, main_command, read_metrics, restore_state, tiny_config
 
@@ -104,10 +105,10 @@ def test_fine_tune_on_2_devices_at_a_higher_resolution(source_run, tmp_path):
 def test_init_from_errors_name_the_field(source_run, tmp_path):
   config = tiny_config(init_from=str(source_run), init_step=7)
   with pytest.raises(FileNotFoundError, match=r'no checkpoint at step 7; it has steps \[5, 10\]'):
-    train.validate(config)
+    plan_lib.validate(config)
   config = tiny_config(init_from=str(tmp_path / 'missing'))
   with pytest.raises(FileNotFoundError, match='config.init_from=.*missing is neither'):
-    train.validate(config)
+    plan_lib.validate(config)
   wider = get_model(num_classes=10, **{**TINY_MODEL, 'pool': 'token', 'hidden_size': 64})
   init_params = wider.init(jax.random.key(0), np.zeros((1, 16, 16, 3)))['params']
   with pytest.raises(errors.CheckpointMismatchError,
@@ -157,7 +158,7 @@ def test_export_to_and_fine_tune_from_a_non_local_release_file(source_run, tmp_p
   config = tiny_config(**{**TINY_RUN, 'init_from': remote, 'schedule.warmup_steps': 1,
                           'total_steps': 2, 'checkpoint_every_steps': 1, 'batch_size': 16,
                           'eval_batch_size': 16})
-  train.train_and_evaluate(config, str(tmp_path / 'ft'))
+  main.train_and_evaluate(config, str(tmp_path / 'ft'))
   tuned = release.flatten(release.to_release(workdir.restore_params(tmp_path / 'ft', 1)[0]))
   chex.assert_trees_all_equal(tuned.pop('head/kernel'), np.zeros((32, 10), np.float32))
   chex.assert_trees_all_equal(tuned.pop('head/bias'), np.zeros(10, np.float32))
@@ -166,9 +167,9 @@ def test_export_to_and_fine_tune_from_a_non_local_release_file(source_run, tmp_p
 
   missing = remote.replace('tiny', 'absent')
   with pytest.raises(errors.MissingFileError, match=f'init_from={missing} is neither'):
-    train.validate(tiny_config(init_from=missing))
+    plan_lib.validate(tiny_config(init_from=missing))
   with pytest.raises(errors.MissingFileError, match="cannot read s3://bucket/b16.npz: .*'s3'"):
-    train.validate(tiny_config(init_from='s3://bucket/b16.npz'))
+    plan_lib.validate(tiny_config(init_from='s3://bucket/b16.npz'))
 
 
 def test_a_missing_remote_init_from_is_one_error_line(tmp_path):
@@ -188,7 +189,7 @@ def ema_run(tiny_run, tmp_path_factory):
                           'optimizer.ema_decay': 0.9, 'schedule.base_lr': 1e-4,
                           'schedule.warmup_steps': 1, 'total_steps': 5,
                           'checkpoint_every_steps': 5})
-  train.train_and_evaluate(config, str(directory))
+  main.train_and_evaluate(config, str(directory))
   return directory
 
 
@@ -235,9 +236,9 @@ def test_ema_where_there_is_none_is_refused(tiny_run, tmp_path):
   with pytest.raises(errors.CheckpointMismatchError, match='keeps no moving average'):
     workdir.restore_params(tiny_run, ema=True)
   with pytest.raises(errors.ConfigError, match='init_ema is true, but the checkpoint of'):
-    train.validate(tiny_config(init_from=str(tiny_run), init_ema=True))
+    plan_lib.validate(tiny_config(init_from=str(tiny_run), init_ema=True))
   with pytest.raises(errors.ConfigError, match='init_ema given without config.init_from'):
-    train.validate(tiny_config(init_ema=True))
+    plan_lib.validate(tiny_config(init_ema=True))
   model = get_model(num_classes=10, **TINY_MODEL)
   init_params = model.init(jax.random.key(0), np.zeros((1, 16, 16, 3)))['params']
   release.save_npz(tmp_path / 'x.npz', init_params)
@@ -270,9 +271,9 @@ def test_non_square_npz_source_in_a_run_needs_its_grid(tmp_path):
   assert lines[-1].startswith('error: ') and 'config.init_source_grid' in lines[-1]
   assert 'Traceback' not in result.stderr and 'Training steps' not in result.stderr
   with pytest.raises(errors.ConfigError, match=r'init_source_grid=\(4, 0\) is not a'):
-    train.validate(tiny_config(init_from=str(tmp_path / 'wide.npz'), init_source_grid=(4, 0)))
+    plan_lib.validate(tiny_config(init_from=str(tmp_path / 'wide.npz'), init_source_grid=(4, 0)))
   with pytest.raises(errors.ConfigError, match='init_source_grid given without'):
-    train.validate(tiny_config(init_source_grid=(4, 6)))
+    plan_lib.validate(tiny_config(init_source_grid=(4, 6)))
   target = get_model(num_classes=10, **{**TINY_MODEL, 'image_size': (24, 16)})
   init_params = target.init(jax.random.key(0), np.zeros((1, 24, 16, 3)))['params']
   params = workdir.init_params_from(str(tmp_path / 'wide.npz'), init_params, target,

@@ -36,19 +36,19 @@ def report(topology: str, overrides: str) -> dict:
 
   from vit_jax.base import accelerators, sharding
   from vit_jax.tools import aot
-  from vit_jax.training import optim, train
+  from vit_jax.training import plan as plan_lib
+  from vit_jax.training import step as step_lib
 
   from runs import tiny_config
 
   config = tiny_config(**json.loads(overrides))
   result = aot.report(config, topology)
   tpu = accelerators.tpu_slice(topology)
-  plan = train.validate(config, devices=tpu.compile_devices(), num_train_examples=1000)
-  schedule = optim.make_schedule(plan.config.schedule, plan.total_steps, plan.warmup_steps)
-  tx = optim.make_optimizer(plan.config.optimizer, schedule)
-  state, shardings = train.create_train_state(
-      plan.model, tx, 0, plan.mesh, shard_state=plan.shard_state, abstract=True)
-  step = train.make_train_step(plan.model, tx, schedule, plan.config, plan.mesh, shardings)
+  plan = plan_lib.validate(config, devices=tpu.compile_devices(), num_train_examples=1000)
+  state, shardings = step_lib.create_train_state(
+      plan.model, plan.tx, 0, plan.mesh, shard_state=plan.shard_state, abstract=True)
+  step = step_lib.make_train_step(plan.model, plan.tx, plan.schedule, plan.step_options,
+                                  plan.mesh, shardings)
   batch = {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=sharding.batch_sharding(plan.mesh))
            for k, v in {'image': (config.batch_size, *plan.model.image_size, 3),
                         # No classes (masked patch prediction): the loader's (n, 1) labels.

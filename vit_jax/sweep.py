@@ -76,9 +76,9 @@ def read_run(path: Any) -> Run:
   path = epath.Path(path)
   config = json.loads((path / 'config.json').read_text())
   total = total_steps(config)
-  from vit_jax import evaluate
+  from vit_jax.evals import classification
 
-  metric = evaluate.metric_name(config.get('loss', 'softmax_xent'))
+  metric = classification.metric_name(config.get('loss', 'softmax_xent'))
   accuracy, last = None, 0
   metrics = path / 'metrics.jsonl'
   for line in metrics.read_text().splitlines() if metrics.exists() else ():
@@ -286,7 +286,7 @@ def finished(plan: Plan) -> bool:
 
 
 def train(sweep: Sweep, plans: list[Plan], out: Any) -> None:
-  from vit_jax.training import train as train_lib
+  from vit_jax import main
 
   for i, plan in enumerate(plans, 1):
     if finished(plan):
@@ -294,7 +294,7 @@ def train(sweep: Sweep, plans: list[Plan], out: Any) -> None:
       continue
     print(f'[{i}/{len(plans)}] {plan.workdir}', file=out, flush=True)
     with console.logging_to(plan.workdir):  # Its lines with absl's prefix: its log.txt.
-      train_lib.train_and_evaluate(sweep.config(plan), plan.workdir)
+      main.train_and_evaluate(sweep.config(plan), plan.workdir)
     if not finished(plan):
       raise errors.UserError(f'{plan.workdir} stopped before its end (preempted?): run the '
                              'same sweep command again to resume it.')

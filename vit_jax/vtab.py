@@ -183,10 +183,10 @@ def run(tasks: list[Task], workdir: str, settings: dict[str, Any],
 
 
 def train_and_evaluate(config: Any, workdir: str) -> Any:
-  """One task's run: ``vit_jax.training.train.train_and_evaluate`` (resumes from checkpoints)."""
-  from vit_jax.training import train
+  """One task's run, as ``vit_jax.main`` trains (resuming from its checkpoints)."""
+  from vit_jax import main
 
-  return train.train_and_evaluate(config, workdir)
+  return main.train_and_evaluate(config, workdir)
 
 
 # ---------------------------------------------------------------------------

@@ -25,6 +25,17 @@ from vit_jax.base import errors
 _none = ml_collections.config_dict.placeholder
 
 
+# TEMPORARY: each evaluator type's fields (replaced by the one-declaration config).
+EVAL_TYPES = {
+    'classification': dict(type='classification', every_steps=0, dataset='', split='',
+                           data_dir='', pp=''),
+    'real': dict(type='real', every_steps=0, data_dir='', pp=''),
+    'fewshot': dict(type='fewshot', every_steps=0, datasets=(), shots=(1, 5, 10, 25), seeds=3,
+                    l2_reg=2.0**10, pp=''),
+    'mpp': dict(type='mpp', every_steps=0, split='', pp=''),
+}
+
+
 def get_config() -> ml_collections.ConfigDict:
   """The defaults; a recipe overrides what it changes."""
   config = ml_collections.ConfigDict()
@@ -140,24 +151,8 @@ def get_config() -> ml_collections.ConfigDict:
   # store the same ones); needed with init_keep_head, where only 'gap' loads.
   config.init_source_pool = _none(str)
 
-  # Extra evaluations (docs/evaluation.md).
-  config.evals = ml_collections.ConfigDict(dict(
-      # Few-shot linear accuracy of the frozen features (vit_jax/fewshot.py), logged as
-      # fewshot/<dataset>_<shots>shot. datasets: 'NAME' (its train and test splits) or
-      # 'NAME,TRAIN_SPLIT,TEST_SPLIT[,DATA_DIR]'; the run's own dataset.name, its data_dir.
-      fewshot=ml_collections.ConfigDict(dict(
-          datasets=(),  # () : off. E.g. ('digits',) or ('cifar100', 'oxford_iiit_pet').
-          shots=(1, 5, 10, 25), seeds=3,  # Seeds: draws of the few-shot examples.
-          l2_reg=2.0**10,
-          every_steps=0,  # 0: with each evaluation (eval_every_steps) and at the end.
-          pp='',  # '': dataset.pp_eval.
-      )),
-      # ImageNet configs: also evaluate on ImageNet ReaL (TFDS imagenet2012_real, the
-      # validation images with their reassessed label sets) and ImageNet-v2 (imagenet_v2),
-      # logged as eval/real/accuracy and eval/v2/accuracy beside eval/accuracy.
-      real=False, v2=False,
-      data_dir='',  # Their TFDS data_dir; '': config.dataset.data_dir's, or TFDS's default.
-  ))
+  # The evaluators, by name (vit_jax.evals): each entry names its type.
+  config.evals = ml_collections.ConfigDict({'eval': EVAL_TYPES['classification']})
 
   config.seed = 0
   config.log_every_steps = 100
@@ -286,13 +281,6 @@ SCHEMA: dict[str, Field] = {
     'init_ema': Field('bool'),
     # Their values against the source: workdir.check_init_from.
     'init_source_grid': Field('tuple', none=True), 'init_source_pool': _STR_OR_NONE,
-    'evals.fewshot.datasets': Field('tuple'),
-    'evals.fewshot.shots': Field('tuple'),
-    'evals.fewshot.seeds': _POSITIVE,
-    'evals.fewshot.l2_reg': Field('float', low=0, low_open=True),
-    'evals.fewshot.every_steps': Field('int', low=0),  # 0: with each evaluation.
-    'evals.fewshot.pp': Field('str'),
-    'evals.real': Field('bool'), 'evals.v2': Field('bool'), 'evals.data_dir': Field('str'),
     'seed': Field('int'),
     'log_every_steps': _INTERVAL,
     'eval_every_steps': Field('int', low=0),  # 0: at the end only.
@@ -348,6 +336,13 @@ def complete(config: Any) -> ml_collections.ConfigDict:
 
 def _merge(base: dict[str, Any], user: dict[str, Any], where: str) -> dict[str, Any]:
   merged = dict(base)
+  if where == 'config.evals':  # TEMPORARY: entries completed from their type.
+    merged = {}
+    for key, value in user.items():
+      if value is None:
+        continue
+      merged[key] = _merge(EVAL_TYPES[value['type']], value, f'{where}.{key}')
+    return merged
   for key, value in user.items():
     if key not in base:
       raise unknown_field(where, key, list(base))

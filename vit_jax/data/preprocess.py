@@ -22,6 +22,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from vit_jax.base import errors
 from vit_jax.data import randaugment
 
 Op = Callable[[Any, np.random.Generator], Any]
@@ -249,3 +250,23 @@ def parse(spec: str) -> Pipeline:
     ops.append(OPS[m.group(1)](*args))
     affine = _affine(*args) if m.group(1) == 'value_range' else None
   return Pipeline(spec, ops, affine)
+
+
+def check_output(pipeline: Pipeline, image: Any, size: tuple[int, int], where: str,
+                 what: str) -> None:
+  """``pipeline`` makes the model's (height, width, 3) input from ``image`` (``what``: which
+  example it is, for the message); a ConfigError naming the field ``where`` and the fix."""
+  expected = (*size, 3)
+  try:
+    shape = tuple(pipeline(image, np.random.default_rng(0)).shape)
+  except Exception as e:  # Any failure of the user's pipeline on the user's data.
+    raise errors.ConfigError(f'{where}={pipeline.spec!r} fails on {what}: '
+                             f'{type(e).__name__}: {e}') from None
+  if shape != expected:
+    got = 'x'.join(map(str, shape))
+    resize = size[0] if size[0] == size[1] else tuple(size)
+    raise errors.ConfigError(
+        f'{where}={pipeline.spec!r} makes {got} images (on {what}), but the model takes '
+        f'{size[0]}x{size[1]}x3 (config.model.image_size). End the pipeline with '
+        f'resize({resize}) or a crop to it, or change the image size'
+        f'{" (and add to_rgb)" if len(shape) != 3 or shape[-1] != 3 else ""}.')

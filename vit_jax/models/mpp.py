@@ -1,24 +1,16 @@
 r"""Masked patch prediction: the paper's self-supervised objective (section 4.6, appendix B.1.2).
 
-Half of each image's patch embeddings are corrupted (``corrupt``): of those, 80% are
-replaced by a learnable [mask] embedding, 10% by the embedding of a random other patch of
-the same image, 10% left as they are; the model then predicts, from each corrupted patch's
-final representation, the patch's colour (``color_targets``: its mean R, G, B, each cut
-into 8 bins, 512 classes) with a softmax cross-entropy over the corrupted patches only.
-No label is read: any image data trains it, labelled or not.
-
-``config.objective='mpp'`` selects it in ``vit_jax.training.train``; ``config.mpp.target`` picks
-the prediction target (``TARGETS``): the paper's reported 'mean_color', or the
-alternatives it tried (a 4x4 downsized patch of 3-bit colours, an L2 regression of the
-full patch) and an L2 regression of the mean colour. Fine-tuning from such a run
-(``config.init_from``) drops the mask embedding and the prediction head
-(``vit_jax.checkpoints.release.adapt``).
+Half of each image's patch embeddings are corrupted (``corrupt``): 80% of those replaced by
+a learnable [mask] embedding, 10% by a random other patch's, 10% left as they are; the model
+predicts each corrupted patch's colour (``TARGETS``; the paper's: its 3-bit mean colour, 512
+classes) from its final representation. No label is read. ``config.objective='mpp'`` trains
+it (``vit_jax.training``), the 'mpp' evaluator scores it (``vit_jax.evals.mpp``), and a
+fine-tune from it drops the mask embedding and the head (``vit_jax.checkpoints.release``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -52,6 +44,21 @@ TARGETS = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """``config.mpp``: the target and how patches are corrupted."""
+
+  target: str = 'mean_color'
+  corrupt_rate: float = 0.5
+  mask_rate: float = 0.8
+  random_rate: float = 0.1
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> Options | None:
+    """The options of a masked-patch-prediction run, None for any other."""
+    return cls(**config.mpp) if is_on(config) else None
+
+
 def is_on(config: ml_collections.ConfigDict) -> bool:
   """Whether ``config`` trains by masked patch prediction; checks ``config.objective``."""
   if config.objective not in OBJECTIVES:
@@ -65,22 +72,22 @@ def cells_of(target: Target, patch_size: Any) -> int:
   return target.cells or pair(patch_size)[0]
 
 
-def outputs(config: ml_collections.ConfigDict, patch_size: Any) -> int:
-  """The prediction head's width per patch for ``config.mpp.target``."""
-  target = TARGETS[config.mpp.target]
+def outputs(options: Options, patch_size: Any) -> int:
+  """The prediction head's width per patch for ``options.target``."""
+  target = TARGETS[options.target]
   return cells_of(target, patch_size)**2 * (COLORS if target.loss == 'xent' else 3)
 
 
 def pretraining_model(config: ml_collections.ConfigDict, model: nn.Module) -> nn.Module:
   """``model`` (built without a classifier) with the mask embedding and the prediction
   head ``config.mpp.target`` needs; a ConfigError names a field that does not fit."""
-  check(config, model)
-  return model.clone(mpp_outputs=outputs(config, model.patch_size))
+  options = Options(**config.mpp)
+  check(options, model)
+  return model.clone(mpp_outputs=outputs(options, model.patch_size))
 
 
-def check(config: ml_collections.ConfigDict, model: nn.Module) -> None:
+def check(mpp: Options, model: nn.Module) -> None:
   """Config errors of a masked-patch-prediction run, naming the field and the fix."""
-  mpp = config.mpp
   if mpp.target not in TARGETS:
     raise errors.ConfigError(f'config.mpp.target={mpp.target!r} is not one of '
                              f'{tuple(TARGETS)}.')
@@ -165,8 +172,8 @@ def corrupt(rng: jax.Array, batch: int, patches: int, *, corrupt_rate: float = 0
   return corrupted, mask, source
 
 
-def _per_prediction(predictions: jax.Array, images: jax.Array, target: Target,
-                    patch_size: Any) -> tuple[jax.Array, jax.Array]:
+def scores(predictions: jax.Array, images: jax.Array, target: Target,
+           patch_size: Any) -> tuple[jax.Array, jax.Array]:
   """Each patch's loss and number of correct colour classes, over its cells: both
   (batch, patches). L2 predictions are scored by the colour class they fall in."""
   cells = cells_of(target, patch_size)
@@ -184,26 +191,25 @@ def _per_prediction(predictions: jax.Array, images: jax.Array, target: Target,
   return loss, jnp.mean(predicted == classes, -1)
 
 
-def _corruption(rng: jax.Array, images: jax.Array, model: nn.Module,
-                config: ml_collections.ConfigDict) -> tuple[jax.Array, jax.Array, jax.Array]:
+def corruption(rng: jax.Array, images: jax.Array, model: nn.Module,
+               options: Options) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """``corrupt`` for a batch of ``images`` and ``model``'s patch grid."""
   grid = model.grid
-  mpp = config.mpp
-  return corrupt(rng, images.shape[0], grid[0] * grid[1], corrupt_rate=mpp.corrupt_rate,
-                 mask_rate=mpp.mask_rate, random_rate=mpp.random_rate)
+  return corrupt(rng, images.shape[0], grid[0] * grid[1], corrupt_rate=options.corrupt_rate,
+                 mask_rate=options.mask_rate, random_rate=options.random_rate)
 
 
-def loss(model: nn.Module, config: ml_collections.ConfigDict, params: Any, images: jax.Array,
+def loss(model: nn.Module, options: Options, params: Any, images: jax.Array,
          rng: jax.Array) -> jax.Array:
   """The training loss: the mean over the batch's corrupted patches only.
 
   ``rng`` gives the corruption (folded) and the model's dropout.
   """
-  corrupted, mask, source = _corruption(jax.random.fold_in(rng, 0x6D7070), images, model,
-                                        config)  # 'mpp'
+  corrupted, mask, source = corruption(jax.random.fold_in(rng, 0x6D7070), images, model,
+                                       options)  # 'mpp'
   predictions = model.apply({'params': params}, images, train=True,
                             corruption=(mask, source), rngs={'dropout': rng})
-  return masked_loss(predictions, images, corrupted, TARGETS[config.mpp.target],
-                     model.patch_size)
+  return masked_loss(predictions, images, corrupted, TARGETS[options.target], model.patch_size)
 
 
 def masked_loss(predictions: jax.Array, images: jax.Array, corrupted: jax.Array,
@@ -213,34 +219,6 @@ def masked_loss(predictions: jax.Array, images: jax.Array, corrupted: jax.Array,
   ``predictions``: the model's (batch, patches, outputs); ``images`` the uncorrupted
   input, whose patch colours are the targets.
   """
-  per_patch, _ = _per_prediction(predictions, images, target, patch_size)
+  per_patch, _ = scores(predictions, images, target, patch_size)
   weights = corrupted.astype(jnp.float32)
   return jnp.sum(per_patch * weights) / jnp.maximum(jnp.sum(weights), 1.)
-
-
-METRIC = 'color_accuracy'  # The evaluation's metric: corrupted patches' colours right.
-
-
-def make_eval_step(model: nn.Module, config: ml_collections.ConfigDict, param_shardings: Any,
-                   batch_sharding: Any, replicated: Any, seed: int = 0) -> Callable:
-  """``evaluate.make_eval_step``'s twin: (params, batch) -> masked sums over the corrupted
-  patches: 'correct' (colour classes right), 'loss', 'count' (corrupted patches).
-
-  Every batch is corrupted with the same key (``seed``): the metric is the same whatever
-  the step or the run.
-  """
-  target = TARGETS[config.mpp.target]
-
-  def eval_step(params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    images = batch['image']
-    corrupted, mask, source = _corruption(jax.random.key(seed), images, model, config)
-    with jax.sharding.use_abstract_mesh(batch_sharding.mesh.abstract_mesh):
-      predictions = model.apply({'params': params}, images, train=False,
-                                corruption=(mask, source))
-    per_patch, correct = _per_prediction(predictions, images, target, model.patch_size)
-    weights = corrupted * batch['mask'][:, None]
-    return {'correct': jnp.sum(correct * weights), 'loss': jnp.sum(per_patch * weights),
-            'count': jnp.sum(weights)}
-
-  return jax.jit(eval_step, in_shardings=(param_shardings, batch_sharding),
-                 out_shardings=replicated)

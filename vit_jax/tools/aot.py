@@ -31,7 +31,6 @@ are not estimated.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -159,16 +158,16 @@ def lower_steps(config: Any, devices: list, num_train_examples: int, model: Any 
   import jax
   import jax.numpy as jnp
 
-  from vit_jax import evaluate
   from vit_jax.base import sharding
-  from vit_jax.training import mfu, optim, train
+  from vit_jax.evals import classification
+  from vit_jax.evals import mpp as mpp_eval
+  from vit_jax.training import mfu, step
+  from vit_jax.training import plan as plan_lib
 
-  plan = train.validate(config, devices=devices, num_train_examples=num_train_examples)
+  plan = plan_lib.validate(config, devices=devices, num_train_examples=num_train_examples)
   config, model, mesh = plan.config, model or plan.model, plan.mesh
-  schedule = optim.make_schedule(config.schedule, plan.total_steps, plan.warmup_steps)
-  tx = optim.make_optimizer(config.optimizer, schedule)
-  state, shardings = train.create_train_state(model, tx, config.seed, mesh,
-                                              shard_state=plan.shard_state, abstract=True)
+  state, shardings = step.create_train_state(model, plan.tx, config.seed, mesh,
+                                             shard_state=plan.shard_state, abstract=True)
   batch_sharding = sharding.batch_sharding(mesh)
 
   def batch(size: int, **extra: tuple[int, ...]) -> dict[str, jax.ShapeDtypeStruct]:
@@ -178,10 +177,11 @@ def lower_steps(config: Any, devices: list, num_train_examples: int, model: Any 
     return {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=batch_sharding)
             for k, v in shapes.items()}
 
-  train_step = train.make_train_step(model, tx, schedule, config, mesh, shardings)
+  options = plan.step_options
+  train_step = step.make_train_step(model, plan.tx, plan.schedule, options, mesh, shardings)
   # Training's own evaluation (the classifier's, or masked patch prediction's).
-  eval_step = evaluate.make_evaluator(dataclasses.replace(plan, model=model),
-                                      shardings.params).step
+  eval_step = (mpp_eval.make_eval_step(model, options.mpp, mesh) if options.mpp else
+               classification.make_eval_step(model, config.loss, mesh))
   facts = {'total_steps': plan.total_steps, 'num_classes': plan.num_classes,
            'batch_size': config.batch_size, 'eval_batch_size': config.eval_batch_size,
            'params_bytes_per_device': _tree_bytes_per_device(state.params),

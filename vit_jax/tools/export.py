@@ -64,10 +64,11 @@ def main(argv: list[str]) -> None:
     params, _ = workdir_lib.restore_params(_WORKDIR.value, step, ema=_EMA.value)
     exported = release.to_model_layout(release.load_npz(_OUT.value),
                                           scanned=release.is_scanned(params))
+    classifiers = [n for n, e in config.evals.items() if e.type == 'classification']
     for name, tree in (('checkpoint', params), ('exported .npz', exported)):
-      result = evaluate.evaluate_params(config, tree, f'evaluating the {name}',
-                                        _PROGRESS_EVERY.value)
-      print(evaluate.format_result(f'{name:>14}', result))
+      for evaluator, metrics in evaluate.evaluate_params(config, tree, classifiers,
+                                                         _PROGRESS_EVERY.value):
+        print(f'{name:>14}, {evaluator.name}: {evaluator.describe(metrics)}', flush=True)
   logging.flush()
 
 

@@ -8,7 +8,7 @@ that the user gives (``--host_images_per_core``), and compares the cores needed 
 vCPUs of one host of the generation (``HOSTS``), with a warning where they do not suffice
 or where no rate is known for the pipeline.
 
-Mixup and CutMix are not host work here: ``train.make_train_step`` mixes the global batch
+Mixup and CutMix are not host work here: ``vit_jax.training.step`` mixes the global batch
 on the devices, inside the compiled step (so the step time includes them).
 """
 

@@ -1,5 +1,5 @@
-"""The TensorBoard writer of an install without TensorFlow, read back by TensorBoard's own
-reader as clu's writer is (tests/test_fewshot.py)."""
+"""vit_jax.training.metrics: the metrics.jsonl rows across a resume, and the TensorBoard writer
+of an install without TensorFlow, read back by TensorBoard's own reader as clu's writer is."""
 
 import sys
 
@@ -7,11 +7,13 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from vit_jax.training import tensorboard_events
+from vit_jax.training import metrics
+
+from runs import read_metrics
 
 
 def test_scalars_and_hparams_read_back_by_tensorboard(tmp_path):
-  writer = tensorboard_events.ScalarWriter(str(tmp_path))
+  writer = metrics.ScalarWriter(str(tmp_path))
   writer.write_hparams({'batch_size': '128', 'model.name': 'ti16'})
   writer.write_scalars(5, {'train/loss': 2.5, 'train/mfu': np.float32(0.25)})
   writer.write_scalars(10, {'train/loss': 1.25})
@@ -30,10 +32,23 @@ def test_scalars_and_hparams_read_back_by_tensorboard(tmp_path):
 def test_clu_writer_with_tensorflow_this_one_without(tmp_path, monkeypatch):
   from clu import metric_writers
 
-  with_tf = tensorboard_events.writer(str(tmp_path / 'a'))
+  with_tf = metrics.writer(str(tmp_path / 'a'))
   assert isinstance(with_tf, metric_writers.AsyncWriter)
   with_tf.close()
   monkeypatch.setitem(sys.modules, 'tensorflow', None)  # As in an install without it.
-  without = tensorboard_events.writer(str(tmp_path / 'b'))
-  assert isinstance(without, tensorboard_events.ScalarWriter)
+  without = metrics.writer(str(tmp_path / 'b'))
+  assert isinstance(without, metrics.ScalarWriter)
   without.close()
+
+
+@pytest.mark.parametrize('append', [True, False])
+def test_metrics_log_keeps_earlier_lines_across_a_resume(tmp_path, append):
+  # append=False is how gs:// workdirs are written (object stores cannot append).
+  # A run logs steps 1-3 and stops; resumed from its step-2 checkpoint, it logs 3 again.
+  for start, steps in ((0, (1, 2, 3)), (2, (3,))):
+    log = metrics.MetricsLog(str(tmp_path), start, append=append)
+    for step in steps:
+      log.write(step, {'train/loss': 1. / step})
+    log.close()
+  assert [m['step'] for m in read_metrics(tmp_path)] == [1, 2, 3]
+  assert read_metrics(tmp_path)[2]['train/loss'] == pytest.approx(1 / 3)

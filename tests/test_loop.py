@@ -1,0 +1,136 @@
+"""vit_jax.training.loop through vit_jax.main.train_and_evaluate: whole runs, resumed bit for
+bit, stopped at a non-finite loss, fine-tuned from a release file."""
+
+import logging
+import re
+
+import chex
+import jax
+import numpy as np
+import pytest
+import scipy.ndimage
+
+from vit_jax import main
+from vit_jax.base.cpu import host_cpu
+from vit_jax.models import get_model
+from vit_jax.training import mfu
+from vit_jax.training import plan as plan_lib
+
+from runs import TINY_MODEL, read_metrics, restore_state, tiny_config
+
+
+def test_a_run_warns_where_the_cpu_emulates_bfloat16_products(tmp_path, caplog):
+  config = tiny_config(**{'model.matmul_dtype': 'bfloat16', 'total_steps': 2,
+                          'schedule.warmup_steps': 1,
+                          'checkpoint_every_steps': 2, 'log_every_steps': 1})
+  main.train_and_evaluate(config, str(tmp_path))
+  warned = [r for r in caplog.records if 'has no bfloat16 instructions' in r.getMessage()]
+  assert len(warned) == (0 if host_cpu.cpu_info()['native_bf16'] else 1)
+
+
+def test_resumed_run_equals_uninterrupted_run(tmp_path, caplog):
+  """With DeiT's ingredients: timm's RandAugment, random erasing, repeated augmentation,
+  mixup or CutMix, layer-wise learning-rate decay, and the weights' moving average
+  (checkpointed, and evaluated too)."""
+  caplog.set_level(logging.INFO)
+  config = tiny_config(**{
+      'dataset.pp_train': "to_rgb|resize(16)|pad_crop(2)|rand_augment('rand-m9-mstd0.5-inc1')|"
+                          'value_range(-1, 1)|random_erase(0.5)',
+      'dataset.repeats': 3,
+      'mixup_alpha': 0.8, 'cutmix_alpha': 1.0, 'optimizer.layer_decay': 0.75,
+      'optimizer.ema_decay': 0.9})
+  result = main.train_and_evaluate(config, str(tmp_path / 'a'))
+  assert result['eval/examples'] == 359  # Every held-out example, once (6 padded batches).
+  assert result['eval/ema/loss'] != result['eval/loss']
+  steps = sorted(int(p.name) for p in (tmp_path / 'a' / 'checkpoints').iterdir())
+  assert steps == [10, 20]
+  # The closing summary: steps, time, the evaluations, where everything is.
+  assert re.search(r'Done: step 20/20, 20 trained in 0h\d\dm\d\ds \(compiling \d+s, '
+                   r'evaluating \d+s\), [\d,]+ img/s, MFU \d+\.\d%', caplog.text)
+  assert f'eval/accuracy: final {result["eval/accuracy"]:.4f} (step 20), best' in caplog.text
+  assert f'eval/ema/accuracy: final {result["eval/ema/accuracy"]:.4f} (step 20)' in caplog.text
+  assert re.search(r'eval at step 20: accuracy [\d.]+, loss [\d.]+ \(359 examples\); EMA '
+                   r'accuracy [\d.]+, loss [\d.]+ \(359 examples\) \[[\d.]+s\]', caplog.text)
+  assert f'Checkpoints: {tmp_path / "a" / "checkpoints"} (steps 10, 20). Logs: ' \
+         f'{tmp_path / "a" / "metrics.jsonl"}' in caplog.text
+
+  a = read_metrics(tmp_path / 'a')
+  assert [m['step'] for m in a] == [5, 10, 15, 20, 20]
+  assert set(a[-1]) == {'step', 'eval/accuracy', 'eval/loss', 'eval/examples',
+                        'eval/ema/accuracy', 'eval/ema/loss', 'eval/ema/examples'}
+  # MFU: the model's FLOPs of a training image at the logged speed, over the peak.
+  peak, how = mfu.device_peak('float32')
+  assert 'float32 matmul peak of 8 cpu devices' in how
+  assert a[0]['train/mfu'] == pytest.approx(
+      3 * plan_lib.validate(config).model.forward_flops() * a[0]['train/images_per_s'] / peak)
+
+  # A second run that had the step-10 checkpoint when it was restarted, and the log
+  # lines of the steps after it (the first run stopped after logging them); it logs
+  # every step.
+  import shutil
+  (tmp_path / 'b' / 'checkpoints').mkdir(parents=True)
+  shutil.copytree(tmp_path / 'a' / 'checkpoints' / '10', tmp_path / 'b' / 'checkpoints' / '10')
+  shutil.copy(tmp_path / 'a' / 'metrics.jsonl', tmp_path / 'b' / 'metrics.jsonl')
+  config.log_every_steps = 1
+  resumed = main.train_and_evaluate(config, str(tmp_path / 'b'))
+  b = read_metrics(tmp_path / 'b')
+  assert [m['step'] for m in b] == [5, 10, *range(11, 21), 20]  # None twice.
+  assert b[:2] == a[:2] and b[-1] == a[-1]
+  # Each line's loss is the mean since the last line: a's at 15 and 20 are the means of
+  # the losses of b's steps 11-15 and 16-20, which are a's steps, bit for bit.
+  losses = [m['train/loss'] for m in b[2:-1]]
+  assert len(set(losses)) == 10
+  assert a[2]['train/loss'] == pytest.approx(np.mean(losses[:5]), rel=1e-6)
+  assert a[3]['train/loss'] == pytest.approx(np.mean(losses[5:]), rel=1e-6)
+  chex.assert_trees_all_equal(restore_state(tmp_path / 'a', config),
+                              restore_state(tmp_path / 'b', config))
+  assert resumed == result
+  # A finished run, started again: nothing to train, the same evaluation, no new row.
+  assert main.train_and_evaluate(config, str(tmp_path / 'a')) == result
+  assert read_metrics(tmp_path / 'a') == a
+
+
+def test_non_finite_loss_stops_with_the_step_and_keeps_good_checkpoints(tmp_path):
+  config = tiny_config(**{'schedule.base_lr': 1e8, 'optimizer.grad_clip_norm': None,
+                          'optimizer.name': 'sgd', 'total_steps': 40,
+                          'checkpoint_every_steps': 2, 'log_every_steps': 1})
+  with pytest.raises(FloatingPointError, match=r'Non-finite loss \(nan\) at step (\d+)\. .*'
+                                               r'last good checkpoint is step'):
+    main.train_and_evaluate(config, str(tmp_path))
+  for step_dir in (tmp_path / 'checkpoints').iterdir():
+    restored = restore_state(tmp_path, config, int(step_dir.name))
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(restored.params)))
+
+
+def test_fine_tune_starts_from_a_release_file(tmp_path):
+  from vit_jax.checkpoints import release
+
+  # A "pre-trained" 16 px model with 7 classes and a pre-logits layer...
+  source = get_model(num_classes=7, **{**TINY_MODEL, 'representation_size': 32})
+  source_params = source.init(jax.random.key(3), np.zeros((1, 16, 16, 3)))['params']
+  release.save_npz(tmp_path / 'pretrained.npz', source_params)
+  # ... fine-tuned at 24 px on 10 classes. The warm-up starts at a learning rate of 0,
+  # so the parameters after step 1 are exactly the adapted ones.
+  config = tiny_config(**{'init_from': str(tmp_path / 'pretrained.npz'), 'model.image_size': 24,
+                          'dataset.pp_train': 'to_rgb|resize(24)|value_range(-1, 1)',
+                          'dataset.pp_eval': 'to_rgb|resize(24)|value_range(-1, 1)',
+                          'total_steps': 2, 'schedule.warmup_steps': 1,
+                          'checkpoint_every_steps': 1, 'optimizer.name': 'sgd'})
+  main.train_and_evaluate(config, str(tmp_path / 'run'))
+  final = jax.device_get(restore_state(tmp_path / 'run', config, step=1).params)
+  # Expected, without load_pretrained: the source's encoder as it is, no pre-logits, a
+  # fresh zero head for 10 classes, and the 4x4 position grid resized to 6x6 as the
+  # releases resize it (scipy.ndimage.zoom, order 1; TINY_MODEL pools 'gap': no class token).
+  expected = jax.tree.map(np.asarray, {k: v for k, v in source_params.items()
+                                       if k not in ('pre_logits', 'head')})
+  grid = expected['Transformer']['posembed_input']['pos_embedding'].reshape(4, 4, 32)
+  resized = scipy.ndimage.zoom(grid.astype(np.float64), (1.5, 1.5, 1), order=1)
+  expected['Transformer'] = {**expected['Transformer'], 'posembed_input': {
+      'pos_embedding': resized.reshape(1, 36, 32).astype(np.float32)}}
+  expected['head'] = {'kernel': np.zeros((32, 10), np.float32), 'bias': np.zeros(10, np.float32)}
+  chex.assert_trees_all_close(final, expected, atol=1e-6, rtol=1e-6)
+
+  config.init_from = str(tmp_path / 'missing.npz')
+  with pytest.raises(FileNotFoundError,
+                     match='config.init_from=.*missing.npz is neither a release .npz file'):
+    plan_lib.validate(config)

@@ -1,0 +1,74 @@
+"""vit_jax.training.plan: a config's mistakes, each one line naming the field, before compiling."""
+
+import pytest
+
+from vit_jax.base import errors
+from vit_jax.training import plan as plan_lib
+
+from runs import tiny_config
+
+
+@pytest.mark.parametrize('overrides, message', [
+    ({'model.name': 'vit_giant'}, r"config.model.name: Unknown model 'vit_giant'"),
+    ({'model.hidden': 3}, r"config.model.hidden is not a config field. Did you mean "
+                          r"config.model.hidden_size\?"),
+    ({'dataset.name': 'imagenet9'}, r"config.dataset \('imagenet9'\): Unknown dataset 'imagenet9': "
+                                    r"not one of the bundled datasets .* not in the TFDS catalog"),
+    ({'batch_size': 60}, r'config.batch_size=60 is not divisible by the 8 devices'),
+    ({'eval_batch_size': 12}, r'config.eval_batch_size=12 is not divisible by the 8 devices'),
+    ({'grad_accum_steps': 3}, r'config.grad_accum_steps=3 does not divide'),
+    ({'schedule.warmup_steps': 20}, r'warm-up \(20 steps\) is not shorter than the run'),
+    ({'loss': 'hinge'}, r"config.loss='hinge'"),
+    ({'dataset.pp_train': 'to_rgb|sharpen(2)'}, r"Unknown preprocessing op 'sharpen\(2\)'"),
+    ({'schedule.base_lr': -0.003}, r'^config.schedule.base_lr=-0.003 must be positive \(e.g. '
+                                   r'1e-3\): a negative rate climbs the loss'),
+    ({'schedule.base_lr': 0.0}, r'^config.schedule.base_lr=0.0 must be positive'),
+    ({'schedule.end_lr': -1e-5}, r'^config.schedule.end_lr=-1e-05 must be >= 0'),
+    ({'model.image_size': 18}, r'^config.model.image_size=18: 18 px is not a multiple of the '
+                               r'patch size \(4 px\), so the last 2 px would be dropped. Use 16 '
+                               r'or 20.$'),
+    ({'model.name': 'r50_b16', 'model.patch_size': 1, 'model.image_size': 24},
+     r"^config.model.image_size=24: 24 px is not a multiple of the patch size \(1 x the BiT "
+     r"stem's stride 16 = 16 px\), so the last 8 px would be dropped. Use 16 or 32.$"),
+    ({'model.image_size': 'abc'}, r"^config.model.image_size='abc' is not a positive int or a "
+                                  r"\(height, width\) pair"),
+    ({'model.image_size': (16, 24)}, r"^config.dataset.pp_train='to_rgb\|resize\(16\)\|.*' "
+                                     r"makes 16x16x3 images \(on the first 'train' example\), "
+                                     r"but the model takes 16x24x3 .*resize\(\(16, 24\)\)"),
+    ({'dataset.pp_eval': 'resize(16)|value_range(-1, 1)'},
+     r"^config.dataset.pp_eval=.* makes 16x16x1 images \(on the first 'test' example\), but "
+     r"the model takes 16x16x3 .*\(and add to_rgb\).$"),
+    ({'batch_size': 4}, r'^config.batch_size=4 is smaller than the 8 devices: each device '
+                        r'needs at least one example'),
+    ({'mesh.tensor': 3}, r'config.mesh: data=2 x fsdp=1 x tensor=3 does not cover the 8 '),
+    ({'dataset.repeats': 0}, r'^config.dataset.repeats=0 must be >= 1 \(3: DeiT repeated'),
+    ({'dataset.pp_train': 'to_rgb|random_erase(0.25)|value_range(-1, 1)'},
+     r'^config.dataset.pp_train: random_erase in .* comes before value_range'),
+    ({'dataset.pp_train': "to_rgb|rand_augment('rand-m9-inc0')|value_range(-1, 1)"},
+     r"^config.dataset.pp_train: rand_augment\('rand-m9-inc0'\): cannot read the section 'inc0'"),
+    # config_base's schema (every case: tests/test_config_base.py), checked first.
+    ({'batch_size': None}, r'^config.batch_size=None cannot be None.$'),
+    ({'checkpoint_every_steps': 0}, r'^config.checkpoint_every_steps=0 must be >= 1'),
+    ({'schedule.end_lr': 0.5}, r'^config.schedule.end_lr=0.5 is above config.schedule.base_lr'),
+])
+def test_bad_configs_fail_before_compiling(overrides, message):
+  """Each a ConfigError, which vit_jax.main prints as one line (tests/test_faults.py)."""
+  config = tiny_config()
+  with config.unlocked():
+    for key, value in overrides.items():
+      *parents, leaf = key.split('.')
+      node = config
+      for p in parents:
+        node = node[p]
+      node[leaf] = value
+  with pytest.raises(errors.ConfigError, match=message):
+    plan_lib.validate(config)
+
+
+def test_missing_data_path_is_named(tmp_path):
+  config = tiny_config()
+  config.dataset.name = 'fashion_mnist'
+  with config.unlocked():
+    config.dataset.data_dir = str(tmp_path / 'nowhere')
+  with pytest.raises(FileNotFoundError, match='config.dataset.data_dir=.*nowhere does not exist'):
+    plan_lib.validate(config)

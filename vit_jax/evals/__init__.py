@@ -1,0 +1,43 @@
+"""Evaluators: every evaluation of a run behind one interface (``base.Evaluator``).
+
+Each entry of ``config.evals`` names its ``type``, which is a module here (big_vision's
+manner): 'classification', 'real', 'fewshot', 'mpp'. Adding one is adding a module with an
+``Evaluator`` class (and its fields in ``vit_jax.config``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from vit_jax.base import errors
+from vit_jax.evals.base import Evaluator
+
+if TYPE_CHECKING:
+  from vit_jax.training.plan import Plan
+
+__all__ = ['Evaluator', 'from_config']
+
+
+def evaluator_class(name: str, type_: str) -> type[Evaluator]:
+  """The ``Evaluator`` of module ``vit_jax.evals.<type_>``."""
+  try:
+    return importlib.import_module(f'vit_jax.evals.{type_}').Evaluator
+  except ModuleNotFoundError as e:
+    if e.name != f'vit_jax.evals.{type_}':
+      raise
+    raise errors.ConfigError(f'config.evals.{name}.type={type_!r} is not an evaluator: '
+                             'classification, real, fewshot or mpp.') from None
+
+
+def from_config(plan: Plan, names: list[str] | None = None) -> list[Evaluator]:
+  """Every evaluator ``config.evals`` names (or those of ``names``), built and checked:
+  a ConfigError for one that cannot evaluate this run, before anything compiles."""
+  entries = plan.config.evals
+  if names is not None:
+    unknown = sorted(set(names) - set(entries))
+    if unknown:
+      raise errors.ConfigError(f'no evaluator {", ".join(unknown)} in config.evals (it has: '
+                               f'{", ".join(entries) or "none"}).')
+  return [evaluator_class(name, entry.type).from_config(name, entry, plan)
+          for name, entry in entries.items() if names is None or name in names]

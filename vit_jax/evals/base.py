@@ -1,0 +1,125 @@
+"""The evaluator interface, and what the evaluators of one split of images share.
+
+An evaluator has a name (its entry in ``config.evals``, the prefix of its metrics), knows
+when it is due, and ``run(params)`` returns named metrics; ``from_config(name, entry,
+plan)`` builds it and refuses, before anything compiles, what it cannot evaluate.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import jax
+import ml_collections
+import numpy as np
+from etils import epath
+
+from vit_jax.base import console, errors, sharding
+from vit_jax.data import loader, local, preprocess, sources
+from vit_jax.models.vit import pair
+
+if TYPE_CHECKING:
+  from vit_jax.training.plan import Plan
+
+
+class Evaluator(abc.ABC):
+  """One evaluation of a run's parameters (the weights, or their moving average)."""
+
+  metric: str  # The headline metric: its key in ``run``'s result.
+
+  def __init__(self, name: str, every_steps: int = 0):
+    self.name = name
+    self.every_steps = every_steps  # 0: with config.eval_every_steps.
+    self.progress: float | None = None  # Seconds between progress lines on stderr; None: off.
+
+  @classmethod
+  @abc.abstractmethod
+  def from_config(cls, name: str, entry: ml_collections.ConfigDict, plan: Plan) -> Evaluator:
+    """The evaluator of ``config.evals.<name>`` for a run, checked (a ConfigError if not)."""
+
+  @abc.abstractmethod
+  def run(self, params: Any) -> dict[str, float]:
+    """Named metrics of ``params`` (in the model's layout, on the run's devices)."""
+
+  def due(self, step: int, total_steps: int, eval_every_steps: int) -> bool:
+    """At every ``every_steps`` (0: ``eval_every_steps``) and at the last step."""
+    every = self.every_steps or eval_every_steps
+    return step == total_steps or bool(every and step % every == 0)
+
+  def describe(self, metrics: dict[str, float]) -> str:
+    """``metrics`` for a log line."""
+    return ', '.join(f'{k} {v:.4f}' for k, v in metrics.items())
+
+
+def where(name: str, field: str = '') -> str:
+  """``config.evals.NAME[.FIELD]``: how errors name an entry."""
+  return f'config.evals.{name}' + (f'.{field}' if field else '')
+
+
+def pipeline(name: str, entry: ml_collections.ConfigDict, plan: Plan, source: Any,
+             what: str) -> preprocess.Pipeline:
+  """The entry's ``pp`` (or the run's ``dataset.pp_eval``), checked to make the model's input
+  from ``source``'s first example (``what`` names it in the error)."""
+  pp, field = plan.pp_eval, 'config.dataset.pp_eval'
+  if entry.pp:
+    field = where(name, 'pp')
+    try:
+      pp = preprocess.parse(entry.pp)
+    except ValueError as e:
+      raise errors.ConfigError(f'{field}: {e}') from None
+  preprocess.check_output(pp, source[0]['image'], pair(plan.model.image_size), field, what)
+  return pp
+
+
+def data_dir(entry_dir: str, config: ml_collections.ConfigDict) -> str | None:
+  """Where another dataset than the run's is read: the entry's ``data_dir``, else the run's
+  TFDS data_dir (TFDS's default where the run's data is in the local format)."""
+  if entry_dir:
+    return entry_dir
+  run_dir = config.dataset.data_dir
+  if not run_dir or (epath.Path(run_dir) / local.METADATA).exists():
+    return None
+  return run_dir
+
+
+def open_source(name: str, dataset: str, split: str, directory: str | None, **kw: Any) -> Any:
+  """A split of any dataset, as a source; errors name the entry."""
+  spec = ml_collections.ConfigDict(dict(name=dataset, data_dir=directory or '',
+                                        manual_dir='', prepare=False))
+  try:
+    if kw:
+      return sources.TFDSSource(dataset, split, directory, **kw)
+    return sources.get_source(spec, split)
+  except FileNotFoundError as e:
+    raise errors.MissingFileError(f'{where(name)}: {e}') from None
+  except ValueError as e:
+    raise errors.ConfigError(f'{where(name)}: {e}') from None
+
+
+def batches(source: Any, pp: Callable, plan: Plan, num_classes: int) -> Iterable[dict[str, Any]]:
+  """Every example of ``source`` once, in padded global batches with a 0/1 'mask'."""
+  return loader.eval_batches(source, pp, global_batch_size=plan.config.eval_batch_size,
+                             sharding=sharding.batch_sharding(plan.mesh),
+                             num_classes=num_classes, num_workers=plan.config.input_workers)
+
+
+def sums(step: Callable, params: Any, batches: Iterable[dict[str, Any]],
+         progress: console.Progress | None = None, count: str = 'count') -> dict[str, float]:
+  """The totals of ``step``'s masked sums over ``batches`` (padding never counts, so the
+  result does not depend on the batch size or the number of processes)."""
+  totals: dict[str, float] = {}
+  for batch in batches:
+    for k, v in jax.device_get(step(*sharding.inputs_ready((params, batch)))).items():
+      totals[k] = totals.get(k, 0.) + float(np.asarray(v))
+    if progress:
+      progress.update(int(totals[count]))
+  return totals
+
+
+def meter(evaluator: Evaluator, total: int) -> console.Progress | None:
+  """Progress lines for ``total`` examples where the evaluator was asked for them."""
+  if evaluator.progress is None:
+    return None
+  return console.Progress(f'evaluating {evaluator.name}', total, every=evaluator.progress)

@@ -1,0 +1,333 @@
+"""Few-shot linear accuracy of frozen features, as the paper tracks pre-training.
+
+A regularised least-squares regression from the frozen features of K examples per class to
+{-1, 1} targets, scored by its argmax on the test split (section 4, figures 3-6), computed as
+big_vision's ``fewshot_lsr`` computes it so the numbers compare: features standardised with
+the few-shot set's mean and std (+1e-5), a constant bias feature of 100, l2 = 2^10, shots
+(1, 5, 10, 25), each seed's examples drawn as big_vision draws them. The representation is
+what the head reads: the pre-logits layer where there is one, else the pooled output (also
+of a self-supervised encoder, whose prediction head is left out).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from vit_jax.base import errors, sharding
+from vit_jax.data import loader, preprocess, sources
+from vit_jax.evals import base
+from vit_jax.models.vit import pair
+
+if TYPE_CHECKING:
+  from vit_jax.training.plan import Plan
+
+BIAS_CONSTANT = 100.  # big_vision's constant bias feature.
+STD_EPSILON = 1e-5  # Added to the few-shot set's standard deviation (big_vision's).
+DEFAULT_SHOTS = (1, 5, 10, 25)
+DEFAULT_L2_REG = 2.0**10
+
+
+# ---------------------------------------------------------------------------
+# The regression.
+
+
+def linear_fewshot_accuracy(train_features: np.ndarray, train_labels: np.ndarray,
+                            test_features: np.ndarray, test_labels: np.ndarray,
+                            num_classes: int, l2_reg: float = DEFAULT_L2_REG) -> float:
+  """Test accuracy of a ridge regression to {-1, 1} one-hot targets (big_vision's fewshot_lsr).
+
+  ``train_features`` (N, D) and integer ``train_labels`` (N,) are the few-shot set;
+  both feature sets are standardised with its mean and std (+1e-5), a constant feature
+  of 100 is appended for the bias, and W = argmin |X W - Y|^2 + l2_reg |W|^2 is solved in
+  float64 (on the N x N system when D > N, as big_vision does). Ties in the argmax go
+  to the lowest class index.
+  """
+  x, y = np.asarray(train_features), np.asarray(train_labels)
+  x_test, y_test = np.asarray(test_features), np.asarray(test_labels)
+  if x.ndim != 2 or x_test.ndim != 2 or x.shape[1] != x_test.shape[1]:
+    raise ValueError(f'features must be (examples, dims) with the same dims; got train '
+                     f'{x.shape} and test {x_test.shape}.')
+  if y.shape != (len(x),) or y_test.shape != (len(x_test),):
+    raise ValueError(f'labels must be one integer per example: train {y.shape} for '
+                     f'{len(x)} examples, test {y_test.shape} for {len(x_test)}.')
+  if not len(x) or not len(x_test):
+    raise ValueError('the few-shot set and the test set must not be empty.')
+  for name, labels in (('train', y), ('test', y_test)):
+    if not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0 or \
+        labels.max() >= num_classes:
+      raise ValueError(f'{name} labels must be integers in [0, {num_classes}); got '
+                       f'{labels.dtype} in [{labels.min()}, {labels.max()}].')
+  if not l2_reg > 0:
+    raise ValueError(f'l2_reg={l2_reg} must be positive.')
+  x, x_test = x.astype(np.float64), x_test.astype(np.float64)
+  mean, std = x.mean(0, keepdims=True), x.std(0, keepdims=True) + STD_EPSILON
+
+  def standardise(f: np.ndarray) -> np.ndarray:
+    f = (f - mean) / std
+    return np.concatenate([f, np.full((len(f), 1), BIAS_CONSTANT)], axis=1)
+
+  x, x_test = standardise(x), standardise(x_test)
+  targets = 2. * np.eye(num_classes)[y] - 1.
+  n, d = x.shape
+  if n >= d:  # (X'X + l2 I)^-1 X'Y
+    w = np.linalg.solve(x.T @ x + l2_reg * np.eye(d), x.T @ targets)
+  else:  # X' (XX' + l2 I)^-1 Y: the same W, through the smaller system.
+    w = x.T @ np.linalg.solve(x @ x.T + l2_reg * np.eye(n), targets)
+  return float(np.mean(np.argmax(x_test @ w, axis=1) == y_test))
+
+
+def fewshot_indices(labels: np.ndarray, num_classes: int, shots: int, seed: int) -> np.ndarray:
+  """The few-shot set of ``seed``: the first ``shots`` of each class's permuted indices.
+
+  The permutations are drawn class by class from one ``numpy.random.default_rng(seed)``,
+  as big_vision draws them, so a seed's 1-shot set is inside its 5-shot set. A class
+  with fewer than ``shots`` examples is refused (big_vision would silently use fewer).
+  """
+  rng = np.random.default_rng(seed)
+  picked = []
+  for c in range(num_classes):
+    members = rng.permutation(np.flatnonzero(labels == c))
+    if len(members) < shots:
+      raise errors.DataError(f'class {c} has {len(members)} examples, fewer than {shots} '
+                             'shots: lower the shots or use a larger few-shot split.')
+    picked.append(members[:shots])
+  return np.concatenate(picked)
+
+
+def accuracies(train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray],
+               num_classes: int, shots: Sequence[int], seeds: int,
+               l2_reg: float = DEFAULT_L2_REG) -> dict[int, list[float]]:
+  """{shots: [accuracy of seed 0, 1, ...]} from the features and labels of two splits."""
+  (x, y), (x_test, y_test) = train, test
+  out: dict[int, list[float]] = {k: [] for k in shots}
+  for seed in range(seeds):
+    for k in shots:
+      index = fewshot_indices(y, num_classes, k, seed)
+      out[k].append(linear_fewshot_accuracy(x[index], y[index], x_test, y_test, num_classes,
+                                            l2_reg))
+  return out
+
+
+# ---------------------------------------------------------------------------
+# Features: one pass over a split, sharded like the eval step.
+
+
+def feature_model(model: nn.Module) -> nn.Module:
+  """The model without its classifier (or its masked-patch-prediction head): the pre-logits
+  output, or the pooled one."""
+  return model.clone(num_classes=0, mpp_outputs=0)
+
+
+def make_feature_step(model: nn.Module, batch_sharding: jax.sharding.NamedSharding) -> Callable:
+  """A jitted (params, batch) -> (features, labels, mask), gathered onto every process."""
+  features_of = feature_model(model)
+  replicated = sharding.replicated(batch_sharding.mesh)
+
+  def step(params: Any, batch: dict[str, jax.Array]) -> tuple[jax.Array, ...]:
+    with jax.sharding.use_abstract_mesh(batch_sharding.mesh.abstract_mesh):
+      features = features_of.apply({'params': params}, batch['image'], train=False)
+    return features, jnp.argmax(batch['label'], -1), batch['mask']
+
+  return jax.jit(step, out_shardings=replicated)
+
+
+def split_features(feature_step: Callable, params: Any, source: Any, pp: Callable, *,
+                   batch_size: int, batch_sharding: Any, num_classes: int,
+                   num_workers: int = 4) -> tuple[np.ndarray, np.ndarray]:
+  """(features (N, D) float32, labels (N,) int) of every example of ``source``, in order."""
+  features, labels = [], []
+  for batch in loader.eval_batches(source, pp, global_batch_size=batch_size,
+                                   sharding=batch_sharding, num_classes=num_classes,
+                                   num_workers=num_workers):
+    f, y, mask = jax.device_get(feature_step(*sharding.inputs_ready((params, batch))))
+    keep = np.asarray(mask) > 0
+    features.append(np.asarray(f, np.float32)[keep])
+    labels.append(np.asarray(y)[keep])
+  return np.concatenate(features), np.concatenate(labels).astype(np.int64)
+
+
+# ---------------------------------------------------------------------------
+# Datasets named in a config or on the command line.
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+  """A few-shot dataset: its name in the metrics, its two splits' sources."""
+
+  name: str
+  train: Any
+  test: Any
+  num_classes: int
+
+
+def parse_spec(spec: str) -> tuple[str, str, str, str]:
+  """``'NAME[,TRAIN_SPLIT,TEST_SPLIT[,DATA_DIR]]'`` -> (name, train, test, data_dir)."""
+  parts = [p.strip() for p in str(spec).split(',')]
+  if len(parts) not in (1, 3, 4) or not all(parts):
+    raise errors.ConfigError(
+        f'few-shot dataset {spec!r}: write NAME, or NAME,TRAIN_SPLIT,TEST_SPLIT, or '
+        'NAME,TRAIN_SPLIT,TEST_SPLIT,DATA_DIR (e.g. "digits" or '
+        '"cifar100,train[:10000],test").')
+  if len(parts) == 1:
+    parts += ['train', 'test']
+  if len(parts) == 3:
+    parts.append('')
+  return tuple(parts)
+
+
+def metric_name(name: str) -> str:
+  """A TFDS name without its version (``cars196:2.1.0`` -> ``cars196``)."""
+  return name.split(':')[0]
+
+
+def open_dataset(spec: str, default_data_dir: str = '') -> Dataset:
+  """The sources of a spec (``parse_spec``); raises UserErrors naming the spec."""
+  name, train_split, test_split, data_dir = parse_spec(spec)
+  dataset = ml_collections.ConfigDict(dict(name=name, data_dir=data_dir or default_data_dir,
+                                           manual_dir='', prepare=False))
+  try:
+    train = sources.get_source(dataset, train_split)
+    test = sources.get_source(dataset, test_split)
+  except FileNotFoundError as e:
+    raise errors.MissingFileError(f'few-shot dataset {spec!r}: {e}') from None
+  except ValueError as e:
+    raise errors.ConfigError(f'few-shot dataset {spec!r}: {e}') from None
+  if getattr(train, 'multi_label', False) or getattr(test, 'multi_label', False):
+    raise errors.ConfigError(f'few-shot dataset {spec!r} is multi-label; the few-shot '
+                             'regression needs one class per example.')
+  if train.num_classes != test.num_classes:
+    raise errors.ConfigError(f'few-shot dataset {spec!r}: {train_split!r} has '
+                             f'{train.num_classes} classes, {test_split!r} {test.num_classes}.')
+  return Dataset(metric_name(name), train, test, int(train.num_classes))
+
+
+def check_shots(dataset: Dataset, shots: Sequence[int]) -> None:
+  """Every class has ``max(shots)`` training examples, where the labels are in memory."""
+  labels = getattr(dataset.train, 'labels', None)
+  if labels is None or np.ndim(labels) != 1:
+    return  # Checked when the features are computed.
+  counts = np.bincount(np.asarray(labels), minlength=dataset.num_classes)
+  if counts.min() < max(shots):
+    raise errors.ConfigError(
+        f'few-shot dataset {dataset.name!r}: class {int(counts.argmin())} has '
+        f'{int(counts.min())} training examples, fewer than {max(shots)} shots.')
+
+
+def check_pipeline(pp: preprocess.Pipeline, dataset: Dataset, image_size: Any,
+                   where: str) -> None:
+  """``pp`` makes the model's input from the first example of each split."""
+  for split in (dataset.train, dataset.test):
+    preprocess.check_output(pp, split[0]['image'], pair(image_size), where,
+                            f'the first example of few-shot dataset {dataset.name!r}')
+
+
+def check_options(shots: Sequence[int], seeds: int, l2_reg: float, where: str) -> None:
+  if not shots or not all(isinstance(k, int) and not isinstance(k, bool) and k > 0
+                          for k in shots):
+    raise errors.ConfigError(f'{where}shots={tuple(shots)!r} must be positive ints, e.g. '
+                             f'{DEFAULT_SHOTS}.')
+  if not (isinstance(seeds, int) and seeds > 0):
+    raise errors.ConfigError(f'{where}seeds={seeds!r} must be a positive int (e.g. 3).')
+  if not (isinstance(l2_reg, (int, float)) and l2_reg > 0):
+    raise errors.ConfigError(f'{where}l2_reg={l2_reg!r} must be positive (2.0**10).')
+
+
+# ---------------------------------------------------------------------------
+# The evaluator.
+
+
+class Evaluator(base.Evaluator):
+  """Few-shot accuracy of a model's features on its datasets, every shot count and seed.
+
+  ``run`` computes the features of each split once (every example, sharded over the
+  devices), then every seed and shot count from them on the host.
+  """
+
+  def __init__(self, name: str, every_steps: int, model: nn.Module, mesh: jax.sharding.Mesh,
+               datasets: list[Dataset], pp: Callable, shots: tuple[int, ...], seeds: int,
+               l2_reg: float, batch_size: int, num_workers: int = 4):
+    super().__init__(name, every_steps)
+    self.datasets, self.pp, self.shots, self.seeds, self.l2_reg = (
+        datasets, pp, shots, seeds, l2_reg)
+    self.batch_size, self.num_workers = batch_size, num_workers
+    self.batch_sharding = sharding.batch_sharding(mesh)
+    self.feature_step = make_feature_step(model, self.batch_sharding)
+    self.metric = f'{datasets[0].name}_{max(shots)}shot'
+
+  @classmethod
+  def from_config(cls, name: str, entry: ml_collections.ConfigDict, plan: Plan) -> Evaluator:
+    config = plan.config
+    where = base.where(name) + '.'
+    if isinstance(entry.datasets, str) or not entry.datasets:
+      raise errors.ConfigError(f'{where}datasets={entry.datasets!r} must name datasets, e.g. '
+                               '("digits",) or ("cifar100", "oxford_iiit_pet").')
+    shots = tuple(entry.shots)
+    check_options(shots, entry.seeds, entry.l2_reg, where)
+    datasets = [open_dataset(s, config.dataset.data_dir
+                             if parse_spec(s)[0] == config.dataset.name else '')
+                for s in entry.datasets]
+    names = [d.name for d in datasets]
+    if len(set(names)) < len(names):
+      raise errors.ConfigError(f'{where}datasets={tuple(entry.datasets)!r} names a dataset '
+                               'twice.')
+    pp = base.pipeline(name, entry, plan, datasets[0].train,
+                       f'the first example of few-shot dataset {datasets[0].name!r}')
+    for dataset in datasets:
+      check_pipeline(pp, dataset, plan.model.image_size,
+                     base.where(name, 'pp') if entry.pp else 'config.dataset.pp_eval')
+      check_shots(dataset, shots)
+    return cls(name, entry.every_steps, plan.model, plan.mesh, datasets, pp, shots,
+               int(entry.seeds), float(entry.l2_reg), int(config.eval_batch_size),
+               num_workers=int(config.input_workers))
+
+  def accuracies(self, params: Any) -> dict[tuple[str, int], list[float]]:
+    """{(dataset, shots): [accuracy per seed]}."""
+    out = {}
+    for dataset in self.datasets:
+      train, test = (split_features(self.feature_step, params, source, self.pp,
+                                    batch_size=self.batch_size,
+                                    batch_sharding=self.batch_sharding,
+                                    num_classes=dataset.num_classes,
+                                    num_workers=self.num_workers)
+                     for source in (dataset.train, dataset.test))
+      try:
+        per_shots = accuracies(train, test, dataset.num_classes, self.shots, self.seeds,
+                               self.l2_reg)
+      except errors.DataError as e:
+        raise errors.DataError(f'few-shot dataset {dataset.name!r}: {e}') from None
+      out.update({(dataset.name, k): v for k, v in per_shots.items()})
+    return out
+
+  def run(self, params: Any) -> dict[str, float]:
+    """``{'<dataset>_<shots>shot': mean accuracy over the seeds}``."""
+    return {f'{name}_{k}shot': float(np.mean(v))
+            for (name, k), v in self.accuracies(params).items()}
+
+
+# ---------------------------------------------------------------------------
+# The table of the command line (vit_jax.fewshot).
+
+
+def table(results: dict[tuple[str, int], list[float]]) -> str:
+  """A Markdown table: one row per dataset, one column per shot count, mean ± sample std
+  over the seeds (%), as ``vit_jax.sweep``'s tables."""
+  names = list(dict.fromkeys(name for name, _ in results))
+  shots = sorted({k for _, k in results})
+  lines = ['| dataset | ' + ' | '.join(f'{k}-shot' for k in shots) + ' |',
+           '| --- |' + ' --- |' * len(shots)]
+  for name in names:
+    cells = []
+    for k in shots:
+      v = np.asarray(results.get((name, k), []), np.float64) * 100
+      std = v.std(ddof=1) if len(v) > 1 else 0.
+      cells.append(f'{v.mean():.2f} ± {std:.2f}' if len(v) else '')
+    lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines)

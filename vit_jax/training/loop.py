@@ -1,0 +1,305 @@
+"""The training loop: a plan, a workdir and evaluators in; a trained, evaluated run out.
+
+Resumes from the workdir's newest good checkpoint (else starts from ``config.init_from``,
+else from scratch), compiles the step before the first batch, then steps, logs, saves and
+evaluates; SIGTERM saves and stops (exit status 75: run again to resume).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import signal
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from etils import epath
+
+from vit_jax.base import console, cpu, errors, sharding
+from vit_jax.checkpoints import manager as manager_lib
+from vit_jax.checkpoints import release
+from vit_jax.checkpoints import workdir as workdir_lib
+from vit_jax.data import loader
+from vit_jax.training import mfu
+from vit_jax.training.metrics import MetricsLog
+from vit_jax.training.plan import Plan
+from vit_jax.training.step import TrainState, create_train_state, make_train_step
+
+
+def train_and_evaluate(plan: Plan, workdir: str, evaluators: Sequence[Any] = ()
+                       ) -> dict[str, float]:
+  """Trains ``plan`` in ``workdir`` (resuming from its checkpoints) and runs ``evaluators``
+  (``vit_jax.evals``) when each is due, for the weights and for their moving average;
+  returns the last metrics. On SIGTERM it saves and raises ``errors.Preempted``."""
+  clock = _Clock()
+  config, model, total_steps = plan.config, plan.model, plan.total_steps
+  for warning in cpu.warnings(_matmul_dtype(model)):
+    logging.warning(warning)
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+
+  # The state: resumed, fine-tuned from config.init_from, or fresh.
+  state, state_shardings = create_train_state(model, plan.tx, config.seed, plan.mesh,
+                                              shard_state=plan.shard_state)
+  manager = manager_lib.make_manager(workdir, every_steps=config.checkpoint_every_steps,
+                                     keep=config.keep_checkpoints)
+  state = _starting_state(state, state_shardings, manager, plan)
+  start_step = int(jax.device_get(state.step))
+
+  log = MetricsLog(workdir, start_step)
+  if log.main:  # What this workdir holds, for the tools that read it later.
+    workdir_lib.write_run_info(workdir, config, plan.num_classes, plan.class_names)
+    if start_step == 0:
+      _parameter_overview(model, state.params, workdir)
+      log.writer.write_hparams({k: str(v) for k, v in config.items()})
+
+  # The program and the data.
+  train_step = make_train_step(model, plan.tx, plan.schedule, plan.step_options, plan.mesh,
+                               state_shardings)
+  train_loader = loader.TrainLoader(
+      plan.train_source, plan.pp_train, global_batch_size=config.batch_size,
+      seed=config.seed, sharding=sharding.batch_sharding(plan.mesh),
+      num_classes=plan.num_classes, num_workers=config.input_workers,
+      repeats=config.dataset.repeats)
+  stream = batches = train_loader.iterate(start_step)
+  preemption = _Preemption()
+  profile = tuple(config.profile_steps or ())
+  speed, result = None, {}
+  try:
+    clock.loop = time.perf_counter()
+    if start_step < total_steps:  # The step compiled for the first batch, before the loop.
+      first = next(stream)
+      speed = _compile(train_step, sharding.inputs_ready((state, first[1])), plan, clock)
+      batches = itertools.chain([first], stream)
+
+    pending: list[tuple[int, Any]] = []  # The steps since the last log line, their metrics.
+    interval_step, interval_time = start_step, clock.training()
+    for step in range(start_step + 1, total_steps + 1):
+      if profile and step == profile[0]:
+        jax.profiler.start_trace(str(epath.Path(workdir) / 'profile'))
+      _, batch = next(batches)
+      state, metrics = train_step(*sharding.inputs_ready((state, batch)))
+      pending.append((step, metrics))
+      manager_lib.check_saves(manager)  # A background save that failed stops the run now.
+      if profile and step == profile[1]:
+        jax.profiler.stop_trace()
+
+      if step % config.log_every_steps == 0 or step == total_steps:
+        host = _host_metrics(pending, manager)
+        elapsed = clock.training() - interval_time
+        eta = (total_steps - step) * elapsed / (step - interval_step)
+        _log_interval(step, host, (step - interval_step) * config.batch_size / elapsed, eta,
+                      speed, plan, log)
+        pending, interval_step, interval_time = [], step, clock.training()
+      if preemption.reached(manager, step):
+        _host_metrics(pending, manager)
+        manager_lib.save(manager, step, state, force=True)
+        manager.wait_until_finished()
+        logging.warning('Preempted: saved step %d; restart with the same workdir to resume.',
+                        step)
+        _summary(step, start_step, plan, clock, speed, evaluators, log, manager)
+        raise errors.Preempted(step)  # Exit status 75: run again to resume.
+      if step % config.checkpoint_every_steps == 0 or step == total_steps:
+        _host_metrics(pending, manager)
+        manager_lib.save(manager, step, state, force=True)
+      due = [e for e in evaluators if e.due(step, total_steps, config.eval_every_steps)]
+      result.update(_evaluate(due, state, step, log, clock))
+    if start_step >= total_steps:
+      logging.info('The run in %s is already complete (step %d).', workdir, start_step)
+      result.update(_evaluate(evaluators, state, start_step, log, clock))
+    manager.wait_until_finished()
+    _summary(max(start_step, total_steps), start_step, plan, clock, speed, evaluators, log,
+             manager)
+  finally:
+    preemption.close()
+    stream.close()
+    manager.wait_until_finished()
+    manager.close()
+    log.close()
+  return result
+
+
+def _starting_state(state: TrainState, state_shardings: Any, manager: Any,
+                    plan: Plan) -> TrainState:
+  """The state the run starts from: its newest good checkpoint, else ``config.init_from``'s
+  parameters adapted to this model (fine-tuning: step 0, and an optimizer state initialised
+  from them, so that the weights' EMA starts there too), else ``state`` as initialised."""
+  config = plan.config
+  if manager.latest_step() is not None:
+    # The newest checkpoint that passes its checksums; damaged ones are moved aside.
+    state = manager_lib.resume(manager, manager_lib.abstract_like(state, state_shardings))
+    logging.info('Resumed from %s at step %d.', manager.directory, int(state.step))
+  elif config.init_from:
+    init_params = jax.tree.map(release.to_host, state.params)
+    params = workdir_lib.init_params_from(
+        config.init_from, init_params, plan.model, step=config.init_step,
+        keep_head=config.init_keep_head, ema=config.init_ema,
+        source_grid=config.init_source_grid, source_pool=config.init_source_pool)
+    params = jax.device_put(params, state_shardings.params)
+    opt_state = jax.jit(plan.tx.init, out_shardings=state_shardings.opt_state)(params)
+    state = state.replace(params=params, opt_state=opt_state)
+    logging.info('Initialised from %s.', config.init_from)
+  return state
+
+
+def _evaluate(evaluators: Sequence[Any], state: TrainState, step: int, log: MetricsLog,
+              clock: _Clock) -> dict[str, float]:
+  """Each evaluator's metrics of the weights as '<name>/<metric>', and of their moving
+  average (where the run keeps one) as '<name>/ema/<metric>', logged at ``step`` (a finished
+  run evaluated again adds no row)."""
+  result = {}
+  for evaluator in evaluators:
+    started = time.perf_counter()
+    line = f'{evaluator.name} at step {step}:'
+    for prefix, params in (('', state.params), ('ema/', state.ema_params)):
+      if params is None:
+        continue
+      metrics = evaluator.run(params)
+      result.update({f'{evaluator.name}/{prefix}{k}': v for k, v in metrics.items()})
+      line += f'{"; EMA" if prefix else ""} {evaluator.describe(metrics)}'
+    keys = [k for k in result if k.startswith(f'{evaluator.name}/')]
+    if not all(log.has(step, k) for k in keys):
+      log.write(step, {k: result[k] for k in keys})
+    seconds = time.perf_counter() - started
+    logging.info('%s [%.1fs]', line, seconds)
+    clock.eval += seconds
+  return result
+
+
+class _Preemption:
+  """SIGTERM (a preempted TPU VM) asks the loop to save and stop at the next step."""
+
+  def __init__(self):
+    self.requested = False
+    if jax.process_count() == 1:  # Multi-process: jax.distributed's own notifier.
+      self.previous = signal.signal(signal.SIGTERM, self._handle)
+
+  def _handle(self, signum: int, frame: Any) -> None:
+    logging.warning('SIGTERM: saving a checkpoint at the next step, then exiting.')
+    self.requested = True
+
+  def close(self) -> None:
+    if jax.process_count() == 1:
+      signal.signal(signal.SIGTERM, self.previous)
+
+  def reached(self, manager: Any, step: int) -> bool:
+    return self.requested or (jax.process_count() > 1 and manager.reached_preemption(step))
+
+
+def _host_metrics(pending: list[tuple[int, Any]], manager: Any) -> list[dict[str, float]]:
+  """The metrics of ``pending`` steps on the host; raises at the first non-finite loss."""
+  host = jax.device_get([metrics for _, metrics in pending])
+  for (step, _), metrics in zip(pending, host, strict=True):
+    loss = float(metrics['loss'])
+    if not math.isfinite(loss):
+      raise FloatingPointError(
+          f'Non-finite loss ({loss}) at step {step}. The run stopped; the last good '
+          f'checkpoint is step {manager.latest_step()}. Lower the learning rate or check '
+          'the input.')
+  return host
+
+
+@dataclasses.dataclass
+class _Clock:
+  """The run's wall time, and the loop's: compiling, evaluating, training (the rest)."""
+
+  start: float = dataclasses.field(default_factory=time.perf_counter)
+  loop: float = 0.  # When the loop started.
+  compile: float = 0.
+  eval: float = 0.
+
+  def training(self) -> float:
+    return time.perf_counter() - self.loop - self.compile - self.eval
+
+
+@dataclasses.dataclass(frozen=True)
+class _Speed:
+  """The model FLOPs of a training image and the devices' peak: the MFU of a rate."""
+
+  flops_per_image: float | None  # None where the compiler gives no count.
+  peak: float  # FLOP/s of all the run's devices.
+  peak_source: str
+
+  def mfu(self, images_per_s: float) -> float | None:
+    return self.flops_per_image * images_per_s / self.peak if self.flops_per_image else None
+
+
+def _compile(train_step: Callable, inputs: Any, plan: Plan, clock: _Clock) -> _Speed:
+  """Compiles the step for ``inputs`` ahead of the loop (its first call reuses the program)
+  and reads its FLOPs; the time goes to ``clock.compile``."""
+  started = time.perf_counter()
+  compiled = train_step.lower(*inputs).compile()
+  clock.compile = time.perf_counter() - started
+  model, config = plan.model, plan.config
+  flops = mfu.train_flops_per_image(model, compiled, plan.mesh.size, config.batch_size)
+  dtypes = (jnp.dtype(model.dtype).name, _matmul_dtype(model))
+  peak, how = mfu.device_peak('bfloat16' if 'bfloat16' in dtypes else 'float32')
+  logging.info('Training steps %d-%d, batch %d. MFU: %.4g MFLOP a training image (model '
+               'FLOPs) over %s.', int(jax.device_get(inputs[0].step)) + 1, plan.total_steps,
+               config.batch_size, (flops or 0) / 1e6, how)
+  return _Speed(flops, peak, how)
+
+
+def _matmul_dtype(model: nn.Module) -> str | None:
+  return model.matmul_dtype and jnp.dtype(model.matmul_dtype).name
+
+
+def _log_interval(step: int, host: list[dict[str, float]], images_per_s: float, eta: float,
+                  speed: _Speed, plan: Plan, log: MetricsLog) -> None:
+  """The training line: metrics averaged since the last line, speed, MFU and ETA."""
+  scalars = {'train/loss': np.mean([m['loss'] for m in host]),
+             'train/grad_norm': np.mean([m['grad_norm'] for m in host]),
+             'train/learning_rate': host[-1]['learning_rate'],
+             'train/images_per_s': images_per_s,
+             'train/images_per_s_per_device': images_per_s / plan.mesh.size}
+  if (mfu_ := speed.mfu(images_per_s)) is not None:
+    scalars['train/mfu'] = mfu_
+  log.write(step, scalars)
+  logging.info('step %d/%d  loss %.4f  lr %.2e  %s img/s%s  ETA %s', step, plan.total_steps,
+               scalars['train/loss'], scalars['train/learning_rate'], f'{images_per_s:,.0f}',
+               f'  MFU {100 * mfu_:.1f}%' if mfu_ is not None else '', console.duration(eta))
+
+
+def _summary(step: int, start_step: int, plan: Plan, clock: _Clock, speed: _Speed | None,
+             evaluators: Sequence[Any], log: MetricsLog, manager: Any) -> None:
+  """The closing lines: steps trained, time and speed, each evaluator's final and best."""
+  trained = step - start_step
+  line = f'Done: step {step}/{plan.total_steps}'
+  if trained:
+    images_per_s = trained * plan.config.batch_size / max(clock.training(), 1e-9)
+    line += (f', {trained} trained in {console.duration(time.perf_counter() - clock.start)} '
+             f'(compiling {clock.compile:.0f}s, evaluating {clock.eval:.0f}s), '
+             f'{images_per_s:,.0f} img/s')
+    if speed and (mfu_ := speed.mfu(images_per_s)) is not None:
+      line += f', MFU {100 * mfu_:.1f}%'
+  logging.info('%s.', line)
+  for evaluator in evaluators:
+    for prefix in ('', 'ema/'):
+      key = f'{evaluator.name}/{prefix}{evaluator.metric}'
+      if values := log.history(key):
+        best, final = max(values, key=values.get), max(values)
+        logging.info('%s: final %.4f (step %d), best %.4f (step %d).', key, values[final],
+                     final, values[best], best)
+  logging.info('Checkpoints: %s (steps %s). Logs: %s, TensorBoard events in %s.',
+               manager.directory, ', '.join(map(str, manager.all_steps())) or 'none',
+               log.jsonl, log.workdir)
+
+
+def _parameter_overview(model: nn.Module, params: Any, workdir: str) -> None:
+  """One line for the log; the per-array table into workdir/parameters.txt."""
+  from clu import parameter_overview
+
+  path = epath.Path(workdir) / 'parameters.txt'
+  # Shapes and shardings: statistics would copy every parameter to this host, and cannot
+  # read the shards that only other processes hold.
+  path.write_text(parameter_overview.get_parameter_overview(params, include_stats='sharding')
+                  + '\n')
+  count = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+  logging.info('%s: %s parameters in %d arrays (table: %s).', model.model_name, f'{count:,}',
+               len(jax.tree.leaves(params)), path)

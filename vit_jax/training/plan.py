@@ -1,0 +1,200 @@
+"""A run's plan: its config checked and resolved, before anything compiles.
+
+``validate`` names the bad field of a config in one ``errors.UserError``; what it returns,
+``Plan``, is everything the loop, the evaluators and the planner (``vit_jax.tools.aot``)
+take from a config: the model, the data, the mesh, the schedule and the optimizer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import ml_collections
+import optax
+
+from vit_jax import config as config_lib
+from vit_jax.base import cpu, errors, paths, sharding
+from vit_jax.checkpoints import workdir as workdir_lib
+from vit_jax.data import preprocess, sources
+from vit_jax.models import canonical_name, get_model, mpp
+from vit_jax.models.vit import pair
+from vit_jax.training import optim
+from vit_jax.training.step import StepOptions
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What a validated config resolves to."""
+
+  config: ml_collections.ConfigDict  # Complete: every field of vit_jax.config there.
+  model: nn.Module
+  train_source: Any  # None when planned without the data (num_train_examples).
+  eval_source: Any
+  num_classes: int
+  total_steps: int
+  warmup_steps: int
+  mesh: jax.sharding.Mesh
+  pp_train: preprocess.Pipeline
+  pp_eval: preprocess.Pipeline
+  schedule: optax.Schedule
+  tx: optax.GradientTransformation
+
+  @property
+  def step_options(self) -> StepOptions:
+    return StepOptions.from_config(self.config)
+
+  @property
+  def class_names(self) -> tuple[str, ...]:
+    """The training data's class names, () where it has none."""
+    return tuple(getattr(self.train_source, 'class_names', ()))
+
+  @property
+  def shard_state(self) -> bool:
+    """Whether the train state is stored split over the data axis: as
+    ``config.mesh.shard_state`` says; where None, on TPUs and GPUs but not on CPUs."""
+    if self.config.mesh.shard_state is None:
+      return cpu.shards_state_by_default(self.mesh.devices.flat[0].platform)
+    return self.config.mesh.shard_state
+
+
+def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | None = None,
+             num_train_examples: int | None = None) -> Plan:
+  """Checks a config and resolves it; raises ``errors.UserError`` naming the bad field.
+
+  Fields the config leaves out take ``vit_jax.config``'s defaults. The preprocessing
+  pipelines run once, on the first example of their split, to compare the size they make
+  with the model's. ``devices``: the mesh's (default: all of this run's). With
+  ``num_train_examples`` no data or file is opened (planning ahead of time): the plan has
+  no sources, and ``dataset.num_classes`` must be set.
+  """
+  config = config_lib.complete(config)
+  config_lib.check(config)  # Types, None, ranges: the declarations of vit_jax.config.
+  name, options = config_lib.model_options(config.model)
+  try:
+    canonical_name(name)
+  except ValueError as e:
+    raise errors.ConfigError(f'config.model.name: {e}') from None
+  self_supervised = mpp.is_on(config)  # Masked patch prediction: no label is read.
+  with_data = num_train_examples is None
+  if with_data:
+    _check_files(config)
+  for field in ('base_lr', 'end_lr'):
+    lr = config.schedule[field]
+    if lr < 0 or (field == 'base_lr' and lr == 0):
+      raise errors.ConfigError(
+          f'config.schedule.{field}={lr} must be {"positive" if field == "base_lr" else ">= 0"}'
+          ' (e.g. 1e-3): a negative rate climbs the loss, a zero one trains nothing.')
+  pipelines = {}
+  for field in ('pp_train', 'pp_eval'):
+    try:
+      pipelines[field] = preprocess.parse(config.dataset[field])
+    except ValueError as e:
+      raise errors.ConfigError(f'config.dataset.{field}: {e}') from None
+
+  if config.eval_batch_size is None:
+    config.eval_batch_size = config.batch_size
+  mesh = sharding.make_mesh(config.mesh, devices)
+  _check_batches(config, mesh)
+
+  train_source = eval_source = None
+  num_classes = int(config.dataset.num_classes)
+  if with_data:
+    train_source, eval_source = (_source(config, split) for split in (
+        config.dataset.train_split, config.dataset.eval_split))
+    num_classes = num_classes or train_source.num_classes
+    if not self_supervised and not train_source.num_classes:
+      raise errors.ConfigError(
+          f'config.dataset: {config.dataset.data_dir or config.dataset.name} has no labels. '
+          "Pre-train on it without labels (config.objective='mpp'), or convert labelled data.")
+    if not self_supervised and num_classes != train_source.num_classes:
+      raise errors.ConfigError(f'config.dataset.num_classes={num_classes}, but the data has '
+                               f'{train_source.num_classes} classes.')
+    num_train_examples = len(train_source)
+  elif not num_classes and not self_supervised:
+    raise errors.ConfigError('config.dataset.num_classes is 0 (the data\'s): set it to plan '
+                             'without the data.')
+  if self_supervised:  # Labels ignored: a per-patch head instead of the classifier.
+    num_classes = 0
+  try:
+    model = get_model(name, num_classes=num_classes, **options)
+  except ValueError as e:
+    raise errors.ConfigError(f'config.model: {e}') from None
+  if self_supervised:
+    model = mpp.pretraining_model(config, model)  # Checks config.mpp against the model.
+  _check_image_size(model, config.model.image_size)
+  if with_data:
+    for field, split, source in (('pp_train', config.dataset.train_split, train_source),
+                                 ('pp_eval', config.dataset.eval_split, eval_source)):
+      preprocess.check_output(pipelines[field], source[0]['image'], pair(model.image_size),
+                              f'config.dataset.{field}', f'the first {split!r} example')
+  total, warmup = optim.resolve_steps(config, num_train_examples)
+  schedule = optim.make_schedule(config.schedule, total, warmup)
+  tx = optim.make_optimizer(config.optimizer, schedule)
+  return Plan(config, model, train_source, eval_source, num_classes, total, warmup, mesh,
+              pipelines['pp_train'], pipelines['pp_eval'], schedule, tx)
+
+
+def _check_files(config: ml_collections.ConfigDict) -> None:
+  """The data directory and ``config.init_from`` (and its options) are there."""
+  data_dir = config.dataset.data_dir
+  if data_dir and not config.dataset.prepare and not paths.exists(data_dir):
+    raise errors.MissingFileError(f'config.dataset.data_dir={data_dir} does not exist.')
+  init_from = config.init_from
+  if init_from:
+    if workdir_lib.is_workdir(init_from):
+      workdir_lib.resolve_step(init_from, config.init_step)  # Raises, naming the steps there.
+    elif not paths.is_file(init_from):  # Local or remote (gs://): vit_jax.base.paths.
+      raise errors.MissingFileError(
+          f'config.init_from={init_from} is neither a release .npz file nor the workdir of '
+          'an earlier run (a directory with checkpoints/).')
+  workdir_lib.check_init_from(config)  # init_ema, init_source_grid, init_source_pool.
+
+
+def _check_batches(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:
+  """Both batches split evenly over the devices that split them, and into micro-batches."""
+  # The devices that split the batch; those along 'tensor' share their rows.
+  devices = math.prod(mesh.shape[a] for a in sharding.BATCH_AXES)
+  for field in ('batch_size', 'eval_batch_size'):
+    size = int(config[field])
+    if size < devices:
+      raise errors.ConfigError(
+          f'config.{field}={size} is smaller than the {devices} devices: each device needs at '
+          f'least one example. Use a multiple of {devices} (or fewer devices: --cpu_devices, '
+          'config.mesh).')
+    if size % devices:
+      raise errors.ConfigError(f'config.{field}={size} is not divisible by the {devices} '
+                               'devices that split it (config.mesh data x fsdp). Use a '
+                               f'multiple of {devices}.')
+  accum = int(config.grad_accum_steps)
+  if (config.batch_size // devices) % accum:
+    raise errors.ConfigError(f'config.grad_accum_steps={accum} does not divide the per-device '
+                             f'batch {config.batch_size // devices}.')
+
+
+def _source(config: ml_collections.ConfigDict, split: str) -> Any:
+  try:
+    return sources.get_source(config.dataset, split)
+  except FileNotFoundError as e:
+    raise errors.MissingFileError(f'config.dataset ({config.dataset.name!r}): {e}') from None
+  except ValueError as e:
+    raise errors.ConfigError(f'config.dataset ({config.dataset.name!r}): {e}') from None
+
+
+def _check_image_size(model: nn.Module, configured: Any) -> None:
+  """Every image side a multiple of the patch (times the hybrid stem's stride)."""
+  stride = model.stem_stride
+  for side, patch in zip(pair(model.image_size), pair(model.patch_size), strict=True):
+    unit = patch * stride
+    if side % unit:
+      lower = side // unit * unit
+      sizes = f'{lower} or {lower + unit}' if lower else f'{unit}'
+      unit_text = f'{patch} x the BiT stem\'s stride {stride} = {unit}' if stride > 1 else unit
+      raise errors.ConfigError(
+          f'config.model.image_size={configured or model.image_size}: {side} px is not a '
+          f'multiple of the patch size ({unit_text} px), so the last {side % unit} px would be '
+          f'dropped. Use {sizes}.')
+

@@ -1,0 +1,192 @@
+"""The train state and the pure step that advances it: ``(state, batch) -> (state, metrics)``.
+
+``make_train_step`` compiles it over a device mesh, either as one ``jax.jit`` program laid
+out by XLA from the state's shardings, or with ``jax.shard_map`` explicit over the batch
+axes; the step needs only the few options of ``StepOptions``, not the whole config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from jax.sharding import PartitionSpec as P
+
+from vit_jax.base import sharding
+from vit_jax.checkpoints import manager as manager_lib
+from vit_jax.models import mpp
+from vit_jax.training import mixing, optim
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything a run needs to continue: with the step, the data position too."""
+
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  rng: jax.Array  # Base key; step s uses fold_in(rng, s), so nothing else to save.
+
+  @property
+  def ema_params(self) -> Any:
+    """The weights' moving average (``config.optimizer.ema_decay``, kept in the optimizer
+    state: saved, restored and sharded with it), or None."""
+    return optim.ema_params(self.opt_state)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOptions:
+  """What the step reads of a config."""
+
+  impl: str = 'jit'  # 'jit' or 'shard_map'.
+  loss: str = 'softmax_xent'
+  label_smoothing: float = 0.
+  grad_accum_steps: int = 1
+  mix: mixing.MixOptions = mixing.MixOptions()
+  mpp: mpp.Options | None = None  # Masked patch prediction instead of the labels.
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> StepOptions:
+    return cls(config.step_impl, config.loss, config.label_smoothing,
+               int(config.grad_accum_steps), mixing.MixOptions.from_config(config),
+               mpp.Options.from_config(config))
+
+
+def create_train_state(model: nn.Module, tx: optax.GradientTransformation, seed: int,
+                       mesh: jax.sharding.Mesh, *, shard_state: bool = False,
+                       abstract: bool = False) -> tuple[TrainState, Any]:
+  """Initialises the state directly in its shardings (never gathered on one host).
+
+  ``shard_state``: stored split over the data axis too (``vit_jax.base.sharding``).
+  ``abstract``: only its shapes and shardings (``jax.ShapeDtypeStruct``s), nothing computed.
+  """
+  images = jnp.zeros((1, *model.image_size, 3), jnp.float32)
+
+  def init(rng: jax.Array) -> TrainState:
+    init_rng, state_rng = jax.random.split(rng)
+    params = model.init({'params': init_rng}, images, train=False)['params']
+    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), state_rng)
+
+  rng = jax.random.PRNGKey(seed)
+  shapes = jax.eval_shape(init, rng)
+  shardings = sharding.shardings_for(shapes, mesh, stored=shard_state)
+  if abstract:
+    return manager_lib.abstract_like(shapes, shardings), shardings
+  return jax.jit(init, out_shardings=shardings)(rng), shardings
+
+
+def loss_and_grads(model: nn.Module, options: StepOptions, params: Any,
+                   batch: dict[str, jax.Array], rng: jax.Array,
+                   constrain: Callable = lambda x: x,
+                   gather: Callable = lambda p: p, mixed: bool = False) -> tuple[jax.Array, Any]:
+  """Mean loss and its gradients, over ``grad_accum_steps`` micro-batches in sequence.
+
+  ``gather`` maps ``params`` to what the model takes, inside the differentiated
+  function (the shard_map step gathers its parameter shards there). ``mixed``: the
+  batch has had its mixup/CutMix already (``mixing.mix_global_batch``).
+  """
+  def mean_loss(p: Any, images: jax.Array, labels: jax.Array, key: jax.Array) -> jax.Array:
+    if options.mpp:  # Self-supervised: the labels are not read.
+      return mpp.loss(model, options.mpp, gather(p), images, key)
+    logits = model.apply({'params': gather(p)}, images, train=True, rngs={'dropout': key})
+    return optim.loss_fn(options.loss, logits, labels, options.label_smoothing).mean()
+
+  grad_fn = jax.value_and_grad(mean_loss)
+  if not mixed:
+    batch = mixing.mix_global_batch(batch, rng, options.mix)
+  k = options.grad_accum_steps
+  if k == 1:
+    return grad_fn(params, batch['image'], batch['label'], rng)
+  # Micro-batch i takes rows i, i + k, ...: every device keeps its rows.
+  micro = jax.tree.map(
+      lambda x: constrain(x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)), batch)
+
+  def accumulate(carry: Any, xs: Any) -> tuple[Any, None]:
+    i, mb = xs
+    loss, grads = grad_fn(params, mb['image'], mb['label'], jax.random.fold_in(rng, i))
+    return jax.tree.map(jnp.add, carry, (loss, grads)), None
+
+  zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+  (loss, grads), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(k), micro))
+  return loss / k, jax.tree.map(lambda g: g / k, grads)
+
+
+def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
+                    schedule: optax.Schedule, options: StepOptions,
+                    mesh: jax.sharding.Mesh, state_shardings: Any) -> Callable:
+  """The jitted (state, batch) -> (state, metrics) step; the input state is donated.
+
+  'jit': one program for the whole mesh, laid out by XLA (GSPMD) from the state's
+  shardings and the model's activation constraints (``sharding.constrain``).
+  'shard_map': explicit over the batch axes ('data', 'fsdp'): each device computes the
+  loss and gradients of its own rows, with its fsdp parameter shards gathered where
+  they are used (autodiff turns each gather into a reduce-scatter of the gradients),
+  then averages them over the batch axes; the 'tensor' axis stays with XLA inside it.
+  The optimizer update then runs on the sharded state, outside the shard_map.
+  """
+
+  def apply_grads(state: TrainState, loss: jax.Array, grads: Any) -> tuple[TrainState, Any]:
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {'loss': loss, 'grad_norm': optax.tree.norm(grads),
+               'learning_rate': schedule(state.step)}
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  if options.impl == 'jit':
+    def step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, Any]:
+      rng = jax.random.fold_in(state.rng, state.step)
+      # Parameters stored split over the data axis are gathered once, for the whole step;
+      # their gradients are reduce-scattered back to the stored layout.
+      params = jax.lax.with_sharding_constraint(
+          state.params, sharding.shardings_for(state.params, mesh))
+      with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # For sharding.constrain.
+        loss, grads = loss_and_grads(model, options, params, batch, rng,
+                                     lambda x: sharding.constrain(x, 'micro_batches'))
+      grads = jax.lax.with_sharding_constraint(grads, state_shardings.params)
+      return apply_grads(state, loss, grads)
+  else:
+    # The parameters' specs over the batch axes: each device gets its fsdp shards.
+    specs = jax.tree.map(lambda s: P(*(a if a == 'fsdp' else None for a in s.spec)),
+                         state_shardings.params)
+    devices = math.prod(mesh.shape[a] for a in sharding.BATCH_AXES)
+
+    def gather(params: Any) -> Any:
+      return jax.tree.map(lambda p, spec: jax.lax.all_gather(
+          p, 'fsdp', axis=spec.index('fsdp'), tiled=True) if 'fsdp' in spec else p,
+          params, specs)
+
+    def per_device(params: Any, batch: dict[str, jax.Array],
+                   rng: jax.Array) -> tuple[jax.Array, Any]:
+      # Each device: its own rows, and its own dropout and stochastic-depth key (the
+      # step's, folded with its index; mixup already happened on the global batch). A
+      # gradient of fsdp shards is already summed over 'fsdp' (the gather's
+      # reduce-scatter); the rest is summed here, then all divided by the devices: the mean.
+      rng = jax.random.fold_in(rng, jax.lax.axis_index(sharding.BATCH_AXES))
+      loss, grads = loss_and_grads(model, options, params, batch, rng, gather=gather,
+                                   mixed=True)
+      grads = jax.tree.map(
+          lambda g, spec: jax.lax.psum(g, tuple(a for a in sharding.BATCH_AXES
+                                                if a not in spec)) / devices, grads, specs)
+      return jax.lax.pmean(loss, sharding.BATCH_AXES), grads
+
+    grads_fn = jax.shard_map(per_device, mesh=mesh,
+                             in_specs=(specs, P(sharding.BATCH_AXES), P()),
+                             out_specs=(P(), specs), axis_names=set(sharding.BATCH_AXES),
+                             check_vma=False)
+
+    def step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, Any]:
+      rng = jax.random.fold_in(state.rng, state.step)
+      batch = mixing.mix_global_batch(batch, rng, options.mix)  # As the jit step: global.
+      loss, grads = grads_fn(state.params, batch, rng)
+      return apply_grads(state, loss, grads)
+
+  return jax.jit(step, in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
+                 out_shardings=(state_shardings, sharding.replicated(mesh)), donate_argnums=0)
