@@ -26,5 +26,5 @@ def get_config():
   config.keep_checkpoints = 2
   config.input_workers = 2
   # Few-shot linear accuracy of the frozen features on the same digits (docs/evaluation.md).
-  config.evals.fewshot.datasets = ('digits',)
+  config.evals.fewshot = dict(type='fewshot', datasets=('digits',))
   return config
