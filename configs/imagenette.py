@@ -56,6 +56,7 @@ def get_config(arg: str = 'pretrain'):
     config.schedule.update(base_lr=0.01, warmup_steps=20, decay='cosine')
   if arg == 'mpp':  # Masked patch prediction: self-supervised, the labels ignored.
     config.objective = 'mpp'
+    config.evals.eval = dict(type='mpp')
   config.log_every_steps = 50
   config.checkpoint_every_steps = 300
   config.keep_checkpoints = 2

@@ -35,6 +35,7 @@ def get_config(data: str = 'jft_like'):
     raise ValueError(f'{data!r} is not a choice: pick one of {", ".join(DATA)}.')
   config = config_lib.get_config()
   config.objective = 'mpp'
+  config.evals.eval = dict(type='mpp')  # The colours of held-out images' patches.
   config.mpp.update(target='mean_color', corrupt_rate=0.5, mask_rate=0.8, random_rate=0.1)
   config.model.update(name='b16', dtype='bfloat16', scan=False)
   if data == 'i1k':

@@ -23,7 +23,7 @@ TINY = {'model.hidden_size': 32, 'model.mlp_dim': 64, 'model.num_layers': 2,
         'checkpoint_every_steps': 10, 'keep_checkpoints': 5,
         # The state stored split over the devices, as on TPUs and GPUs (CPUs default to not).
         'mesh.shard_state': True,
-        # quickstart's few-shot evaluation off: tests/test_fewshot.py turns it on where tested.
+        # quickstart's few-shot evaluator removed: tests/test_fewshot.py tests it.
         'evals.fewshot': None}
 # The run of the shared ``tiny_run`` fixture (conftest.py).
 TINY_RUN = {'model.pool': 'token', 'total_steps': 10, 'checkpoint_every_steps': 5}

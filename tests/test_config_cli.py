@@ -1,4 +1,4 @@
-"""The --config flag's overrides: typed like the recipe's fields, bad ones named in one line."""
+"""The --config flag's overrides: typed by their declarations, bad ones named in one line."""
 
 import pytest
 
@@ -47,6 +47,53 @@ def test_overrides_take_the_types_of_their_fields():
     ('batch_size.x=3', r'config.batch_size is a single value, not a group'),
 ])
 def test_bad_overrides_are_one_line_errors(override, message):
+  with pytest.raises(errors.ConfigError, match=message):
+    load(override)
+
+
+def test_evaluators_are_added_removed_and_set_in_any_order():
+  # quickstart's recipe writes a partial few-shot entry: completed before the overrides.
+  config = load('evals.fewshot.shots=(1, 5)', 'evals.v2.dataset=imagenet_v2',
+                'evals.v2.split=test', 'evals.v2.type=classification', 'evals.eval=None',
+                'evals.mpp.type=mpp', 'evals.real={"type": "real", "data_dir": "/tfds"}')
+  assert list(config.evals) == ['fewshot', 'mpp', 'real', 'v2']
+  assert config.evals.fewshot.to_dict() == dict(
+      type='fewshot', every_steps=0, datasets=('digits',), shots=(1, 5), seeds=3,
+      l2_reg=2.0**10, pp='')
+  assert config.evals.v2.to_dict() == dict(type='classification', every_steps=0,
+                                           dataset='imagenet_v2', split='test', data_dir='',
+                                           pp='')
+  assert config.evals.mpp.to_dict() == dict(type='mpp', every_steps=0, split='', pp='')
+  assert (config.evals.real.type, config.evals.real.data_dir) == ('real', '/tfds')
+  # Its type changed: the fields both types have kept, the others dropped.
+  retyped = load('evals.eval.split=val', 'evals.eval.pp=decode', 'evals.eval.type=mpp')
+  assert retyped.evals.eval.to_dict() == dict(type='mpp', every_steps=0, split='val',
+                                              pp='decode')
+  # A new few-shot entry, its required datasets set after its type.
+  added = load('evals.fs.datasets=("digits",)', 'evals.fs.type=fewshot')
+  assert added.evals.fs.datasets == ('digits',) and added.evals.fs.shots == (1, 5, 10, 25)
+
+
+@pytest.mark.parametrize('override, message', [
+    ('evals.v2.split=test', r"^config.evals.v2 is not an evaluator of this config. Its "
+                            r"evaluators: eval, fewshot; add one with "
+                            r"--config.evals.v2.type=TYPE \(classification, fewshot, real, "
+                            r"mpp\).$"),
+    ('evals.fewshots=None', r'config.evals.fewshots is not an evaluator of this config. Did you '
+                            r'mean config.evals.fewshot\?'),
+    ('evals.v2.type=imagenet', r"^config.evals.v2.type='imagenet' is not an evaluator type: one "
+                               r"of 'classification', 'fewshot', 'real', 'mpp'.$"),
+    ('evals.fewshot.seed=2', r"^config.evals.fewshot.seed is not a field of 'fewshot' "
+                             r'evaluators. Did you mean config.evals.fewshot.seeds\? The '
+                             r'fields of config.evals.fewshot: datasets, every_steps, '),
+    ('evals.fewshot.seeds=many', r"config.evals.fewshot.seeds='many' is not an int"),
+    ('evals.fewshot.shots=5', r"config.evals.fewshot.shots='5' is not a tuple: e.g. "
+                              r'--config.evals.fewshot.shots=\(1, 5\).$'),
+    ('evals.eval=3', r'config.evals.eval is an evaluator: set its fields one by one'),
+    ('evals.eval.split.x=3', r'config.evals.eval.split is a single value, not a group'),
+    ('evals.v2={"dataset": "imagenet_v2"}', r'config.evals.v2 has no type'),
+])
+def test_bad_evaluator_overrides_are_one_line_errors(override, message):
   with pytest.raises(errors.ConfigError, match=message):
     load(override)
 

@@ -74,7 +74,7 @@ def total_steps(config: Any) -> int:
 def read_run(path: Any) -> Run:
   """The run in workdir ``path`` (``config.json`` and ``metrics.jsonl``)."""
   path = epath.Path(path)
-  config = json.loads((path / 'config.json').read_text())
+  config = config_lib.convert_old_evals(json.loads((path / 'config.json').read_text()))
   total = total_steps(config)
   from vit_jax.evals import classification
 

@@ -75,7 +75,8 @@ def load_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
   if not path.exists():
     raise errors.MissingFileError(f'{path} does not exist: {workdir} is not the workdir of a '
                                   'vit_jax.main run.')
-  return config_lib.complete(json.loads(path.read_text()))
+  # An older run's config.json: its evals fields as named evaluators.
+  return config_lib.complete(config_lib.convert_old_evals(json.loads(path.read_text())))
 
 
 def load_class_names(workdir: str | os.PathLike) -> tuple[str, ...]:

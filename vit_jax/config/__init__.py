@@ -1,316 +1,392 @@
-r"""The one base config: every field a run reads, its default, and what it means.
+r"""The one base config: every field a run reads, declared once: kind, default, range, meaning.
 
-Each file in ``configs/`` starts from ``get_config()`` and overrides only what its
-recipe changes, so two recipes are compared by reading two short files (big_vision's
-habit). Any field can be overridden on the command line, ``--config.batch_size=256``;
-a field that is not here does not exist.
+``FIELDS`` below is the table: each field's kind, default, allowed values and meaning on
+its line (``vit_jax/config/fields.py`` says how a line reads). ``get_config()`` builds the
+ConfigDict from it, ``complete`` lays a user's config over it, ``check`` applies it before
+anything compiles, ``vit_jax.config.cli`` types the command line by it, and
+``python -m vit_jax.config`` prints it as docs/config.md.
 
-Each field's type, whether it may be None and its range are in ``SCHEMA`` (below
-``get_config``, in the same order); ``check`` applies it before anything compiles.
+Each file in ``configs/`` starts from ``get_config()`` and overrides only what its recipe
+changes, so two recipes are compared by reading two short files (big_vision's habit). Any
+field can be overridden on the command line, ``--config.batch_size=256``; a field that is
+not here does not exist.
 
-A ``None`` model option means "the model's own": the architecture named by
-``model.name`` (``b16``: width 768, 12 layers, ...) or ``VisionTransformer``'s default.
+``config.evals`` is a group of named evaluators (big_vision's manner): each entry's
+``type`` (``EVAL_TYPES``) selects its fields, e.g.
+``config.evals.v2 = dict(type='classification', dataset='imagenet_v2', split='test')``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 from typing import Any
 
 import ml_collections
 
 from vit_jax.base import errors
+from vit_jax.config.fields import REQUIRED, F, Field, Group
 
-_none = ml_collections.config_dict.placeholder
+_ONE_OR_MORE = ' (a number of steps; 0 would divide by zero)'
+_DATA_DIR = ("TFDS data_dir; '': config.dataset.data_dir where the dataset is the run's, "
+             "else TFDS's default.")
 
-
-# TEMPORARY: each evaluator type's fields (replaced by the one-declaration config).
-EVAL_TYPES = {
-    'classification': dict(type='classification', every_steps=0, dataset='', split='',
-                           data_dir='', pp=''),
-    'real': dict(type='real', every_steps=0, data_dir='', pp=''),
-    'fewshot': dict(type='fewshot', every_steps=0, datasets=(), shots=(1, 5, 10, 25), seeds=3,
-                    l2_reg=2.0**10, pp=''),
-    'mpp': dict(type='mpp', every_steps=0, split='', pp=''),
+# Field: F(kind, default, allowed, meaning); see vit_jax/config/fields.py.
+FIELDS: dict[str, Field | Group] = {
+    'model': Group(
+        'The model: a zoo name (vit_jax.models.get_model) and any VisionTransformer option. A '
+        "None option is the model's own: the architecture model.name names (b16: width 768, "
+        "12 layers, ...) or VisionTransformer's default.", {
+            'name': F('str', 'b16', '', 'ti16, b16, h14, r50_b16, g14, G14, e14, 22b14, ... '
+                      'or ViT-B_16.'),
+            'image_size': F('size?', None, '', 'Input size in pixels: 224 or (height, width).'),
+            'patch_size': F('size?', None, '', 'Patch side or (height, width) (b16: 16).'),
+            'hidden_size': F('int?', None, '>= 1', 'Token width.'),
+            'mlp_dim': F('int?', None, '>= 1', 'MLP hidden units.'),
+            'num_heads': F('int?', None, '>= 1', 'Attention heads.'),
+            'num_layers': F('int?', None, '>= 1', 'Encoder blocks.'),
+            'pool': F('str?', None, '', "'token' (class token), 'gap' or 'map'."),
+            'representation_size': F('int?', None, '>= 1',
+                                     'Pre-logits layer (Dense + tanh) width; None: none.'),
+            'head_bias_init': F('float?', None, '',
+                                'Classifier bias (0; -10 for sigmoid pre-training).'),
+            'posemb': F('str?', None, '', "'learn' or 'sincos2d'."),
+            'dropout_rate': F('float?', None, '[0, 1)', 'Dropout (0).'),
+            'attention_dropout_rate': F('float?', None, '[0, 1)', 'Attention dropout (0).'),
+            'stochastic_depth': F('float?', None, '[0, 1)', 'Drop-path rate of the last '
+                                  'block (0).'),
+            'attention_impl': F('str?', None, '', "'auto' (the model's default), 'einsum', "
+                                "'xla' or 'cudnn'."),
+            'scan': F('bool?', None, '', 'One scanned block: compiles much faster (False).'),
+            'remat_policy': F('str?', None, '', "'none', 'full', 'dots' or 'dots_no_batch'."),
+            'dtype': F('str?', None, '', "Compute dtype: 'float32' or 'bfloat16'."),
+            'param_dtype': F('str?', None, '', "Parameter dtype ('float32')."),
+            'matmul_dtype': F('str?', None, '', "'bfloat16': matmul operands in bfloat16 "
+                              'with float32 accumulation, forward and backward.'),
+            'resnet_layers': F('tuple?', None, '', 'BiT stem units per stage (hybrids).'),
+            'resnet_width': F('int?', None, '>= 1', 'BiT width factor (1).'),
+            'parallel_block': F('bool?', None, '', 'Attention and MLP side by side on one '
+                                'LayerNorm (False).'),
+            'qk_norm': F('bool?', None, '', "Normalise each head's queries and keys (False)."),
+            'qkv_bias': F('bool?', None, '', 'Biases in the query/key/value projections '
+                          '(True).'),
+            'norm': F('str?', None, '', "'layernorm' or 'rmsnorm' (no centering, no bias; "
+                      'ViT-22B).'),
+        }),
+    'dataset': Group(
+        "The data: a TFDS name, 'digits', 'mnist', 'fashion_mnist', or a local-format "
+        'dataset.', {
+            'name': F('str', 'imagenet2012', '', 'The dataset.'),
+            'data_dir': F('str', '', '', 'TFDS data_dir, or the directory of IDX / '
+                          'local-format files.'),
+            'manual_dir': F('str', '', '', "TFDS manual_dir (ImageNet's tar files)."),
+            'prepare': F('bool', False, '', 'Build a missing TFDS dataset first.'),
+            'num_classes': F('int', 0, '>= 0', "0: the data's."),
+            'train_split': F('str', 'train', '', 'The split trained on.'),
+            'eval_split': F('str', 'test', '', 'The split evaluated on.'),
+            'pp_train': F('str', 'decode|inception_crop(224)|flip_lr|value_range(-1, 1)', '',
+                          'Training preprocessing (vit_jax/data/preprocess.py).'),
+            'pp_eval': F('str', 'decode|resize_small(256)|central_crop(224)|'
+                         'value_range(-1, 1)', '', 'Evaluation preprocessing.'),
+            'repeats': F('int', 1, '>= 1', "Repeated augmentation (DeiT; timm's "
+                         'RepeatAugSampler): each image this many times in a row, each copy '
+                         'augmented apart; an epoch keeps its length, so it sees 1/repeats of '
+                         'the images. 1: off.', why=' (3: DeiT repeated augmentation; 1: off)'),
+        }),
+    'objective': F('str', 'classification', '', "What the step learns: 'classification' (the "
+                   "labels) or 'mpp': masked patch prediction, self-supervised, no label read "
+                   '(vit_jax/models/mpp.py; the values and the model: mpp.check).'),
+    'mpp': Group('Masked patch prediction (config.objective="mpp"; the paper\'s section 4.6).', {
+        'target': F('str', 'mean_color', '', "'mean_color' (512-way 3-bit mean colour, the "
+                    "paper's), 'color_4x4' (a 4x4 downsized patch of 3-bit colours), "
+                    "'l2_mean_color' or 'l2_patch' (RGB regressed, L2 loss)."),
+        'corrupt_rate': F('float', 0.5, '', "The share of each image's patches corrupted "
+                          'and predicted.'),
+        'mask_rate': F('float', 0.8, '', 'Of the corrupted patches: the share replaced by the '
+                       'learnable [mask] embedding.'),
+        'random_rate': F('float', 0.1, '', "Of the corrupted patches: the share replaced by a "
+                         "random other patch's embedding (the rest are kept as they are)."),
+    }),
+    'loss': F('str', 'softmax_xent', ('softmax_xent', 'sigmoid_xent'),
+              "'sigmoid_xent' for multi-label data."),
+    'label_smoothing': F('float', 0.0, '[0, 1)', 'The share of the target spread over all '
+                         'classes.', why=' (the share of the target spread over all classes)'),
+    'mixup_alpha': F('float', 0.0, '>= 0', "Mixup's Beta(a, a); 0: off."),
+    'cutmix_alpha': F('float', 0.0, '>= 0', "CutMix's Beta(a, a) (the share of the image "
+                      'kept); 0: off.'),
+    'mixup_switch_prob': F('float', 0.5, '[0, 1]', "Both on: the share of batches that take "
+                           "CutMix (DeiT's 0.5)."),
+    'batch_size': F('int', 4096, '>= 1', 'Global, over all devices and processes.'),
+    'eval_batch_size': F('int?', None, '>= 1', 'None: batch_size.'),
+    'grad_accum_steps': F('int', 1, '>= 1', 'Micro-batches per step (same result, less '
+                          'memory).', why=' (micro-batches a step; 1: none)'),
+    'total_steps': F('int?', None, '>= 1', "The run's length: total_steps, or else "
+                     'num_epochs.'),
+    'num_epochs': F('float?', None, '> 0', 'Epochs of the training split, where total_steps '
+                    'is None.'),
+    'optimizer': Group(
+        'Adam with decoupled weight decay on the kernels, or SGD with momentum; gradients '
+        'clipped to a global norm first.', {
+            'name': F('str', 'adam', ('adam', 'sgd'), 'The optimizer.'),
+            'b1': F('float', 0.9, '[0, 1)', "Adam's first-moment decay."),
+            'b2': F('float', 0.999, '[0, 1)', "Adam's second-moment decay."),
+            'momentum': F('float', 0.9, '[0, 1)', 'SGD only.'),
+            'weight_decay': F('float', 0.0, '>= 0', "Scaled by the learning rate, as in the "
+                              "paper's code."),
+            'grad_clip_norm': F('float?', 1.0, '>= 0', '0 or None: no clipping.'),
+            'mu_dtype': F('str?', None, '', "Adam's first moment in 'bfloat16' saves memory."),
+            'layer_decay': F('float', 1.0, '(0, 1]', 'Layer-wise lr decay d: block i of L '
+                             'learns at lr * d^(L - i), the embeddings at lr * d^(L + 1), the '
+                             'head at lr (BEiT, MAE fine-tuning); 1: off.'),
+            'ema_decay': F('float', 0.0, '[0, 1)', "The weights' moving average: d * ema + "
+                           '(1 - d) * weights a step; 0: off.'),
+        }),
+    'schedule': Group(
+        "Linear warm-up from 0 to base_lr, then 'linear', 'cosine' or 'constant' to end_lr.", {
+            'base_lr': F('float', 1e-3, '', 'The peak learning rate (> 0: train.validate).'),
+            'end_lr': F('float', 0.0, '', 'The last learning rate (<= base_lr).'),
+            'decay': F('str', 'linear', ('linear', 'cosine', 'constant'), 'After the warm-up.'),
+            'warmup_steps': F('int', 10_000, '>= 0', 'The warm-up.'),
+            'warmup_epochs': F('float?', None, '>= 0', 'Instead of warmup_steps.'),
+        }),
+    'step_impl': F('str', 'jit', ('jit', 'shard_map'), "'jit' (GSPMD shardings) or "
+                   "'shard_map' (explicit over data and fsdp; tensor by XLA). Both mix the "
+                   'global batch with one draw a step; under shard_map each device draws its '
+                   'own dropout masks.'),
+    'mesh': Group(
+        'The device mesh (vit_jax/base/sharding.py): data parallelism x fully-sharded data '
+        'parallelism x tensor parallelism (heads and MLP units split).', {
+            'data': F('int', -1, '>= -1', '-1: the devices that fsdp and tensor leave.'),
+            'fsdp': F('int', 1, '>= 1', 'Fully-sharded data parallelism.'),
+            'tensor': F('int', 1, '>= 1', 'Tensor parallelism.'),
+            'shard_state': F('bool?', None, '', 'The parameters and optimizer state stored '
+                             'split over the data axis too, gathered once a step; None: on '
+                             'TPUs and GPUs, off on CPUs (vit_jax/base/cpu/).'),
+        }),
+    'init_from': F('str', '', '', "A run's workdir or a release .npz to fine-tune from."),
+    'init_step': F('int?', None, '>= 0', 'Its checkpoint; None: the latest.'),
+    'init_keep_head': F('bool', False, '', "Keep the source's classifier (same classes)."),
+    'init_ema': F('bool', False, '', "Start from the source run's moving average of the "
+                  'weights (its optimizer.ema_decay > 0); a workdir only.'),
+    'init_source_grid': F('tuple?', None, '', "A .npz source's patch grid (rows, columns), "
+                          'needed where it is not square or is as large as a non-square '
+                          "model grid (e.g. (14, 20) for 224x320); a workdir's is recorded."),
+    'init_source_pool': F('str?', None, '', "A big_vision .npz source's pool_type where its "
+                          "arrays do not tell ('gap', '0', 'none'); needed with "
+                          "init_keep_head, where only 'gap' loads."),
+    'evals': F('evals', {'eval': {'type': 'classification'}}, '', 'The evaluators, by name: '
+               "each a type and that type's fields (EVAL_TYPES; docs/evaluation.md)."),
+    'seed': F('int', 0, '', 'The initialisation, data order and augmentation.'),
+    'log_every_steps': F('int', 100, '>= 1', 'Training metrics.', why=_ONE_OR_MORE),
+    'eval_every_steps': F('int', 0, '>= 0', 'The evaluators; 0: at the end only.'),
+    'checkpoint_every_steps': F('int', 1000, '>= 1', 'Checkpoints.', why=_ONE_OR_MORE),
+    'keep_checkpoints': F('int', 3, '>= 1', 'The latest ones kept.',
+                          why=' (0 would keep no checkpoint to resume from)'),
+    'profile_steps': F('tuple', (), '', '(first, last) step of a profiler trace in '
+                       'workdir/profile; (): none.'),
+    'input_workers': F('int', 32, '>= 1', 'Decoding threads per process.'),
 }
+
+# config.evals.NAME: each entry's type picks its fields.
+EVAL_TYPES: dict[str, Group] = {
+    'classification': Group(
+        'Top-1 accuracy (precision@1 for multi-label data) and loss, every example once. '
+        "ImageNet-v2: dict(type='classification', dataset='imagenet_v2', split='test').", {
+            'dataset': F('str', '', '', "A TFDS name; '': the run's config.dataset.name."),
+            'split': F('str', '', '', "'': config.dataset.eval_split."),
+            'data_dir': F('str', '', '', _DATA_DIR),
+            'pp': F('str', '', '', "'': config.dataset.pp_eval."),
+        }),
+    'fewshot': Group(
+        "Few-shot linear accuracy of the frozen features (big_vision's fewshot_lsr).", {
+            'datasets': F('strs', REQUIRED, '', "'NAME' (its train and test splits) or "
+                          "'NAME,TRAIN_SPLIT,TEST_SPLIT[,DATA_DIR]'; NAME: a TFDS or "
+                          "bundled name ('digits'); the run's dataset.name is read from "
+                          'config.dataset.data_dir.', nonempty=True,
+                          why=' (to turn few-shot off, remove the entry)'),
+            'shots': F('ints', (1, 5, 10, 25), '>= 1', 'Examples per class.', nonempty=True),
+            'seeds': F('int', 3, '>= 1', 'Draws of the few-shot examples.'),
+            'l2_reg': F('float', 2.0**10, '> 0', 'The ridge penalty.'),
+            'pp': F('str', '', '', "Both splits' preprocessing; '': config.dataset.pp_eval."),
+        }),
+    'real': Group("ImageNet ReaL: the validation images' reassessed label sets.", {
+        'data_dir': F('str', '', '', _DATA_DIR),
+        'pp': F('str', '', '', "'': config.dataset.pp_eval."),
+    }),
+    'mpp': Group("Masked patch prediction's colour accuracy on held-out images.", {
+        'split': F('str', '', '', "'': config.dataset.eval_split."),
+        'pp': F('str', '', '', "'': config.dataset.pp_eval."),
+    }),
+}
+# The fields every evaluator has, before its type's.
+EVAL_COMMON: dict[str, Field] = {
+    'type': F('str', REQUIRED, tuple(EVAL_TYPES), 'What it evaluates; it picks the fields.'),
+    'every_steps': F('int', 0, '>= 0', '0: with config.eval_every_steps. Every evaluator '
+                     'also runs at the last step.'),
+}
+
+
+def _rules(flat: dict[str, Any]) -> str:
+  """What is wrong across fields of a config whose fields are each right ('' if nothing)."""
+  if flat['mesh.data'] == 0:
+    return ('config.mesh.data=0 must be -1 (the devices that fsdp and tensor leave) or a '
+            'positive number of devices.')
+  base, end = flat['schedule.base_lr'], flat['schedule.end_lr']
+  if 0 < base < end:  # base_lr <= 0 itself: train.validate.
+    return (f'config.schedule.end_lr={end} is above config.schedule.base_lr={base}: the decay '
+            'would climb. Use an end_lr <= base_lr.')
+  profile = flat['profile_steps']
+  if profile and (len(profile) != 2 or not all(isinstance(s, int) and s >= 1 for s in profile)
+                  or profile[0] > profile[1]):
+    return (f'config.profile_steps={profile!r} must be () or (first, last) steps, '
+            '1 <= first <= last.')
+  return ''
+
+
+# ---------------------------------------------------------------------------
+# The config from the table.
+
+
+def _declared(fields: dict[str, Field | Group], prefix: str = '') -> dict[str, Field]:
+  """{'model.name': Field, ...}: the table's fields by dotted name."""
+  flat = {}
+  for key, field in fields.items():
+    if isinstance(field, Group):
+      flat.update(_declared(field.fields, f'{prefix}{key}.'))
+    else:
+      flat[f'{prefix}{key}'] = field
+  return flat
+
+
+# The base config's fields by dotted name ('model.name'), config.evals aside.
+DECLARED = {k: f for k, f in _declared(FIELDS).items() if f.kind != 'evals'}
+
+
+def eval_fields(eval_type: str) -> dict[str, Field]:
+  """The fields of an evaluator of ``eval_type`` (one of ``EVAL_TYPES``)."""
+  return {**EVAL_COMMON, **EVAL_TYPES[eval_type].fields}
+
+
+def eval_defaults(eval_type: str) -> dict[str, Any]:
+  """An evaluator of ``eval_type`` with its defaults (its required fields left out)."""
+  return {k: f.default for k, f in eval_fields(eval_type).items() if f.default is not REQUIRED
+          } | {'type': eval_type}
 
 
 def get_config() -> ml_collections.ConfigDict:
   """The defaults; a recipe overrides what it changes."""
+  return complete({})
+
+
+def complete(config: Any) -> ml_collections.ConfigDict:
+  """``config`` (a ConfigDict or a dict) laid over the defaults, so that every field is there.
+
+  ``config.evals``, where given, is the whole set of evaluators, each completed from its
+  type's defaults; a None entry is dropped. Raises ConfigError (a ValueError) for a field
+  the defaults do not have, at any depth, naming the closest valid names (a typo would
+  otherwise be ignored), and for an evaluator without a type, of an unknown type or with a
+  field its type does not have.
+  """
+  user = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
+  return _configdict(_merge(FIELDS, user, 'config'), FIELDS)
+
+
+def _merge(fields: dict[str, Field | Group], user: dict[str, Any], where: str
+           ) -> dict[str, Any]:
+  """The declared ``fields`` with the ``user``'s values where it has them."""
+  for key, value in user.items():
+    if key not in fields:
+      raise unknown_field(where, key, list(fields))
+    grouped = isinstance(fields[key], Group) or fields[key].kind == 'evals'
+    if grouped and not isinstance(value, dict):
+      raise errors.ConfigError(f'{where}.{key} must be a group of fields, like the '
+                               f'default {_default(fields[key])}; got {value!r}.')
+  out = {}
+  for key, field in fields.items():
+    if isinstance(field, Group):
+      out[key] = _merge(field.fields, user.get(key, {}), f'{where}.{key}')
+    elif field.kind == 'evals':
+      out[key] = {name: complete_eval(entry, f'{where}.{key}.{name}')
+                  for name, entry in user.get(key, field.default).items() if entry is not None}
+    else:
+      out[key] = _tuple(user.get(key, field.default))
+  return out
+
+
+def complete_eval(entry: Any, where: str) -> dict[str, Any]:
+  """The evaluator ``entry`` (a dict with a ``type``) with its type's defaults filled in;
+  ``where`` (config.evals.NAME) names it in the ConfigError of a bad entry."""
+  if not isinstance(entry, dict):
+    raise errors.ConfigError(f'{where}={entry!r} must be an evaluator: a dict with a type, '
+                             f'e.g. dict(type={next(iter(EVAL_TYPES))!r}).')
+  types = ', '.join(map(repr, EVAL_TYPES))
+  if 'type' not in entry:
+    raise errors.ConfigError(f'{where} has no type: set {where}.type to one of {types}.')
+  if not isinstance(entry['type'], str) or entry['type'] not in EVAL_TYPES:
+    raise errors.ConfigError(f'{where}.type={entry["type"]!r} is not an evaluator type: one '
+                             f'of {types}.')
+  kind = entry['type']
+  fields = eval_fields(kind)
+  for key in entry:
+    if key not in fields:
+      raise unknown_field(where, key, list(fields), what=f'a field of {kind!r} evaluators (to '
+                          f'change an evaluator\'s type, replace it: {where} = dict(type=...))')
+  for key, field in fields.items():
+    if field.default is REQUIRED and key not in entry:
+      raise errors.ConfigError(f'{where}.{key} is required by {kind!r} evaluators: {field.doc}')
+  return {k: _tuple(v) for k, v in (eval_defaults(entry['type']) | entry).items()}
+
+
+def _tuple(value: Any) -> Any:
+  """JSON's lists (config.json) as the tuples the config held."""
+  return tuple(_tuple(v) for v in value) if isinstance(value, list) else value
+
+
+def _default(field: Field | Group) -> Any:
+  if isinstance(field, Group):
+    return {k: _default(f) for k, f in field.fields.items()}
+  return field.default
+
+
+def _configdict(values: dict[str, Any], fields: dict[str, Field | Group]
+                ) -> ml_collections.ConfigDict:
+  """``values`` as a ConfigDict, each field typed as declared (so that a later value of
+  another type is refused, and a None field still takes its kind)."""
   config = ml_collections.ConfigDict()
-
-  # The model: a zoo name (vit_jax.models.get_model) and any VisionTransformer option.
-  config.model = ml_collections.ConfigDict(dict(
-      name='b16',  # ti16, b16, h14, r50_b16, g14, G14, e14, 22b14, ... or ViT-B_16.
-      image_size=_none(object),  # Input size in pixels: 224 or (height, width); the name's.
-      patch_size=_none(object),  # Patch side or (height, width); the name's (16 for b16).
-      hidden_size=_none(int), mlp_dim=_none(int), num_heads=_none(int),
-      num_layers=_none(int),  # The encoder's shape; the name's.
-      pool=_none(str),  # 'token' (class token), 'gap' or 'map'.
-      representation_size=_none(int),  # Pre-logits layer (Dense + tanh) width; none.
-      head_bias_init=_none(float),  # Classifier bias (0; -10 for sigmoid pre-training).
-      posemb=_none(str),  # 'learn' or 'sincos2d'.
-      dropout_rate=_none(float), attention_dropout_rate=_none(float),  # 0.
-      stochastic_depth=_none(float),  # Drop-path rate of the last block (0).
-      attention_impl=_none(str),  # 'auto' (the model's default), 'einsum', 'xla' or 'cudnn'.
-      scan=_none(bool),  # One scanned block: compiles much faster (False).
-      remat_policy=_none(str),  # 'none', 'full', 'dots' or 'dots_no_batch'.
-      dtype=_none(str),  # Compute dtype: 'float32' or 'bfloat16'.
-      param_dtype=_none(str),  # 'float32'.
-      # bfloat16 matmul operands with float32 accumulation, forward and backward.
-      matmul_dtype=_none(str),
-      resnet_layers=_none(tuple),  # BiT stem units per stage (hybrids); the name's.
-      resnet_width=_none(int),  # BiT width factor (1).
-      parallel_block=_none(bool),  # Attention and MLP side by side on one LayerNorm (False).
-      qk_norm=_none(bool),  # Normalise each head's queries and keys (False).
-      qkv_bias=_none(bool),  # Biases in the query/key/value projections (True).
-      norm=_none(str),  # 'layernorm' or 'rmsnorm' (no centering, no bias; ViT-22B).
-  ))
-
-  # The data: a TFDS name, 'digits', 'mnist', 'fashion_mnist', or a local-format dataset.
-  config.dataset = ml_collections.ConfigDict(dict(
-      name='imagenet2012',
-      data_dir='',  # TFDS data_dir, or the directory of IDX / local-format files.
-      manual_dir='',  # TFDS manual_dir (ImageNet's tar files).
-      prepare=False,  # Build a missing TFDS dataset first.
-      num_classes=0,  # 0: the data's.
-      train_split='train', eval_split='test',
-      pp_train='decode|inception_crop(224)|flip_lr|value_range(-1, 1)',
-      pp_eval='decode|resize_small(256)|central_crop(224)|value_range(-1, 1)',
-      # Repeated augmentation (DeiT; timm's RepeatAugSampler): each image this many times
-      # in a row in the training stream, each copy augmented apart; an epoch keeps its
-      # length, so it sees 1/repeats of the images. 1: off.
-      repeats=1,
-  ))
-
-  # What the step learns: 'classification' (the labels), or 'mpp': masked patch prediction,
-  # self-supervised, no label read (vit_jax/models/mpp.py; the paper's section 4.6).
-  config.objective = 'classification'
-  config.mpp = ml_collections.ConfigDict(dict(
-      # 'mean_color' (512-way 3-bit mean colour, the paper's), 'color_4x4' (a 4x4 downsized
-      # patch of 3-bit colours), 'l2_mean_color' or 'l2_patch' (RGB regressed, L2 loss).
-      target='mean_color',
-      corrupt_rate=0.5,  # The share of each image's patches corrupted and predicted.
-      mask_rate=0.8,  # Of those: replaced by the learnable [mask] embedding,
-      random_rate=0.1,  # by a random other patch's embedding; the rest kept as they are.
-  ))
-  config.loss = 'softmax_xent'  # Or 'sigmoid_xent' (multi-label data).
-  config.label_smoothing = 0.0
-  config.mixup_alpha = 0.0  # Mixup's Beta(a, a); 0: off.
-  config.cutmix_alpha = 0.0  # CutMix's Beta(a, a) (the share of the image kept); 0: off.
-  config.mixup_switch_prob = 0.5  # Both on: the share of batches that take CutMix (DeiT's 0.5).
-  config.batch_size = 4096  # Global, over all devices and processes.
-  config.eval_batch_size = _none(int)  # None: batch_size.
-  config.grad_accum_steps = 1  # Micro-batches per step (same result, less memory).
-  config.total_steps = _none(int)  # The run's length: total_steps, or else num_epochs.
-  config.num_epochs = _none(float)
-
-  # Adam (0.9, 0.999) with decoupled weight decay on the kernels, or SGD with momentum;
-  # gradients clipped to a global norm first.
-  config.optimizer = ml_collections.ConfigDict(dict(
-      name='adam', b1=0.9, b2=0.999,
-      momentum=0.9,  # SGD only.
-      weight_decay=0.0,  # Scaled by the learning rate, as in the paper's code.
-      grad_clip_norm=1.0,  # 0 or None: no clipping.
-      mu_dtype=_none(str),  # Adam's first moment in 'bfloat16' saves memory.
-      # Layer-wise lr decay d: block i of L learns at lr * d^(L - i), the embeddings at
-      # lr * d^(L + 1), the head at lr (BEiT, MAE fine-tuning); 1: off.
-      layer_decay=1.0,
-      ema_decay=0.0,  # The weights' moving average: d * ema + (1 - d) * weights a step; 0: off.
-  ))
-  # Linear warm-up from 0 to base_lr, then 'linear', 'cosine' or 'constant' to end_lr.
-  config.schedule = ml_collections.ConfigDict(dict(
-      base_lr=1e-3, end_lr=0.0, decay='linear',
-      warmup_steps=10_000,
-      warmup_epochs=_none(float),  # Instead of warmup_steps.
-  ))
-
-  # 'jit' (GSPMD shardings) or 'shard_map' (explicit over data and fsdp; tensor by XLA).
-  # Both mix (mixup/CutMix) the global batch with one draw per step; under shard_map each
-  # device draws its own dropout/stochastic-depth masks (its index folded into the key).
-  config.step_impl = 'jit'
-  # The device mesh (vit_jax/base/sharding.py): data parallelism x fully-sharded data
-  # parallelism x tensor parallelism (heads and MLP units split). data=-1 takes the
-  # devices that fsdp and tensor leave. shard_state: the parameters and optimizer state
-  # are stored split over the data axis too, gathered once per step; None: on TPUs and
-  # GPUs, off on CPUs (vit_jax/base/cpu/).
-  config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1,
-                                               shard_state=_none(bool)))
-
-  config.init_from = ''  # A run's workdir or a release .npz to fine-tune from.
-  config.init_step = _none(int)  # Its checkpoint; None: the latest.
-  config.init_keep_head = False  # Keep the source's classifier (same classes).
-  # Start from the source run's moving average of the weights (its optimizer.ema_decay > 0)
-  # instead of its weights; a workdir only (export --ema makes a .npz of it).
-  config.init_ema = False
-  # A .npz source's patch grid (rows, columns), needed where it is not square or is as
-  # large as a non-square model grid (e.g. (14, 20) for 224x320); a workdir's is recorded.
-  config.init_source_grid = _none(tuple)
-  # A big_vision .npz source's pool_type where its arrays do not tell ('gap', '0', 'none'
-  # store the same ones); needed with init_keep_head, where only 'gap' loads.
-  config.init_source_pool = _none(str)
-
-  # The evaluators, by name (vit_jax.evals): each entry names its type.
-  config.evals = ml_collections.ConfigDict({'eval': EVAL_TYPES['classification']})
-
-  config.seed = 0
-  config.log_every_steps = 100
-  config.eval_every_steps = 0  # 0: at the end only.
-  config.checkpoint_every_steps = 1000
-  config.keep_checkpoints = 3
-  config.profile_steps = ()  # (first, last) step of a profiler trace in workdir/profile.
-  config.input_workers = 32  # Decoding threads per process.
+  for key, field in fields.items():
+    if isinstance(field, Group):
+      config[key] = _configdict(values[key], field.fields)
+    elif field.kind == 'evals':
+      config[key] = ml_collections.ConfigDict({
+          name: _configdict(entry, eval_fields(entry['type']))
+          for name, entry in values[key].items()})
+    elif key in values:  # Every field but an evaluator's missing required one.
+      try:
+        config[key] = ml_collections.FieldReference(values[key], field_type=field.type)
+      except TypeError:  # A value of another kind, which check() names.
+        config[key] = values[key]
   return config
 
 
 # ---------------------------------------------------------------------------
-# The schema: each field's type, whether it may be None, and its range. ``check`` applies it
-# to a complete config before anything compiles (``train.validate``); a field's meaning and
-# default are beside it in ``get_config`` above, in the same order.
-
-
-@dataclasses.dataclass(frozen=True)
-class Field:
-  """What a field may hold: ``kind`` ('int', 'float', 'str', 'bool', 'size', 'tuple'),
-  None allowed or not, and a range: ``low``/``high`` (``low_open``: ``low`` itself
-  excluded, ``high`` always excluded unless ``high_closed``), or ``choices``."""
-
-  kind: str
-  none: bool = False
-  low: float | None = None
-  high: float | None = None
-  low_open: bool = False
-  high_closed: bool = False
-  choices: tuple[Any, ...] = ()
-  why: str = ''  # Said with a value out of range.
-
-  def problem(self, value: Any) -> str:
-    """What is wrong with ``value`` ('' if nothing)."""
-    if value is None:
-      return '' if self.none else 'cannot be None'
-    if self.kind == 'size':
-      sides = value if isinstance(value, (tuple, list)) and len(value) == 2 else (value,)
-      if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sides):
-        return ''
-      return 'is not a positive int or a (height, width) pair of them'
-    kinds = {'int': int, 'float': (int, float), 'str': str, 'bool': bool,
-             'tuple': (tuple, list)}[self.kind]
-    if not isinstance(value, kinds) or (isinstance(value, bool) and self.kind != 'bool'):
-      return f'must be {_KIND_WORDS[self.kind]}, not {type(value).__name__}'
-    if self.choices and value not in self.choices:
-      return f'must be one of {", ".join(map(repr, self.choices))}'
-    if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
-      return f'must be {">" if self.low_open else ">="} {self.low:g}{self.why}'
-    if self.high is not None and (value > self.high or (not self.high_closed
-                                                         and value == self.high)):
-      return f'must be {"<=" if self.high_closed else "<"} {self.high:g}{self.why}'
-    return ''
-
-
-_KIND_WORDS = {'int': 'an int', 'float': 'a number', 'str': 'a string', 'bool': 'True or False',
-               'tuple': 'a tuple'}
-_POSITIVE = Field('int', low=1)
-_POSITIVE_OR_NONE = Field('int', none=True, low=1)
-_STR_OR_NONE = Field('str', none=True)
-_BOOL_OR_NONE = Field('bool', none=True)
-_RATE = Field('float', none=True, low=0, high=1)  # Dropout-like: [0, 1).
-_INTERVAL = Field('int', low=1, why=' (a number of steps; 0 would divide by zero)')
-
-SCHEMA: dict[str, Field] = {
-    'model.name': Field('str'),
-    'model.image_size': Field('size', none=True),
-    'model.patch_size': Field('size', none=True),
-    'model.hidden_size': _POSITIVE_OR_NONE, 'model.mlp_dim': _POSITIVE_OR_NONE,
-    'model.num_heads': _POSITIVE_OR_NONE, 'model.num_layers': _POSITIVE_OR_NONE,
-    'model.pool': _STR_OR_NONE,
-    'model.representation_size': _POSITIVE_OR_NONE,
-    'model.head_bias_init': Field('float', none=True),
-    'model.posemb': _STR_OR_NONE,
-    'model.dropout_rate': _RATE, 'model.attention_dropout_rate': _RATE,
-    'model.stochastic_depth': _RATE,
-    'model.attention_impl': _STR_OR_NONE,
-    'model.scan': _BOOL_OR_NONE,
-    'model.remat_policy': _STR_OR_NONE,
-    'model.dtype': _STR_OR_NONE, 'model.param_dtype': _STR_OR_NONE,
-    'model.matmul_dtype': _STR_OR_NONE,
-    'model.resnet_layers': Field('tuple', none=True),
-    'model.resnet_width': _POSITIVE_OR_NONE,
-    'model.parallel_block': _BOOL_OR_NONE, 'model.qk_norm': _BOOL_OR_NONE,
-    'model.qkv_bias': _BOOL_OR_NONE,
-    'model.norm': _STR_OR_NONE,
-    'dataset.name': Field('str'), 'dataset.data_dir': Field('str'),
-    'dataset.manual_dir': Field('str'), 'dataset.prepare': Field('bool'),
-    'dataset.num_classes': Field('int', low=0),
-    'dataset.train_split': Field('str'), 'dataset.eval_split': Field('str'),
-    'dataset.pp_train': Field('str'), 'dataset.pp_eval': Field('str'),
-    'dataset.repeats': Field('int', low=1, why=' (3: DeiT repeated augmentation; 1: off)'),
-    # Their values, and how they go together with the model: mpp.check.
-    'objective': Field('str'), 'mpp.target': Field('str'),
-    'mpp.corrupt_rate': Field('float'), 'mpp.mask_rate': Field('float'),
-    'mpp.random_rate': Field('float'),
-    'loss': Field('str', choices=('softmax_xent', 'sigmoid_xent')),
-    'label_smoothing': Field('float', low=0, high=1,
-                             why=' (the share of the target spread over all classes)'),
-    'mixup_alpha': Field('float', low=0), 'cutmix_alpha': Field('float', low=0),
-    'mixup_switch_prob': Field('float', low=0, high=1, high_closed=True),
-    'batch_size': _POSITIVE,
-    'eval_batch_size': _POSITIVE_OR_NONE,
-    'grad_accum_steps': Field('int', low=1, why=' (micro-batches a step; 1: none)'),
-    'total_steps': _POSITIVE_OR_NONE,
-    'num_epochs': Field('float', none=True, low=0, low_open=True),
-    'optimizer.name': Field('str', choices=('adam', 'sgd')),
-    'optimizer.b1': Field('float', low=0, high=1), 'optimizer.b2': Field('float', low=0, high=1),
-    'optimizer.momentum': Field('float', low=0, high=1),
-    'optimizer.weight_decay': Field('float', low=0),
-    'optimizer.grad_clip_norm': Field('float', none=True, low=0),  # 0 or None: no clipping.
-    'optimizer.mu_dtype': _STR_OR_NONE,
-    'optimizer.layer_decay': Field('float', low=0, high=1, low_open=True, high_closed=True),
-    'optimizer.ema_decay': Field('float', low=0, high=1),
-    'schedule.base_lr': Field('float'),  # > 0 and >= end_lr >= 0: train.validate, check.
-    'schedule.end_lr': Field('float'),
-    'schedule.decay': Field('str', choices=('linear', 'cosine', 'constant')),
-    'schedule.warmup_steps': Field('int', low=0),
-    'schedule.warmup_epochs': Field('float', none=True, low=0),
-    'step_impl': Field('str', choices=('jit', 'shard_map')),
-    'mesh.data': Field('int', low=-1), 'mesh.fsdp': _POSITIVE, 'mesh.tensor': _POSITIVE,
-    'mesh.shard_state': _BOOL_OR_NONE,
-    'init_from': Field('str'),
-    'init_step': Field('int', none=True, low=0),
-    'init_keep_head': Field('bool'),
-    'init_ema': Field('bool'),
-    # Their values against the source: workdir.check_init_from.
-    'init_source_grid': Field('tuple', none=True), 'init_source_pool': _STR_OR_NONE,
-    'seed': Field('int'),
-    'log_every_steps': _INTERVAL,
-    'eval_every_steps': Field('int', low=0),  # 0: at the end only.
-    'checkpoint_every_steps': _INTERVAL,
-    'keep_checkpoints': Field('int', low=1, why=' (0 would keep no checkpoint to resume from)'),
-    'profile_steps': Field('tuple'),
-    'input_workers': _POSITIVE,
-}
+# Checking a complete config.
 
 
 def check(config: ml_collections.ConfigDict) -> None:
-  """Raises ConfigError for the first field of a complete ``config`` outside the schema:
-  a wrong type, a None where none is allowed, a value out of range; then the rules that
-  join fields."""
-  flat = flatten(config.to_dict())
-  for name, field in SCHEMA.items():
+  """Raises ConfigError for the first field of a complete ``config`` outside its declaration:
+  a wrong type, a None where none is allowed, a value out of range, each evaluator by its
+  type's fields; then the rules that join fields."""
+  values = config.to_dict()
+  flat = flatten(values)
+  for name, field in DECLARED.items():
     if name in flat and (problem := field.problem(flat[name])):
       raise errors.ConfigError(f'config.{name}={flat[name]!r} {problem}.')
-  if flat['mesh.data'] == 0:
-    raise errors.ConfigError('config.mesh.data=0 must be -1 (the devices that fsdp and tensor '
-                             'leave) or a positive number of devices.')
-  base, end = flat['schedule.base_lr'], flat['schedule.end_lr']
-  if 0 < base < end:  # base_lr <= 0 itself: train.validate.
-    raise errors.ConfigError(f'config.schedule.end_lr={end} is above config.schedule.base_lr='
-                             f'{base}: the decay would climb. Use an end_lr <= base_lr.')
-  profile = flat['profile_steps']
-  if profile and (len(profile) != 2 or not all(isinstance(s, int) and s >= 1 for s in profile)
-                  or profile[0] > profile[1]):
-    raise errors.ConfigError(f'config.profile_steps={profile!r} must be () or (first, last) '
-                             'steps, 1 <= first <= last.')
+  for name, entry in values['evals'].items():
+    entry = complete_eval(entry, f'config.evals.{name}')
+    for key, field in eval_fields(entry['type']).items():
+      if problem := field.problem(entry[key]):
+        raise errors.ConfigError(f'config.evals.{name}.{key}={entry[key]!r} {problem}.')
+  if problem := _rules(flat):
+    raise errors.ConfigError(problem)
 
 
 def flatten(tree: dict[str, Any], prefix: str = '') -> dict[str, Any]:
@@ -324,42 +400,12 @@ def flatten(tree: dict[str, Any], prefix: str = '') -> dict[str, Any]:
   return flat
 
 
-def complete(config: Any) -> ml_collections.ConfigDict:
-  """``config`` laid over the defaults, so that every field is there.
-
-  Raises ConfigError (a ValueError) for a field that the defaults do not have, at any
-  depth, naming the closest valid names (a typo would otherwise be ignored).
-  """
-  user = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
-  return ml_collections.ConfigDict(_merge(get_config().to_dict(), user, 'config'))
-
-
-def _merge(base: dict[str, Any], user: dict[str, Any], where: str) -> dict[str, Any]:
-  merged = dict(base)
-  if where == 'config.evals':  # TEMPORARY: entries completed from their type.
-    merged = {}
-    for key, value in user.items():
-      if value is None:
-        continue
-      merged[key] = _merge(EVAL_TYPES[value['type']], value, f'{where}.{key}')
-    return merged
-  for key, value in user.items():
-    if key not in base:
-      raise unknown_field(where, key, list(base))
-    if isinstance(base[key], dict):
-      if not isinstance(value, dict):
-        raise errors.ConfigError(f'{where}.{key} must be a group of fields, like the '
-                                 f'default {base[key]}; got {value!r}.')
-      value = _merge(base[key], value, f'{where}.{key}')
-    merged[key] = value
-  return merged
-
-
-def unknown_field(where: str, key: str, fields: list[str]) -> errors.ConfigError:
+def unknown_field(where: str, key: str, fields: list[str], what: str = 'a config field'
+                  ) -> errors.ConfigError:
   """The error for ``where.key`` that is not one of ``fields``: the closest ones named."""
   close = difflib.get_close_matches(key, fields, n=3, cutoff=0.6)
   hint = f' Did you mean {", ".join(f"{where}.{c}" for c in close)}?' if close else ''
-  return errors.ConfigError(f'{where}.{key} is not a config field.{hint} The fields of {where}: '
+  return errors.ConfigError(f'{where}.{key} is not {what}.{hint} The fields of {where}: '
                             f'{", ".join(sorted(fields))} (vit_jax/config/__init__.py).')
 
 
@@ -369,3 +415,59 @@ def model_options(model: Any) -> tuple[str, dict[str, Any]]:
   if 'name' not in options:
     raise errors.ConfigError('config.model.name is missing (e.g. "ti16", "b16").')
   return options.pop('name'), options
+
+
+def convert_old_evals(config: dict[str, Any]) -> dict[str, Any]:
+  """``config`` (a config.json's dict) with the ``evals`` fields of runs older than named
+  evaluators (fewshot.*, real, v2, data_dir) as entries: 'eval', and 'fewshot', 'real' and
+  'v2' where they were on; a config of today as it is."""
+  old = config.get('evals')
+  if not isinstance(old, dict) or not ({'real', 'v2', 'data_dir'} & set(old) or (
+      isinstance(old.get('fewshot'), dict) and 'type' not in old['fewshot'])):
+    return config
+  data_dir = old.get('data_dir', '')
+  evals: dict[str, Any] = {'eval': {'type': 'classification'}}
+  fewshot = old.get('fewshot') or {}
+  if fewshot.get('datasets'):
+    evals['fewshot'] = {'type': 'fewshot', **fewshot}
+  if old.get('real'):
+    evals['real'] = {'type': 'real', 'data_dir': data_dir}
+  if old.get('v2'):
+    evals['v2'] = {'type': 'classification', 'dataset': 'imagenet_v2', 'split': 'test',
+                   'data_dir': data_dir}
+  return {**config, 'evals': evals}
+
+
+# ---------------------------------------------------------------------------
+# The reference: docs/config.md.
+
+
+def reference() -> str:
+  """Every field as Markdown tables (docs/config.md: ``python -m vit_jax.config``)."""
+  head = '| field | kind | default | allowed | meaning |\n| --- | --- | --- | --- | --- |'
+  lines = [
+      '# Config fields', '',
+      'Every field of a run\'s `config`, written by `python -m vit_jax.config > docs/config.md` '
+      'from the declarations in `vit_jax/config/__init__.py` (a test keeps the two equal). A '
+      'recipe in `configs/` sets what it changes; the command line sets any field with '
+      '`--config.FIELD=VALUE`. A kind "or None" may be None; "required": no default, the '
+      'config sets it.', '',
+      '## `config`', '', head,
+      *(f.row(k) for k, f in FIELDS.items() if isinstance(f, Field))]
+  for key, group in FIELDS.items():
+    if isinstance(group, Group):
+      lines += ['', f'## `config.{key}`', '', group.doc, '', head,
+                *(f.row(f'{key}.{k}') for k, f in group.fields.items())]
+  lines += ['', '## `config.evals`', '',
+            'Named evaluators: `config.evals.NAME` is a `type` and that type\'s fields; '
+            'a recipe writes what differs from the type\'s defaults (`config.evals.fewshot = '
+            'dict(type=\'fewshot\', datasets=(\'digits\',))`) and `config.evals.NAME = None` '
+            'removes an entry. On the command line, `--config.evals.NAME.type=TYPE` adds an '
+            'entry of that type (or changes an entry\'s type, keeping the fields both types '
+            'have) and `--config.evals.NAME=None` removes one.', '',
+            '### Every evaluator', '', head,
+            *(f.row(f'evals.NAME.{k}') for k, f in EVAL_COMMON.items())]
+  for name, group in EVAL_TYPES.items():
+    lines += ['', f'### `{name}`', '', group.doc, '', head,
+              *(f.row(f'evals.NAME.{k}') for k, f in group.fields.items())]
+  return '\n'.join(lines) + '\n'

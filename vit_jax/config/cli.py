@@ -4,13 +4,22 @@ r"""The ``--config`` flag of the entry points: a recipe file, then ``--config.FI
         --config.batch_size=256 --config.model.image_size='(16, 24)' --config.model.pool=None
 
 ``--config=FILE:ARG`` calls the file's ``get_config(ARG)``
-(``configs/vit_b16_finetune.py:cifar10``). A value is read as a Python literal
-and checked against the field's type in the recipe (``vit_jax.config``):
+(``configs/vit_b16_finetune.py:cifar10``); the recipe is completed from the base config
+(each evaluator from its type's defaults), then the overrides are set. A value is read as a
+Python literal and checked against the field's declared kind (``vit_jax.config``):
 ``(16, 24)`` or ``[16, 24]`` for a tuple field or an int-or-pair one
 (``model.image_size``), ``None`` to unset a field, ``true`` / ``false`` (or
 ``--config.F`` / ``--noconfig.F``) for booleans; a string field takes the text as
 it is. An unknown field (named with the closest valid ones), a value of the wrong
 type or a missing value is an ``errors.ConfigError``; ``run`` prints it as one line.
+
+The evaluators (``config.evals.NAME``): ``--config.evals.NAME.type=TYPE`` adds one with
+its type's defaults (or changes an evaluator's type, keeping the fields both types have),
+``--config.evals.NAME.FIELD=VALUE`` sets its fields, before or after the type on the
+command line, and ``--config.evals.NAME=None`` removes it::
+
+    --config.evals.v2.type=classification --config.evals.v2.dataset=imagenet_v2 \
+        --config.evals.v2.split=test --config.evals.fewshot=None
 
 An entry point::
 
@@ -26,6 +35,7 @@ An entry point::
 from __future__ import annotations
 
 import ast
+import difflib
 import importlib.util
 import inspect
 import re
@@ -40,8 +50,6 @@ from vit_jax.base import errors
 
 # --NAME.a.b=VALUE, --NAME.a.b (True) or --noNAME.a.b (False).
 _OVERRIDE = re.compile(r'^--?(no)?([A-Za-z_]\w*)\.([\w.]+)(?:=(.*))?$', re.DOTALL)
-_KINDS = {int: 'an int', float: 'a number', bool: 'true or false', tuple: 'a tuple'}
-_EXAMPLES = {int: '8', float: '0.001', bool: 'true', tuple: '(16, 24)'}
 
 
 class ConfigFlag:
@@ -122,25 +130,37 @@ def load(path: str | None, overrides: Sequence[tuple[str, str | None]] = (), *,
     config = module.get_config(*args)
   except (ValueError, KeyError) as e:  # The file's own check of its argument, or a field.
     raise errors.ConfigError(f'--{flag}={path}{colon}{argument}: {e}') from None
-  return apply_overrides(config, overrides, flag=flag)
+  # Completed first (each evaluator from its type's defaults), so that an override reaches
+  # every field, a recipe's partial evaluators' too.
+  return apply_overrides(config_lib.complete(config), overrides, flag=flag)
 
 
 def apply_overrides(config: ml_collections.ConfigDict,
                     overrides: Sequence[tuple[str, str | None]], *,
                     flag: str = 'config') -> ml_collections.ConfigDict:
-  """``config`` with ``overrides`` (field path, command-line text) set, typed; then locked."""
-  for field, text in overrides:
-    *parents, key = field.split('.')
-    node, where = config, flag
-    for part in parents:
-      _check_field(node, part, where)
-      node, where = node[part], f'{where}.{part}'
-      if not isinstance(node, ml_collections.ConfigDict):
-        raise errors.ConfigError(f'--{flag}.{field}: {where} is a single value, not a group of '
-                                 'fields.')
-    _set(node, key, text, where)
+  """``config`` (complete) with ``overrides`` (field path, command-line text) set, each typed
+  by its declaration (``vit_jax.config``); then locked. The overrides that add, remove or
+  retype an evaluator (``evals.NAME=None``, ``evals.NAME.type=TYPE``) go first, so that
+  its fields can be set in any order."""
+  with config.unlocked():  # Evaluators are added and removed (config_cli.load's is locked).
+    for field, text in sorted(overrides, key=lambda o: not _EVAL_ENTRY.match(o[0])):
+      *parents, key = field.split('.')
+      if parents[:1] == ['evals']:
+        _set_eval(config.evals, parents[1:] + [key], text, flag)
+        continue
+      node, where = config, flag
+      for part in parents:
+        _check_field(node, part, where)
+        node, where = node[part], f'{where}.{part}'
+        if not isinstance(node, ml_collections.ConfigDict):
+          raise errors.ConfigError(f'--{flag}.{field}: {where} is a single value, not a group '
+                                   'of fields.')
+      _set(node, key, text, where, flag)
   config.lock()
   return config
+
+
+_EVAL_ENTRY = re.compile(r'^evals\.[^.]+(\.type)?$')
 
 
 def _check_field(node: ml_collections.ConfigDict, key: str, where: str) -> None:
@@ -148,24 +168,85 @@ def _check_field(node: ml_collections.ConfigDict, key: str, where: str) -> None:
     raise config_lib.unknown_field(where, key, list(node))
 
 
-def _set(node: ml_collections.ConfigDict, key: str, text: Any, where: str) -> None:
-  """Sets ``node[key]`` from ``text`` (a command-line string, or a value in a dict literal)."""
-  _check_field(node, key, where)
+def _set(node: ml_collections.ConfigDict, key: str, text: Any, where: str, flag: str,
+         fields: dict[str, config_lib.Field] | None = None) -> None:
+  """Sets ``node[key]`` from ``text`` (a command-line string, or a value in a dict literal),
+  typed by its declaration in ``fields`` (default: the base config's)."""
   field = f'{where}.{key}'
-  declared, current = node.get_type(key), node[key]
+  if where == f'{flag}.evals':
+    _set_eval(node, [key], text, flag)
+    return
+  _check_field(node, key, where)
+  current = node[key]
   if isinstance(current, ml_collections.ConfigDict):
     value = _literal(text)
     if not isinstance(value, dict):
       raise errors.ConfigError(f'{field} is a group of fields: set them one by one '
                                f'(--{field}.{next(iter(current), "FIELD")}=...) or as a dict.')
     for k, v in value.items():
-      _set(current, str(k), v, field)
+      _set(current, str(k), v, field, flag, fields)
     return
+  kind = (config_lib.DECLARED[field.partition('.')[2]] if fields is None else fields[key]).base
   if text is None:
-    if declared is not bool:
+    if kind != 'bool':
       raise errors.ConfigError(f'--{field} needs a value: --{field}=VALUE.')
     text = 'true'
-  node[key] = _coerce(declared, text, field)
+  node[key] = _coerce(kind, text, field)
+
+
+def _set_eval(evals: ml_collections.ConfigDict, parts: list[str], text: Any, flag: str) -> None:
+  """``--FLAG.evals.NAME...``: removes (``=None``), replaces (``={'type': ...}``), adds or
+  retypes (``.type=TYPE``) the evaluator NAME, or sets one of its fields."""
+  name, *rest = parts
+  where = f'{flag}.evals.{name}'
+  if not rest:
+    value = _literal(text)
+    if value is None or text in ('None', 'none'):
+      _entry(evals, name, where, flag)
+      del evals[name]
+    elif isinstance(value, dict):
+      evals[name] = config_lib.complete_eval(value, where)
+    else:
+      raise errors.ConfigError(f'{where} is an evaluator: set its fields one by one '
+                               f'(--{where}.FIELD=...), add one with --{where}.type=TYPE, or '
+                               f'remove it with --{where}=None.')
+    return
+  key, *deeper = rest
+  if deeper:
+    raise errors.ConfigError(f'--{flag}.evals.{".".join(parts)}: {where}.{key} is a single '
+                             'value, not a group of fields.')
+  if key == 'type':
+    kind = _coerce('str', text, f'{where}.type')
+    if kind not in config_lib.EVAL_TYPES:
+      raise errors.ConfigError(f'{where}.type={kind!r} is not an evaluator type: one of '
+                               f'{", ".join(map(repr, config_lib.EVAL_TYPES))}.')
+    entry = evals[name].to_dict() if name in evals else {}
+    if entry.get('type') != kind:  # Added, or retyped: the fields both types have kept.
+      fields = config_lib.eval_fields(kind)
+      evals[name] = config_lib.eval_defaults(kind) | {
+          k: v for k, v in entry.items() if k in fields and k != 'type'}
+    return
+  entry = _entry(evals, name, where, flag)
+  fields = config_lib.eval_fields(entry.type)
+  if key not in fields:
+    raise config_lib.unknown_field(where, key, list(fields),
+                                   what=f'a field of {entry.type!r} evaluators')
+  if key not in entry:  # A required field, not set yet.
+    entry[key] = None
+  _set(entry, key, text, where, flag, fields)
+
+
+def _entry(evals: ml_collections.ConfigDict, name: str, where: str,
+           flag: str) -> ml_collections.ConfigDict:
+  """The evaluator ``name``, or a ConfigError naming the config's evaluators."""
+  if name not in evals:
+    close = difflib.get_close_matches(name, list(evals), n=3, cutoff=0.6)
+    hint = f' Did you mean {", ".join(f"{flag}.evals.{c}" for c in close)}?' if close else ''
+    raise errors.ConfigError(
+        f'{where} is not an evaluator of this config.{hint} Its evaluators: '
+        f'{", ".join(evals) or "none"}; add one with --{where}.type=TYPE '
+        f'({", ".join(config_lib.EVAL_TYPES)}).')
+  return evals[name]
 
 
 def _literal(text: Any) -> Any:
@@ -177,23 +258,30 @@ def _literal(text: Any) -> Any:
     return text  # A bare string: --config.model.name=b16.
 
 
-def _coerce(declared: type, text: Any, field: str) -> Any:
-  """``text`` as a value of the ``declared`` type, or a ConfigError naming the field."""
+_KIND_WORDS = {'int': 'an int', 'float': 'a number', 'bool': 'true or false', 'tuple': 'a tuple',
+          'ints': 'a tuple', 'strs': 'a tuple'}
+_EXAMPLES = {'int': '8', 'float': '0.001', 'bool': 'true', 'tuple': '(16, 24)', 'ints': '(1, 5)',
+             'strs': "\"('cifar100',)\""}
+_OK = {'bool': lambda v: isinstance(v, bool),
+       'int': lambda v: isinstance(v, int) and not isinstance(v, bool),
+       'float': lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+       'tuple': lambda v: isinstance(v, (tuple, list))}
+
+
+def _coerce(kind: str, text: Any, field: str) -> Any:
+  """``text`` as a value of the declared ``kind`` (``vit_jax.config.fields``), or a
+  ConfigError naming the field."""
   if text in ('None', 'none', None):
     return None
-  if declared is str:
-    value = _literal(text)
-    return value if isinstance(value, str) else str(text)
   value = _literal(text)
-  if declared is bool and isinstance(value, str) and value.lower() in ('true', 'false'):
+  if kind == 'str':
+    return value if isinstance(value, str) else str(text)
+  if kind == 'bool' and isinstance(value, str) and value.lower() in ('true', 'false'):
     value = value.lower() == 'true'
-  ok = {bool: lambda v: isinstance(v, bool),
-        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-        float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-        tuple: lambda v: isinstance(v, (tuple, list))}.get(declared, lambda v: True)
-  if not ok(value):
-    raise errors.ConfigError(f'{field}={text!r} is not {_KINDS[declared]}: e.g. '
-                             f'--{field}={_EXAMPLES[declared]}.')
-  if declared is float:
+  ok = _OK.get('tuple' if kind in ('ints', 'strs') else kind)
+  if ok and not ok(value):
+    raise errors.ConfigError(f'{field}={text!r} is not {_KIND_WORDS[kind]}: e.g. '
+                             f'--{field}={_EXAMPLES[kind]}.')
+  if kind == 'float':
     return float(value)
   return tuple(value) if isinstance(value, list) else value
