@@ -186,9 +186,9 @@ def test_training_logs_fewshot_metrics_and_the_cli_agrees(tmp_path):
     (dict(datasets=('digits,train',)), 'NAME,TRAIN_SPLIT,TEST_SPLIT'),
     (dict(datasets=('no_such_dataset',)), 'not in the TFDS catalog'),
     (dict(shots=(1, 200)), 'class .* has 1[0-9]+ training examples, fewer than 200 shots'),
-    (dict(shots=(0,)), 'positive ints'),
+    (dict(shots=(0,)), r'config.evals.fewshot.shots=\(0,\) holds 0: each item must be >= 1'),
     (dict(pp='to_rgb|resize(8)'), r'config.evals.fewshot.pp=.* makes 8x8x3 images'),
-    (dict(datasets=()), 'must name datasets'),
+    (dict(datasets=()), r'config.evals.fewshot.datasets=\(\) '),
 ])
 def test_bad_fewshot_configs_are_refused_before_anything_starts(tmp_path, entry, match):
   config = tiny_config(**{'evals.fewshot': FEWSHOT | entry})

@@ -23,12 +23,20 @@ from runs import read_metrics, restore_state, tiny_config
 PP = 'decode|to_rgb|resize(16)|value_range(-1, 1)'
 
 
+# The paper's measure of a self-supervised encoder: few-shot accuracy of its features.
+FEWSHOT = dict(type='fewshot', datasets=('digits',), shots=(1, 5), seeds=1,
+               pp='to_rgb|resize(16)|value_range(-1, 1)')
+
+
 def mpp_config(data_dir, **overrides):
-  """The tiny recipe pre-trained by masked patch prediction on an unlabelled local dataset."""
+  """The tiny recipe pre-trained by masked patch prediction on an unlabelled local dataset,
+  evaluated by its own objective on held-out images and by few-shot accuracy on digits."""
   config = tiny_config(**{'objective': 'mpp', 'model.pool': 'token', 'total_steps': 10,
-                          'checkpoint_every_steps': 5, 'dataset.eval_split': 'validation',
+                          'checkpoint_every_steps': 5, 'dataset.name': 'unlabelled',
+                          'dataset.eval_split': 'validation',
                           'dataset.num_classes': 0, 'dataset.pp_train': PP,
-                          'dataset.pp_eval': PP, **overrides})
+                          'dataset.pp_eval': PP, 'evals.eval': dict(type='mpp'),
+                          'evals.fewshot': FEWSHOT, **overrides})
   with config.unlocked():
     config.dataset.data_dir = str(data_dir)
   return config
@@ -205,7 +213,8 @@ def test_every_target_is_the_papers_and_trains(name):
                                rtol=1e-5)
   # One step's gradients through the whole model reach the head.
   params = model.init(jax.random.key(1), images)['params']
-  value, grads = jax.value_and_grad(lambda p: mpp.loss(model, config, p, images,
+  options = plan.step_options.mpp
+  value, grads = jax.value_and_grad(lambda p: mpp.loss(model, options, p, images,
                                                         jax.random.key(2)))(params)
   assert np.isfinite(value) and value > 0
   assert np.abs(np.asarray(grads['mpp_head']['kernel'])).sum() > 0
@@ -224,6 +233,17 @@ def test_bad_objective_settings_are_named():
       plan_lib.validate(tiny_config(**overrides))
 
 
+def test_a_classifier_evaluation_of_a_self_supervised_run_is_refused_before_it_starts(tmp_path):
+  """The quickstart's evaluators on a masked-patch-prediction run: its 'eval' entry scores a
+  classifier the run does not train (one line with the fix); its few-shot entry applies."""
+  config = tiny_config(objective='mpp', **{'evals.fewshot': FEWSHOT})
+  with pytest.raises(errors.ConfigError, match=r"^config.evals.eval has type 'classification', "
+                                               r"but config.objective='mpp' trains no "
+                                               r'classifier: use --config.evals.eval.type=mpp'):
+    main.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert not (tmp_path / 'run').exists()
+
+
 def test_unlabelled_data_trains_only_self_supervised(unlabelled):
   metadata = local.read_metadata(unlabelled)
   assert (metadata['num_classes'], metadata['multi_label']) == (0, False)
@@ -239,9 +259,15 @@ def test_a_self_supervised_run_resumes_exactly(mpp_run, unlabelled, tmp_path):
   directory, result = mpp_run
   config = mpp_config(unlabelled)
   rows = read_metrics(directory)
-  assert [r['step'] for r in rows] == [5, 10, 10]
-  assert set(rows[-1]) == {'step', 'eval/color_accuracy', 'eval/loss', 'eval/examples'}
-  assert 0 < result['color_accuracy'] <= 1 and result['loss'] < math.log(mpp.COLORS)
+  assert [r['step'] for r in rows] == [5, 10, 10, 10]
+  assert set(rows[-2]) == {'step', 'eval/color_accuracy', 'eval/loss', 'eval/examples',
+                           'eval/patches'}
+  assert rows[-2]['eval/examples'] == 80  # Images, not patches: the validation split's 20%.
+  assert rows[-2]['eval/patches'] == 80 * 8  # Half of each image's 16 patches corrupted.
+  assert 0 < result['eval/color_accuracy'] <= 1 and result['eval/loss'] < math.log(mpp.COLORS)
+  # Few-shot accuracy of the encoder's pooled features, above chance (0.1) on digits.
+  assert set(rows[-1]) == {'step', 'fewshot/digits_1shot', 'fewshot/digits_5shot'}
+  assert rows[-1]['fewshot/digits_5shot'] > 0.2
   # Restarted from its step-5 checkpoint: the same state at step 10, bit for bit.
   (tmp_path / 'checkpoints').mkdir()
   shutil.copytree(directory / 'checkpoints' / '5', tmp_path / 'checkpoints' / '5')
@@ -272,7 +298,7 @@ def test_fine_tuning_drops_the_mask_and_the_prediction_head(mpp_run, tmp_path, c
   assert f'mpp_head/kernel (32, {mpp.COLORS}) dropped' in caplog.text
   # And the run fine-tunes from it like from any checkpoint, on labelled data.
   result = main.train_and_evaluate(config, str(tmp_path))
-  assert result['examples'] == 359 and np.isfinite(result['loss'])
+  assert result['eval/examples'] == 359 and np.isfinite(result['eval/loss'])
   tuned = restore_state(tmp_path, config).params
   assert not np.array_equal(tuned['embedding']['kernel'], pretrained['embedding']['kernel'])
   # Prediction and inspection need a classifier: a self-supervised run is refused.

@@ -264,20 +264,15 @@ class Evaluator(base.Evaluator):
 
   @classmethod
   def from_config(cls, name: str, entry: ml_collections.ConfigDict, plan: Plan) -> Evaluator:
-    config = plan.config
-    where = base.where(name) + '.'
-    if isinstance(entry.datasets, str) or not entry.datasets:
-      raise errors.ConfigError(f'{where}datasets={entry.datasets!r} must name datasets, e.g. '
-                               '("digits",) or ("cifar100", "oxford_iiit_pet").')
+    config = plan.config  # Its entry's types and ranges are checked: vit_jax.config.
     shots = tuple(entry.shots)
-    check_options(shots, entry.seeds, entry.l2_reg, where)
     datasets = [open_dataset(s, config.dataset.data_dir
                              if parse_spec(s)[0] == config.dataset.name else '')
                 for s in entry.datasets]
     names = [d.name for d in datasets]
     if len(set(names)) < len(names):
-      raise errors.ConfigError(f'{where}datasets={tuple(entry.datasets)!r} names a dataset '
-                               'twice.')
+      raise errors.ConfigError(f'{base.where(name, "datasets")}={tuple(entry.datasets)!r} '
+                               'names a dataset twice.')
     pp = base.pipeline(name, entry, plan, datasets[0].train,
                        f'the first example of few-shot dataset {datasets[0].name!r}')
     for dataset in datasets:

@@ -92,8 +92,9 @@ def check(mpp: Options, model: nn.Module) -> None:
     raise errors.ConfigError(f'config.mpp.target={mpp.target!r} is not one of '
                              f'{tuple(TARGETS)}.')
   for field in ('corrupt_rate', 'mask_rate', 'random_rate'):
-    if not 0 <= mpp[field] <= 1:
-      raise errors.ConfigError(f'config.mpp.{field}={mpp[field]} is not a share in [0, 1].')
+    if not 0 <= getattr(mpp, field) <= 1:
+      raise errors.ConfigError(f'config.mpp.{field}={getattr(mpp, field)} is not a share in '
+                               '[0, 1].')
   if mpp.mask_rate + mpp.random_rate > 1:
     raise errors.ConfigError(
         f'config.mpp.mask_rate + random_rate = {mpp.mask_rate + mpp.random_rate:g} is above '

@@ -1,20 +1,20 @@
-"""Tests of vit_jax.imagenet_evals: ImageNet ReaL and v2 through TFDS, on tiny TFDS datasets
-written here under the real names (the registered builders read them back)."""
+"""vit_jax.evals.real, and ImageNet-v2 as a classification evaluator: through TFDS, on tiny
+TFDS datasets written here under the real names (the registered builders read them back)."""
 
 import io
-import types
 
 import chex
-import ml_collections
+import jax
 import numpy as np
 import pytest
 from PIL import Image
 
-from vit_jax import evaluate, imagenet_evals, main
+from vit_jax import evals, main
 from vit_jax.base import errors, sharding
 from vit_jax.checkpoints import workdir
 from vit_jax.data import preprocess, sources
 from vit_jax.models import get_model
+from vit_jax.training import plan as plan_lib
 
 from runs import TINY_MODEL, read_metrics, tiny_config
 
@@ -103,8 +103,6 @@ def test_the_real_builders_read_the_tiny_datasets(data_dir):
 
 
 def _model_and_params(head_bias=None, seed=0):
-  import jax
-
   model = get_model(**TINY_MODEL, num_classes=1000)
   params = model.init(jax.random.key(seed), np.zeros((1, 16, 16, 3), np.float32))['params']
   rng = np.random.default_rng(seed)
@@ -114,40 +112,41 @@ def _model_and_params(head_bias=None, seed=0):
   return model, params
 
 
-def _run(data_dir, model, params):
-  mesh = sharding.make_mesh()
-  config = tiny_config(**{'evals.real': True, 'evals.v2': True, 'evals.data_dir': data_dir})
-  pp = preprocess.parse(PP)
-  evals = imagenet_evals.from_config(config, 1000, (), model.image_size, pp)
-  batch_sharding = sharding.batch_sharding(mesh)
-  shardings = sharding.shardings_for(params, mesh)
-  import jax
+def imagenet_like(data_dir, **more):
+  """The tiny recipe on the tiny imagenet_v2 (1000 classes in imagenet2012's order), with the
+  ReaL evaluator and the classification one of imagenet_v2."""
+  return tiny_config(**{
+      'dataset.name': 'imagenet_v2', 'dataset.num_classes': 1000, 'dataset.data_dir': data_dir,
+      'dataset.train_split': 'test', 'dataset.eval_split': 'test', 'dataset.pp_train': PP,
+      'dataset.pp_eval': PP, 'batch_size': 8, 'eval_batch_size': 8,
+      'evals.real': dict(type='real'),
+      'evals.v2': dict(type='classification', dataset='imagenet_v2', split='test'), **more})
 
-  step = evaluate.make_eval_step(model, 'softmax_xent', shardings, batch_sharding,
-                                 sharding.replicated(mesh))
-  # The run's Evaluator, as training builds it (only what evaluate_all reads of its plan).
-  plan = types.SimpleNamespace(pp_eval=pp, mesh=mesh, config=ml_collections.ConfigDict(
-      {'eval_batch_size': 16, 'input_workers': 2}))
-  evaluator = evaluate.Evaluator(plan, step, shardings, 'accuracy')
-  return imagenet_evals.evaluate_all(evals, evaluator, jax.device_put(params, shardings))
+
+def _run(data_dir, model, params):
+  """{'real/...': ..., 'v2/...': ...} of ``params``, by the evaluators training builds."""
+  plan = plan_lib.validate(imagenet_like(data_dir, eval_batch_size=16))
+  assert plan.model.num_classes == model.num_classes == 1000
+  params = jax.device_put(params, sharding.shardings_for(params, plan.mesh))
+  return {f'{e.name}/{k}': v for e in evals.from_config(plan, ['real', 'v2'])
+          for k, v in e.run(params).items()}
 
 
 def test_real_counts_a_prediction_in_the_set_and_leaves_empty_sets_out(data_dir):
   # Known answer: every image predicted as class 2; the non-empty sets that hold 2 count.
   bias = np.zeros(1000, np.float32)
   bias[2] = 10.
-  metrics, text = _run(data_dir, *_model_and_params(head_bias=bias))
+  metrics = _run(data_dir, *_model_and_params(head_bias=bias))
   labelled = [s for s in REAL_SETS if s]
   assert metrics['real/examples'] == len(labelled) == 18
   assert metrics['real/accuracy'] == pytest.approx(sum(2 in s for s in labelled) / 18)
   assert 0 < metrics['real/accuracy'] < 1
   assert metrics['v2/accuracy'] == pytest.approx(np.mean([i % 3 == 2 for i in range(N)]))
   assert 'real/loss' not in metrics and metrics['v2/examples'] == N
-  assert '; real accuracy' in text and '; v2 accuracy' in text
 
   # Any model: the same as its predictions computed image by image, on one device.
   model, params = _model_and_params(seed=3)
-  metrics, _ = _run(data_dir, model, params)
+  metrics = _run(data_dir, model, params)
   real = sources.TFDSSource('imagenet2012_real', 'validation', data_dir, label_key='real_label')
   pp = preprocess.parse(PP)
   images = np.stack([pp(real[i]['image'], np.random.default_rng(0)) for i in range(N)])
@@ -159,17 +158,13 @@ def test_real_counts_a_prediction_in_the_set_and_leaves_empty_sets_out(data_dir)
 def test_a_run_logs_real_and_v2_beside_its_top1(data_dir, tmp_path):
   # Trained on the tiny imagenet_v2 itself (1000 classes, imagenet2012's order), so the v2
   # evaluation must repeat the plain one.
-  config = tiny_config(**{
-      'dataset.name': 'imagenet_v2', 'dataset.num_classes': 1000, 'dataset.data_dir': data_dir,
-      'dataset.train_split': 'test',
-      'dataset.eval_split': 'test', 'dataset.pp_train': PP, 'dataset.pp_eval': PP,
-      'batch_size': 8, 'eval_batch_size': 8, 'total_steps': 2, 'schedule.warmup_steps': 1,
-      'checkpoint_every_steps': 2, 'evals.real': True, 'evals.v2': True})
+  config = imagenet_like(data_dir, total_steps=2, **{'schedule.warmup_steps': 1},
+                         checkpoint_every_steps=2)
   result = main.train_and_evaluate(config, str(tmp_path))
-  row = [r for r in read_metrics(tmp_path) if 'eval/accuracy' in r][-1]
-  assert row['eval/v2/accuracy'] == row['eval/accuracy']
-  assert row['eval/v2/loss'] == pytest.approx(row['eval/loss'])
-  assert row['eval/real/examples'] == 18 and result['real/examples'] == 18
+  row = {k: v for r in read_metrics(tmp_path) if r['step'] == 2 for k, v in r.items()}
+  assert row['v2/accuracy'] == row['eval/accuracy']
+  assert row['v2/loss'] == pytest.approx(row['eval/loss'])
+  assert row['real/examples'] == 18 and result['real/examples'] == 18
 
   loaded = workdir.load_run(tmp_path)
   real = sources.TFDSSource('imagenet2012_real', 'validation', data_dir, label_key='real_label')
@@ -177,18 +172,20 @@ def test_a_run_logs_real_and_v2_beside_its_top1(data_dir, tmp_path):
   images = np.stack([pp(real[i]['image'], np.random.default_rng(0)) for i in range(N)])
   predicted = np.argmax(loaded.model.apply({'params': loaded.params}, images), -1)
   expected = np.mean([p in s for p, s in zip(predicted, stored_sets(data_dir), strict=True) if s])
-  assert row['eval/real/accuracy'] == pytest.approx(expected)
+  assert row['real/accuracy'] == pytest.approx(expected)
 
 
 def test_bad_real_v2_configs_are_refused_before_anything_starts(data_dir, tmp_path):
-  with pytest.raises(errors.ConfigError, match='1000-class ImageNet model; this one has 10'):
-    main.train_and_evaluate(tiny_config(**{'evals.real': True}), str(tmp_path / 'a'))
-  imagenet_like = {
-      'dataset.name': 'imagenet_v2', 'dataset.num_classes': 1000, 'dataset.data_dir': data_dir,
-      'dataset.train_split': 'test',
-      'dataset.eval_split': 'test', 'dataset.pp_train': PP, 'dataset.pp_eval': PP,
-      'batch_size': 8, 'eval_batch_size': 8}
-  with pytest.raises(errors.MissingFileError, match="'imagenet2012_real' is not prepared"):
-    main.train_and_evaluate(tiny_config(**imagenet_like, **{
-        'evals.real': True, 'evals.data_dir': str(tmp_path)}), str(tmp_path / 'b'))
-  assert not (tmp_path / 'a').exists() and not (tmp_path / 'b').exists()
+  with pytest.raises(errors.ConfigError, match=r'^config.evals.real: ImageNet ReaL evaluates '
+                                               r'a 1000-class .* this model has 10 classes'):
+    main.train_and_evaluate(tiny_config(**{'evals.real': dict(type='real')}),
+                            str(tmp_path / 'a'))
+  with pytest.raises(errors.MissingFileError, match="^config.evals.real: TFDS dataset "
+                                                    "'imagenet2012_real' is not prepared"):
+    main.train_and_evaluate(imagenet_like(data_dir, **{'evals.real.data_dir': str(tmp_path)}),
+                            str(tmp_path / 'b'))
+  with pytest.raises(errors.ConfigError, match=r"^config.evals.v2: its data has 10 classes, "
+                                               r"the model 1000"):
+    main.train_and_evaluate(imagenet_like(data_dir, **{'evals.v2.dataset': 'digits'}),
+                            str(tmp_path / 'c'))
+  assert not any((tmp_path / d).exists() for d in 'abc')
