@@ -12,12 +12,12 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from vit_jax import evaluate
 from vit_jax.base import sharding
 from vit_jax.config import cli as config_cli
+from vit_jax.evals import classification
+from vit_jax.evals import mpp as mpp_eval
 from vit_jax.models import mpp
 from vit_jax.tools import aot
-from vit_jax.training import optim
 from vit_jax.training import plan as plan_lib
 from vit_jax.training import step as step_lib
 
@@ -29,13 +29,12 @@ needs_libtpu = pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
 
 
 def lowered_by_train(config, devices):
-  """The train step as vit_jax.training.train builds it, lowered on abstract inputs."""
+  """The train step as the training loop builds it, lowered on abstract inputs."""
   plan = plan_lib.validate(config, devices=devices, num_train_examples=1000)
-  schedule = optim.make_schedule(plan.config.schedule, plan.total_steps, plan.warmup_steps)
-  tx = optim.make_optimizer(plan.config.optimizer, schedule)
   state, shardings = step_lib.create_train_state(
-      plan.model, tx, 0, plan.mesh, shard_state=plan.shard_state, abstract=True)
-  step = step_lib.make_train_step(plan.model, tx, schedule, plan.config, plan.mesh, shardings)
+      plan.model, plan.tx, 0, plan.mesh, shard_state=plan.shard_state, abstract=True)
+  step = step_lib.make_train_step(plan.model, plan.tx, plan.schedule, plan.step_options,
+                                  plan.mesh, shardings)
   batch = {'image': (config.batch_size, *plan.model.image_size, 3),
            'label': (config.batch_size, plan.num_classes or 1)}
   batch = {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=sharding.batch_sharding(plan.mesh))
@@ -51,14 +50,13 @@ def test_aot_lowers_the_step_that_training_runs(objective):
   facts, lowered = aot.lower_steps(config, jax.devices(), 1000)
   ours, plan = lowered_by_train(config, jax.devices())
   assert lowered['train'].as_text() == ours.as_text()
-  assert evaluate.make_eval_step  # The eval step is evaluate's own (lower_steps calls it).
-  # The eval step train_and_evaluate builds: masked patch prediction has its own.
+  # The step of the run's own evaluator ('eval'): masked patch prediction has its own.
   state, shardings = step_lib.create_train_state(
       plan.model, optax.sgd(0.1), 0, plan.mesh, shard_state=plan.shard_state, abstract=True)
   batch_sharding = sharding.batch_sharding(plan.mesh)
-  args = (plan.model, plan.config if objective == 'mpp' else plan.config.loss, shardings.params,
-          batch_sharding, sharding.replicated(plan.mesh))
-  eval_step = (mpp if objective == 'mpp' else evaluate).make_eval_step(*args)
+  eval_step = (mpp_eval.make_eval_step(plan.model, plan.step_options.mpp, plan.mesh)
+               if objective == 'mpp' else
+               classification.make_eval_step(plan.model, plan.config.loss, plan.mesh))
   size = plan.config.eval_batch_size
   batch = {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=batch_sharding)
            for k, v in {'image': (size, *plan.model.image_size, 3),
