@@ -155,7 +155,7 @@ def load_npz(path: str | os.PathLike) -> Params:
   """
   if not paths.is_file(path):
     raise errors.MissingFileError(f'No checkpoint file at {path}: name a release .npz file (the '
-                                  'README\'s "Release checkpoints" says where to get them).')
+                                  'docs/checkpoints.md says where to get them).')
   try:
     with paths.path(path).open('rb') as f:
       archive = np.load(f, allow_pickle=False)

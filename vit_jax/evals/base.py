@@ -84,18 +84,20 @@ def data_dir(entry_dir: str, config: ml_collections.ConfigDict) -> str | None:
   return run_dir
 
 
-def open_source(name: str, dataset: str, split: str, directory: str | None, **kw: Any) -> Any:
-  """A split of any dataset, as a source; errors name the entry."""
+def open_source(what: str, dataset: str, split: str, directory: str | None,
+                label_key: str | None = None) -> Any:
+  """A split of any dataset as a source (TFDS's with another ``label_key``); its errors
+  begin with ``what`` (e.g. ``config.evals.NAME``)."""
   spec = ml_collections.ConfigDict(dict(name=dataset, data_dir=directory or '',
                                         manual_dir='', prepare=False))
   try:
-    if kw:
-      return sources.TFDSSource(dataset, split, directory, **kw)
+    if label_key:
+      return sources.TFDSSource(dataset, split, directory, label_key=label_key)
     return sources.get_source(spec, split)
   except FileNotFoundError as e:
-    raise errors.MissingFileError(f'{where(name)}: {e}') from None
+    raise errors.MissingFileError(f'{what}: {e}') from None
   except ValueError as e:
-    raise errors.ConfigError(f'{where(name)}: {e}') from None
+    raise errors.ConfigError(f'{what}: {e}') from None
 
 
 def batches(source: Any, pp: Callable, plan: Plan, num_classes: int) -> Iterable[dict[str, Any]]:
