@@ -3,14 +3,9 @@ r"""Export a run's parameters as a release .npz file (the layout the released mo
     python -m vit_jax.tools.export --workdir=DIR --out=model.npz [--step=N] [--ema] [--evaluate]
 
 The file loads with ``vit_jax.checkpoints.release.load_npz``, in the google-research
-vision_transformer code and in timm, and can be the ``init_from`` of a fine-tune.
-``--ema`` exports the weights' moving average (``config.optimizer.ema_decay``) instead
-of the weights.
-``--evaluate`` reads the file back and evaluates it and the checkpoint on the
-run's evaluation split, to show the export is faithful; progress lines with an ETA
-go to stderr every ``--progress_every`` seconds. The checkpoint is verified against the
-checksums recorded when it was written: a damaged one is an error naming the other steps
-(``vit_jax.checkpoints.workdir.restore_params``).
+vision_transformer code and in timm, and can be the ``init_from`` of a fine-tune. ``--ema``
+exports the weights' moving average; ``--evaluate`` runs the run's classification evaluators on
+the written file and on the (checksum-verified) checkpoint, to show the export is faithful.
 """
 
 from __future__ import annotations

@@ -3,14 +3,10 @@ r"""Top-5 classes of image files, from a run's workdir or a release .npz file.
     python -m vit_jax.tools.predict --workdir=/tmp/q digit.png
     python -m vit_jax.tools.predict --npz=ViT-B_16.npz --image_size=384 cat.jpg dog.jpg
 
-A workdir gives the model, its latest checkpoint (``--step`` for another), the
-class names (``classes.json``) and the preprocessing (``config.dataset.pp_eval``); ``--ema``
-takes the weights' moving average (``config.optimizer.ema_decay``) instead of the weights.
-A .npz file's architecture is read from its shapes (``--model`` names one
-instead); its images are resized to ``--image_size`` (default: the file's own
-resolution) and scaled to [-1, 1], as in the releases (``--pp`` for another
-pipeline). Runs on the default JAX device (an accelerator when there is one),
-``--batch_size`` images at a time.
+A workdir gives the model, its latest checkpoint (``--step``; ``--ema``: the weights' moving
+average), the class names and the eval preprocessing. A .npz file's architecture is read from its
+shapes (or ``--model``), its images resized to ``--image_size`` and scaled to [-1, 1] as in the
+releases (or ``--pp``). Runs on the default JAX device, ``--batch_size`` images at a time.
 """
 
 from __future__ import annotations
