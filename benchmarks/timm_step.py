@@ -25,8 +25,8 @@ import sys
 import time
 from typing import Any
 
-if not __package__:  # Run as a file by another venv's Python: vit_jax is beside this file.
-  sys.path.append(str(pathlib.Path(__file__).resolve().parents[2]))
+if not __package__:  # Run as a file by another venv's Python: the repository is above it.
+  sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
 from benchmarks import results  # noqa: E402 (standard library only)
 from vit_jax.base.cpu import host_cpu  # noqa: E402 (standard library only)
 

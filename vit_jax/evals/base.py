@@ -33,6 +33,7 @@ class Evaluator(abc.ABC):
     self.name = name
     self.every_steps = every_steps  # 0: with config.eval_every_steps.
     self.progress: float | None = None  # Seconds between progress lines on stderr; None: off.
+    self.progress_label = f'evaluating {name}'  # What the progress lines say.
 
   @classmethod
   @abc.abstractmethod
@@ -124,4 +125,4 @@ def meter(evaluator: Evaluator, total: int) -> console.Progress | None:
   """Progress lines for ``total`` examples where the evaluator was asked for them."""
   if evaluator.progress is None:
     return None
-  return console.Progress(f'evaluating {evaluator.name}', total, every=evaluator.progress)
+  return console.Progress(evaluator.progress_label, total, every=evaluator.progress)

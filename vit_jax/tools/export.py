@@ -62,7 +62,7 @@ def main(argv: list[str]) -> None:
     classifiers = [n for n, e in config.evals.items() if e.type == 'classification']
     for name, tree in (('checkpoint', params), ('exported .npz', exported)):
       for evaluator, metrics in evaluate.evaluate_params(config, tree, classifiers,
-                                                         _PROGRESS_EVERY.value):
+                                                         _PROGRESS_EVERY.value, f'the {name}'):
         print(f'{name:>14}, {evaluator.name}: {evaluator.describe(metrics)}', flush=True)
   logging.flush()
 
