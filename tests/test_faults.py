@@ -1,4 +1,5 @@
-"""Faults injected as they happen to users: damaged checkpoints, kill -9, SIGTERM, bad flags.
+"""Faults injected as they happen to users: damaged checkpoints, kill -9, SIGTERM, bad flags,
+divergence, two runs on one workdir, a changed config on resume, a read-only file system.
 
 Every case ends in a correct continuation (bitwise that of an uninterrupted run)
 or in one line, ``error: ...``, naming the problem and the fix. The damage cases
@@ -8,11 +9,14 @@ random steps, N times). Each bad config is in tests/test_plan.py (``validate``),
 each bad converter input in tests/test_convert.py.
 """
 
+import argparse
 import json
+import logging
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,12 +25,16 @@ from pathlib import Path
 
 import chex
 import jax
+import numpy as np
 import pytest
 
+from vit_jax import fewshot as fewshot_command
+from vit_jax import main
 from vit_jax.base import errors
+from vit_jax.checkpoints import lock, workdir
 from vit_jax.checkpoints import manager as manager_lib
-from vit_jax.checkpoints import workdir
-from vit_jax.tools import export
+from vit_jax.tools import export, predict
+from vit_jax.training import divergence
 
 from runs import (
   QUICKSTART,
@@ -262,18 +270,15 @@ def test_two_processes_agree_on_the_checkpoint_they_fall_back_to(tiny_run, tmp_p
   """launch/local.sh's 2 processes x 4 devices both find the damage and resume at step 5."""
   run = copy_run(tiny_run, tmp_path)
   damage(run / 'checkpoints' / '10', 'bytes overwritten')
-  # A run of 5 steps: once resumed, only the evaluation is left (no train step to compile).
-  launch = subprocess.run(
-      local_launch_command(run, **{**TINY_RUN, 'total_steps': 5, 'schedule.warmup_steps': 1}),
-      cwd=ROOT, env=env(), capture_output=True, text=True, timeout=900)
+  launch = subprocess.run(local_launch_command(run, **TINY_RUN), cwd=ROOT, env=env(),
+                          capture_output=True, text=True, timeout=900)
   assert launch.returncode == 0, launch.stderr[-3000:]
   for i in range(2):
     log = (run / 'logs' / f'process_{i}.log').read_text()
     assert 'The checkpoint at step 10' in log and 'differ from the checksums' in log
     assert f'Resumed from {run / "checkpoints"} at step 5.' in log
-    assert 'is already complete (step 5)' in log
   assert sorted(os.listdir(run / 'checkpoints' / 'bad')) == ['10']  # Moved once.
-  assert workdir.steps(run) == [5]
+  assert workdir.steps(run) == [5, 10]  # Trained to the end again.
 
 
 # ---------------------------------------------------------------------------
@@ -478,3 +483,340 @@ def test_a_failed_save_outside_the_loop_is_the_same_one_error(tiny_run, small_di
     manager.wait_until_finished()
   manager.close()  # Quiet: the failure was reported.
   assert workdir.steps(small_disk) == []
+
+
+# ---------------------------------------------------------------------------
+# Divergence: a bad batch (its labels NaN, through the loader's test hook) at a known step.
+
+# The tiny run without its evaluation (not what these tests check), every step logged.
+NO_EVAL = {**TINY_RUN, 'evals.eval': None, 'log_every_steps': 1}
+
+
+def one_error_line(stderr):
+  lines = [line for line in stderr.splitlines() if line.startswith('error:')]
+  assert len(lines) == 1 and 'Traceback' not in stderr, stderr[-3000:]
+  return lines[0]
+
+
+@pytest.mark.slow
+def test_divergence_stops_in_one_line_and_keeps_the_last_good_checkpoint(tmp_path):
+  """The default, config.on_divergence='stop': the batch at data position 6 (step 7) has
+  NaN labels; keep_checkpoints=1 keeps the last good checkpoint, step 5; nothing after it is
+  saved; one line, exit status 65; the checkpoint is evaluable."""
+  run = tmp_path / 'run'
+  done = subprocess.run(main_command(run, **{**NO_EVAL, 'keep_checkpoints': 1}), cwd=ROOT,
+                        env={**env(), divergence.NAN_BATCHES: '6'}, capture_output=True,
+                        text=True, timeout=600)
+  assert done.returncode == errors.DIVERGED_STATUS == 65, done.stderr[-3000:]
+  line = one_error_line(done.stderr)
+  assert line == (
+      'error: The training diverged at step 7: non-finite loss nan and gradient norm nan. '
+      f'Nothing after step 5 was saved: the last good checkpoint is {run}/checkpoints/5 '
+      f'(python -m vit_jax.evaluate --workdir={run} --step=5). Lower the learning rate '
+      '(config.schedule.base_lr) or clip the gradients, or run the same command with '
+      "--config.on_divergence=rewind to skip the spike's batches."), line
+  assert done.stderr.rstrip().endswith(line)  # Nothing after it.
+  assert workdir.steps(run) == [5]
+  assert [m['step'] for m in read_metrics(run)] == [1, 2, 3, 4, 5, 6]  # No NaN row.
+  params, step = workdir.restore_params(run)  # Refused if it were not finite.
+  assert step == 5 and all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+
+
+@pytest.mark.slow
+def test_rewind_trains_through_a_spike_and_a_kill_9_mid_rewind_resumes_bitwise(
+    tmp_path, monkeypatch, caplog):
+  """config.on_divergence='rewind': the spike at step 12 (data position 11) is caught at
+  once (logged every step), the run restores step 10 and skips 3 batches (positions 10-12),
+  recorded in rewinds.json, and ends at step 20. The same run killed with kill -9 as soon as
+  the rewind is recorded, then started again, ends bitwise equal, every logged loss too."""
+  caplog.set_level(logging.INFO)
+  overrides = {**NO_EVAL, 'total_steps': 20, 'checkpoint_every_steps': 10,
+               'keep_checkpoints': 1, 'on_divergence': 'rewind', 'rewind_skip_batches': 3}
+  config = tiny_config(**overrides)
+  run = tmp_path / 'run'
+  # The run to kill starts first: it starts up while the reference trains here.
+  process = subprocess.Popen(main_command(run, **overrides), cwd=ROOT,
+                             env={**env(), divergence.NAN_BATCHES: '11'},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+  def kill_once_the_rewind_is_recorded():
+    while not (run / divergence.REWINDS_FILE).exists() and process.poll() is None:
+      time.sleep(0.002)
+    process.kill()
+
+  killer = threading.Thread(target=kill_once_the_rewind_is_recorded, daemon=True)
+  killer.start()
+  monkeypatch.setenv(divergence.NAN_BATCHES, '11')
+  main.train_and_evaluate(config, str(tmp_path / 'reference'))
+  rewinds = [{'at_step': 12, 'to_step': 10, 'data_offset': 3}]
+  assert json.loads((tmp_path / 'reference' / divergence.REWINDS_FILE).read_text()) == rewinds
+  assert ('The training diverged at step 12: non-finite loss nan and gradient norm nan. '
+          'Rewinding to the checkpoint at step 10 and skipping 3 batches (rewind 1 of at most '
+          '3, recorded in') in caplog.text
+  reference = read_metrics(tmp_path / 'reference')
+  assert [m['step'] for m in reference] == list(range(1, 21))  # The spike's rows are gone.
+  assert all(np.isfinite(m['train/loss']) for m in reference)
+
+  killer.join(timeout=600)
+  assert process.wait() == -signal.SIGKILL
+  assert workdir.steps(run) == [10]  # Killed in the rewind: before the next save.
+  monkeypatch.delenv(divergence.NAN_BATCHES)  # Now only the record can move the stream on.
+  main.train_and_evaluate(config, str(run))  # Restarted.
+  assert 'Data offset 3: 1 rewinds recorded' in caplog.text
+  assert json.loads((run / divergence.REWINDS_FILE).read_text()) == rewinds
+  chex.assert_trees_all_equal(restore_state(run, config),
+                              restore_state(tmp_path / 'reference', config))
+  losses = {m['step']: m['train/loss'] for m in read_metrics(run)}
+  assert losses == {m['step']: m['train/loss'] for m in reference}
+
+
+def test_save_refuses_a_non_finite_state_and_the_last_good_one_is_never_rotated_out(
+    tiny_run, reference, tmp_path):
+  """The manager on its own: a NaN state is refused (nothing written), or, saved as asked,
+  recorded as not finite; with keep_checkpoints=2, two of them rotate step 5 out but never
+  step 10, the newest good one; a resume moves them aside and restores step 10."""
+  run = copy_run(tiny_run, tmp_path)
+  state = restore_state(run, reference['config'], 10)
+  nan_state = state.replace(params=jax.tree.map(lambda x: x * np.nan, state.params))
+  manager = manager_lib.make_manager(str(run), every_steps=1, keep=2)
+  try:
+    with pytest.raises(manager_lib.NonFiniteState, match=r'the state at step 11 is not finite '
+                                                         r'\(params/'):
+      manager_lib.save(manager, 11, nan_state, force=True)
+    for step in (11, 12):
+      manager_lib.save(manager, step, nan_state, force=True, allow_nonfinite=True)
+      manager.wait_until_finished()
+  finally:
+    manager.close()
+  assert workdir.steps(run) == [10, 11, 12]
+  assert workdir.newest_good_step(run) == 10
+  # An older vit_jax's record says nothing of finiteness: step 11's is found on reading it.
+  metadata = run / 'checkpoints' / '11' / manager_lib.STEP_METADATA
+  record = json.loads(metadata.read_text())
+  for array in record['custom_metadata'][manager_lib.ARRAYS].values():
+    del array['finite']
+  metadata.write_text(json.dumps(record))
+  manager = manager_lib.make_manager(str(run), every_steps=1, keep=2)
+  try:
+    resumed = manager_lib.resume(manager, reference['abstract'])
+  finally:
+    manager.close()
+  chex.assert_trees_all_equal(jax.device_get(resumed), reference['step10'])
+  assert workdir.steps(run) == [10]
+  assert sorted(os.listdir(run / 'checkpoints' / manager_lib.NONFINITE)) == ['11', '12']
+
+
+@pytest.mark.slow
+def test_the_tools_refuse_a_non_finite_checkpoint_naming_the_newest_good_one(
+    tiny_run, reference, tmp_path, caplog):
+  """evaluate (a real process: before, `loss nan` and exit status 0), export, predict,
+  fewshot and a fine-tune's init_from: one line naming step 10; --allow_nonfinite reads it
+  with a warning."""
+  run = copy_run(tiny_run, tmp_path)
+  state = restore_state(run, reference['config'], 10)
+  manager = manager_lib.make_manager(str(run), every_steps=1, keep=5)
+  manager_lib.save(manager, 12, state.replace(params=jax.tree.map(lambda x: x * np.nan,
+                                                                    state.params)),
+                   force=True, allow_nonfinite=True)
+  manager.close()
+  done = subprocess.run([sys.executable, '-m', 'vit_jax.evaluate', f'--workdir={run}'],
+                        cwd=ROOT, env=env(devices=1), capture_output=True, text=True,
+                        timeout=300)
+  assert done.returncode == errors.EXIT_STATUS, done.stderr[-3000:]
+  message = (f'The checkpoint at step 12 in {run} is not finite (40 arrays hold NaN or '
+             'infinity, e.g. params/Transformer/encoder_norm/bias: its run diverged). The newest '
+             'good one is step 10: use --step=10, or pass --allow_nonfinite to read it anyway.')
+  assert one_error_line(done.stderr) == f'error: {message}'
+  with pytest.raises(errors.NonFiniteCheckpointError, match=re.escape(message)):
+    export.export(str(run), str(tmp_path / 'model.npz'))
+  args = argparse.Namespace(workdir=str(run), step=None, ema=False, allow_nonfinite=False,
+                            model=None, image_size=None, pool=None, pp=None, class_names=None,
+                            activation='auto')
+  with pytest.raises(errors.NonFiniteCheckpointError, match=re.escape(message)):
+    predict.load_source(args)
+  flags_ = {k: argparse.Namespace(value=v) for k, v in
+            dict(workdir=str(run), step=None, allow_nonfinite=False).items()}
+  with pytest.raises(errors.NonFiniteCheckpointError, match=re.escape(message)):
+    fewshot_command._load(flags_)
+  model = workdir.model_from_config(workdir.load_config(run))
+  with pytest.raises(errors.NonFiniteCheckpointError, match=r'use config\.init_step=10\.$'):
+    workdir.init_params_from(str(run), reference['step10'].params, model)
+  assert not (tmp_path / 'model.npz').exists()
+  export.export(str(run), str(tmp_path / 'model.npz'), allow_nonfinite=True)
+  assert 'read as asked (--allow_nonfinite)' in caplog.text
+  args.allow_nonfinite = True
+  assert predict.load_source(args).loaded.source == f'{run} (step 12)'
+
+
+# ---------------------------------------------------------------------------
+# One run per workdir: two real processes on one workdir, a killed holder, a lock on a
+# shared filesystem whose holder is on another host.
+
+
+@pytest.mark.slow
+def test_a_second_run_on_a_workdir_exits_in_one_line_and_a_killed_holders_lock_is_taken(
+    tmp_path):
+  """Two runs started together: one takes the workdir, the other stops at once writing
+  nothing there; a third started while the first runs, the same. The first killed with
+  kill -9: its lock is left, and the next run takes it over with a warning."""
+  run = tmp_path / 'run'
+  command = main_command(run, **{**NO_EVAL, 'total_steps': 100_000})  # Runs until killed.
+
+  def start():
+    return subprocess.Popen(command, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+  def refused(process, holder):
+    assert process.wait(timeout=300) == errors.EXIT_STATUS
+    line = one_error_line(process.stderr.read())
+    assert line.startswith(f'error: {run} is in use by another run (PID {holder.pid} on '
+                           f'{socket.gethostname()}, started '), line
+    assert line.endswith('one run per workdir. Wait for it to end or stop it, or use another '
+                         f'--workdir; if that run is gone, remove {run / lock.LOCK_FILE}.')
+
+  first, second = start(), start()
+  while first.poll() is None and second.poll() is None:
+    time.sleep(0.05)
+  holder, loser = (first, second) if first.poll() is None else (second, first)
+  refused(loser, holder)
+  refused(start(), holder)  # Started while the holder runs.
+  assert holder.poll() is None
+  assert 'is in use' not in (run / 'log.txt').read_text()  # The refused wrote nothing there.
+  holder.kill()
+  holder.wait()
+  assert json.loads((run / lock.LOCK_FILE).read_text())['pid'] == holder.pid
+  taker = start()
+  log = Log(taker)
+  log.wait_for(taker, lambda: 'taking it over' in log.text)
+  assert (f'warning: {run / lock.LOCK_FILE} was left by a run that is gone (PID {holder.pid} '
+          f'on {socket.gethostname()}, started ') in log.text
+  assert f'PID {holder.pid} is not running on this host): taking it over.' in log.text
+  log.wait_for(taker, lambda: 'Process 0 of 1' in log.text)  # It goes on.
+  assert json.loads((run / lock.LOCK_FILE).read_text())['pid'] == taker.pid
+  taker.kill()
+  taker.wait()
+
+
+def test_a_lock_from_another_host_is_kept_while_its_heartbeat_is_fresh(tmp_path, caplog):
+  """A workdir on a shared filesystem that does not share flock (or an object store): the
+  record alone decides. A fresh heartbeat of another host: refused; a stale one, or a
+  PID gone on this host: taken over with a warning. Released: emptied, not removed."""
+  path = tmp_path / lock.LOCK_FILE
+
+  def record(**fields):
+    now = time.time()
+    path.write_text(json.dumps({'host': 'elsewhere', 'pid': 4242, 'started': now - 3600,
+                                'heartbeat': now, **fields}))
+
+  record()
+  with pytest.raises(errors.WorkdirInUseError, match=r'is in use by another run \(PID 4242 on '
+                                                     r'elsewhere, started .*, heartbeat 0s ago; '
+                                                     r'running, by its record\)'):
+    lock.WorkdirLock(tmp_path).acquire()
+  record(heartbeat=time.time() - lock.STALE_S - 5)
+  with lock.hold(tmp_path):
+    assert 'PID 4242 on elsewhere' in caplog.text
+    assert re.search(r'its heartbeat is 60\ds old \(> 600s\)\): taking it over', caplog.text)
+    with lock.hold(tmp_path):  # Re-entrant: vit_jax.main holds it, then train_and_evaluate.
+      assert json.loads(path.read_text())['pid'] == os.getpid()
+  assert path.read_text() == ''
+  finished = subprocess.Popen(['true'])  # A PID that has exited, on this host.
+  finished.wait()
+  record(host=socket.gethostname(), pid=finished.pid)
+  with lock.hold(tmp_path):
+    assert f'PID {finished.pid} is not running on this host' in caplog.text
+
+
+# ---------------------------------------------------------------------------
+# A resume is the same run.
+
+
+def test_a_resume_that_changes_the_trajectory_is_refused_in_one_line(tiny_run, tmp_path):
+  """A new batch size, a new total_steps (shorter, or longer as a recomputed schedule):
+  refused before anything starts, config.json untouched. What does not change the
+  trajectory may change: the run (complete) evaluates again."""
+  run = copy_run(tiny_run, tmp_path)
+  recorded = (run / 'config.json').read_bytes()
+  new_run = f'To start a new run from it instead: --workdir=NEW_WORKDIR --config.init_from={run}'
+  for changes, what in [
+      ({'batch_size': 32}, 'config.batch_size=32 (64)'),
+      ({'total_steps': 6}, 'config.total_steps=6 (10)'),
+      ({'total_steps': 20, 'schedule.base_lr': 1e-2},
+       'config.total_steps=20 (10), config.schedule.base_lr=0.01 (0.003)'),
+  ]:
+    with pytest.raises(errors.ConfigError) as refused:
+      main.train_and_evaluate(tiny_config(**{**TINY_RUN, **changes}), str(run))
+    message = str(refused.value)
+    assert message.startswith(f'A resume is the same run, but {what}: the run in {run} was '
+                              'trained with the values in brackets (its config.json). Resume '
+                              'with them.'), message
+    assert message.endswith(new_run + ' (its parameters, a fresh optimizer and schedule).')
+    assert ('add a named phase' in message) == ('total_steps' in changes) and '\n' not in message
+  assert (run / 'config.json').read_bytes() == recorded
+  result = main.train_and_evaluate(tiny_config(**{
+      **TINY_RUN, 'log_every_steps': 1, 'keep_checkpoints': 1, 'input_workers': 2,
+      'dataset.pp_eval': 'to_rgb|resize(16)|value_range(-1, 1)', 'eval_batch_size': 8}),
+      str(run))
+  assert result['eval/examples'] == 359
+  assert (run / 'config.json').read_bytes() == recorded  # It trained nothing.
+
+
+@pytest.mark.slow
+def test_a_finished_run_trains_further_only_as_a_named_phase(tiny_run, tmp_path):
+  """The tiny run (10 steps, cosine to 0) given a phase to step 14 at a constant 1e-4: steps
+  11-14 train at 1e-4, the steps before keep their rates; config.json records the phase,
+  and a phase taken away again is refused."""
+  run = copy_run(tiny_run, tmp_path)
+  before = read_metrics(run)
+  phase = {'name': 'longer', 'total_steps': 14, 'base_lr': 1e-4, 'decay': 'constant'}
+  config = tiny_config(**{**TINY_RUN, 'schedule.phases': (phase,), 'log_every_steps': 1})
+  main.train_and_evaluate(config, str(run))
+  after = read_metrics(run)
+  assert after[:len(before)] == before
+  rates = {m['step']: m['train/learning_rate'] for m in after if 'train/learning_rate' in m}
+  assert [rates[s] for s in range(11, 15)] == [pytest.approx(1e-4)] * 4
+  assert rates[10] == next(m['train/learning_rate'] for m in before if m['step'] == 10)
+  assert workdir.steps(run)[-1] == 14 and workdir.load_config(run).schedule.phases == (phase,)
+  with pytest.raises(errors.ConfigError, match=r'phases may only be added after the recorded '
+                                               r'ones'):
+    main.train_and_evaluate(tiny_config(**TINY_RUN), str(run))
+
+
+# ---------------------------------------------------------------------------
+# A save that fails on a file system remounted read-only: one line, nothing after it.
+
+
+@pytest.fixture
+def read_only_later(tmp_path):
+  """tmp_path/run/checkpoints as a bind mount of itself, remounted read-only by calling the
+  fixture (skips where mounting is not permitted)."""
+  checkpoints = tmp_path / 'run' / 'checkpoints'
+  checkpoints.mkdir(parents=True)
+  mount = subprocess.run(['mount', '--bind', str(checkpoints), str(checkpoints)],
+                         capture_output=True, text=True)
+  if mount.returncode:
+    pytest.skip(f'cannot bind-mount here: {mount.stderr.strip()}')
+  yield lambda: subprocess.run(['mount', '-o', 'remount,bind,ro', str(checkpoints)],
+                               check=True)
+  subprocess.run(['umount', str(checkpoints)], check=True)
+
+
+@pytest.mark.slow
+def test_a_save_on_a_read_only_remount_is_one_line_and_nothing_after_it(tmp_path,
+                                                                         read_only_later):
+  run = tmp_path / 'run'
+  overrides = {**NO_EVAL, 'total_steps': 60, 'checkpoint_every_steps': 20}
+  process = subprocess.Popen(main_command(run, **overrides), cwd=ROOT, env=env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  log = Log(process)
+  log.wait_for(process, lambda: workdir.steps(run) == [20])
+  read_only_later()
+  assert process.wait(timeout=300) == errors.SAVE_FAILED_STATUS
+  log.thread.join()
+  line = one_error_line(log.text)
+  assert re.fullmatch(
+      rf'error: Saving the checkpoint at step 40 in {run}/checkpoints failed: the file '
+      r'system is read-only \(Read-only file system.*\)\. The checkpoints before it are intact '
+      r'\(steps 20\): use a writable workdir, then run the same command again to resume from '
+      r'step 20\.', line), line
+  assert log.text.rstrip().endswith(line), log.text[-2000:]  # Not a warning after it.

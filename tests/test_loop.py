@@ -1,5 +1,5 @@
 """vit_jax.training.loop through vit_jax.main.train_and_evaluate: whole runs, resumed bit for
-bit, stopped at a non-finite loss, fine-tuned from a release file."""
+bit, stopped at a non-finite state, fine-tuned from a release file."""
 
 import logging
 import re
@@ -11,7 +11,9 @@ import pytest
 import scipy.ndimage
 
 from vit_jax import main
+from vit_jax.base import errors
 from vit_jax.base.cpu import host_cpu
+from vit_jax.checkpoints import manager as manager_lib
 from vit_jax.models import get_model
 from vit_jax.training import mfu
 from vit_jax.training import plan as plan_lib
@@ -90,16 +92,25 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, caplog):
   assert read_metrics(tmp_path / 'a') == a
 
 
-def test_non_finite_loss_stops_with_the_step_and_keeps_good_checkpoints(tmp_path):
-  config = tiny_config(**{'schedule.base_lr': 1e8, 'optimizer.grad_clip_norm': None,
-                          'optimizer.name': 'sgd', 'total_steps': 40,
-                          'checkpoint_every_steps': 2, 'log_every_steps': 1})
-  with pytest.raises(FloatingPointError, match=r'Non-finite loss \(nan\) at step (\d+)\. .*'
-                                               r'last good checkpoint is step'):
+def test_a_state_that_turns_non_finite_after_finite_metrics_is_never_saved(tmp_path):
+  """Step 1 trains at 1e-3 (finite, saved); then a phase at an infinite rate: step 2's loss
+  and gradients are finite but its update is not. Its save is refused, and the run stops
+  naming step 1, the last good checkpoint."""
+  phase = {'name': 'infinite', 'total_steps': 3, 'base_lr': float('inf'), 'decay': 'constant'}
+  config = tiny_config(**{'schedule.decay': 'constant', 'schedule.warmup_steps': 0,
+                          'schedule.phases': (phase,), 'optimizer.grad_clip_norm': None,
+                          'optimizer.name': 'sgd', 'total_steps': 1, 'evals.eval': None,
+                          'checkpoint_every_steps': 1, 'log_every_steps': 1,
+                          'keep_checkpoints': 1})
+  with pytest.raises(errors.Diverged, match=(
+      r'^The training diverged at step 2: a non-finite state \(params/Transformer/encoder_norm/'
+      r'bias, .* and \d+ more\) after finite losses and gradient norms\. Nothing after step 1 '
+      r'was saved: the last good checkpoint is .*/checkpoints/1 ')):
     main.train_and_evaluate(config, str(tmp_path))
-  for step_dir in (tmp_path / 'checkpoints').iterdir():
-    restored = restore_state(tmp_path, config, int(step_dir.name))
-    assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(restored.params)))
+  assert sorted(int(p.name) for p in (tmp_path / 'checkpoints').iterdir()) == [1]
+  assert manager_lib.good(manager_lib.recorded(tmp_path / 'checkpoints' / '1')) is True
+  restored = jax.device_get(restore_state(tmp_path, config, 1))
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(restored))
 
 
 def test_fine_tune_starts_from_a_release_file(tmp_path):

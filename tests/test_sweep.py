@@ -1,6 +1,7 @@
 """Sweeps: the README's three-seed sweep of the quickstart with the minival choice, the
 results table, the printed commands, and the refused inputs."""
 
+import io
 import json
 import subprocess
 import sys
@@ -172,3 +173,16 @@ def test_grid_values_with_commas_as_a_list():
   with pytest.raises(errors.ConfigError, match='FIELD=VALUE'):
     sweep.parse_grid(['schedule.base_lr'])
 
+
+
+def test_every_runs_config_is_validated_before_the_first_run_starts(tmp_path):
+  """A warm-up as long as the run in one grid point: refused in one line naming that run
+  before the first run (whose config is fine) trains; before, 136 s into the first run."""
+  workdir = tmp_path / 's'
+  plan = sweep.Sweep(str(QUICKSTART), [(k, str(v)) for k, v in FAST.items()], str(workdir),
+                     sweep.parse_grid(['schedule.warmup_steps=2,12']), seeds=2, minival=0)
+  with pytest.raises(errors.ConfigError, match=(
+      rf'^{workdir}/schedule.warmup_steps=12/seed=0: config.schedule: the warm-up \(12 steps\) '
+      r'is not shorter than the run \(12 steps\)\. .* \(checked before the sweep\'s first run\)$')):
+    sweep.run_sweep(plan, out=io.StringIO())
+  assert not list(workdir.rglob('checkpoints'))

@@ -2,6 +2,7 @@
 tiny TFDS datasets written here under the real datasets' names and versions."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -238,3 +239,20 @@ def test_vtab_runs_two_tasks_prints_the_grouped_table_and_resumes(tiny_run, tiny
   settings = json.loads((workdir / 'smallnorb_azi' / vtab.RESULT_FILE).read_text())['settings']
   with pytest.raises(errors.ConfigError, match=r'finished with other settings \(lr differ\)'):
     vtab.run(vtab_tasks.select('smallnorb_azi'), str(workdir), {**settings, 'lr': 0.01})
+
+
+def test_every_tasks_config_is_validated_before_the_first_task_trains(tiny_run, tiny_tfds,
+                                                                     tmp_path):
+  """smallnorb_elev's folder holds another run (the tiny run): refused in one line naming it,
+  before smallnorb_azi (first in the table, nothing wrong) trains."""
+  shutil.copytree(tiny_run, tmp_path / 'vtab' / 'smallnorb_elev')
+  settings = dict(init_from=str(tiny_run), data_dir=tiny_tfds, lr=0.03, steps=6,
+                  warmup_steps=1, batch_size=16, image_size=16, momentum=0.9, seed=0,
+                  train_split='train800val200', eval_split='test')
+  with pytest.raises(errors.ConfigError, match=(
+      rf'^{tmp_path}/vtab/smallnorb_elev: A resume is the same run, but config.dataset.name='
+      r"'vtab/smallnorb_elev' \('digits'\), .* and 6 more fields: .* \(checked before the "
+      r"first task's run\)$")):
+    vtab.run(vtab_tasks.select('smallnorb_azi,smallnorb_elev'), str(tmp_path / 'vtab'),
+             settings)
+  assert not (tmp_path / 'vtab' / 'smallnorb_azi').exists()

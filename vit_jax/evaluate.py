@@ -68,6 +68,9 @@ def _define_flags() -> dict[str, Any]:
                         'config.optimizer.ema_decay) instead of the weights.'),
       progress_every=f.DEFINE_float('progress_every', 10., 'Seconds between the progress '
                                     'lines.'),
+      allow_nonfinite=f.DEFINE_bool('allow_nonfinite', False, 'Evaluate a checkpoint that '
+                                    'holds NaN or infinity (its run diverged), with a warning, '
+                                    'instead of refusing it.'),
   )
   f.mark_flags_as_required(['workdir'])
   return defined
@@ -90,7 +93,8 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
       raise errors.ConfigError(f'--evals: {", ".join(unknown)} not in the run\'s config.evals '
                                f'({", ".join(config.evals) or "none"}).')
   ema = flags_['ema'].value
-  params, step = workdir_lib.restore_params(directory, flags_['step'].value, ema=ema)
+  params, step = workdir_lib.restore_params(directory, flags_['step'].value, ema=ema,
+                                            allow_nonfinite=flags_['allow_nonfinite'].value)
   name = f'step {step}{" (EMA)" if ema else ""}'
   for evaluator, metrics in evaluate_params(config, params, names,
                                             flags_['progress_every'].value):

@@ -43,6 +43,9 @@ def _define_flags() -> dict[str, Any]:
       batch_size=f.DEFINE_integer('batch_size', 256, 'Images a forward pass (a multiple of '
                                   'the devices).'),
       json=f.DEFINE_string('json', None, 'Also write the per-seed results here.'),
+      allow_nonfinite=f.DEFINE_bool('allow_nonfinite', False, '--workdir: use a checkpoint '
+                                    'that holds NaN or infinity (its run diverged), with a '
+                                    'warning, instead of refusing it.'),
   )
 
 
@@ -55,7 +58,8 @@ def _load(flags_: dict[str, Any]) -> tuple[Any, Any, str]:
   directory = flags_['workdir'].value
   if directory:
     config = workdir_lib.load_config(directory)
-    params, _ = workdir_lib.restore_params(directory, flags_['step'].value)
+    params, _ = workdir_lib.restore_params(directory, flags_['step'].value,
+                                           allow_nonfinite=flags_['allow_nonfinite'].value)
     head = params.get('head')  # None: a self-supervised run's encoder.
     model = workdir_lib.model_from_config(config, int(head['kernel'].shape[-1]) if head else None)
     return model, params, config.dataset.pp_eval

@@ -22,16 +22,31 @@ from vit_jax.base import console, errors, paths
 from vit_jax.config import cli as config_cli
 
 
-def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
-  """What ``python -m vit_jax.main`` runs, and ``vit_jax.sweep`` and ``vit_jax.vtab`` for
-  each of their runs: the config validated, its evaluators (``config.evals``) built and
-  checked, both before anything compiles; then the training loop. Returns the last metrics."""
+def prepare(config: Any) -> tuple[Any, list[Any]]:
+  """The config validated (``vit_jax.training.plan.validate``) and its evaluators
+  (``config.evals``) built and checked, before anything compiles: (plan, evaluators).
+  ``vit_jax.sweep`` and ``vit_jax.vtab`` run it for every run before the first starts."""
   from vit_jax import evals
-  from vit_jax.training import loop
   from vit_jax.training import plan as plan_lib
 
   plan = plan_lib.validate(config)
-  return loop.train_and_evaluate(plan, workdir, evals.from_config(plan))
+  return plan, evals.from_config(plan)
+
+
+def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
+  """What ``python -m vit_jax.main`` runs, and ``vit_jax.sweep`` and ``vit_jax.vtab`` for
+  each of their runs: ``prepare``; then, before anything is written in the workdir, its lock
+  taken (one run per workdir; the command takes it first of all) and a resume's config
+  compared with the run's (the same trajectory); then the training loop. Returns the last
+  metrics."""
+  from vit_jax.checkpoints import lock
+  from vit_jax.checkpoints import workdir as workdir_lib
+  from vit_jax.training import loop
+
+  plan, evaluators = prepare(config)
+  with lock.hold(workdir):
+    workdir_lib.check_resume(workdir, config)
+    return loop.train_and_evaluate(plan, workdir, evaluators)
 
 
 def _define_flags() -> dict[str, Any]:
@@ -85,15 +100,18 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   if distributed:
     jax.distributed.initialize(coordinator, flags_['num_processes'].value,
                                flags_['process_id'].value)
-  log_file = console.log_file(workdir, jax.process_index())
-  if malloc:
-    logging.info('XLA:CPU: malloc %s (VIT_JAX_MALLOC; GLIBC_TUNABLES=%r).', malloc,
-                 os.environ.get('GLIBC_TUNABLES', ''), extra=console.FILE_ONLY)
-  logging.info('Process %d of %d; %d local / %d global devices (%s).', jax.process_index(),
-               jax.process_count(), jax.local_device_count(), jax.device_count(),
-               jax.devices()[0].platform)
-  logging.info('Log with timestamps and third-party lines: %s', log_file)
-  train_and_evaluate(config, workdir)
+  from vit_jax.checkpoints import lock
+
+  with lock.hold(workdir):  # Before anything is written there: one run per workdir.
+    log_file = console.log_file(workdir, jax.process_index())
+    if malloc:
+      logging.info('XLA:CPU: malloc %s (VIT_JAX_MALLOC; GLIBC_TUNABLES=%r).', malloc,
+                   os.environ.get('GLIBC_TUNABLES', ''), extra=console.FILE_ONLY)
+    logging.info('Process %d of %d; %d local / %d global devices (%s).', jax.process_index(),
+                 jax.process_count(), jax.local_device_count(), jax.device_count(),
+                 jax.devices()[0].platform)
+    logging.info('Log with timestamps and third-party lines: %s', log_file)
+    train_and_evaluate(config, workdir)
 
 
 if __name__ == '__main__':

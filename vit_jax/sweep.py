@@ -49,13 +49,14 @@ class Run:
 
 
 def total_steps(config: Any) -> int:
-  """A run's length: ``total_steps``, or ``num_epochs`` over its training split's size."""
+  """A run's length: ``total_steps`` (or its last schedule phase's), or ``num_epochs`` over
+  its training split's size."""
   from vit_jax.data import sources
   from vit_jax.training import optim
 
   config = config_lib.complete(config)
   if config.total_steps:
-    return int(config.total_steps)
+    return max([int(config.total_steps)] + [p['total_steps'] for p in config.schedule.phases])
   source = sources.get_source(config.dataset, config.dataset.train_split)
   return optim.resolve_steps(config, len(source))[0]
 
@@ -289,9 +290,36 @@ def train(sweep: Sweep, plans: list[Plan], out: Any) -> None:
                              'same sweep command again to resume it.')
 
 
+def validate(sweep: Sweep, plans: list[Plan]) -> None:
+  """Every unfinished run's config checked as ``vit_jax.main.train_and_evaluate`` checks it
+  (``main.prepare``, and a resume's against its workdir), before the first run starts: a
+  mistake in one grid point is one line at once, not a failure hours into the sweep. Runs
+  that differ only in their seed are prepared once."""
+  from vit_jax import main
+  from vit_jax.checkpoints import workdir as workdir_lib
+
+  prepared = set()
+  for plan in plans:
+    if finished(plan):
+      continue
+    config = sweep.config(plan)
+    setting = json.dumps([o for o in plan.overrides if o[0] not in IGNORED])
+    try:
+      workdir_lib.check_resume(plan.workdir, config)
+      if setting not in prepared:
+        main.prepare(config)
+        prepared.add(setting)
+    except errors.UserError as e:
+      raise type(e)(f'{plan.workdir}: {e} (checked before the sweep\'s first run)') from None
+
+
 def run_sweep(sweep: Sweep, print_commands: bool = False, out: Any = None) -> dict | None:
-  """Trains (or prints) the sweep's runs; prints and writes the table of the final runs."""
+  """Trains (or prints) the sweep's runs; prints and writes the table of the final runs.
+  Before the first run trains, every run's config is validated (``validate``)."""
   out = out or sys.stdout
+  if not print_commands:
+    validate(sweep, (sweep.minival_runs() if sweep.minival else [])
+             + sweep.final_runs(points(sweep.grid)))
   chosen: list[list[tuple[str, str]]] | None = points(sweep.grid)
   if sweep.minival:
     stage = sweep.minival_runs()

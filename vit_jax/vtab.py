@@ -142,6 +142,12 @@ def run(tasks: list[Task], workdir: str, settings: dict[str, Any],
 
   out = out or sys.stdout
   model = model_fields(settings['init_from'])
+  configs = {}  # Every task still to run, validated before the first starts.
+  for task in tasks:
+    if not (epath.Path(workdir) / task.name / RESULT_FILE).exists():
+      base = config_cli.load(config_file) if config_file else None
+      config = config_cli.apply_overrides(task_config(task, model, settings, base), overrides)
+      configs[task.name] = validate(config, str(epath.Path(workdir) / task.name))
   accuracies: dict[str, float] = {}
   for task in tasks:
     task_dir = epath.Path(workdir) / task.name
@@ -157,9 +163,7 @@ def run(tasks: list[Task], workdir: str, settings: dict[str, Any],
       print(f'{task.name}: finished earlier, accuracy {100 * done["accuracy"]:.2f}%',
             file=out, flush=True)
       continue
-    base = config_cli.load(config_file) if config_file else None
-    config = task_config(task, model, settings, base)
-    config = config_cli.apply_overrides(config, overrides)
+    config = configs[task.name]
     print(f'{task.name}: fine-tuning in {task_dir} ({settings["steps"]} steps)', file=out,
           flush=True)
     with console.logging_to(str(task_dir)):  # Its lines with absl's prefix: its log.txt.
@@ -179,6 +183,20 @@ def run(tasks: list[Task], workdir: str, settings: dict[str, Any],
   print(table(summary), file=out)
   print(f'Written: {path}', file=out, flush=True)
   return summary
+
+
+def validate(config: Any, workdir: str) -> Any:
+  """``config``, checked as ``vit_jax.main.train_and_evaluate`` checks it (``main.prepare``,
+  and a resume's against its workdir); a problem names the task's workdir."""
+  from vit_jax import main
+  from vit_jax.checkpoints import workdir as workdir_lib
+
+  try:
+    workdir_lib.check_resume(workdir, config)
+    main.prepare(config)
+  except errors.UserError as e:
+    raise type(e)(f'{workdir}: {e} (checked before the first task\'s run)') from None
+  return config
 
 
 def train_and_evaluate(config: Any, workdir: str) -> Any:

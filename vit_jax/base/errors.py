@@ -3,10 +3,12 @@
 A bad config, a missing or damaged file, a checkpoint that does not fit the model: the message
 names the problem and the fix, and the entry points (``run``) print it as ``error: ...`` and exit
 with status 2 (``EXIT_STATUS``); any other exception is a bug and keeps its traceback (status 1).
-A job wrapper can also act on 74 (``SAVE_FAILED_STATUS``: a checkpoint could not be written; the
-earlier ones are intact) and 75 (``PREEMPTED_STATUS``: stopped by SIGTERM after saving; run the
-same command again to resume); docs/reliability.md. Each class is also the built-in exception
-callers expect (``ConfigError`` is a ``ValueError``, ``MissingFileError`` a ``FileNotFoundError``).
+A job wrapper can also act on 65 (``DIVERGED_STATUS``: the training went non-finite; nothing
+non-finite was saved, and the same command would diverge again), 74 (``SAVE_FAILED_STATUS``: a
+checkpoint could not be written; the earlier ones are intact) and 75 (``PREEMPTED_STATUS``:
+stopped by SIGTERM after saving; run the same command again to resume); docs/reliability.md.
+Each class is also the built-in exception callers expect (``ConfigError`` is a ``ValueError``,
+``MissingFileError`` a ``FileNotFoundError``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 EXIT_STATUS = 2
+DIVERGED_STATUS = 65  # sysexits' EX_DATAERR: rerunning the same command fails the same way.
 SAVE_FAILED_STATUS = 74
 PREEMPTED_STATUS = 75
 
@@ -50,6 +53,22 @@ class CheckpointError(UserError, ValueError):
 class CheckpointMismatchError(CheckpointError):
   """A checkpoint that holds another model's parameters or state than the one it is loaded
   into (a release file or a run's Orbax state): nothing is damaged, so nothing falls back."""
+
+
+class NonFiniteCheckpointError(CheckpointError):
+  """A checkpoint whose state holds NaN or infinity (its run diverged): refused by the tools
+  that read it, unless they are asked to allow it."""
+
+
+class WorkdirInUseError(UserError):
+  """Another run holds the workdir's lock: one run per workdir."""
+
+
+class Diverged(UserError, FloatingPointError):
+  """The training went non-finite (loss, gradients or state): exit status 65. Nothing
+  non-finite was saved; the message names the step and the last good checkpoint."""
+
+  exit_status = DIVERGED_STATUS
 
 
 class CheckpointSaveError(UserError, OSError):

@@ -6,7 +6,10 @@ checkpoint into place when complete, so a crash while saving never damages the l
 Damage after that is found at restore: each save records every array's dtype, shape and
 checksum (``describe``, ``vit_jax.checkpoints.checksum``), and ``resume`` moves a damaged step to
 ``checkpoints/bad/STEP`` and restores the one before (all processes agree). A checkpoint of
-another model is not damage: it stops the run (``CheckpointMismatchError``).
+another model is not damage: it stops the run (``CheckpointMismatchError``). The record also
+says whether each array is finite: ``save`` refuses a non-finite state (a diverged run's) unless
+asked, the newest good checkpoint is never rotated out, and ``resume`` moves a non-finite one to
+``checkpoints/nonfinite/STEP`` and restores the one before.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import logging as std_logging
 import re
 import sys
 import threading
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -32,6 +36,7 @@ from vit_jax.checkpoints import checksum
 ARRAYS = 'vit_jax_arrays'  # Key of ``describe``'s record in the step's custom metadata.
 STEP_METADATA = '_CHECKPOINT_METADATA'  # Orbax's per-step metadata file.
 BAD = 'bad'  # checkpoints/bad/STEP: the damaged checkpoints, moved aside.
+NONFINITE = 'nonfinite'  # checkpoints/nonfinite/STEP: a diverged state's, moved aside.
 # What a restore may raise that is not damage: another model's state (the config changed)
 # and a host out of memory. Anything else a restore raises counts as damage: Orbax 0.12.8
 # wraps TensorStore's ValueErrors (OUT_OF_RANGE: a data file cut short or emptied) in a
@@ -51,6 +56,19 @@ class Manager(ocp.CheckpointManager):
 
   _pending: int | None = None  # The step whose save is being written.
   _failed: errors.CheckpointSaveError | None = None  # Raised once; the clean-up stays quiet.
+
+  def __init__(self, *args: Any, **kwargs: Any):
+    self.good: dict[int, bool | None] = {}  # Step -> finite (None: not recorded), as read.
+    super().__init__(*args, **kwargs)
+
+  def is_good(self, step: int) -> bool | None:
+    """Whether checkpoint ``step`` was recorded finite (None: an older one, not recorded)."""
+    if step not in self.good:
+      try:
+        self.good[step] = good(recorded(epath.Path(self.directory) / str(step)))
+      except errors.CheckpointError:  # Unreadable: damage, which resume finds.
+        return None
+    return self.good[step]
 
   def save(self, step: int, *args: Any, **kwargs: Any) -> bool:
     if self._pending is not None:  # The save before: its failure is its own.
@@ -83,9 +101,15 @@ class Manager(ocp.CheckpointManager):
     except Exception as e:
       if self._failed is None:
         raise self._failure(self._pending, e) from None
+    if self._failed is not None:
+      release_abandoned_threads()
 
   def _failure(self, step: int | None, e: BaseException) -> errors.CheckpointSaveError:
     silence_abandoned_reads()  # The writes abandoned after the first failure.
+    # Orbax's coroutines of the abandoned save, collected at exit, each warned (two lines).
+    warnings.filterwarnings('ignore', message=r"coroutine '.*' was never awaited",
+                            category=RuntimeWarning)
+    release_abandoned_threads()
     inner = e
     while inner.__cause__ is not None or inner.__context__ is not None:
       inner = inner.__cause__ or inner.__context__
@@ -123,6 +147,25 @@ SAVE_CAUSES = (
 )
 
 
+def release_abandoned_threads() -> None:
+  """Ends Orbax's threads of a failed save that still wait for the signals of its steps that
+  never ran (e.g. creating the step's folder on a read-only file system): they are not
+  daemons, so the process would hang at exit, at 0% CPU, for Orbax's barrier timeout. Each
+  is cancelled, then woken by its own signals. One process only: the signals of a
+  multi-process run are the job's."""
+  if jax.process_count() > 1:
+    return
+  try:
+    from orbax.checkpoint._src.futures import future
+  except ImportError:  # Another Orbax: nothing known to release.
+    return
+  signaling = getattr(future, '_SignalingThread', None)
+  for thread in threading.enumerate():
+    if signaling is not None and isinstance(thread, signaling) and thread.is_alive():
+      thread.cancel()
+      future.set_signals(thread._receive_signals, operation_id=thread._operation_id)
+
+
 def check_saves(manager: ocp.CheckpointManager) -> None:
   """Raises ``errors.CheckpointSaveError`` at once if a background save has failed.
 
@@ -133,39 +176,96 @@ def check_saves(manager: ocp.CheckpointManager) -> None:
     manager.check_saves()
 
 
+class _KeepNewestGood:
+  """Orbax's preservation policy: the last ``keep``, and the newest good (finite) checkpoint
+  whatever came after it, so that a diverged state never rotates the last good one out."""
+
+  def __init__(self, keep: int):
+    self.latest = ocp.checkpoint_managers.LatestN(n=keep)
+    self.manager: Manager | None = None
+
+  def should_preserve(self, checkpoints: Sequence[Any], *, context: Any) -> list[bool]:
+    keep = list(self.latest.should_preserve(checkpoints, context=context))
+    # Unrecorded (older) checkpoints count as good: nothing says they are not.
+    good = [i for i, c in enumerate(checkpoints) if self.manager.is_good(c.step) is not False]
+    if good:
+      keep[max(good, key=lambda i: checkpoints[i].step)] = True
+    return keep
+
+
 def make_manager(workdir: str, *, every_steps: int, keep: int,
                  asynchronous: bool = True) -> ocp.CheckpointManager:
-  """A manager for ``workdir/checkpoints`` that saves every N steps and keeps the last K."""
+  """A manager for ``workdir/checkpoints`` that saves every N steps and keeps the last K (and
+  the newest good one)."""
   # Before the first save: a failed write's abandoned callbacks fire in Orbax's background
   # thread, before its failure reaches ``check_saves``.
   silence_abandoned_reads()
-  return Manager(
+  policy = _KeepNewestGood(keep)
+  manager = Manager(
       epath.Path(workdir) / 'checkpoints',
       options=ocp.CheckpointManagerOptions(
-          save_interval_steps=every_steps, max_to_keep=keep, create=True,
+          save_interval_steps=every_steps, preservation_policy=policy, create=True,
           enable_async_checkpointing=asynchronous,
           cleanup_tmp_directories=True),  # What a killed save left: never a checkpoint.
       # One unnamed item: said here, not guessed from the newest step's folders (a
       # damaged step would make Orbax expect several items in every other step too).
       item_handlers=ocp.StandardCheckpointHandler())
+  policy.manager = manager
+  return manager
 
 
-def save(manager: ocp.CheckpointManager, step: int, state: Any, *, force: bool = False) -> bool:
-  """Saves (asynchronously) if ``step`` is due or ``force``, recording its arrays' checksums.
+class NonFiniteState(Exception):  # noqa: N818 (the loop's signal, not an error to print)
+  """``save`` of a state that holds NaN or infinity: nothing was written."""
+
+  def __init__(self, step: int, paths: list[str]):
+    super().__init__(f'the state at step {step} is not finite ({some_paths(paths)})')
+    self.step, self.paths = step, paths
+
+
+def save(manager: ocp.CheckpointManager, step: int, state: Any, *, force: bool = False,
+         allow_nonfinite: bool = False) -> bool:
+  """Saves (asynchronously) if ``step`` is due or ``force``, recording its arrays' checksums
+  and whether each is finite; a state that is not raises ``NonFiniteState`` (nothing is
+  written) unless ``allow_nonfinite``.
 
   True if a save started. Call it on every process (the checksums are collective).
   """
   if not (force or manager.should_save(step)):
     return False
+  arrays = describe(state)
+  if (bad := nonfinite(arrays)) and not allow_nonfinite:
+    raise NonFiniteState(step, bad)
+  if isinstance(manager, Manager):
+    manager.good[step] = not bad
   return manager.save(step, args=ocp.args.StandardSave(state), force=force,
-                      custom_metadata={ARRAYS: describe(state)})
+                      custom_metadata={ARRAYS: arrays})
 
 
 def describe(tree: Any) -> dict[str, dict[str, Any]]:
-  """{path: {'dtype', 'shape', 'checksum'}} of every array: what a checkpoint records."""
-  sums = checksum.of(tree)
-  return {path: {'dtype': np.dtype(x.dtype).name, 'shape': list(x.shape), 'checksum': sums[path]}
+  """{path: {'dtype', 'shape', 'checksum', 'finite'}} of every array: what a checkpoint
+  records."""
+  sums = checksum.summary(tree)
+  return {path: {'dtype': np.dtype(x.dtype).name, 'shape': list(x.shape),
+                 'checksum': sums[path][0], 'finite': sums[path][1]}
           for path, x in _leaves(tree).items()}
+
+
+def nonfinite(arrays: dict[str, dict[str, Any]] | None) -> list[str]:
+  """The paths that the record ``arrays`` says hold NaN or infinity."""
+  return [path for path, a in (arrays or {}).items() if a.get('finite') is False]
+
+
+def good(arrays: dict[str, dict[str, Any]] | None) -> bool | None:
+  """Whether the record ``arrays`` says every array is finite; None where it does not say
+  (a checkpoint of an older vit_jax)."""
+  if not arrays or any('finite' not in a for a in arrays.values()):
+    return None
+  return not nonfinite(arrays)
+
+
+def some_paths(paths: list[str]) -> str:
+  """The first three of ``paths``, and how many more."""
+  return ', '.join(paths[:3]) + (f' and {len(paths) - 3} more' if len(paths) > 3 else '')
 
 
 def recorded(step_dir: epath.Path) -> dict[str, dict[str, Any]] | None:
@@ -184,17 +284,25 @@ def recorded(step_dir: epath.Path) -> dict[str, dict[str, Any]] | None:
 
 def verify(tree: Any, arrays: dict[str, dict[str, Any]] | None, step_dir: epath.Path) -> str:
   """The problem of the restored ``tree`` against the record ``arrays`` ('' if none)."""
+  return _verify(tree, arrays, step_dir)[0]
+
+
+def _verify(tree: Any, arrays: dict[str, dict[str, Any]] | None,
+            step_dir: epath.Path) -> tuple[str, list[str]]:
+  """(``verify``'s problem, the paths of ``tree`` that hold NaN or infinity): one pass."""
+  sums = checksum.summary(tree)
+  nonfinite_paths = [path for path, (_, finite) in sums.items() if not finite]
   if arrays is None:
     logging.warning('%s has no checksums (written by an older vit_jax): restored unverified.',
                     step_dir)
-    return ''
-  bad = [path for path, value in checksum.of(tree).items()
+    return '', nonfinite_paths
+  bad = [path for path, (value, _) in sums.items()
          if arrays.get(path, {}).get('checksum') != value]
   if not bad:
-    return ''
+    return '', nonfinite_paths
   more = ', ...' if len(bad) > 3 else ''
   return (f'{len(bad)} of its arrays differ from the checksums recorded when it was written '
-          f'({", ".join(bad[:3])}{more})')
+          f'({", ".join(bad[:3])}{more})'), nonfinite_paths
 
 
 def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | None = None) -> Any:
@@ -207,7 +315,7 @@ def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | Non
   step = manager.latest_step() if step is None else step
   if step is None:
     raise errors.MissingFileError(f'No complete checkpoint in {manager.directory}.')
-  state, problem = _restore_verified(manager, abstract_state, step)
+  state, problem, _ = _restore_verified(manager, abstract_state, step)
   if problem:
     raise errors.CheckpointError(f'The checkpoint at step {step} in {manager.directory} is '
                                  f'damaged: {problem}.')
@@ -215,17 +323,28 @@ def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | Non
 
 
 def resume(manager: ocp.CheckpointManager, abstract_state: Any) -> Any | None:
-  """The newest checkpoint that restores and verifies; None where there is none at all.
+  """The newest checkpoint that restores, verifies and is finite; None where there is none.
 
   Each damaged one on the way is logged with its problem and moved to
-  ``checkpoints/bad/STEP``. When none is left, ``errors.CheckpointError`` lists
-  every step and its problem. Call it on every process: they agree on the step.
+  ``checkpoints/bad/STEP``; each non-finite one (a diverged run's, recorded so or, for
+  an older checkpoint, found so) to ``checkpoints/nonfinite/STEP``. When none is left,
+  ``errors.CheckpointError`` lists every step and its problem. Call it on every process:
+  they agree on the step.
   """
-  problems = []
+  problems, skipped = [], False
   for step in sorted(manager.all_steps(), reverse=True):
-    state, problem = _restore_verified(manager, abstract_state, step)
+    step_dir = epath.Path(manager.directory) / str(step)
+    recorded_bad = _recorded_nonfinite(step_dir)
+    state, problem, bad = (None, '', recorded_bad) if recorded_bad else \
+        _restore_verified(manager, abstract_state, step)
+    if not problem and bad:
+      moved = _move_aside(manager, step, NONFINITE)
+      logging.warning('The checkpoint at step %d in %s is not finite (%s: its run diverged): '
+                      'moved to %s.', step, manager.directory, some_paths(bad), moved)
+      skipped = True
+      continue
     if not problem:
-      if problems:
+      if problems or skipped:
         logging.warning('Resuming from step %d, the newest good checkpoint.', step)
       return state
     problems.append(f'step {step}: {problem}')
@@ -238,6 +357,15 @@ def resume(manager: ocp.CheckpointManager, abstract_state: Any) -> Any | None:
         f'are in {manager.directory / BAD}. Train from the start in a new workdir (or '
         'fine-tune from a release file with config.init_from).')
   return None
+
+
+def _recorded_nonfinite(step_dir: epath.Path) -> list[str]:
+  """The arrays that the record of ``step_dir`` says are not finite ([] where it cannot be
+  read: the restore finds that)."""
+  try:
+    return nonfinite(recorded(step_dir))
+  except errors.CheckpointError:
+    return []
 
 
 def _leaves(tree: Any) -> dict[str, Any]:
@@ -287,8 +415,9 @@ def _chunk_file(database: epath.Path, key: str) -> str:
 
 
 def _restore_verified(manager: ocp.CheckpointManager, abstract_state: Any,
-                      step: int) -> tuple[Any, str]:
-  """(state, '') or (None, its problem); the same on every process."""
+                      step: int) -> tuple[Any, str, list[str]]:
+  """(state, '', its non-finite paths) or (None, its problem, []); the same on every
+  process."""
   step_dir = epath.Path(manager.directory) / str(step)
 
   def read(arrays: dict[str, dict[str, Any]] | None) -> Any:
@@ -359,15 +488,16 @@ def restore_params(step_dir: epath.Path, mesh: jax.sharding.Mesh | None = None, 
           partial_restore=True))
     return wrap(unwrap(restored, index), index)
 
-  tree, problem = _read_verified(step_dir, read)
+  tree, problem, _ = _read_verified(step_dir, read)
   return (None, problem) if problem else (unwrap(tree, index), '')
 
 
-def _read_verified(step_dir: epath.Path,
-                   read: Callable[[dict[str, dict[str, Any]] | None], Any]) -> tuple[Any, str]:
+def _read_verified(step_dir: epath.Path, read: Callable[[dict[str, dict[str, Any]] | None], Any]
+                   ) -> tuple[Any, str, list[str]]:
   """The one restore-and-verify path: ``read(record)`` restores (part of) the checkpoint in
   ``step_dir``, then every array read is checked against the checksums recorded when it was
-  written. (tree, '') or (None, the problem), the same on every process."""
+  written. (tree, '', the paths read that are not finite) or (None, the problem, []), the
+  same on every process."""
   tree, arrays, problem = None, None, ''
   silence_abandoned_reads()
   try:
@@ -388,9 +518,10 @@ def _read_verified(step_dir: epath.Path,
           'to the one before.') from None
   if _anywhere(bool(problem)) and not problem:
     problem = 'another process could not read it (see its log)'
+  bad = []
   if not problem:  # Collective, so only once every process holds the state.
-    problem = verify(tree, arrays, step_dir)
-  return (None, problem) if problem else (tree, '')
+    problem, bad = _verify(tree, arrays, step_dir)
+  return (None, problem, []) if problem else (tree, '', bad)
 
 
 def silence_abandoned_reads() -> None:
@@ -463,13 +594,14 @@ def _anywhere(flag: bool) -> bool:
   return bool(np.any(multihost_utils.process_allgather(np.int32(flag))))
 
 
-def _move_aside(manager: ocp.CheckpointManager, step: int) -> epath.Path:
-  """Moves ``checkpoints/STEP`` to ``checkpoints/bad/STEP`` (process 0; all wait)."""
+def _move_aside(manager: ocp.CheckpointManager, step: int, folder: str = BAD) -> epath.Path:
+  """Moves ``checkpoints/STEP`` to ``checkpoints/FOLDER/STEP`` (``BAD`` or ``NONFINITE``;
+  process 0; all wait)."""
   directory = epath.Path(manager.directory)
-  target = directory / BAD / str(step)
+  target = directory / folder / str(step)
   n = 1
   while target.exists():  # The same step went bad before (a run resumed, then damaged again).
-    target, n = directory / BAD / f'{step}.{n}', n + 1
+    target, n = directory / folder / f'{step}.{n}', n + 1
   if jax.process_count() > 1:  # Every process named the target before it is taken.
     multihost_utils.sync_global_devices(f'vit_jax: moving checkpoint {step} aside')
   if jax.process_index() == 0:

@@ -3,7 +3,8 @@
 ``vit_jax.main`` writes ``config.json`` (the run's config, with the number of
 classes resolved), ``classes.json`` (the class names, when the data has them) and
 Orbax checkpoints under ``checkpoints/``. Fine-tuning, export, prediction and
-inspection start from here, or from a release .npz file.
+inspection start from here, or from a release .npz file. A resume is the same run:
+``check_resume`` refuses a config that would train another trajectory.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
+from absl import logging
 from etils import epath
 
 from vit_jax import config as config_lib
@@ -60,13 +62,61 @@ def resolve_step(workdir: str | os.PathLike, step: int | None = None) -> int:
 
 def write_run_info(workdir: str | os.PathLike, config: ml_collections.ConfigDict,
                    num_classes: int, class_names: tuple[str, ...]) -> None:
-  """Writes config.json (num_classes resolved) and classes.json into ``workdir``."""
+  """Writes config.json (num_classes resolved) and classes.json into ``workdir``, each
+  whole or not at all (a kill while writing leaves the one before)."""
   config = ml_collections.ConfigDict(config.to_dict())
   config.dataset.num_classes = num_classes
   path = epath.Path(workdir)
-  (path / CONFIG_FILE).write_text(config.to_json_best_effort(indent=1))
+  write_atomically(path / CONFIG_FILE, config.to_json_best_effort(indent=1))
   if class_names:
-    (path / CLASSES_FILE).write_text(json.dumps(list(class_names), indent=0))
+    write_atomically(path / CLASSES_FILE, json.dumps(list(class_names), indent=0))
+
+
+def write_atomically(path: epath.Path, text: str) -> None:
+  """``path.write_text(text)`` through a temporary file renamed into place."""
+  if '://' in str(path):  # An object store writes an object whole.
+    path.write_text(text)
+    return
+  tmp = path.parent / f'.{path.name}.tmp'
+  tmp.write_text(text)
+  tmp.replace(path)
+
+
+def check_resume(workdir: str | os.PathLike, config: ml_collections.ConfigDict) -> None:
+  """Refuses, in one ``errors.ConfigError``, a resume whose ``config`` would train another
+  run than the one in ``workdir``: a field that changes the trajectory (every field but
+  ``vit_jax.config.MAY_CHANGE_ON_RESUME``) differs from its recorded config.json. Only
+  ``config.schedule.phases`` may grow (a finished run trained further). Nothing to check
+  where the workdir holds no checkpoint yet."""
+  path = epath.Path(workdir) / CONFIG_FILE
+  if not steps(workdir) or not path.exists():
+    return
+  recorded = config_lib.flatten(load_config(workdir).to_dict())
+  given = config_lib.flatten(config_lib.complete(config).to_dict())
+  free = config_lib.MAY_CHANGE_ON_RESUME
+  differ = [k for k in config_lib.DECLARED if k not in free and k != 'schedule.phases'
+            and recorded.get(k) != given.get(k)
+            and not (k == 'dataset.num_classes' and not given[k])]  # 0: the data's.
+  old, new = recorded['schedule.phases'], given['schedule.phases']
+  where = f'the run in {workdir} was trained with'
+  new_run = (f'To start a new run from it instead: --workdir=NEW_WORKDIR '
+             f'--config.init_from={workdir} (its parameters, a fresh optimizer and schedule).')
+  if differ:
+    fields = ', '.join(f'config.{k}={given.get(k)!r} ({recorded.get(k)!r})'
+                       for k in differ[:5]) + (f' and {len(differ) - 5} more fields'
+                                                if len(differ) > 5 else '')
+    more = ''
+    if {'total_steps', 'num_epochs'} & set(differ):
+      more = (' A new total would recompute the schedule; to train it further, add a named '
+              "phase: --config.schedule.phases=\"({'name': 'more', 'total_steps': N, "
+              "'base_lr': LR},)\" (docs/training.md).")
+    raise errors.ConfigError(
+        f'A resume is the same run, but {fields}: {where} the values in brackets (its '
+        f'{CONFIG_FILE}). Resume with them.{more} {new_run}')
+  if tuple(new[:len(old)]) != tuple(old):
+    raise errors.ConfigError(
+        f'config.schedule.phases={new!r}, but {where} {old!r} ({CONFIG_FILE}): phases may only '
+        f'be added after the recorded ones. {new_run}')
 
 
 def load_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
@@ -105,9 +155,37 @@ def has_ema(workdir: str | os.PathLike, step: int | None = None) -> bool:
   return manager_lib.has_ema(epath.Path(workdir) / CHECKPOINTS / str(resolve_step(workdir, step)))
 
 
+def newest_good_step(workdir: str | os.PathLike) -> int | None:
+  """The newest checkpoint whose record says its state is finite (or, written by an older
+  vit_jax without that record, whose parameters are); None where there is none."""
+  for step in reversed(steps(workdir)):
+    step_dir = epath.Path(workdir) / CHECKPOINTS / str(step)
+    try:
+      good = manager_lib.good(manager_lib.recorded(step_dir))
+    except errors.CheckpointError:
+      continue
+    if good is None:
+      params, problem = manager_lib.restore_params(step_dir)
+      good = not problem and all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+    if good:
+      return step
+  return None
+
+
+def _nonfinite(workdir: str | os.PathLike, step: int, params: Any) -> list[str]:
+  """The arrays of checkpoint ``step`` that are not finite: as recorded, or (an older
+  checkpoint) those of ``params``, which were read from it."""
+  step_dir = epath.Path(workdir) / CHECKPOINTS / str(step)
+  record = manager_lib.recorded(step_dir)
+  if manager_lib.good(record) is not None:
+    return manager_lib.nonfinite(record)
+  return [k for k, x in release.flatten(params).items() if not np.isfinite(x).all()]
+
+
 def restore_params(workdir: str | os.PathLike, step: int | None = None,
-                   mesh: jax.sharding.Mesh | None = None, *,
-                   ema: bool = False) -> tuple[dict[str, Any], int]:
+                   mesh: jax.sharding.Mesh | None = None, *, ema: bool = False,
+                   allow_nonfinite: bool = False, use: str = '--step={}',
+                   allow: str = '--allow_nonfinite') -> tuple[dict[str, Any], int]:
   """Only the parameters of a checkpoint (not the optimizer state), and its step.
 
   ``ema``: the weights' moving average instead (``config.optimizer.ema_decay``; kept
@@ -116,7 +194,9 @@ def restore_params(workdir: str | os.PathLike, step: int | None = None,
   onto it (sharded by the rules of ``vit_jax.base.sharding``, whatever mesh they were saved
   from); without, as numpy arrays on the host. They are verified against the checksums
   the checkpoint recorded; a damaged one raises ``errors.CheckpointError`` naming the
-  other steps.
+  other steps. A non-finite one (its run diverged) raises ``errors.NonFiniteCheckpointError``
+  naming the newest good step (``use``: how to ask for it) and the option that reads it
+  anyway (``allow``; '' for none), or with ``allow_nonfinite`` is read with a warning.
   """
   step = resolve_step(workdir, step)
   params, problem = manager_lib.restore_params(epath.Path(workdir) / CHECKPOINTS / str(step),
@@ -126,21 +206,33 @@ def restore_params(workdir: str | os.PathLike, step: int | None = None,
     raise errors.CheckpointError(
         f'The checkpoint at step {step} in {workdir} is damaged: {problem}. Use another step'
         f'{f" (it has {others})" if others else ""}, or train again.')
+  if bad := _nonfinite(workdir, step, params):
+    good = newest_good_step(workdir)
+    what = (f'The checkpoint at step {step} in {workdir} is not finite ({len(bad)} arrays hold '
+            f'NaN or infinity, e.g. {bad[0]}: its run diverged)')
+    if allow_nonfinite:
+      logging.warning('%s; read as asked (%s).', what, allow)
+    else:
+      raise errors.NonFiniteCheckpointError(
+          f'{what}. ' + (f'The newest good one is step {good}: use {use.format(good)}'
+                         if good is not None else 'It has no good checkpoint: train again')
+          + (f', or pass {allow} to read it anyway.' if allow else '.'))
   return params, step
 
 
-def load_run(workdir: str | os.PathLike, step: int | None = None, *,
-             ema: bool = False) -> release.Loaded:
+def load_run(workdir: str | os.PathLike, step: int | None = None, *, ema: bool = False,
+             allow_nonfinite: bool = False) -> release.Loaded:
   """The model and parameters of a run's checkpoint (the latest unless ``step``).
 
-  ``ema``: the weights' moving average instead of the weights (``restore_params``).
+  ``ema``: the weights' moving average instead of the weights; ``allow_nonfinite``: a
+  diverged checkpoint read with a warning, not refused (``restore_params``).
   """
   config = load_config(workdir)
   if config.objective == 'mpp':  # A CheckpointError: every tool's entry point prints it.
     raise errors.CheckpointError(
         f'{workdir} is a self-supervised run (masked patch prediction): it has no classifier '
         f'to predict or evaluate with. Fine-tune it first (--config.init_from={workdir}).')
-  params, step = restore_params(workdir, step, ema=ema)
+  params, step = restore_params(workdir, step, ema=ema, allow_nonfinite=allow_nonfinite)
   num_classes = int(np.shape(params['head']['kernel'])[-1])
   model = model_from_config(config, num_classes)
   source = f'{workdir} (step {step}{", EMA" if ema else ""})'
@@ -163,7 +255,7 @@ def init_params_from(source: str, init_params: dict[str, Any], model: VisionTran
   """
   if is_workdir(source):
     source_config = load_config(source)
-    params, step = restore_params(source, step, ema=ema)
+    params, step = restore_params(source, step, ema=ema, use='config.init_step={}', allow='')
     head = params.get('head')  # None: a self-supervised run's (masked patch prediction).
     source_model = model_from_config(source_config,
                                      int(head['kernel'].shape[-1]) if head else None)

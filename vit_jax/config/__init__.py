@@ -141,6 +141,10 @@ FIELDS: dict[str, Field | Group] = {
             'decay': F('str', 'linear', ('linear', 'cosine', 'constant'), 'After the warm-up.'),
             'warmup_steps': F('int', 10_000, '>= 0', 'The warm-up.'),
             'warmup_epochs': F('float?', None, '>= 0', 'Instead of warmup_steps.'),
+            'phases': F('tuple', (), '', 'Named phases after total_steps, to train a run '
+                        "further: each dict(name=..., total_steps=END, base_lr=..., end_lr=0., "
+                        "decay='cosine', warmup_steps=0), a schedule of its own (warm-up from "
+                        '0) from the step the phase before ended (docs/training.md).'),
         }),
     'step_impl': F('str', 'jit', ('jit', 'shard_map'), "'jit' (GSPMD shardings) or "
                    "'shard_map' (explicit over data and fsdp; tensor by XLA). Both mix the "
@@ -173,11 +177,41 @@ FIELDS: dict[str, Field | Group] = {
     'log_every_steps': F('int', 100, '>= 1', 'Training metrics.', why=_ONE_OR_MORE),
     'eval_every_steps': F('int', 0, '>= 0', 'The evaluators; 0: at the end only.'),
     'checkpoint_every_steps': F('int', 1000, '>= 1', 'Checkpoints.', why=_ONE_OR_MORE),
-    'keep_checkpoints': F('int', 3, '>= 1', 'The latest ones kept.',
+    'keep_checkpoints': F('int', 3, '>= 1', 'The latest ones kept (and the newest good '
+                          'one, whatever came after it).',
                           why=' (0 would keep no checkpoint to resume from)'),
+    'on_divergence': F('str', 'stop', ('stop', 'rewind'), 'A non-finite loss, gradient norm '
+                       "or state: 'stop' (exit status 65; nothing non-finite is saved) or "
+                       "'rewind': restore the newest good checkpoint and skip the batches of "
+                       'the spike (docs/reliability.md).'),
+    'max_rewinds': F('int', 3, '>= 1', "on_divergence='rewind': the most rewinds of a run "
+                     '(workdir/rewinds.json); one more divergence stops it.'),
+    'rewind_skip_batches': F('int', 200, '>= 0', "on_divergence='rewind': the batches skipped "
+                             'from the rewound checkpoint on, at least up to the non-finite '
+                             'step (PaLM: 200-500).'),
     'profile_steps': F('tuple', (), '', '(first, last) step of a profiler trace in '
                        'workdir/profile; (): none.'),
     'input_workers': F('int', 32, '>= 1', 'Decoding threads per process.'),
+}
+
+# The fields a resumed run may change: they do not change what it trains (where and how often
+# it logs, evaluates and saves, how its step and data are laid out, what it does at the next
+# divergence). Every other field is the run's trajectory: a resume must keep it
+# (vit_jax.checkpoints.workdir.check_resume), and total_steps grows only by schedule.phases.
+MAY_CHANGE_ON_RESUME = (
+    'model.attention_impl', 'model.remat_policy', 'dataset.data_dir', 'dataset.manual_dir',
+    'dataset.prepare', 'dataset.eval_split', 'dataset.pp_eval', 'eval_batch_size', 'step_impl',
+    'mesh.data', 'mesh.fsdp', 'mesh.tensor', 'mesh.shard_state', 'evals', 'log_every_steps',
+    'eval_every_steps', 'checkpoint_every_steps', 'keep_checkpoints', 'profile_steps',
+    'input_workers', 'on_divergence', 'max_rewinds', 'rewind_skip_batches')
+# A phase of config.schedule.phases: its fields, their kinds and defaults.
+PHASE_FIELDS: dict[str, Field] = {
+    'name': F('str', REQUIRED, '', 'What the phase is called (its log lines say it).'),
+    'total_steps': F('int', REQUIRED, '>= 1', 'The step it ends at.'),
+    'base_lr': F('float', REQUIRED, '> 0', 'Its peak rate.'),
+    'end_lr': F('float', 0.0, '>= 0', 'Its last rate.'),
+    'decay': F('str', 'cosine', ('linear', 'cosine', 'constant'), 'After its warm-up.'),
+    'warmup_steps': F('int', 0, '>= 0', 'Its warm-up from 0.'),
 }
 
 # config.evals.NAME: each entry's type picks its fields.
@@ -233,6 +267,43 @@ def _rules(flat: dict[str, Any]) -> str:
                   or profile[0] > profile[1]):
     return (f'config.profile_steps={profile!r} must be () or (first, last) steps, '
             '1 <= first <= last.')
+  return _phases_problem(flat['schedule.phases'], flat['total_steps'])
+
+
+def phases(config: Any) -> list[dict[str, Any]]:
+  """``config.schedule.phases`` with each phase's defaults filled in."""
+  return [{k: f.default for k, f in PHASE_FIELDS.items() if f.default is not REQUIRED}
+          | dict(p) for p in config.schedule.phases]
+
+
+def _phases_problem(given: Any, total_steps: int | None) -> str:
+  """What is wrong with ``config.schedule.phases`` ('' if nothing)."""
+  where = 'config.schedule.phases'
+  names, end = set(), total_steps
+  for i, phase in enumerate(given):
+    if not isinstance(phase, dict):
+      return (f"{where}[{i}]={phase!r} must be a dict(name=..., total_steps=..., base_lr=...).")
+    for key in phase:
+      if key not in PHASE_FIELDS:
+        return str(unknown_field(f'{where}[{i}]', key, list(PHASE_FIELDS),
+                                 what='a field of a phase'))
+    for key, field in PHASE_FIELDS.items():
+      if key not in phase and field.default is REQUIRED:
+        return f'{where}[{i}].{key} is required: {field.doc}'
+      if key in phase and (problem := field.problem(phase[key])):
+        return f'{where}[{i}].{key}={phase[key]!r} {problem}.'
+    if phase['name'] in names:
+      return f"{where}: two phases are called {phase['name']!r}; name each once."
+    names.add(phase['name'])
+    if total_steps is None:
+      return f'{where} continue config.total_steps: set it (not num_epochs).'
+    if phase['total_steps'] <= end:
+      return (f"{where}[{i}] ({phase['name']!r}) ends at step {phase['total_steps']}, not "
+              f'after the {"run" if i == 0 else "phase before"} ({end}): each phase ends later.')
+    if phase.get('warmup_steps', 0) >= phase['total_steps'] - end:
+      return (f"{where}[{i}].warmup_steps={phase['warmup_steps']} is not shorter than the "
+              f"phase ({phase['total_steps'] - end} steps).")
+    end = phase['total_steps']
   return ''
 
 
@@ -452,6 +523,14 @@ def reference() -> str:
     if isinstance(group, Group):
       lines += ['', f'## `config.{key}`', '', group.doc, '', head,
                 *(f.row(f'{key}.{k}') for k, f in group.fields.items())]
+  lines += ['', '## A phase of `config.schedule.phases`', '', head,
+            *(f.row(f'schedule.phases[i].{k}') for k, f in PHASE_FIELDS.items())]
+  lines += ['', '## On a resume', '',
+            'A run resumed in its workdir is the same run: every field keeps the value its '
+            '`config.json` records, but for these, which do not change what it trains: '
+            + ', '.join(f'`{k}`' for k in MAY_CHANGE_ON_RESUME) + '. `schedule.phases` may '
+            'grow (phases added after the recorded ones: a finished run trained further); a '
+            'new `total_steps` is refused, as it would recompute the schedule.']
   lines += ['', '## `config.evals`', '',
             'Named evaluators: `config.evals.NAME` is a `type` and that type\'s fields; '
             'a recipe writes what differs from the type\'s defaults (`config.evals.fewshot = '

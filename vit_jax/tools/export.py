@@ -23,18 +23,24 @@ _EVALUATE = flags.DEFINE_bool('evaluate', False, 'Evaluate the checkpoint and th
                               'file on the run\'s evaluation split, and print both.')
 _PROGRESS_EVERY = flags.DEFINE_float('progress_every', 10., 'Seconds between the progress '
                                      'lines (with an ETA) of --evaluate.')
+_ALLOW_NONFINITE = flags.DEFINE_bool('allow_nonfinite', False, 'Export a checkpoint that holds '
+                                     'NaN or infinity (its run diverged), with a warning, '
+                                     'instead of refusing it.')
 flags.mark_flags_as_required(['workdir', 'out'])
 
 
-def export(workdir: str, out: str, step: int | None = None, *, ema: bool = False) -> int:
+def export(workdir: str, out: str, step: int | None = None, *, ema: bool = False,
+           allow_nonfinite: bool = False) -> int:
   """Writes the parameters of ``workdir``'s checkpoint (latest or ``step``) to ``out``.
 
-  ``ema``: their moving average instead (``workdir.restore_params``).
+  ``ema``: their moving average instead; ``allow_nonfinite``: a diverged checkpoint with a
+  warning, not refused (``workdir.restore_params``).
   """
   from vit_jax.checkpoints import release
   from vit_jax.checkpoints import workdir as workdir_lib
 
-  params, step = workdir_lib.restore_params(workdir, step, ema=ema)
+  params, step = workdir_lib.restore_params(workdir, step, ema=ema,
+                                            allow_nonfinite=allow_nonfinite)
   release.save_npz(out, params)
   return step
 
@@ -51,12 +57,14 @@ def main(argv: list[str]) -> None:
 
   if not flags.FLAGS['verbosity'].present:  # Orbax's INFO lines only with --verbosity.
     console.quiet_third_party()
-  step = export(_WORKDIR.value, _OUT.value, _STEP.value, ema=_EMA.value)
+  step = export(_WORKDIR.value, _OUT.value, _STEP.value, ema=_EMA.value,
+                allow_nonfinite=_ALLOW_NONFINITE.value)
   what = 'the moving average of the parameters' if _EMA.value else 'the parameters'
   print(f'Wrote {_OUT.value}: {what} of {_WORKDIR.value} at step {step}.')
   if _EVALUATE.value:
     config = workdir_lib.load_config(_WORKDIR.value)
-    params, _ = workdir_lib.restore_params(_WORKDIR.value, step, ema=_EMA.value)
+    params, _ = workdir_lib.restore_params(_WORKDIR.value, step, ema=_EMA.value,
+                                           allow_nonfinite=_ALLOW_NONFINITE.value)
     exported = release.to_model_layout(release.load_npz(_OUT.value),
                                           scanned=release.is_scanned(params))
     classifiers = [n for n, e in config.evals.items() if e.type == 'classification']

@@ -75,6 +75,9 @@ def add_source_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--ema', action='store_true',
                       help="workdir: the weights' moving average (the run's "
                            'config.optimizer.ema_decay) instead of the weights')
+  parser.add_argument('--allow_nonfinite', action='store_true',
+                      help='workdir: use a checkpoint that holds NaN or infinity (its run '
+                           'diverged), with a warning, instead of refusing it')
   parser.add_argument('--pool', default=None, choices=('gap', '0', 'none'),
                       help="npz: a big_vision file's pool type where its arrays do not tell "
                            "(gap, 0 and none store the same ones; only gap is this ViT's)")
@@ -139,7 +142,8 @@ def load_source(args: argparse.Namespace) -> Source:
     if args.model or args.image_size or args.pool:
       raise ValueError('--model, --image_size and --pool are for --npz; a workdir\'s config '
                        'fixes them.')
-    loaded = workdir.load_run(args.workdir, args.step, ema=args.ema)
+    loaded = workdir.load_run(args.workdir, args.step, ema=args.ema,
+                              allow_nonfinite=args.allow_nonfinite)
     pp_spec = args.pp or loaded.config.dataset.pp_eval
     loss = loaded.config.get('loss', 'softmax_xent')
     activation = 'sigmoid' if loss == 'sigmoid_xent' else 'softmax'

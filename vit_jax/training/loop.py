@@ -2,7 +2,9 @@
 
 Resumes from the workdir's newest good checkpoint (else starts from ``config.init_from``,
 else from scratch), compiles the step before the first batch, then steps, logs, saves and
-evaluates; SIGTERM saves and stops (exit status 75: run again to resume).
+evaluates; SIGTERM saves and stops (exit status 75: run again to resume); a non-finite
+loss, gradient norm or state stops (exit status 65) or rewinds (``divergence``), and is
+never saved.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ import numpy as np
 from absl import logging
 from etils import epath
 
+from vit_jax import config as config_lib
 from vit_jax.base import console, cpu, errors, sharding
 from vit_jax.checkpoints import manager as manager_lib
 from vit_jax.checkpoints import release
 from vit_jax.checkpoints import workdir as workdir_lib
 from vit_jax.data import loader
-from vit_jax.training import mfu
+from vit_jax.training import divergence, mfu
 from vit_jax.training.metrics import MetricsLog
 from vit_jax.training.plan import Plan
 from vit_jax.training.step import TrainState, create_train_state, make_train_step
@@ -37,7 +40,9 @@ def train_and_evaluate(plan: Plan, workdir: str, evaluators: Sequence[Any] = ()
                        ) -> dict[str, float]:
   """Trains ``plan`` in ``workdir`` (resuming from its checkpoints) and runs ``evaluators``
   (``vit_jax.evals``) when each is due, for the weights and for their moving average;
-  returns the last metrics. On SIGTERM it saves and raises ``errors.Preempted``."""
+  returns the last metrics. On SIGTERM it saves and raises ``errors.Preempted``; at a
+  non-finite loss, gradient norm or state, it stops (``errors.Diverged``) or rewinds, as
+  ``config.on_divergence`` says (``vit_jax.training.divergence``)."""
   clock = _Clock()
   config, model, total_steps = plan.config, plan.model, plan.total_steps
   for warning in cpu.warnings(_matmul_dtype(model)):
@@ -47,17 +52,24 @@ def train_and_evaluate(plan: Plan, workdir: str, evaluators: Sequence[Any] = ()
   # The state: resumed, fine-tuned from config.init_from, or fresh.
   state, state_shardings = create_train_state(model, plan.tx, config.seed, plan.mesh,
                                               shard_state=plan.shard_state)
+  abstract = manager_lib.abstract_like(state, state_shardings)  # What a rewind restores.
   manager = manager_lib.make_manager(workdir, every_steps=config.checkpoint_every_steps,
                                      keep=config.keep_checkpoints)
   state = _starting_state(state, state_shardings, manager, plan)
   start_step = int(jax.device_get(state.step))
+  guard = divergence.Guard(config, workdir)
+  guard.start(start_step)
 
   log = MetricsLog(workdir, start_step)
-  if log.main:  # What this workdir holds, for the tools that read it later.
+  if log.main and start_step < total_steps:  # What it trains with, for the tools.
     workdir_lib.write_run_info(workdir, config, plan.num_classes, plan.class_names)
     if start_step == 0:
       _parameter_overview(model, state.params, workdir)
       log.writer.write_hparams({k: str(v) for k, v in config.items()})
+  for phase in config_lib.phases(config):
+    logging.info("Schedule phase '%s': to step %d, %s from %.3g to %.3g after %d warm-up "
+                 'steps.', phase['name'], phase['total_steps'], phase['decay'],
+                 phase['base_lr'], phase['end_lr'], phase['warmup_steps'])
 
   # The program and the data.
   train_step = make_train_step(model, plan.tx, plan.schedule, plan.step_options, plan.mesh,
@@ -67,7 +79,7 @@ def train_and_evaluate(plan: Plan, workdir: str, evaluators: Sequence[Any] = ()
       seed=config.seed, sharding=sharding.batch_sharding(plan.mesh),
       num_classes=plan.num_classes, num_workers=config.input_workers,
       repeats=config.dataset.repeats)
-  stream = batches = train_loader.iterate(start_step)
+  stream = batches = guard.stream(train_loader, start_step)
   preemption = _Preemption()
   profile = tuple(config.profile_steps or ())
   speed, result = None, {}
@@ -79,8 +91,9 @@ def train_and_evaluate(plan: Plan, workdir: str, evaluators: Sequence[Any] = ()
       batches = itertools.chain([first], stream)
 
     pending: list[tuple[int, Any]] = []  # The steps since the last log line, their metrics.
-    interval_step, interval_time = start_step, clock.training()
-    for step in range(start_step + 1, total_steps + 1):
+    step, interval_step, interval_time = start_step, start_step, clock.training()
+    while step < total_steps:
+      step += 1
       if profile and step == profile[0]:
         jax.profiler.start_trace(str(epath.Path(workdir) / 'profile'))
       _, batch = next(batches)
@@ -90,26 +103,37 @@ def train_and_evaluate(plan: Plan, workdir: str, evaluators: Sequence[Any] = ()
       if profile and step == profile[1]:
         jax.profiler.stop_trace()
 
-      if step % config.log_every_steps == 0 or step == total_steps:
-        host = _host_metrics(pending, manager)
-        elapsed = clock.training() - interval_time
-        eta = (total_steps - step) * elapsed / (step - interval_step)
-        _log_interval(step, host, (step - interval_step) * config.batch_size / elapsed, eta,
-                      speed, plan, log)
-        pending, interval_step, interval_time = [], step, clock.training()
-      if preemption.reached(manager, step):
-        _host_metrics(pending, manager)
-        manager_lib.save(manager, step, state, force=True)
-        manager.wait_until_finished()
-        logging.warning('Preempted: saved step %d; restart with the same workdir to resume.',
-                        step)
-        _summary(step, start_step, plan, clock, speed, evaluators, log, manager)
-        raise errors.Preempted(step)  # Exit status 75: run again to resume.
-      if step % config.checkpoint_every_steps == 0 or step == total_steps:
-        _host_metrics(pending, manager)
-        manager_lib.save(manager, step, state, force=True)
-      due = [e for e in evaluators if e.due(step, total_steps, config.eval_every_steps)]
-      result.update(_evaluate(due, state, step, log, clock))
+      try:  # Every read of the metrics checks them; every save, the state.
+        if step % config.log_every_steps == 0 or step == total_steps:
+          host = divergence.check(pending)
+          elapsed = clock.training() - interval_time
+          eta = (total_steps - step) * elapsed / (step - interval_step)
+          _log_interval(step, host, (step - interval_step) * config.batch_size / elapsed, eta,
+                        speed, plan, log)
+          pending, interval_step, interval_time = [], step, clock.training()
+        if preemption.reached(manager, step):
+          divergence.check(pending)
+          guard.save(manager, step, state)
+          manager.wait_until_finished()
+          logging.warning('Preempted: saved step %d; restart with the same workdir to '
+                          'resume.', step)
+          _summary(step, start_step, plan, clock, speed, evaluators, log, manager)
+          raise errors.Preempted(step)  # Exit status 75: run again to resume.
+        if step % config.checkpoint_every_steps == 0 or step == total_steps:
+          divergence.check(pending)
+          guard.save(manager, step, state)
+        due = [e for e in evaluators if e.due(step, total_steps, config.eval_every_steps)]
+        if due:
+          divergence.check(pending)
+        result.update(_evaluate(due, state, step, log, clock))
+      except divergence.Spike as spike:  # Stops (errors.Diverged), or rewinds:
+        rewind = guard.diverged(spike, manager)
+        state = manager_lib.restore(manager, abstract, rewind.to_step)
+        log.truncate(rewind.to_step)
+        stream.close()
+        stream = batches = guard.stream(train_loader, rewind.to_step)
+        step = interval_step = rewind.to_step
+        pending, interval_time = [], clock.training()
     if start_step >= total_steps:
       logging.info('The run in %s is already complete (step %d).', workdir, start_step)
       result.update(_evaluate(evaluators, state, start_step, log, clock))
@@ -190,19 +214,6 @@ class _Preemption:
 
   def reached(self, manager: Any, step: int) -> bool:
     return self.requested or (jax.process_count() > 1 and manager.reached_preemption(step))
-
-
-def _host_metrics(pending: list[tuple[int, Any]], manager: Any) -> list[dict[str, float]]:
-  """The metrics of ``pending`` steps on the host; raises at the first non-finite loss."""
-  host = jax.device_get([metrics for _, metrics in pending])
-  for (step, _), metrics in zip(pending, host, strict=True):
-    loss = float(metrics['loss'])
-    if not math.isfinite(loss):
-      raise FloatingPointError(
-          f'Non-finite loss ({loss}) at step {step}. The run stopped; the last good '
-          f'checkpoint is step {manager.latest_step()}. Lower the learning rate or check '
-          'the input.')
-  return host
 
 
 @dataclasses.dataclass

@@ -91,20 +91,26 @@ class MetricsLog:
     if not self.main:
       return
     self.writer = writer(workdir)
-    if self.jsonl.exists():
-      old = self.jsonl.read_text().splitlines(keepends=True)
-      for line in old:
-        try:
-          row = json.loads(line)
-        except json.JSONDecodeError:  # A line cut short by a crash.
-          continue
-        if row['step'] <= start_step:
-          self.lines.append(line)
-          self._note(row)
-      if self.lines != old:
-        tmp = self.jsonl.parent / f'.{self.jsonl.name}.tmp'
-        tmp.write_text(''.join(self.lines))
-        tmp.replace(self.jsonl)
+    self.truncate(start_step)
+
+  def truncate(self, step: int) -> None:
+    """Keeps the rows up to ``step`` (the run goes on from there: resumed, or rewound)."""
+    self.lines, self.rows = [], {}
+    if not (self.main and self.jsonl.exists()):
+      return
+    old = self.jsonl.read_text().splitlines(keepends=True)
+    for line in old:
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError:  # A line cut short by a crash.
+        continue
+      if row['step'] <= step:
+        self.lines.append(line)
+        self._note(row)
+    if self.lines != old:
+      tmp = self.jsonl.parent / f'.{self.jsonl.name}.tmp'
+      tmp.write_text(''.join(self.lines))
+      tmp.replace(self.jsonl)
 
   def _note(self, row: dict[str, float]) -> None:
     self.rows.setdefault(int(row['step']), {}).update(row)

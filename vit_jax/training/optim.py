@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 
@@ -64,6 +65,20 @@ def make_schedule(schedule: Any, total_steps: int, warmup_steps: int) -> optax.S
     return after
   return optax.join_schedules([optax.linear_schedule(0., base_lr, warmup_steps), after],
                               [warmup_steps])
+
+
+def with_phases(schedule: optax.Schedule, total_steps: int,
+                phases: list[dict[str, Any]]) -> tuple[optax.Schedule, int]:
+  """``schedule`` (steps 0 to ``total_steps``) followed by each of ``phases``
+  (``vit_jax.config.phases``: a schedule of its own from the step the one before ended,
+  never a recomputed one), and the step the last ends at."""
+  schedules, boundaries, end = [schedule], [], total_steps
+  for phase in phases:
+    schedules.append(make_schedule(ml_collections.ConfigDict(phase), phase['total_steps'] - end,
+                                   phase['warmup_steps']))
+    boundaries.append(end)
+    end = phase['total_steps']
+  return (optax.join_schedules(schedules, boundaries) if boundaries else schedule), end
 
 
 def kernel_mask(params: Any) -> Any:

@@ -132,7 +132,8 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
       preprocess.check_output(pipelines[field], source[0]['image'], pair(model.image_size),
                               f'config.dataset.{field}', f'the first {split!r} example')
   total, warmup = optim.resolve_steps(config, num_train_examples)
-  schedule = optim.make_schedule(config.schedule, total, warmup)
+  schedule, total = optim.with_phases(optim.make_schedule(config.schedule, total, warmup),
+                                      total, config_lib.phases(config))
   tx = optim.make_optimizer(config.optimizer, schedule)
   return Plan(config, model, train_source, eval_source, num_classes, total, warmup, mesh,
               pipelines['pp_train'], pipelines['pp_eval'], schedule, tx)

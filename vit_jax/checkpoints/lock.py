@@ -1,0 +1,227 @@
+"""One run per workdir: a lock taken before anything is written there.
+
+``workdir/run.lock`` names its holder (host, PID, when it started) and a heartbeat that the
+holder renews every ``HEARTBEAT_S``. On a local or network filesystem the holder also keeps
+an advisory lock on the file (``flock``), which the kernel drops when the process dies, however
+it dies: a second run finds it taken and stops with one line naming the holder; a run killed
+with ``kill -9`` leaves the file, and the next run takes it over with a warning. A lock whose
+PID is gone on this host (or is another process now), or, from another host, whose heartbeat is
+older than ``STALE_S`` (filesystems without ``flock``, object stores), is taken over the same
+way. The file is emptied, never removed, at the end (removing it would let a run lock a file
+no one else sees). A multi-process run takes it once, in process 0, for the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from absl import logging
+from etils import epath
+
+from vit_jax.base import errors
+
+LOCK_FILE = 'run.lock'
+HEARTBEAT_S = 60.0  # How often the holder renews its heartbeat.
+STALE_S = 600.0  # A heartbeat this old is a dead run's (for holders on other hosts).
+_SIZE = 1024  # The record, padded: rewritten in place with one write.
+_HELD: set[str] = set()  # The workdirs this process holds (``hold`` is re-entrant).
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+  """Who holds a workdir's lock."""
+
+  host: str
+  pid: int
+  started: float  # time.time() when it took the lock.
+  heartbeat: float  # time.time() of its last renewal.
+  process_start: str = ''  # /proc/PID/stat's start time: tells a reused PID.
+
+  def describe(self) -> str:
+    started = time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.started))
+    return (f'PID {self.pid} on {self.host}, started {started}, heartbeat '
+            f'{max(0, time.time() - self.heartbeat):.0f}s ago')
+
+  def gone(self) -> str:
+    """Why its run is gone ('' if it may be running)."""
+    if self.host == socket.gethostname():
+      if not _alive(self.pid):
+        return f'PID {self.pid} is not running on this host'
+      if self.process_start and _process_start(self.pid) != self.process_start:
+        return f'PID {self.pid} is another process now'
+      return ''
+    if time.time() - self.heartbeat > STALE_S:
+      return f'its heartbeat is {time.time() - self.heartbeat:.0f}s old (> {STALE_S:.0f}s)'
+    return ''
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # Another user's process.
+    return True
+  return True
+
+
+def _process_start(pid: int) -> str:
+  """The start time of process ``pid`` (clock ticks since boot), '' where unknown."""
+  try:
+    stat = open(f'/proc/{pid}/stat').read()  # noqa: SIM115
+  except OSError:
+    return ''
+  return stat.rsplit(')', 1)[-1].split()[19]  # Field 22; the name may hold spaces.
+
+
+def _read(text: str) -> Holder | None:
+  try:
+    return Holder(**json.loads(text))
+  except (ValueError, TypeError):  # Empty (released) or being written.
+    return None
+
+
+class WorkdirLock:
+  """The lock of one workdir: ``acquire`` (raises ``errors.WorkdirInUseError``), ``release``."""
+
+  def __init__(self, workdir: str | os.PathLike):
+    self.path = epath.Path(workdir) / LOCK_FILE
+    self.local = '://' not in str(workdir)
+    self.fd: int | None = None
+    self.holder: Holder | None = None
+    self._stop = threading.Event()
+    self._thread: threading.Thread | None = None
+
+  def acquire(self) -> None:
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    flocked = False
+    if self.local:
+      self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      try:
+        fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        flocked = True
+      except BlockingIOError:
+        self._refuse(self._wait_for_record(), 'it is locked')
+      except OSError as e:  # A filesystem without flock: the record decides.
+        if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+          raise
+    previous = self._wait_for_record(0.0 if flocked else 1.0)
+    if previous is not None:
+      if why := previous.gone():
+        logging.warning('%s was left by a run that is gone (%s; %s): taking it over.',
+                        self.path, previous.describe(), why)
+      else:  # Alive by its record: another host's, or a filesystem without flock.
+        self._refuse(previous, 'running, by its record')
+    now = time.time()
+    self.holder = Holder(socket.gethostname(), os.getpid(), now, now,
+                         _process_start(os.getpid()))
+    self._write()
+    self._thread = threading.Thread(target=self._beat, daemon=True, name='vit_jax lock')
+    self._thread.start()
+
+  def release(self) -> None:
+    self._stop.set()
+    if self._thread:
+      self._thread.join()
+    with contextlib.suppress(OSError):
+      if self.fd is not None:
+        os.ftruncate(self.fd, 0)  # Emptied, not removed: see the module's doc.
+      elif self.holder is not None:
+        self.path.write_text('')
+    if self.fd is not None:
+      os.close(self.fd)  # Drops the flock.
+      self.fd = None
+
+  def _wait_for_record(self, patience: float = 2.0) -> Holder | None:
+    """The record in the file; a holder that has just created it is given ``patience``
+    seconds to write it."""
+    deadline = time.time() + patience
+    while True:
+      try:
+        text = (os.pread(self.fd, _SIZE, 0).decode() if self.fd is not None
+                else self.path.read_text() if self.path.exists() else '')
+      except OSError:
+        text = ''
+      if (holder := _read(text)) is not None or time.time() >= deadline:
+        return holder
+      time.sleep(0.05)
+
+  def _refuse(self, holder: Holder | None, how: str) -> None:
+    if self.fd is not None:
+      os.close(self.fd)
+      self.fd = None
+    who = holder.describe() if holder else f'a process that has not written {self.path} yet'
+    raise errors.WorkdirInUseError(
+        f'{self.path.parent} is in use by another run ({who}; {how}): one run per workdir. '
+        'Wait for it to end or stop it, or use another --workdir; if that run is gone, '
+        f'remove {self.path}.')
+
+  def _write(self) -> None:
+    text = json.dumps(dataclasses.asdict(self.holder)).ljust(_SIZE)
+    if self.fd is not None:
+      os.pwrite(self.fd, text.encode(), 0)
+    else:
+      self.path.write_text(text)
+
+  def _beat(self) -> None:
+    while not self._stop.wait(HEARTBEAT_S):
+      self.holder = dataclasses.replace(self.holder, heartbeat=time.time())
+      with contextlib.suppress(OSError):  # A full disk: the next save says so.
+        self._write()
+
+
+@contextlib.contextmanager
+def hold(workdir: str | os.PathLike) -> Iterator[None]:
+  """Holds ``workdir``'s lock for the block (re-entrant within a process). Multi-process:
+  process 0 takes it for the job; if it cannot, every process raises."""
+  key = os.path.abspath(workdir) if '://' not in str(workdir) else str(workdir)
+  if key in _HELD:
+    yield
+    return
+  lock, failure = WorkdirLock(workdir), None
+  count, index = _processes()
+  if index == 0:
+    try:
+      lock.acquire()
+    except errors.WorkdirInUseError as e:
+      failure = e
+  if count > 1 and _process_0_failed(failure is not None) and failure is None:
+    failure = errors.WorkdirInUseError(
+        f'Process 0 could not take the lock of {workdir} (its log says why): one run per '
+        'workdir.')
+  if failure is not None:
+    raise failure
+  _HELD.add(key)
+  try:
+    yield
+  finally:
+    _HELD.discard(key)
+    if index == 0:
+      lock.release()
+
+
+def _processes() -> tuple[int, int]:
+  """(process count, this process's index): (1, 0) where jax has not been imported."""
+  jax: Any = sys.modules.get('jax')
+  if jax is None:
+    return 1, 0
+  return jax.process_count(), jax.process_index()
+
+
+def _process_0_failed(failed: bool) -> bool:
+  """Process 0's ``failed``, on every process."""
+  import numpy as np
+  from jax.experimental import multihost_utils
+
+  return bool(multihost_utils.broadcast_one_to_all(np.int32(failed)))
