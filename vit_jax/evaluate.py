@@ -59,7 +59,7 @@ def _define_flags() -> dict[str, Any]:
   """The command line's flags (defined when run as a program, not when imported)."""
   f = flags
   defined = dict(
-      workdir=f.DEFINE_string('workdir', None, 'The workdir of a vit_jax.main run.'),
+      workdir=paths.DEFINE_path('workdir', None, 'The workdir of a vit_jax.main run.'),
       step=f.DEFINE_integer('step', None, 'The checkpoint step (default: the latest).'),
       evals=f.DEFINE_list('evals', None, 'Names in the run\'s config.evals (default: all).'),
       split=f.DEFINE_string('split', None, 'The split to evaluate (default: the run\'s '

@@ -27,14 +27,14 @@ def _define_flags() -> dict[str, Any]:
   """The command line's flags (defined when run as a program, not when imported)."""
   f = flags
   return dict(
-      workdir=f.DEFINE_string('workdir', None, 'A vit_jax.main run directory (or --npz).'),
-      npz=f.DEFINE_string('npz', None, 'A release or exported .npz checkpoint (or --workdir).'),
+      workdir=paths.DEFINE_path('workdir', None, 'A vit_jax.main run directory (or --npz).'),
+      npz=paths.DEFINE_path('npz', None, 'A release or exported .npz checkpoint (or --workdir).'),
       step=f.DEFINE_integer('step', None, '--workdir: the checkpoint step (default: latest).'),
       model=f.DEFINE_string('model', None, '--npz: the registry model (e.g. b16).'),
       image_size=f.DEFINE_integer('image_size', None, '--npz: input size in pixels.'),
       dataset=f.DEFINE_multi_string('dataset', None, 'NAME or NAME,TRAIN_SPLIT,TEST_SPLIT'
                                     '[,DATA_DIR]; repeat for more.'),
-      data_dir=f.DEFINE_string('data_dir', '', 'The data_dir of datasets that name none.'),
+      data_dir=paths.DEFINE_path('data_dir', '', 'The data_dir of datasets that name none.'),
       pp=f.DEFINE_string('pp', None, 'Preprocessing (default: the run\'s dataset.pp_eval; '
                          'for --npz "decode|resize(SIZE)|value_range(-1, 1)").'),
       shots=f.DEFINE_list('shots', list(DEFAULT_SHOTS), 'Shot counts.'),
@@ -42,7 +42,7 @@ def _define_flags() -> dict[str, Any]:
       l2_reg=f.DEFINE_float('l2_reg', 2.0**10, 'The regression\'s L2 regularisation.'),
       batch_size=f.DEFINE_integer('batch_size', 256, 'Images a forward pass (a multiple of '
                                   'the devices).'),
-      json=f.DEFINE_string('json', None, 'Also write the per-seed results here.'),
+      json=paths.DEFINE_path('json', None, 'Also write the per-seed results here.'),
   )
 
 

@@ -39,7 +39,7 @@ def _define_flags() -> dict[str, Any]:
   f = flags
   defined = dict(
       config=config_cli.DEFINE_config('config', 'Training config file.'),
-      workdir=f.DEFINE_string('workdir', None, 'Directory for checkpoints and logs.'),
+      workdir=paths.DEFINE_path('workdir', None, 'Directory for checkpoints and logs.'),
       coordinator_address=f.DEFINE_string('coordinator_address', None,
                                           'host:port of process 0, for multi-process runs.'),
       num_processes=f.DEFINE_integer('num_processes', None, 'Number of processes.'),

@@ -27,7 +27,7 @@ import numpy as np
 from etils import epath
 
 from vit_jax import config as config_lib
-from vit_jax.base import console, errors
+from vit_jax.base import console, errors, paths
 
 IGNORED = ('seed',)  # Fields that do not make another setting.
 
@@ -345,7 +345,7 @@ def _define_flags() -> dict[str, Any]:
 
   return dict(
       config=config_cli.DEFINE_config('config', 'The recipe swept.'),
-      workdir=flags.DEFINE_string('workdir', None, 'The sweep\'s folder: one workdir a run.'),
+      workdir=paths.DEFINE_path('workdir', None, 'The sweep\'s folder: one workdir a run.'),
       grid=flags.DEFINE_multi_string('grid', [], 'FIELD=VALUE,VALUE,...: the values of a '
                                      'config field (repeat for more fields: their product).'),
       seeds=flags.DEFINE_integer('seeds', 3, 'Seeds 0 .. N-1 of each setting (the paper: 3).'),
@@ -354,7 +354,7 @@ def _define_flags() -> dict[str, Any]:
                                  'run it with every seed; 0: every point with every seed.'),
       print_commands=flags.DEFINE_bool('print_commands', False, 'Print the vit_jax.main '
                                        'command of each run still to do instead of running.'),
-      json=flags.DEFINE_string('json', None, 'results: the JSON file (default DIR/results.json; '
+      json=paths.DEFINE_path('json', None, 'results: the JSON file (default DIR/results.json; '
                                'the Markdown beside it).'),
       cpu_devices=flags.DEFINE_integer('cpu_devices', 0, 'As vit_jax.main\'s --cpu_devices.'),
   )
@@ -366,7 +366,7 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   if len(argv) > 1 and argv[1] == 'results':
     if len(argv) != 3:
       raise app.UsageError('python -m vit_jax.sweep results DIR')
-    write_results(argv[2], json_path=flags_['json'].value)
+    write_results(paths.expand(argv[2]), json_path=flags_['json'].value)
     return
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]} (results DIR, or flags).')
@@ -378,8 +378,6 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   sweep = Sweep(config_flag.file.value, config_flag.overrides, flags_['workdir'].value,
                 parse_grid(flags_['grid'].value), flags_['seeds'].value, flags_['minival'].value)
   if not flags_['print_commands'].value:
-    from vit_jax.base import console, paths
-
     paths.output_dir(flags_['workdir'].value)  # Before jax and TensorFlow start.
     console.start(flags_['cpu_devices'].value)
   run_sweep(sweep, flags_['print_commands'].value)

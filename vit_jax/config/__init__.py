@@ -69,9 +69,9 @@ FIELDS: dict[str, Field | Group] = {
         "The data: a TFDS name, 'digits', 'mnist', 'fashion_mnist', or a local-format "
         'dataset.', {
             'name': F('str', 'imagenet2012', '', 'The dataset.'),
-            'data_dir': F('str', '', '', 'TFDS data_dir, or the directory of IDX / '
+            'data_dir': F('path', '', '', 'TFDS data_dir, or the directory of IDX / '
                           'local-format files.'),
-            'manual_dir': F('str', '', '', "TFDS manual_dir (ImageNet's tar files)."),
+            'manual_dir': F('path', '', '', "TFDS manual_dir (ImageNet's tar files)."),
             'prepare': F('bool', False, '', 'Build a missing TFDS dataset first.'),
             'num_classes': F('int', 0, '>= 0', "0: the data's."),
             'train_split': F('str', 'train', '', 'The split trained on.'),
@@ -156,7 +156,7 @@ FIELDS: dict[str, Field | Group] = {
                              'split over the data axis too, gathered once a step; None: on '
                              'TPUs and GPUs, off on CPUs (vit_jax/base/cpu/).'),
         }),
-    'init_from': F('str', '', '', "A run's workdir or a release .npz to fine-tune from."),
+    'init_from': F('path', '', '', "A run's workdir or a release .npz to fine-tune from."),
     'init_step': F('int?', None, '>= 0', 'Its checkpoint; None: the latest.'),
     'init_keep_head': F('bool', False, '', "Keep the source's classifier (same classes)."),
     'init_ema': F('bool', False, '', "Start from the source run's moving average of the "
@@ -187,7 +187,7 @@ EVAL_TYPES: dict[str, Group] = {
         "ImageNet-v2: dict(type='classification', dataset='imagenet_v2', split='test').", {
             'dataset': F('str', '', '', "A TFDS name; '': the run's config.dataset.name."),
             'split': F('str', '', '', "'': config.dataset.eval_split."),
-            'data_dir': F('str', '', '', _DATA_DIR),
+            'data_dir': F('path', '', '', _DATA_DIR),
             'pp': F('str', '', '', "'': config.dataset.pp_eval."),
         }),
     'fewshot': Group(
@@ -203,7 +203,7 @@ EVAL_TYPES: dict[str, Group] = {
             'pp': F('str', '', '', "Both splits' preprocessing; '': config.dataset.pp_eval."),
         }),
     'real': Group("ImageNet ReaL: the validation images' reassessed label sets.", {
-        'data_dir': F('str', '', '', _DATA_DIR),
+        'data_dir': F('path', '', '', _DATA_DIR),
         'pp': F('str', '', '', "'': config.dataset.pp_eval."),
     }),
     'mpp': Group("Masked patch prediction's colour accuracy on held-out images.", {

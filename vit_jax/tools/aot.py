@@ -25,7 +25,7 @@ from typing import Any
 
 from absl import app, flags
 
-from vit_jax.base import errors
+from vit_jax.base import errors, paths
 from vit_jax.tools import feeding
 
 
@@ -40,7 +40,7 @@ def _define_flags() -> types.SimpleNamespace:
       topology=flags.DEFINE_string(
           'topology', None, 'A Cloud TPU slice (v3-8, v4-32, v5p-128, v5litepod-16, v6e-256), '
           'a libtpu topology (v4:2x2x1), or "cpu" (this host\'s devices).'),
-      json=flags.DEFINE_string('json', None, 'Also write the report as JSON to this file.'),
+      json=paths.DEFINE_path('json', None, 'Also write the report as JSON to this file.'),
       max_batch=flags.DEFINE_bool(
           'max_batch', False, 'Find the largest global batch that fits (and plan that batch).'),
       memory_per_device=flags.DEFINE_float(

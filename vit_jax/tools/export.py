@@ -14,8 +14,8 @@ from absl import app, flags, logging
 
 from vit_jax.base import errors, paths
 
-_WORKDIR = flags.DEFINE_string('workdir', None, 'The workdir of a vit_jax.main run.')
-_OUT = flags.DEFINE_string('out', None, 'The .npz file to write.')
+_WORKDIR = paths.DEFINE_path('workdir', None, 'The workdir of a vit_jax.main run.')
+_OUT = paths.DEFINE_path('out', None, 'The .npz file to write.')
 _STEP = flags.DEFINE_integer('step', None, 'The checkpoint step (default: the latest).')
 _EMA = flags.DEFINE_bool('ema', False, 'The weights\' moving average (the run\'s '
                           'config.optimizer.ema_decay) instead of the weights.')

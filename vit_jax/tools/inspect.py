@@ -518,8 +518,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser = errors.ArgumentParser(prog='python -m vit_jax.tools.inspect', description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   predict.add_source_flags(parser)
-  parser.add_argument('--out', required=True, help='directory for the PNGs and index.html')
-  parser.add_argument('--images', nargs='*', default=[],
+  parser.add_argument('--out', required=True, type=paths.expand,
+                      help='directory for the PNGs and index.html')
+  parser.add_argument('--images', nargs='*', default=[], type=paths.expand,
                       help='image files for the attention figures')
   parser.add_argument('--num_images', type=int, default=32,
                       help='workdir without --images: examples taken from its eval split')

@@ -68,8 +68,9 @@ class PipelineError(ValueError):
 def add_source_flags(parser: argparse.ArgumentParser) -> None:
   """The flags that pick a model: --workdir or --npz, and their options."""
   group = parser.add_mutually_exclusive_group(required=True)
-  group.add_argument('--workdir', help='a vit_jax.main run directory (config.json, checkpoints/)')
-  group.add_argument('--npz', help='a release or exported .npz checkpoint')
+  group.add_argument('--workdir', type=paths.expand,
+                     help='a vit_jax.main run directory (config.json, checkpoints/)')
+  group.add_argument('--npz', type=paths.expand, help='a release or exported .npz checkpoint')
   parser.add_argument('--step', type=int, default=None,
                       help='workdir: the checkpoint step (default: the latest)')
   parser.add_argument('--ema', action='store_true',
@@ -86,7 +87,7 @@ def add_source_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--pp', default=None,
                       help='preprocessing pipeline (default: the run\'s dataset.pp_eval; for '
                            f'npz "{NPZ_PP.format(size="SIZE")}")')
-  parser.add_argument('--class_names', default=None,
+  parser.add_argument('--class_names', default=None, type=paths.expand,
                       help='a JSON list or a text file with one class name per line')
   parser.add_argument('--activation', choices=('auto', 'softmax', 'sigmoid'), default='auto',
                       help="probabilities (auto: sigmoid for a run trained with 'sigmoid_xent')")
@@ -303,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   add_source_flags(parser)
   parser.add_argument('--top', type=int, default=5, help='classes shown per image')
-  parser.add_argument('images', nargs='+', help='image files (JPEG, PNG, ...)')
+  parser.add_argument('images', nargs='+', type=paths.expand, help='image files (JPEG, PNG, ...)')
   args = parser.parse_args(argv)
 
   try:
