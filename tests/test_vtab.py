@@ -12,6 +12,7 @@ import pytest
 from vit_jax import vtab
 from vit_jax.base import errors
 from vit_jax.data import vtab as vtab_tasks
+from vit_jax.data import vtab_prepare
 
 from runs import env
 
@@ -238,3 +239,97 @@ def test_vtab_runs_two_tasks_prints_the_grouped_table_and_resumes(tiny_run, tiny
   settings = json.loads((workdir / 'smallnorb_azi' / vtab.RESULT_FILE).read_text())['settings']
   with pytest.raises(errors.ConfigError, match=r'finished with other settings \(lr differ\)'):
     vtab.run(vtab_tasks.select('smallnorb_azi'), str(workdir), {**settings, 'lr': 0.01})
+
+
+# ---------------------------------------------------------------------------
+# Preparing the data: TFDS's own builders, the network and the manual downloads stood in for.
+
+
+def test_a_run_names_every_missing_task_in_one_line_before_anything_starts(tiny_tfds, tmp_path):
+  with pytest.raises(errors.MissingFileError) as raised:
+    vtab_prepare.check(vtab_tasks.select('structured'), tiny_tfds, 'structured')
+  message = str(raised.value)
+  assert '6 of the 8 tasks have no prepared TFDS dataset' in message
+  for name in ('clevr_count', 'clevr_dist', 'dmlab', 'kitti_dist', 'dsprites_loc',
+               'dsprites_ori'):
+    assert name in message
+  assert 'smallnorb' not in message.split('Prepare')[0]
+  assert f'python -m vit_jax.vtab prepare --data_dir={tiny_tfds} --tasks=clevr_count,' in message
+  vtab_prepare.check(vtab_tasks.select('smallnorb_azi,smallnorb_elev'), tiny_tfds)
+  with pytest.raises(errors.MissingFileError, match=r'19 of the 19 tasks .* \(the folder does '
+                     r'not exist\).*--tasks=all; diabetic_retinopathy_detection, '
+                     r'oxford_iiit_pet, resisc45 need a manual download'):
+    vtab_prepare.check(vtab_tasks.TASKS, str(tmp_path / 'nowhere'), 'all')
+
+
+def _resisc45_stand_in(folder, classes=('airplane', 'beach'), per_class=3):
+  """The extracted NWPU-RESISC45 archive's layout, a few 256x256 JPEGs a class."""
+  from PIL import Image
+
+  for c, name in enumerate(classes):
+    (folder / 'NWPU-RESISC45' / name).mkdir(parents=True)
+    for i in range(per_class):
+      Image.fromarray(np.full((256, 256, 3), 40 * c + i, np.uint8)).save(
+          folder / 'NWPU-RESISC45' / name / f'{name}_{i + 1:03d}.jpg')
+
+
+def test_prepare_builds_what_it_can_and_names_the_manual_downloads(tiny_tfds, tmp_path,
+                                                                   monkeypatch):
+  """resisc45 from its manual download (placed here) by TFDS's own builder; dSprites' download
+  fails at the network (stood in for); diabetic_retinopathy and oxford_iiit_pet 3.x are
+  named with what to place where; smallNORB, prepared earlier, is kept."""
+  import io
+  import shutil
+
+  from tensorflow_datasets.core.download import downloader
+
+  data_dir = tmp_path / 'tfds'
+  shutil.copytree(f'{tiny_tfds}/smallnorb', data_dir / 'smallnorb')
+  manual = data_dir / 'downloads' / 'manual'
+  _resisc45_stand_in(manual / 'resisc45')
+  asked = []
+
+  def no_network(url, **kwargs):
+    asked.append(url)
+    raise ConnectionError(f'no network here: {url}')
+  monkeypatch.setattr(downloader, '_open_url', no_network)
+  out = io.StringIO()
+  tasks = vtab_tasks.select('resisc45,diabetic_retinopathy,oxford_iiit_pet,dsprites_loc,'
+                            'smallnorb_azi,smallnorb_elev')
+  with pytest.raises(errors.UserError) as raised:
+    vtab_prepare.prepare(tasks, str(data_dir), out=out)
+  text = out.getvalue()
+  rows = {cells[0]: cells for line in text.splitlines() if line.startswith('| ')
+          for cells in [[c.strip() for c in line.strip('|').split('|')]] if ':' in cells[0]}
+  # resisc45: built by TFDS's builder from the manual folder, every image read.
+  assert rows['resisc45:3.*.*'][2] == 'prepared'
+  prepared = vtab_prepare.prepared_dir(str(data_dir), 'resisc45:3.*.*')
+  assert prepared.endswith('resisc45/3.0.0')
+  assert vtab_prepare.split_sizes(prepared) == {'train': 6}
+  import tensorflow_datasets as tfds
+  built = tfds.builder('resisc45:3.0.0', data_dir=str(data_dir))
+  labels = sorted(int(e['label']) for e in built.as_data_source(split='train'))
+  names = built.info.features['label'].names
+  assert [names[i] for i in labels] == ['airplane'] * 3 + ['beach'] * 3
+  # dSprites: its real URL asked for, the failure named, the others went on.
+  assert rows['dsprites:2.*.*'][2] == 'failed' and any('dsprites' in u for u in asked)
+  assert 'no network here' in text
+  # The manual ones: exactly what to place where.
+  assert rows['diabetic_retinopathy_detection/btgraham-300:3.*.*'][2] == 'manual'
+  dr = manual / 'diabetic_retinopathy_detection'
+  assert f'then unpack train.zip into {dr}/train/' in text and f'{dr}/trainLabels.csv' in text
+  assert rows['oxford_iiit_pet:3.*.*'][2] == 'manual'
+  assert 'builds only oxford_iiit_pet 4.0.0' in text
+  assert f'tensorflow-datasets 4.8 or older into {data_dir}/' in text
+  # smallNORB: one dataset for two tasks, kept as it was.
+  assert rows['smallnorb:2.*.*'][1] == 'smallnorb_azi, smallnorb_elev'
+  assert rows['smallnorb:2.*.*'][2] == 'prepared earlier'
+  assert rows['smallnorb:2.*.*'][4].endswith('KiB')  # Measured on disk.
+  assert rows['resisc45:3.*.*'][3] == 'by hand' and rows['dsprites:2.*.*'][3] == '26.7 MiB'
+  # One line names every task that cannot run yet, and why.
+  message = str(raised.value)
+  assert 'resisc45 (6 training examples, not the 31,500' in message
+  for name in ('diabetic_retinopathy (manual)', 'oxford_iiit_pet (manual)',
+               'dsprites_loc (failed)'):
+    assert name in message
+  assert 'smallnorb' not in message

@@ -25,20 +25,20 @@ from vit_jax.data.vtab import Task
 # MANUAL_ROOT/NAME, TFDS's manual_dir for that dataset only.
 MANUAL = {
     'resisc45': (
-        'NWPU-RESISC45 (a .rar file of about 400 MB from the authors\' OneDrive, '
-        'https://1drv.ms/u/s!AmgKYzARBl5ca3HNaHIlzp_IXjs): extract it so that '
+        'download NWPU-RESISC45.rar (about 0.4 GB, from the authors\' OneDrive: '
+        'https://1drv.ms/u/s!AmgKYzARBl5ca3HNaHIlzp_IXjs) and extract it so that '
         '{dir}/NWPU-RESISC45/airplane/airplane_001.jpg exists (45 class folders, 31,500 '
         'images).'),
     'diabetic_retinopathy_detection': (
-        'the Kaggle competition\'s data (https://www.kaggle.com/c/diabetic-retinopathy-detection'
-        '/data, after accepting its rules; about 85 GB of zip files: train 35 GB, test 49 GB): '
-        'unpack train.zip into {dir}/train/, test.zip into {dir}/test/, sample.zip into '
-        '{dir}/sample/, and trainLabels.csv.zip into {dir}/trainLabels.csv; TFDS then '
-        'downloads the test labels itself.'),
+        'download the Kaggle competition\'s data (https://www.kaggle.com/c/diabetic-retinopathy'
+        '-detection/data, after accepting its rules; about 85 GB of zip files: train 35 GB, '
+        'test 49 GB), then unpack train.zip into {dir}/train/, test.zip into {dir}/test/, '
+        'sample.zip into {dir}/sample/ and trainLabels.csv.zip into {dir}/trainLabels.csv '
+        '(TFDS downloads the test labels itself).'),
     'oxford_iiit_pet': (
-        'a prepared oxford_iiit_pet 3.x (task_adaptation\'s version; this TFDS builds only '
-        '{built}, whose images differ): copy the folder oxford_iiit_pet/3.2.0 of a data_dir '
-        'that has it (e.g. one prepared with tensorflow-datasets 4.8 or older) into DATA_DIR.'),
+        'this TFDS builds only oxford_iiit_pet {built}, whose images differ from the 3.x that '
+        'task_adaptation cut its splits from: copy the folder oxford_iiit_pet/3.2.0 of a '
+        'data_dir prepared with tensorflow-datasets 4.8 or older into {data_dir}/.'),
 }
 # Files whose presence shows a manual download is in place (relative to its folder).
 MANUAL_MARKS = {
@@ -174,7 +174,7 @@ class Outcome:
   tasks: list[str]
   status: str  # 'prepared', 'prepared earlier', 'manual', 'failed'
   detail: str = ''
-  download_bytes: int | None = None  # From TFDS's registered checksums, where it has them.
+  download_bytes: int | None = None  # From TFDS's registered checksums; None: by hand.
   prepared_bytes: int | None = None  # Measured on disk.
 
 
@@ -207,12 +207,12 @@ def prepare_one(tfds_name: str, tasks: list[str], data_dir: str, manual_dir: str
   except (AssertionError, ValueError, tfds.core.DatasetNotFoundError) as e:
     if name in MANUAL:  # oxford_iiit_pet: this TFDS cannot build the version the tasks read.
       built = getattr(tfds.builder_cls(name), 'VERSION', '?')
-      return Outcome(tfds_name, tasks, 'manual', MANUAL[name].format(dir=folder, built=built))
+      return Outcome(tfds_name, tasks, 'manual',
+                     MANUAL[name].format(dir=folder, built=built, data_dir=data_dir))
     return Outcome(tfds_name, tasks, 'failed', ' '.join(str(e).split())[:300])
-  download = _download_bytes(builder)
+  download = None if name in MANUAL else _download_bytes(builder)
   if name in MANUAL and _manual_missing(name, folder):
-    return Outcome(tfds_name, tasks, 'manual', MANUAL[name].format(dir=folder, built=''),
-                   download)
+    return Outcome(tfds_name, tasks, 'manual', MANUAL[name].format(dir=folder))
   config = tfds.download.DownloadConfig(manual_dir=folder if name in MANUAL else None)
   try:
     builder.download_and_prepare(download_config=config, file_format=file_format)
@@ -229,8 +229,10 @@ def table(outcomes: Sequence[Outcome]) -> str:
   lines = ['| TFDS dataset | tasks | status | download | prepared |',
            '| --- | --- | --- | --- | --- |']
   for o in outcomes:
+    manual = parts(o.tfds_name)[0] in MANUAL
     lines.append(f'| {o.tfds_name} | {", ".join(o.tasks)} | {o.status} | '
-                 f'{size_text(o.download_bytes)} | {size_text(o.prepared_bytes)} |')
+                 f'{"by hand" if manual else size_text(o.download_bytes)} | '
+                 f'{size_text(o.prepared_bytes)} |')
   total = sum(o.prepared_bytes or 0 for o in outcomes)
   lines.append(f'| total | | | | {size_text(total)} |')
   return '\n'.join(lines)
@@ -257,7 +259,9 @@ def prepare(tasks: Sequence[Task], data_dir: str, manual_dir: str = '',
   if manual:
     print('\nManual downloads (then run this command again):', file=out)
     for o in manual:
-      print(f'- {o.tfds_name}: place {o.detail}', file=out)
+      print(f'- {o.tfds_name}: {o.detail}', file=out)
+  if any(o.status == 'failed' for o in outcomes):
+    print('\nA failed download is tried again by running this command again.', file=out)
   downloads = os.path.join(data_dir, 'downloads')
   if os.path.isdir(downloads):
     print(f'\nThe downloads and their extracted files ({size_text(folder_bytes(downloads))} '
