@@ -33,30 +33,93 @@ def test_the_table_has_the_19_tasks_in_their_groups():
       'smallnorb_elev': 9}
 
 
-def test_split_strings_are_task_adaptations():
-  """Worked by hand from task_adaptation/data/*.py and the datasets' published sizes."""
-  splits = {t.name: t.splits() for t in vtab_tasks.TASKS}
-  assert splits['cifar100'] == {'train800': 'train[:800]', 'val200': 'train[45000:45200]',
-                                'train800val200': 'train[:800]+train[45000:45200]',
-                                'test': 'test'}
-  assert splits['caltech101']['val200'] == 'train[2754:2954]'  # 90% of 3,060.
-  assert splits['oxford_iiit_pet']['val200'] == 'train[2944:3144]'  # 80% of 3,680.
-  assert splits['svhn']['val200'] == 'train[65931:66131]'  # 90% of 73,257, rounded down.
-  assert splits['clevr_count']['test'] == 'validation'
-  assert splits['eurosat']['val200'] == 'train[16200:16400]'  # 60% of 27,000.
-  assert splits['eurosat']['test'] == 'train[21600:]'  # After 60% train + 20% validation.
-  assert splits['resisc45']['test'] == 'train[25200:]'
-  assert splits['dsprites_ori'] == {
-      'train800': 'train[:800]', 'val200': 'train[589824:590024]',
-      'train800val200': 'train[:800]+train[589824:590024]', 'test': 'train[663552:]'}
-  assert splits['smallnorb_azi'] == {'train800': 'train[:800]', 'val200': 'test[:200]',
-                                     'train800val200': 'train[:800]+test[:200]',
-                                     'test': 'test[50%:]'}
-  assert splits['dmlab']['train800val200'] == 'train[:800]+validation[:200]'
-  assert vtab_tasks.BY_NAME['kitti_dist'].tfds_name == 'kitti:3.1.0'
-  assert vtab_tasks.BY_NAME['dmlab'].tfds_name == 'dmlab:2.0.1'
-  assert vtab_tasks.BY_NAME['diabetic_retinopathy'].tfds_name == \
-      'diabetic_retinopathy_detection/btgraham-300:3.*.*'
+# Every task's four splits, worked by hand from google-research/task_adaptation's
+# task_adaptation/data/*.py: 'validation' datasets take train[:800] and validation[:200];
+# the others cut val200 at their TRAIN_SPLIT_PERCENT of the training split
+# (percent * count // 100): caltech, cifar, svhn, clevr 90; pets 80; eurosat, resisc45 60 (test
+# after 60 + 20); dsprites 80 (test after 80 + 10); smallnorb val200 = test[:200], test =
+# test[50%:]; clevr's test is its validation split.
+def _share(train, test):
+  return {'train800': 'train[:800]', 'val200': f'train[{train}:{train + 200}]',
+          'train800val200': f'train[:800]+train[{train}:{train + 200}]', 'test': test}
+
+
+_VALIDATION = {'train800': 'train[:800]', 'val200': 'validation[:200]',
+               'train800val200': 'train[:800]+validation[:200]', 'test': 'test'}
+TASK_ADAPTATION_SPLITS = {
+    'caltech101': _share(2754, 'test'),  # 90% of 3,060.
+    'cifar100': _share(45000, 'test'),
+    'dtd': _VALIDATION,
+    'oxford_flowers102': _VALIDATION,
+    'oxford_iiit_pet': _share(2944, 'test'),  # 80% of 3,680.
+    'sun397': _VALIDATION,
+    'svhn': _share(65931, 'test'),  # 90% of 73,257, rounded down.
+    'patch_camelyon': _VALIDATION,
+    'eurosat': _share(16200, 'train[21600:]'),  # 60% and 60 + 20% of 27,000.
+    'resisc45': _share(18900, 'train[25200:]'),  # Of 31,500.
+    'diabetic_retinopathy': _VALIDATION,
+    'clevr_count': _share(63000, 'validation'),
+    'clevr_dist': _share(63000, 'validation'),
+    'dmlab': _VALIDATION,
+    'kitti_dist': _VALIDATION,
+    'dsprites_loc': _share(589824, 'train[663552:]'),  # 80% and 80 + 10% of 737,280.
+    'dsprites_ori': _share(589824, 'train[663552:]'),
+    'smallnorb_azi': {'train800': 'train[:800]', 'val200': 'test[:200]',
+                      'train800val200': 'train[:800]+test[:200]', 'test': 'test[50%:]'},
+    'smallnorb_elev': {'train800': 'train[:800]', 'val200': 'test[:200]',
+                       'train800val200': 'train[:800]+test[:200]', 'test': 'test[50%:]'},
+}
+# The splits' sizes in the versions task_adaptation names (TFDS's catalog).
+SPLIT_SIZES = {
+    'caltech101': {'train': 3060, 'test': 6084},
+    'cifar100': {'train': 50_000, 'test': 10_000},
+    'dtd': {'train': 1880, 'validation': 1880, 'test': 1880},
+    'oxford_flowers102': {'train': 1020, 'validation': 1020, 'test': 6149},
+    'oxford_iiit_pet': {'train': 3680, 'test': 3669},
+    'sun397': {'train': 76_128, 'validation': 10_875, 'test': 21_750},
+    'svhn_cropped': {'train': 73_257, 'test': 26_032, 'extra': 531_131},
+    'patch_camelyon': {'train': 262_144, 'validation': 32_768, 'test': 32_768},
+    'eurosat': {'train': 27_000},
+    'resisc45': {'train': 31_500},
+    'diabetic_retinopathy_detection': {'train': 35_126, 'validation': 10_906, 'test': 42_670},
+    'clevr': {'train': 70_000, 'validation': 15_000, 'test': 15_000},
+    'dmlab': {'train': 65_550, 'validation': 22_628, 'test': 22_735},
+    'kitti': {'train': 6347, 'validation': 423, 'test': 711},
+    'dsprites': {'train': 737_280},
+    'smallnorb': {'train': 24_300, 'test': 24_300},
+}
+
+
+@pytest.mark.parametrize('task', vtab_tasks.TASKS, ids=lambda t: t.name)
+def test_every_tasks_splits_are_task_adaptations_sized_and_disjoint(task):
+  """The four split strings of all 19 tasks; read by TFDS's own split parser at the
+  published sizes: 800, 200 and 1,000 examples, val200 and test outside train800 (and
+  test outside val200), every range inside its split."""
+  import types
+
+  import tensorflow_datasets as tfds
+
+  splits = task.splits()
+  assert splits == TASK_ADAPTATION_SPLITS[task.name]
+  sizes = SPLIT_SIZES[vtab_tasks.BY_NAME[task.name].tfds_name.split(':')[0].split('/')[0]]
+  if task.layout == 'share':
+    assert task.train_examples == sizes['train']
+  infos = {name: types.SimpleNamespace(num_examples=n) for name, n in sizes.items()}
+
+  def ranges(key):
+    out = set()
+    for part in tfds.core.ReadInstruction.from_spec(splits[key]).to_absolute(infos):
+      n = sizes[part.splitname]
+      start, stop = part.from_ or 0, n if part.to is None else part.to
+      assert 0 <= start < stop <= n, (key, part)
+      out |= {(part.splitname, i) for i in range(start, stop)}
+    return out
+
+  got = {key: ranges(key) for key in vtab_tasks.SPLIT_KEYS}
+  assert [len(got[k]) for k in ('train800', 'val200', 'train800val200')] == [800, 200, 1000]
+  assert not got['train800'] & got['val200']
+  assert got['train800val200'] == got['train800'] | got['val200']
+  assert not got['test'] & got['train800val200']
 
 
 def _objects(**fields):
