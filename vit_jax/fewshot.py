@@ -97,13 +97,13 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   fewshot.check_options(shots, seeds, l2_reg, '--')
   datasets = [fewshot.open_dataset(spec, flags_['data_dir'].value)
               for spec in flags_['dataset'].value]
-  for dataset in datasets:
-    fewshot.check_shots(dataset, shots)
+  kept = [fewshot.check_shots(dataset, shots) for dataset in datasets]  # Warns of skipped ones.
+  fewshot.check_computable(kept, datasets, shots, '--')
   model, params, default_pp = _load(flags_)
   results, dims = _accuracies(model, params, datasets, flags_['pp'].value or default_pp,
                               shots, seeds, l2_reg, flags_['batch_size'].value)
   print(f'# {model.model_name}: {dims}-d features, l2 {l2_reg:g}, {seeds} seeds; '
-        'accuracy % (mean ± sample std over the seeds)')
+        'accuracy % (mean ± sample std over the seeds; -: a class has fewer examples)')
   print(fewshot.table(results), flush=True)
   if flags_['json'].value:
     paths.path(flags_['json'].value).write_text(json.dumps(
