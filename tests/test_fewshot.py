@@ -221,12 +221,17 @@ def test_training_logs_fewshot_metrics_and_the_cli_agrees(tmp_path):
 
   out = tmp_path / 'fewshot.json'
   run = subprocess.run([sys.executable, '-m', 'vit_jax.fewshot', f'--workdir={tmp_path}',
-                        '--dataset=digits', '--shots=1,5', '--seeds=2', '--batch_size=64',
+                        '--dataset=digits', '--shots=1,5,200', '--seeds=2', '--batch_size=64',
                         f'--json={out}'], capture_output=True, text=True, env=env(), cwd=ROOT,
                        timeout=300)
   assert run.returncode == 0, run.stderr
-  assert '| digits |' in run.stdout and '5-shot' in run.stdout
+  (row,) = [line for line in run.stdout.splitlines() if line.startswith('| digits |')]
+  assert '5-shot | 200-shot |' in run.stdout and row.endswith(' | - |')  # No class has 200.
+  assert 'sample std' in run.stdout
+  assert sum('too few for 200-shot: skipped (1-shot, 5-shot computed)' in line
+             for line in run.stderr.splitlines()) == 1
   cli = {(r['dataset'], r['shots']): r['mean'] for r in json.loads(out.read_text())}
+  assert set(cli) == {('digits', 1), ('digits', 5)}
   # The same checkpoint (step 20), on 1 device instead of 8, float32 features.
   assert cli[('digits', 5)] == pytest.approx(rows[-1]['fewshot/digits_5shot'], abs=1e-6)
   assert cli[('digits', 1)] == pytest.approx(rows[-1]['fewshot/digits_1shot'], abs=1e-6)
