@@ -69,6 +69,9 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   paths.output_dir(workdir)  # Then the workdir's, before jax and TensorFlow start.
   if config.get('init_from'):
     paths.input_path(config.init_from, 'config.init_from', 'release .npz file or workdir')
+  data_dir = config.dataset.data_dir  # A local one now; a bucket is read once TensorFlow starts.
+  if data_dir and not config.dataset.prepare:
+    paths.input_path(data_dir, 'config.dataset.data_dir', 'data folder')
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   cpu_devices = flags_['cpu_devices'].value

@@ -14,22 +14,24 @@ from __future__ import annotations
 import argparse
 import base64
 import dataclasses
-import functools
 import html
 import json
 import sys
 import textwrap
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
 import numpy as np
 from etils import epath
 
 from vit_jax.base import errors, paths
-from vit_jax.models import VisionTransformer
-from vit_jax.models.vit import pair
 from vit_jax.tools import predict
+from vit_jax.tools.predict import pair
+
+if TYPE_CHECKING:  # jax and flax load after the command line is checked.
+  import jax
+
+  from vit_jax.models import VisionTransformer
 
 CHARS_PER_INCH = 12  # Of a 9 pt caption, for wrapping.
 MAX_PNG_BYTES = 300_000
@@ -377,7 +379,6 @@ def eval_images(source: predict.Source, workdir: str, count: int) -> Images:
                 f'{len(indices)} from the {split!r} split')
 
 
-@functools.partial(jax.jit, static_argnums=0)
 def _attention_summary(model: VisionTransformer, params: Any,
                        images: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   from vit_jax.tools import analysis
@@ -391,6 +392,8 @@ def _attention_summary(model: VisionTransformer, params: Any,
 def attention_pass(source: predict.Source, inputs: np.ndarray,
                    batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Logits, attention distance per image (N, layers, heads) and rollout maps (N, rows, cols)."""
+  import jax
+
   from vit_jax.tools import analysis
 
   model = analysis.capturing_model(source.model)
@@ -399,7 +402,7 @@ def attention_pass(source: predict.Source, inputs: np.ndarray,
   outputs = []
   for start in range(0, len(inputs), size):
     chunk = inputs[start:start + size]
-    result = _attention_summary(model, params, predict.padded(list(chunk), size))
+    result = predict.jitted(_attention_summary)(model, params, predict.padded(list(chunk), size))
     outputs.append([np.asarray(r)[:len(chunk)] for r in result])
   return tuple(np.concatenate(parts) for parts in zip(*outputs, strict=True))
 
@@ -411,6 +414,8 @@ def attention_pass(source: predict.Source, inputs: np.ndarray,
 def write_html(path: epath.Path, source: predict.Source, figures: list[Figure],
                notes: list[str], predictions: list[tuple[str, list[tuple[str, float]]]]) -> None:
   """One self-contained page: the figures as base64 PNGs, their captions, the predictions."""
+  import jax
+
   model = source.model
   n_params = sum(int(np.size(x)) for x in jax.tree.leaves(source.params))
   h, w = pair(model.image_size)

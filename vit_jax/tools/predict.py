@@ -19,15 +19,17 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
 import numpy as np
 
 from vit_jax.base import errors, paths
-from vit_jax.checkpoints import release, workdir
-from vit_jax.models import VisionTransformer
-from vit_jax.models.vit import pair
+
+if TYPE_CHECKING:  # jax, flax and the checkpoints load after the command line is checked.
+  import jax
+
+  from vit_jax.checkpoints import release
+  from vit_jax.models import VisionTransformer
 
 NPZ_PP = 'decode|resize({size})|value_range(-1, 1)'
 IMAGENET_NOTE = ('ImageNet class names are not available offline; showing the WordNet ids of '
@@ -112,6 +114,14 @@ def imagenet_wordnet_ids() -> tuple[str, ...]:
     return ()
 
 
+def pair(size: Any) -> tuple[int, int]:
+  """An int-or-pair image size as (height, width) (``vit_jax.models.vit.pair``)."""
+  if isinstance(size, int):
+    return (size, size)
+  h, w = size
+  return (int(h), int(w))
+
+
 def _workdir_class_names(loaded: release.Loaded) -> tuple[str, ...]:
   """classes.json, or the class names of the run's dataset when it can be opened."""
   if loaded.class_names:
@@ -135,6 +145,8 @@ def check_source_paths(args: argparse.Namespace) -> None:
 
 def load_source(args: argparse.Namespace) -> Source:
   """The model, preprocessing and class names that ``--workdir`` / ``--npz`` select."""
+  from vit_jax.checkpoints import release, workdir
+
   notes = []
   if args.workdir:
     if args.model or args.image_size or args.pool:
@@ -238,14 +250,27 @@ def preprocess_fn(source: Source, display: bool = False) -> Callable[[Any], np.n
   return apply
 
 
-@functools.partial(jax.jit, static_argnums=0)
+def _logits(model: VisionTransformer, params: Any, images: jax.Array) -> jax.Array:
+  return model.apply({'params': params}, images, train=False)
+
+
+@functools.cache
+def jitted(fn: Callable) -> Callable:
+  """``jax.jit(fn, static_argnums=0)``, made at the first call (jax is imported then)."""
+  import jax
+
+  return jax.jit(fn, static_argnums=0)
+
+
 def logits_of(model: VisionTransformer, params: Any, images: jax.Array) -> jax.Array:
   """The model's logits (jitted; one compilation per model and batch shape)."""
-  return model.apply({'params': params}, images, train=False)
+  return jitted(_logits)(model, params, images)
 
 
 def runnable(model: VisionTransformer) -> VisionTransformer:
   """The model, with the cuDNN attention kernel swapped for XLA's off NVIDIA GPUs."""
+  import jax
+
   if model.attention_impl == 'cudnn' and jax.default_backend() != 'gpu':
     return model.clone(attention_impl='xla')  # The same function, without the GPU kernel.
   return model
@@ -267,6 +292,8 @@ def padded(images: list[np.ndarray], size: int) -> np.ndarray:
 def predict_files(source: Source, paths: Sequence[str], batch_size: int,
                   top: int = 5) -> Iterator[tuple[str, list[tuple[str, float]] | ImageError]]:
   """For each file, its ``top`` (label, probability) pairs, or the error reading it."""
+  import jax
+
   from vit_jax.tools import analysis
 
   if not source.model.num_classes:
@@ -293,6 +320,8 @@ def predict_files(source: Source, paths: Sequence[str], batch_size: int,
 
 
 def describe(source: Source) -> str:
+  import jax
+
   h, w = pair(source.model.image_size)
   return (f'{source.model.model_name} from {source.loaded.source}; {h}x{w} input '
           f'("{source.pp_spec}"); {source.activation} probabilities; '
