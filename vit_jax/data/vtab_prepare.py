@@ -134,8 +134,8 @@ def check(tasks: Sequence[Task], data_dir: str, spec: str = '') -> None:
   if other:
     said.append(f'wrong data for {", ".join(other)}')
   manual = sorted({parts(t.tfds_name)[0] for t in tasks if t.name in problems} & set(MANUAL))
-  also = (f'; {", ".join(manual)} need a manual download first, which it explains'
-          if manual else '')
+  also = (f'; {", ".join(manual)} need{"s" if len(manual) == 1 else ""} a manual download '
+          'first, which it explains' if manual else '')
   data_flag = f' --data_dir={data_dir}' if data_dir else ''
   todo = spec if spec and len(problems) == len(tasks) else ','.join(problems)
   raise errors.MissingFileError(
