@@ -94,11 +94,12 @@ def find_runs(directory: Any) -> list[Run]:
   return [read_run(p) for p in walk(root)]
 
 
-def summarise(runs: list[Run]) -> dict[str, Any]:
+def summarise(runs: list[Run], shown: list[str] = ()) -> dict[str, Any]:
   """Finished runs grouped by setting (configs equal but for the seed): mean ± std each.
 
   The setting of a row is shown by the fields that differ between rows (all rows share
-  the rest); std is the sample standard deviation (n - 1; 0 for a single run).
+  the rest) and the fields in ``shown`` (a sweep's grid: the setting it chose, even alone);
+  std is the sample standard deviation (n - 1; 0 for a single run).
   """
   finished = [r for r in runs if r.accuracy is not None]
   groups: dict[str, list[Run]] = {}
@@ -108,7 +109,7 @@ def summarise(runs: list[Run]) -> dict[str, Any]:
     groups.setdefault(key, []).append(run)
   configs = [json.loads(k) for k in groups]
   fields = sorted({f for c in configs for f in c
-                   if any(c.get(f) != other.get(f) for other in configs)})
+                   if any(c.get(f) != other.get(f) for other in configs)} | set(shown))
   rows = []
   for group in groups.values():
     values = np.array([r.accuracy for r in group], np.float64)
@@ -125,10 +126,16 @@ def summarise(runs: list[Run]) -> dict[str, Any]:
 
 
 def markdown(summary: dict[str, Any]) -> str:
-  """The summary as a Markdown table (metric in %, mean ± std over n runs)."""
+  """The summary as a Markdown table (metric in %, mean ± std over n runs); a sweep's choice
+  on its minival split first."""
   fields = summary['fields']
   metric = summary['rows'][0]['metric'] if summary['rows'] else 'accuracy'
-  lines = ['| ' + ' | '.join([*fields, f'{metric} (%)', 'runs', 'seeds']) + ' |',
+  chosen = summary.get('chosen')
+  lines = [f'Chosen on the minival split {chosen["minival_split"]}: {chosen["point"]} '
+           f'({metric} {100 * chosen["minival"]:.2f}%); trained on the whole training split '
+           f'with {len(summary["rows"][0]["seeds"]) if summary["rows"] else 0} seeds:\n'] \
+      if chosen else []
+  lines += ['| ' + ' | '.join([*fields, f'{metric} (%)', 'runs', 'seeds']) + ' |',
            '| ' + ' | '.join(['---'] * (len(fields) + 3)) + ' |']
   for row in summary['rows']:
     cells = [str(row['setting'][f]) for f in fields]
@@ -306,6 +313,7 @@ def run_sweep(sweep: Sweep, print_commands: bool = False, out: Any = None) -> di
     else:
       train(sweep, stage, out)
     point, scores = sweep.choose()
+    best = next(s for s in scores if s['point'] == point_name(point))
     for score in scores:
       print(f'minival {score["point"]}: {100 * score["minival"]:.2f}%', file=out)
     print(f'chosen on the minival split ({sweep.splits[1]}): {point_name(point)}', file=out,
@@ -324,7 +332,10 @@ def run_sweep(sweep: Sweep, print_commands: bool = False, out: Any = None) -> di
     return None
   train(sweep, plans, out)
   runs = [read_run(p.workdir) for p in plans]
-  summary = summarise(runs)
+  summary = summarise(runs, [f for f, _ in sweep.grid])
+  if sweep.minival:
+    summary['chosen'] = {'point': point_name(chosen[0]), 'minival_split': sweep.splits[1],
+                         'minival': best['minival']}
   text = markdown(summary)
   print(text, file=out, flush=True)
   path = epath.Path(sweep.workdir) / 'results.json'
