@@ -278,6 +278,21 @@ def test_a_self_supervised_run_resumes_exactly(mpp_run, unlabelled, tmp_path):
   assert resumed == result
 
 
+def test_evaluating_a_self_supervised_run_counts_images_and_names_the_metric(mpp_run):
+  """vit_jax.evaluate's line for the run's 'mpp' evaluator: the held-out images counted as
+  images, the scored patches beside them, the metric named."""
+  from vit_jax import evaluate
+
+  directory, result = mpp_run
+  config = workdir_lib.load_config(directory)
+  params, _ = workdir_lib.restore_params(directory)
+  ((evaluator, metrics),) = evaluate.evaluate_params(config, params, ['eval'])
+  assert metrics['color_accuracy'] == pytest.approx(result['eval/color_accuracy'], abs=1e-6)
+  assert evaluator.describe(metrics).endswith(
+      '(masked-patch colour accuracy), loss '
+      f'{metrics["loss"]:.4f} (80 images, 640 masked patches scored)')
+
+
 def test_fine_tuning_drops_the_mask_and_the_prediction_head(mpp_run, tmp_path, caplog):
   directory, _ = mpp_run
   caplog.set_level(logging.INFO)

@@ -180,10 +180,13 @@ class Outcome:
 
 def _download_bytes(builder: Any) -> int | None:
   try:
-    infos = builder.url_infos
+    infos = builder.url_infos or {}
   except Exception:  # noqa: BLE001 (a builder without registered checksums: unknown)
     return None
-  return sum(i.size for i in infos.values()) or None if infos else None
+  url = getattr(builder.builder_config, 'download_url', None)  # EuroSAT: one config's file.
+  if url in infos:
+    return int(infos[url].size)
+  return sum(int(i.size) for i in infos.values()) or None
 
 
 def _manual_missing(name: str, folder: str) -> bool:
