@@ -396,3 +396,16 @@ def test_prepare_builds_what_it_can_and_names_the_manual_downloads(tiny_tfds, tm
                'dsprites_loc (failed)'):
     assert name in message
   assert 'smallnorb' not in message
+
+
+def test_an_install_without_tfds_is_told_which_extra_to_add(monkeypatch):
+  import importlib.util
+
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, 'find_spec',
+                      lambda name, *a: None if name == 'importlib_resources' else real(name, *a))
+  vtab_prepare.require_tfds('vit_jax.vtab')
+  with pytest.raises(errors.ConfigError, match=r'vit_jax.vtab prepare reads TFDS datasets, and '
+                     r'this install lacks importlib_resources: pip install -e "\.\[tf\]"'):
+    vtab_prepare.require_tfds('vit_jax.vtab prepare', ('tensorflow_datasets',
+                                                       'importlib_resources'))

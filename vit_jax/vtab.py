@@ -237,6 +237,8 @@ def _define_flags() -> dict[str, Any]:
 def prepare(flags_: dict[str, Any]) -> None:
   """``vtab prepare``: builds the requested tasks' TFDS datasets in --data_dir."""
   tasks = select(flags_['tasks'].value)
+  # TFDS 4.9's builders import importlib_resources without declaring it.
+  vtab_prepare.require_tfds('vit_jax.vtab prepare', ('tensorflow_datasets', 'importlib_resources'))
   data_dir = flags_['data_dir'].value or vtab_prepare.default_data_dir()
   paths.output_dir(data_dir, 'data_dir')
   manual_dir = flags_['manual_dir'].value
@@ -275,6 +277,7 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   paths.output_dir(flags_['workdir'].value)  # Before jax and TensorFlow start.
   # Every task's data, before the first fine-tune (and before jax starts).
   vtab_prepare.check(tasks, settings['data_dir'], flags_['tasks'].value)
+  vtab_prepare.require_tfds('vit_jax.vtab')
   console.start(flags_['cpu_devices'].value)
   config_flag = flags_['config']
   run(tasks, flags_['workdir'].value, settings, config_flag.overrides, config_flag.file.value)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import os
 import sys
@@ -45,6 +46,15 @@ MANUAL_MARKS = {
     'resisc45': ('NWPU-RESISC45',),
     'diabetic_retinopathy_detection': ('train', 'test', 'sample', 'trainLabels.csv'),
 }
+
+
+def require_tfds(what: str, modules: Sequence[str] = ('tensorflow_datasets',)) -> None:
+  """A ``ConfigError`` naming the extra to install where ``modules`` are missing (found
+  without importing them)."""
+  missing = [m for m in modules if importlib.util.find_spec(m) is None]
+  if missing:
+    raise errors.ConfigError(f'{what} reads TFDS datasets, and this install lacks '
+                             f'{", ".join(missing)}: pip install -e ".[tf]".')
 
 
 def default_data_dir() -> str:
