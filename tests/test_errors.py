@@ -62,6 +62,10 @@ CASES = [
     ('vit_jax.data.convert', ['--source={dir}/nope', '--out={dir}/c'], 'does not exist', True),
     ('vit_jax.data.convert', ['--source={dir}', '--out={file}/c'], UNDER_FILE, True),
     ('vit_jax.tools.aot', [f'--config={QUICKSTART}'], '--topology is required', True),
+    # A schedule in epochs of a dataset whose size aot does not know: asked for, before jax.
+    ('vit_jax.tools.aot', [f'--config={ROOT}/configs/vit_b16_i1k.py', '--topology=cpu',
+                           '--config.dataset.name=jft_like'],
+     "dataset 'jft_like' is not known here: pass --num_train_examples", True),
     *[(f'benchmarks.{name}', ['--bogus'], "Unknown command line flag 'bogus'", True)
       for name in ('train', 'input', 'integrity', 'tpu_step', 'faults')],
     *[(f'benchmarks.{name}', ['--big_vision={dir}'], 'not a big_vision checkout', True)

@@ -82,15 +82,16 @@ def train_examples(config: Any, given: int | None) -> int:
     return given
   total = TRAIN_EXAMPLES.get(config.dataset.name)
   if total is None:
-    raise ValueError(f'The size of dataset {config.dataset.name!r} is not known here: pass '
-                     '--num_train_examples (or set config.total_steps).')
+    raise errors.ConfigError(f'The size of dataset {config.dataset.name!r} is not known here: '
+                             'pass --num_train_examples (or set config.total_steps).')
   from vit_jax.data import sources  # Not TFDS: the planning install has none.
 
   split = config.dataset.train_split  # Sliced as TFDS slices it ('train[:99%]').
   try:
     _, part = sources.split_slice(split, total)
   except ValueError as e:
-    raise ValueError(f'config.dataset.train_split: {e} Or pass --num_train_examples.') from None
+    raise errors.ConfigError(f'config.dataset.train_split: {e} Or pass '
+                             '--num_train_examples.') from None
   return total if part is None else len(range(total)[part])
 
 
@@ -691,6 +692,7 @@ def main(argv: list[str]) -> None:
       raise errors.UserError('compiling for a TPU needs libtpu: pip install -e ".[tpu]" (or '
                              'use --topology=cpu).')
   config = _FLAGS.config.value
+  _examples(config, examples)  # The schedule's epochs sized (or asked for), before jax.
   limit = limit and limit * 2**30
   if _FLAGS.max_batch.value:
     config, r = largest_batch_report(config, topology, examples, limit, max_compiles)
