@@ -101,10 +101,10 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   fewshot.check_computable(kept, datasets, shots, '--')
   model, params, default_pp = _load(flags_)
   results, dims = _accuracies(model, params, datasets, flags_['pp'].value or default_pp,
-                              shots, seeds, l2_reg, flags_['batch_size'].value)
+                              shots, seeds, l2_reg, flags_['batch_size'].value, kept)
   print(f'# {model.model_name}: {dims}-d features, l2 {l2_reg:g}, {seeds} seeds; '
         'accuracy % (mean ± sample std over the seeds; -: a class has fewer examples)')
-  print(fewshot.table(results), flush=True)
+  print(fewshot.table(results, shots), flush=True)
   if flags_['json'].value:
     paths.path(flags_['json'].value).write_text(json.dumps(
         [{'dataset': n, 'shots': k, 'accuracies': v, 'mean': sum(v) / len(v)}
@@ -112,8 +112,9 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
 
 
 def _accuracies(model: Any, params: Any, datasets: list[Any], pp_spec: str,
-                shots: tuple[int, ...], seeds: int, l2_reg: float,
-                batch_size: int) -> tuple[dict[tuple[str, int], list[float]], int]:
+                shots: tuple[int, ...], seeds: int, l2_reg: float, batch_size: int,
+                kept: list[tuple[int, ...] | None]) -> tuple[dict[tuple[str, int], list[float]],
+                                                              int]:
   """({(dataset, shots): [accuracy per seed]}, the features' width) on this host's devices."""
   import jax
   import jax.numpy as jnp
@@ -137,6 +138,7 @@ def _accuracies(model: Any, params: Any, datasets: list[Any], pp_spec: str,
   params = jax.device_put(params, sharding.replicated(mesh))
   evaluator = fewshot.Evaluator('fewshot', 0, model, mesh, datasets, pp, shots, seeds, l2_reg,
                                 batch_size)
+  evaluator.known_shots(kept)  # Those check_shots warned about are not warned about again.
   features = jax.eval_shape(lambda p: fewshot.feature_model(model).apply(
       {'params': p}, jnp.zeros((1, *pair(model.image_size), 3)), train=False), params)
   return evaluator.accuracies(params), int(math.prod(features.shape[1:]))

@@ -358,11 +358,12 @@ class Evaluator(base.Evaluator):
 # The table of the command line (vit_jax.fewshot).
 
 
-def table(results: dict[tuple[str, int], list[float]]) -> str:
+def table(results: dict[tuple[str, int], list[float]], shots: Sequence[int] = ()) -> str:
   """A Markdown table: one row per dataset, one column per shot count, mean ± sample std
-  over the seeds (%), as ``vit_jax.sweep``'s tables; '-' where a class had too few examples."""
+  over the seeds (%), as ``vit_jax.sweep``'s tables; '-' where a class had too few examples
+  (``shots``: the counts asked for, each a column even where no dataset could supply it)."""
   names = list(dict.fromkeys(name for name, _ in results))
-  shots = sorted({k for _, k in results})
+  shots = sorted({k for _, k in results} | set(shots))
   lines = ['| dataset | ' + ' | '.join(f'{k}-shot' for k in shots) + ' |',
            '| --- |' + ' --- |' * len(shots)]
   for name in names:
