@@ -62,10 +62,6 @@ CASES = [
     ('vit_jax.data.convert', ['--source={dir}/nope', '--out={dir}/c'], 'does not exist', True),
     ('vit_jax.data.convert', ['--source={dir}', '--out={file}/c'], UNDER_FILE, True),
     ('vit_jax.tools.aot', [f'--config={QUICKSTART}'], '--topology is required', True),
-    # A schedule in epochs of a dataset whose size aot does not know: asked for, before jax.
-    ('vit_jax.tools.aot', [f'--config={ROOT}/configs/vit_b16_i1k.py', '--topology=cpu',
-                           '--config.dataset.name=jft_like'],
-     "dataset 'jft_like' is not known here: pass --num_train_examples", True),
     *[(f'benchmarks.{name}', ['--bogus'], "Unknown command line flag 'bogus'", True)
       for name in ('train', 'input', 'integrity', 'tpu_step', 'faults')],
     *[(f'benchmarks.{name}', ['--big_vision={dir}'], 'not a big_vision checkout', True)
@@ -76,12 +72,21 @@ CASES = [
     ('vit_jax.tools.predict', ['--npz={dir}/nope.npz', '{file}'], 'does not exist', True),
     ('vit_jax.tools.predict', ['--workdir={run}', '{dir}/nope.png'],
      '{dir}/nope.png does not exist', True),
-    # A prefix of --workdir is not taken for it.
-    ('vit_jax.tools.predict', ['--work={run}', '{file}'], 'one of the arguments --workdir',
-     True),
     ('vit_jax.tools.inspect', ['--workdir={run}', '--out={file}/i'], UNDER_FILE, True),
     ('vit_jax.fewshot', ['--workdir={run}'], '--dataset is required', True),
     ('vit_jax.fewshot', ['--workdir={dir}/nope', '--dataset=digits'], 'does not exist', True),
+]
+
+
+# The checks added with the commands' early answers: slow (each starts a process).
+CASES += [pytest.param(*case, marks=pytest.mark.slow) for case in [
+    # A schedule in epochs of a dataset whose size aot does not know: asked for, before jax.
+    ('vit_jax.tools.aot', [f'--config={ROOT}/configs/vit_b16_i1k.py', '--topology=cpu',
+                           '--config.dataset.name=jft_like'],
+     "dataset 'jft_like' is not known here: pass --num_train_examples", True),
+    # A prefix of --workdir is not taken for it.
+    ('vit_jax.tools.predict', ['--work={run}', '{file}'], 'one of the arguments --workdir',
+     True),
     ('vit_jax.fewshot', ['--workdir={run}', '--datset=digits'],
      "Unknown command line flag 'datset'. Did you mean: dataset ?", True),
     ('vit_jax.fewshot', ['--workdir={run}', '--dataset=digits', '--shot=5'],
@@ -104,7 +109,7 @@ CASES = [
      'not exist): caltech101, cifar100, dtd, oxford_flowers102, oxford_iiit_pet, sun397, '
      'svhn. Prepare them with: python -m vit_jax.vtab prepare --data_dir={home}/vit_jax_none '
      '--tasks=natural; oxford_iiit_pet needs a manual download first', True),
-]
+]]
 
 
 @pytest.fixture(scope='module')
@@ -118,7 +123,8 @@ def places(tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.mark.parametrize('module, args, message, before_jax', CASES,
-                         ids=[f'{c[0].split(".")[-1]}-{i}' for i, c in enumerate(CASES)])
+                         ids=[f'{getattr(c, "values", c)[0].split(".")[-1]}-{i}'
+                              for i, c in enumerate(CASES)])
 def test_a_mistake_is_one_error_line_and_exit_2(places, module, args, message, before_jax):
   os.makedirs(places['dir'], exist_ok=True)
   args = [a.format(**places) for a in args]
