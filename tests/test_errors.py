@@ -88,6 +88,7 @@ def places(tmp_path_factory) -> dict[str, str]:
   return {'dir': str(root / 'empty'), 'file': str(root / 'file'), 'run': str(root / 'run')}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('module, args, message, before_jax', CASES,
                          ids=[f'{c[0].split(".")[-1]}-{i}' for i, c in enumerate(CASES)])
 def test_a_mistake_is_one_error_line_and_exit_2(places, module, args, message, before_jax):

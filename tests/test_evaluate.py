@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import chex
+import pytest
 
 from vit_jax import evaluate
 from vit_jax.checkpoints import workdir
@@ -13,6 +14,7 @@ from vit_jax.checkpoints import workdir
 from runs import env, read_metrics
 
 
+@pytest.mark.slow
 def test_evaluate_params_equals_what_training_logged(tiny_run):
   """The run's last eval row was computed by training's evaluator on the same weights."""
   config = workdir.load_config(tiny_run)
@@ -26,6 +28,7 @@ def test_evaluate_params_equals_what_training_logged(tiny_run):
   assert result['examples'] == logged['eval/examples'] == 359
 
 
+@pytest.mark.slow
 def test_command_prints_the_metric_with_progress(tiny_run):
   result = subprocess.run(
       [sys.executable, '-m', 'vit_jax.evaluate', f'--workdir={tiny_run}', '--progress_every=0'],
@@ -39,6 +42,7 @@ def test_command_prints_the_metric_with_progress(tiny_run):
                       r'loss [\d.]+ \(359 examples\)', line), line
 
 
+@pytest.mark.slow
 def test_command_refuses_a_missing_workdir_in_one_line(tmp_path):
   result = subprocess.run(
       [sys.executable, '-m', 'vit_jax.evaluate', f'--workdir={tmp_path / "nothing"}'],

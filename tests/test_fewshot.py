@@ -106,6 +106,7 @@ def test_draws_take_k_per_class_nested_and_seeded():
     fewshot.fewshot_indices(labels % 4, 5, 1, 0)
 
 
+@pytest.mark.slow
 def test_features_of_a_trained_model_on_digits(tiny_run):
   """The sharded feature pass over 8 devices gives the model's own pre-logits features (the
   head's input: logits = features @ kernel + bias), and the accuracy on them is lstsq's."""
@@ -139,6 +140,7 @@ def test_features_of_a_trained_model_on_digits(tiny_run):
   assert np.mean(per_shot[10]) > 0.2  # Above chance (0.1) after 10 steps of training.
 
 
+@pytest.mark.slow
 def test_a_pre_logits_layer_is_the_representation():
   from vit_jax.models import get_model
 
@@ -154,6 +156,7 @@ def test_a_pre_logits_layer_is_the_representation():
                               jax.jit(model.apply)({'params': params}, images), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_training_logs_fewshot_metrics_and_the_cli_agrees(tmp_path):
   config = tiny_config(**{'evals.fewshot': FEWSHOT | dict(shots=(1, 5), seeds=2),
                           'eval_every_steps': 10})
@@ -197,6 +200,7 @@ def test_bad_fewshot_configs_are_refused_before_anything_starts(tmp_path, entry,
   assert not (tmp_path / 'run').exists()
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line(tmp_path):
   for args, match in (([f'--workdir={tmp_path}', '--dataset=digits'], 'not the workdir'),
                       (['--npz=/no/such.npz', '--dataset=digits'], 'does not exist'),

@@ -19,6 +19,7 @@ from vit_jax.training import plan as plan_lib
 from runs import TINY_MODEL, read_metrics, restore_state, tiny_config
 
 
+@pytest.mark.slow
 def test_a_run_warns_where_the_cpu_emulates_bfloat16_products(tmp_path, caplog):
   config = tiny_config(**{'model.matmul_dtype': 'bfloat16', 'total_steps': 2,
                           'schedule.warmup_steps': 1,
@@ -28,6 +29,7 @@ def test_a_run_warns_where_the_cpu_emulates_bfloat16_products(tmp_path, caplog):
   assert len(warned) == (0 if host_cpu.cpu_info()['native_bf16'] else 1)
 
 
+@pytest.mark.slow
 def test_resumed_run_equals_uninterrupted_run(tmp_path, caplog):
   """With DeiT's ingredients: timm's RandAugment, random erasing, repeated augmentation,
   mixup or CutMix, layer-wise learning-rate decay, and the weights' moving average
@@ -90,6 +92,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, caplog):
   assert read_metrics(tmp_path / 'a') == a
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_with_the_step_and_keeps_good_checkpoints(tmp_path):
   config = tiny_config(**{'schedule.base_lr': 1e8, 'optimizer.grad_clip_norm': None,
                           'optimizer.name': 'sgd', 'total_steps': 40,
@@ -102,6 +105,7 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_good_checkpoints(tmp_path
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(restored.params)))
 
 
+@pytest.mark.slow
 def test_fine_tune_starts_from_a_release_file(tmp_path):
   from vit_jax.checkpoints import release
 

@@ -42,6 +42,7 @@ def wait_for_checkpoint(process, workdir, step, timeout=300):
     time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_kill_9_and_sigterm_then_resume_equal_an_uninterrupted_run(tmp_path):
   overrides = {'total_steps': 300, 'checkpoint_every_steps': 50, 'log_every_steps': 10}
   config = tiny_config(**overrides)
@@ -87,6 +88,7 @@ def test_kill_9_and_sigterm_then_resume_equal_an_uninterrupted_run(tmp_path):
   assert all(reference[s] == loss for s, loss in resumed.items() if s not in partial)
 
 
+@pytest.mark.slow
 def test_two_processes_of_four_devices_match_one_of_eight(tmp_path):
   """launch/local.sh's 2 processes x 4 CPU devices train as 1 process x 8 devices, on a
   (data, fsdp, tensor) = (2, 2, 2) mesh: data across the processes, fsdp and tensor in each."""
@@ -117,6 +119,7 @@ def test_two_processes_of_four_devices_match_one_of_eight(tmp_path):
                               atol=1e-4, rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_quickstart_command_reaches_95_percent(tmp_path):
   """The README's main job, exactly as documented."""
   done = subprocess.run(
@@ -140,6 +143,7 @@ def test_quickstart_command_reaches_95_percent(tmp_path):
 ABSL_PREFIX = re.compile(r'^[DIWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w.]+:\d+\]')
 
 
+@pytest.mark.slow
 def test_console_is_plain_the_log_file_has_absl_lines_and_mfu_uses_the_kept_peak(tmp_path):
   """What a person reads: no absl prefixes, no malloc line, the model named by its shape,
   and MFU over the CPU peak kept in the cache file (not measured again at the start)."""

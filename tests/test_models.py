@@ -42,6 +42,7 @@ def images_for(model, batch=2, seed=1):
                             minval=-1., maxval=1.)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(PARAM_COUNTS))
 def test_parameter_count(name):
   assert count_params(get_model(name, num_classes=1000)) == PARAM_COUNTS[name]
@@ -111,6 +112,7 @@ def test_every_registered_name_builds_with_release_name():
   assert get_model('s8', num_classes=1).patch_size == (8, 8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('pool', ['token', 'gap', 'map'])
 @pytest.mark.parametrize('representation_size, num_classes', [(None, 10), (16, None), (16, 10)])
 def test_output_shapes_and_dtypes(pool, representation_size, num_classes):
@@ -128,6 +130,7 @@ def test_output_shapes_and_dtypes(pool, representation_size, num_classes):
   assert ('head' in params) == bool(num_classes)
 
 
+@pytest.mark.slow
 def test_head_is_zero_initialised_with_configured_bias():
   model = get_model('ti16', num_classes=7, head_bias_init=-10., **SMALL)
   params = init(model)
@@ -155,6 +158,7 @@ def test_initialisation_is_deterministic():
   assert not np.allclose(a['embedding']['kernel'], b['embedding']['kernel'])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('option', [dict(dropout_rate=0.2), dict(attention_dropout_rate=0.2),
                                     dict(stochastic_depth=0.5)])
 def test_dropout_only_when_training(option):
@@ -172,6 +176,7 @@ def test_dropout_only_when_training(option):
   chex.assert_trees_all_equal(train(0), train(0))
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_is_finite_and_close_to_float32():
   f32 = get_model('ti16', num_classes=10, **SMALL)
   bf16 = get_model('ti16', num_classes=10, dtype='bfloat16', **SMALL)
@@ -186,6 +191,7 @@ def test_bfloat16_compute_is_finite_and_close_to_float32():
   chex.assert_trees_all_close(a, b, atol=0.05, rtol=0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('remat_policy', ['none', 'full', 'dots'])
 def test_scanned_and_unrolled_give_the_same_logits(remat_policy):
   unrolled = get_model('ti16', num_classes=6, **SMALL)
@@ -218,6 +224,7 @@ def test_fused_attention_matches_einsum(impl):
                               fused.apply({'params': params}, x), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_even_length_padding_leaves_attention_unchanged():
   """cuDNN's path pads odd token counts by one masked token (``fused_attention``): the same
   outputs and gradients as unpadded attention, here through the XLA implementation."""
@@ -269,6 +276,7 @@ def test_attention_weights_are_recorded_without_changing_logits():
     chex.assert_trees_all_close(weights.sum(-1), jnp.ones((2, 4, 17)), atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('options', [{}, {'matmul_dtype': 'bfloat16'}, {'attention_impl': 'xla'},
                                      {'remat_policy': 'dots'}])
 def test_last_block_computes_only_the_class_token(options):
@@ -313,6 +321,7 @@ def test_hybrid_shapes(name, tokens, channels):
   chex.assert_shape(jax.eval_shape(model.apply, {'params': params}, x), (1, 3))
 
 
+@pytest.mark.slow
 def test_hybrid_runs():
   # A small BiT stem (two 1-unit stages) and a 1-block encoder, run for real.
   model = get_model('r26_s32', num_classes=3, image_size=64, num_layers=1, resnet_layers=(1, 1))
@@ -348,6 +357,7 @@ def test_hybrid_logits_match_an_independent_bit_stem(tmp_path):
                               expected.astype(np.float32), atol=2e-4, rtol=2e-4)
 
 
+@pytest.mark.slow
 def test_non_square_images():
   model = get_model('ti16', num_classes=2, **{**SMALL, 'image_size': (32, 48)})
   params = init(model)

@@ -97,6 +97,7 @@ def test_hybrid_release_names():
   assert 'block2/unit2/conv_proj/kernel' not in flat  # Only shape-changing units project.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('scan', [False, True])
 def test_save_then_load_is_exact(tmp_path, scan):
   model = small(scan=scan, num_classes=7, representation_size=16)
@@ -114,6 +115,7 @@ def test_save_then_load_is_exact(tmp_path, scan):
   assert not list(tmp_path.glob('.*tmp*'))  # No temporary file left behind.
 
 
+@pytest.mark.slow
 def test_a_release_file_on_a_non_local_filesystem_loads_as_the_local_one(tmp_path,
                                                                         monkeypatch):
   # ram:// (TensorFlow's in-memory filesystem) goes through epath's gfile backend, as gs://
@@ -166,6 +168,7 @@ def test_file_from_independent_implementation_gives_its_logits(tmp_path):
       atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_exported_file_gives_our_logits_in_independent_implementation(tmp_path):
   model = small(num_classes=6, scan=True)
   params = randomise(init(model))
@@ -199,6 +202,7 @@ def zeros_like_init(model):
   return jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), shapes['params'])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', BIG_VISION_FILES)
 def test_big_vision_checkpoints_give_big_vision_logits(name):
   expected = np.load(BIG_VISION / 'logits.npz')
@@ -241,6 +245,7 @@ def test_big_vision_checkpoint_fine_tunes_at_other_grids(caplog):
       release.load_pretrained(path, zeros_like_init(model), model)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('pool', ['token', 'gap'])
 @pytest.mark.parametrize('target_size, target_grid', [(48, (6, 6)), ((40, 56), (5, 7))])
 def test_load_pretrained_resizes_position_embeddings(tmp_path, pool, target_size, target_grid):
@@ -268,6 +273,7 @@ def test_load_pretrained_resizes_position_embeddings(tmp_path, pool, target_size
   chex.assert_shape(target.apply({'params': params}, images(target)), (2, 3))
 
 
+@pytest.mark.slow
 def test_224_to_384_with_class_token(tmp_path):
   kw = dict(num_layers=1)
   source = get_model('ti16', num_classes=10, image_size=224, **kw)
@@ -304,6 +310,7 @@ def test_non_square_source_needs_its_grid(tmp_path):
                               atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('scan', [False, True])
 def test_pre_logits_kept_or_dropped_as_configured(tmp_path, scan):
   source = small(representation_size=16, num_classes=10)
@@ -423,6 +430,7 @@ def test_scanned_layout_of_a_deep_release_file_gives_the_independent_logits(tmp_
 WIDE = dict(hidden_size=16, mlp_dim=32, num_heads=2, num_layers=1, patch_size=16)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('target_size, source_grid, outcome', [
     ((320, 224), None, 'init_source_grid'),  # Transposed: as many positions, other layout.
     ((320, 224), (14, 20), (20, 14)),
@@ -451,6 +459,7 @@ def test_non_square_sources_load_as_given_or_are_refused(tmp_path, target_size, 
                               bilinear_reference(posemb, source_grid, outcome, 1), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_square_source_into_a_non_square_model_is_taken_as_square(tmp_path, caplog):
   source = get_model('ti16', num_classes=5, image_size=224, **WIDE)
   source_params = randomise(init(source))
@@ -491,6 +500,7 @@ def test_big_vision_pool_types_the_arrays_do_not_tell(caplog):
                             keep_head=True, source_pool='0')
 
 
+@pytest.mark.slow
 def test_predict_refuses_a_big_vision_file_of_unknown_pooling(tmp_path):
   from PIL import Image
 

@@ -64,6 +64,7 @@ def test_params_restore_onto_a_smaller_mesh(source_run):
   chex.assert_trees_all_equal(jax.device_get(on_mesh), on_host)
 
 
+@pytest.mark.slow
 def test_fine_tune_on_2_devices_at_a_higher_resolution(source_run, tmp_path):
   # 16 px (4x4 grid) -> 24 px (6x6 grid), unrolled -> scanned, 8 devices -> 2. The
   # warm-up starts at a learning rate of 0: after step 1 the parameters are exactly the
@@ -102,6 +103,7 @@ def test_fine_tune_on_2_devices_at_a_higher_resolution(source_run, tmp_path):
   chex.assert_trees_all_equal(tuned, source)  # Bit-identical.
 
 
+@pytest.mark.slow
 def test_init_from_errors_name_the_field(source_run, tmp_path):
   config = tiny_config(init_from=str(source_run), init_step=7)
   with pytest.raises(FileNotFoundError, match=r'no checkpoint at step 7; it has steps \[5, 10\]'):
@@ -127,6 +129,7 @@ def test_export_loads_back_with_identical_logits(source_run, tmp_path):
   chex.assert_trees_all_equal(from_file, expected)
 
 
+@pytest.mark.slow
 def test_export_command_evaluates_both_alike(source_run, tmp_path):
   out = tmp_path / 'cli.npz'
   result = subprocess.run(
@@ -145,6 +148,7 @@ def test_export_command_evaluates_both_alike(source_run, tmp_path):
   assert lines[0].split(':', 1)[1] == lines[1].split(':', 1)[1], lines
 
 
+@pytest.mark.slow
 def test_export_to_and_fine_tune_from_a_non_local_release_file(source_run, tmp_path):
   # ram:// is TensorFlow's in-memory filesystem, through epath's gfile backend as gs:// is;
   # os.path and open() cannot see it (it lives in this process: the run is in-process).
@@ -173,6 +177,7 @@ def test_export_to_and_fine_tune_from_a_non_local_release_file(source_run, tmp_p
     plan_lib.validate(tiny_config(init_from='s3://bucket/b16.npz'))
 
 
+@pytest.mark.slow
 def test_a_missing_remote_init_from_is_one_error_line(tmp_path):
   result = subprocess.run(main_command(tmp_path / 'run', init_from='ram://absent/ViT-B_16.npz'),
                           env=env(devices=1), capture_output=True, text=True, timeout=300)
@@ -194,6 +199,7 @@ def ema_run(tiny_run, tmp_path_factory):
   return directory
 
 
+@pytest.mark.slow
 def test_init_from_ema_starts_at_the_loaded_weights(tiny_run, ema_run):
   # 5 Adam steps of at most ~1e-4 each: the weights and their average stay within 1e-3
   # of the loaded ones. An average started from the random init would still hold
@@ -211,6 +217,7 @@ def test_init_from_ema_starts_at_the_loaded_weights(tiny_run, ema_run):
   assert abs(final['eval/ema/loss'] - final['eval/loss']) < 0.01, final
 
 
+@pytest.mark.slow
 def test_ema_export_differs_from_the_weights_and_equals_the_ema_arrays(ema_run, tmp_path):
   plain, ema_file = tmp_path / 'plain.npz', tmp_path / 'ema.npz'
   assert export.export(str(ema_run), str(plain)) == 5
@@ -233,6 +240,7 @@ def test_ema_export_differs_from_the_weights_and_equals_the_ema_arrays(ema_run, 
   chex.assert_trees_all_equal(release.flatten(loaded.params), expected)
 
 
+@pytest.mark.slow
 def test_ema_where_there_is_none_is_refused(tiny_run, tmp_path):
   with pytest.raises(errors.CheckpointMismatchError, match='keeps no moving average'):
     workdir.restore_params(tiny_run, ema=True)
@@ -255,6 +263,7 @@ def test_ema_where_there_is_none_is_refused(tiny_run, tmp_path):
   assert 'Traceback' not in result.stderr
 
 
+@pytest.mark.slow
 def test_non_square_npz_source_in_a_run_needs_its_grid(tmp_path):
   # A .npz trained at 16x24 (a 4x6 grid) into a run at 24x16: one error line that names
   # the field (before the train step compiles); with the field, it loads transposed.
