@@ -179,13 +179,14 @@ def init_params_from(source: str, init_params: dict[str, Any], model: VisionTran
         keep_head=keep_head, source_grid=source_model.grid,
         origin=f'{source} (step {step}{", EMA" if ema else ""})')
   kind = formats.origin(source)
+  what = 'a .npz file' if kind == formats.NPZ else f'a {kind} checkpoint'
   if step is not None and kind != formats.BIG_VISION:
-    raise errors.ConfigError(f'config.init_step={step} is given, but {source} is a {kind} '
-                             'checkpoint, not a workdir: leave init_step unset.')
+    raise errors.ConfigError(f'config.init_step={step} is given, but {source} is {what}, not a '
+                             'workdir: leave init_step unset.')
   if ema:
     raise errors.ConfigError(
-        f'config.init_ema is true, but {source} is a {kind} checkpoint: it holds one set of '
-        'weights (export a run\'s moving average with python -m vit_jax.tools.export --ema).')
+        f'config.init_ema is true, but {source} is {what}: it holds one set of weights '
+        '(export a run\'s moving average with python -m vit_jax.tools.export --ema).')
   if kind == formats.NPZ:
     return release.load_pretrained(source, init_params, model, keep_head=keep_head,
                                    source_grid=source_grid, source_pool=source_pool)

@@ -82,7 +82,9 @@ def read_back(out: str, format: str, model: Any, params: Any) -> Any:
   from vit_jax import checkpoints
   from vit_jax.checkpoints import release
 
-  if format == 'npz':
+  if format == 'npz' and model.prefix_posemb:  # The release layout is the model's.
+    return release.to_model_layout(release.load_npz(out), scanned=release.is_scanned(params))
+  if format == 'npz':  # A zero class-token row to fold back.
     return release.adapt(release.flatten(release.load_npz(out)), params, model, keep_head=True,
                          source_grid=model.grid, origin=out)
   loaded = checkpoints.load(out)
