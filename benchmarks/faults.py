@@ -2,17 +2,11 @@ r"""The long fault test: a run killed with SIGKILL at random steps, N times, the
 
     python -m benchmarks.faults --runs=10 --out=results/faults.json
 
-The quickstart recipe (``--steps``, a checkpoint every ``--checkpoint_every``
-steps, written asynchronously) is started, killed with ``kill -9`` once it has
-logged a step drawn at random 1 to 3 checkpoint intervals after the one it resumed
-from (every other time, the step after a checkpoint's save began: so that some kills
-land while it is being written), and started again, ``--runs`` times; then it runs
-to the end. A fault is survived when the restarted
-run resumed from the newest checkpoint that was complete before the kill, with
-nothing reported damaged. Data lost counts the complete checkpoints that a
-restart could not use, plus one if the final state differs by a single bit from
-that of an uninterrupted run of the same config (run first, in its own workdir),
-or a logged loss from the one logged at that step by the uninterrupted run.
+The quickstart recipe, checkpointing asynchronously, is killed with ``kill -9`` at a random step
+1 to 3 checkpoint intervals after where it resumed (every other time just after a save began),
+restarted, ``--runs`` times, then run to the end. A fault is survived when the restart resumed
+from the newest checkpoint complete before the kill; data is lost when a complete checkpoint
+could not be used, or when the final state or a logged loss differs from an uninterrupted run's.
 """
 
 from __future__ import annotations

@@ -1,38 +1,14 @@
 r"""Input throughput: vit_jax's pipeline against a plain tf.data one, on the same images.
 
-    python -m benchmarks.input --data=../shared/data/imagenette_224 \
-        --out=results/input.json
-
-The data is converted to the local format first (into --work_dir, once). Both
-pipelines decode the same JPEG bytes and apply the same operations:
-  train: decode, inception crop (area 5%-100%, aspect 3/4-4/3) to 224, random flip,
-         values to [-1, 1];
-  eval:  decode, resize the shorter side to 256, central crop 224, values to [-1, 1].
-Each measurement runs in its own process pinned to 1 core (images/s per core) or to
-all cores, with as many workers as cores.
-tf.data reads the JPEG files with ``tf.io.read_file``, as the existing projects'
-pipelines do; vit_jax reads its ArrayRecord shards.
-
-Two stages are measured for each:
-  host:   batches in host memory. tf.data's are float32; vit_jax's are uint8, because
-          its loader runs the trailing value_range on the devices;
-  device: batches as float32 jax.Arrays on the (first) device, ready: vit_jax's
-          ``iterate()``, and tf.data's batches put there with ``jax.device_put``. The
-          comparison of the whole work, wherever each pipeline does it.
-
-``--recipes`` measures configs' own training pipelines instead (``shipped``: every shipped
-recipe, ``SHIPPED_RECIPES``), for ``vit_jax.tools.aot``'s input check:
-
+    python -m benchmarks.input --data=../shared/data/imagenette_224 --out=results/input.json
     python -m benchmarks.input --recipes=shipped --out=results/input_recipes.json
 
-Each distinct ``dataset.pp_train`` runs through ``TrainLoader`` built as ``vit_jax.main``
-builds it (the config's pipeline, ``dataset.repeats`` and seed), on 1 core and on all
-cores, as host batches (``iterate_local``: what the host does; a trailing ``value_range``
-runs on the chips). Mixup and CutMix are not host work: the train step mixes the batch on
-the chips (``vit_jax.training.mixing``), so they are in aot's step time, not here. The
-loader's threads are as many as the cores, each keeping one batch in flight. The JSON is
-keyed by the pipeline string (``tools.feeding.pipeline_key``), with the configs that use
-it and their mixup/CutMix settings.
+The first converts the images to the local format once (into ``--work_dir``) and runs the same
+train and eval pipelines in both, each measurement in a process pinned to 1 core or to all, to
+host batches and to float32 batches ready on the device. ``--recipes`` runs each distinct
+``dataset.pp_train`` of the configs through ``TrainLoader`` as ``vit_jax.main`` builds it (host
+batches, keyed by the pipeline string): the rates ``vit_jax.tools.feeding`` reads. The method
+and the results: results/RESULTS.md ("Input pipeline").
 """
 
 from __future__ import annotations

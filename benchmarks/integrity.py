@@ -2,13 +2,11 @@ r"""What the checkpoint checksums cost: save and restore of a model's train stat
 
     python -m benchmarks.integrity --model=b16 --out=results/integrity.json
 
-The state is the model's parameters and Adam's two moments (ViT-B/16: 86M
-parameters, 1.03 GB). Each save is timed until it is on disk (Orbax writes
-asynchronously; a run only waits for the copy to host memory, the ``blocking``
-time), each restore until the arrays are on the devices: once with vit_jax's
-checksums (``manager_lib.save`` / ``restore``) and once with Orbax alone,
-alternately, ``--repeats`` times; the medians are reported, and the time of the
-checksums by themselves (``checksum.of``, after its first call compiled it).
+The state is the model's parameters and Adam's two moments. Each save is timed until it is on
+disk and until the run may go on (the copy to host memory, ``blocking``), each restore until
+the arrays are on the devices: with vit_jax's checksums (``manager_lib.save`` / ``restore``) and
+with Orbax alone, alternately, ``--repeats`` times; the medians, and the checksums by themselves
+(``checksum.of``, after its first call compiled it).
 """
 
 from __future__ import annotations

@@ -1,35 +1,15 @@
 r"""timm's ViT training step on this machine: the reference for ``benchmarks.train``.
 
-This measures timm's train step the way ``benchmarks.train`` measures vit_jax's.
-PyTorch is not a dependency of vit_jax, so it runs in a venv of its own:
-
-    python3 -m venv /tmp/timmenv
-    /tmp/timmenv/bin/pip install torch torchvision timm   # here: torch==2.14.1 torchvision==0.29.1
-
-The comparison is best made by the train benchmark itself, which runs this file with that
-Python as cells of its run, next to vit_jax's (a cloud machine's speed can drift by 10-30%
-within minutes: run it more than once):
-
-    python -m benchmarks.train --model=ti16 --batch_size=32 --cpu_devices=2 \
-        --timm_python=/tmp/timmenv/bin/python
-
+PyTorch is not a dependency of vit_jax: torch, torchvision and timm go in a venv of their own,
+whose Python ``benchmarks.train --timm_python=PYTHON`` runs this file with, as cells of its run.
 It also runs alone, from the repository root:
 
     /tmp/timmenv/bin/python -m benchmarks.timm_step --model=vit_tiny_patch16_224 \
         --autocast=none,bfloat16 --out=/tmp/timm_ti16.json
 
-The step: timm's model in train mode (its fused ``scaled_dot_product_attention``), AdamW,
-softmax cross-entropy, ``zero_grad(set_to_none=True)``; random images (``--image_size``)
-and labels, the same batch every step; the median of ``--steps`` steps after ``--warmup``.
-``--autocast`` bfloat16 runs the forward pass and the loss under
-``torch.autocast('cpu', torch.bfloat16)``: bfloat16 products with float32 accumulation, the
-rest float32, as vit_jax's ``matmul_dtype='bfloat16'``. Each setting runs in a process of
-its own; ``--threads`` defaults to every core.
-
-Where torch sees a CUDA GPU the step runs there (``--device=auto``; ``cpu`` or ``cuda`` to
-choose), as timm's own training script does: ``torch.autocast('cuda')``, the fused
-flash/memory-efficient ``scaled_dot_product_attention`` kernels, each step timed to the
-GPU's completion.
+The step: timm's model in train mode, AdamW, softmax cross-entropy, random images, the median
+of ``--steps``; ``--autocast=bfloat16`` is torch's bfloat16 autocast (vit_jax's
+``matmul_dtype='bfloat16'``). Where torch sees a CUDA GPU it runs there (``--device``).
 """
 
 from __future__ import annotations
@@ -45,8 +25,8 @@ import sys
 import time
 from typing import Any
 
-if not __package__:  # Run as a file by another venv's Python: vit_jax is beside this file.
-  sys.path.append(str(pathlib.Path(__file__).resolve().parents[2]))
+if not __package__:  # Run as a file by another venv's Python: the repository is above it.
+  sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))
 from benchmarks import results  # noqa: E402 (standard library only)
 from vit_jax.base.cpu import host_cpu  # noqa: E402 (standard library only)
 

@@ -3,14 +3,12 @@ r"""Attention alone on one TPU device, from the TPU compiler: einsum against Pal
     python -m benchmarks.tpu_attention --topology=v5p-8 --batch=128 --heads=12 \
         --tokens=577 --impls=einsum,flash,splash
 
-The gradient of one attention (q, k and v of shape (batch, heads, tokens, head_dim), in
-bfloat16) is compiled for one device of the slice, with no TPU attached: the cost model's
-time, the temporaries, and the FLOPs the cost model counts. ``einsum`` is vit_jax's
-attention on TPUs (both products in bfloat16 with float32 accumulation, the softmax in
-float32); ``flash`` and ``splash`` are ``jax.experimental.pallas.ops.tpu``'s kernels, the
-keys padded to a multiple of 128 (their block size) and masked (flash: segment ids). Where
-the FLOPs counted fall far below the products' FLOPs, the cost model did not see inside the
-kernel: its time is not the kernel's (issue 30; results/RESULTS.md).
+The gradient of one bfloat16 attention, compiled for one device with no TPU attached: the cost
+model's time, the temporaries and the FLOPs it counts. ``einsum`` is vit_jax's attention;
+``flash`` and ``splash`` are ``jax.experimental.pallas.ops.tpu``'s kernels (keys padded to a
+multiple of 128, masked). Where the FLOPs counted fall far below the products', the cost model
+did not see inside the kernel and its time is not the kernel's (results/RESULTS.md, "Fine-tuning
+cells").
 """
 
 from __future__ import annotations

@@ -1,34 +1,15 @@
 r"""The train step on a TPU slice, from the TPU compiler (no TPU needed), against big_vision.
 
-    python -m benchmarks.tpu_step --topology=v3-8 --json=results/tpu_step_v3.json \
-        --big_vision=/path/to/big_vision
-
-Each cell (a model and a global batch; by default the three of issue 20: ViT-B/16 at 1024,
-L/16 at 256, H/14 at 256, 224 px) is compiled ahead of time for the topology, as
-``vit_jax.tools.aot`` does: the step time is the TPU compiler's cost model
-(``cost_analysis()['optimal_seconds']``), the memory its exact buffer assignment per
-device. vit_jax's step takes the setting of a shipped pre-training config (``--setting``:
-its model's dtypes, scan and remat, its optimizer, its mesh), with softmax cross-entropy,
-no dropout, no pre-logits layer and 1000 classes; ``--sweep=KEY=A,B`` adds cells with
-other values of one of the setting's fields.
-
-Fine-tuning cells (issue 30) give the image size, ``MODEL:BATCH:IMAGE_SIZE`` (the position
-embedding's grid follows it, as when fine-tuning a release file at 384 px), and take the
-fine-tuning recipe's step (SGD with momentum 0.9, clipping at global norm 1), unrolled::
-
+    python -m benchmarks.tpu_step --topology=v3-8 --big_vision=/path/to/big_vision
     python -m benchmarks.tpu_step --topology=v5p-8 --cells=b16:512:384,l16:512:384 \
         --setting=configs/vit_b16_finetune.py:imagenet2012 --set=model.scan=False
 
-``--depth=N`` gives every model (both implementations) N blocks: quick comparisons of ideas.
-``--depths=A,B`` compiles every model at A and B blocks and extrapolates the time, HBM and
-FLOPs to its depth (--depth, or the model's own): an unrolled step is a fixed part plus one
-identical part a block, so each is affine in the depth. It is for cells too deep to compile
-whole on the machine at hand (H/14 at 518 px); how close it comes is in RESULTS.
-
-``--big_vision=PATH`` (a checkout of google-research/big_vision; not a dependency) adds
-big_vision's ViT with ``dtype_mm='bfloat16'`` and its class token, in the same step:
-the same optimizer and loss, its parameters and optimizer state replicated as
-big_vision's own train step keeps them (its default ``sharding_strategy``).
+Each cell, ``MODEL:BATCH[:IMAGE_SIZE]`` (by default the three of the v3 speed goal: B/16 at
+1024, L/16 and H/14 at 256), is compiled as ``vit_jax.tools.aot`` does: the cost model's step
+time and the exact HBM per device, in a config's setting (``--setting``, ``--set``,
+``--sweep``). ``--depths=A,B`` extrapolates deep cells from two shallow compiles;
+``--big_vision=PATH`` (a checkout) adds its ViT in the same step, its state replicated as
+big_vision keeps it. Results: results/RESULTS.md ("TPU train step").
 """
 
 from __future__ import annotations

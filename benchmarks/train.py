@@ -4,40 +4,12 @@ r"""Training throughput and MFU of the real train step, on the devices of this m
     python -m benchmarks.train --model=ti16 --batch_size=32 \
         --sweep=dtype=float32,bfloat16 --sweep=attention=einsum,xla
 
-Each cell (one combination of options) runs in its own process and measures:
-  * the device's matrix-multiply peak, float32 and bfloat16 inputs with float32
-    accumulation (the median of ``--peak_repeats`` n x n products, every device
-    multiplying at once: CPU devices share the host's cores);
-  * the compile time of the step (lowering + XLA compilation);
-  * the median step time over ``--steps`` steps after ``--warmup`` steps, each
-    timed to completion; images/s and images/s per device from it;
-  * the FLOPs per image: the model's analytic count of what it computes
-    (``forward_flops``, x3 for forward + backward) and XLA's cost analysis of the
-    compiled step, side by side
-    (XLA counts a loop body once, so with --scan its figure is about 1/depth low);
-  * MFU = analytic model FLOP/s over the measured float32 and bfloat16 peaks of all
-    devices together (the best of the run's cells, so that every row has the same
-    denominator, also when the cells split a CPU into different numbers of devices);
-  * the peak memory where the backend reports it (GPUs), else XLA's buffer sizes;
-  * the host's minor page faults per step (memory the kernel maps in afresh) and the
-    process's peak resident memory, both of which ``vit_jax.base.cpu.host_memory``'s glibc
-    tunables change (``--malloc``: by default as ``vit_jax.main`` runs).
-
-The step is ``vit_jax.training.step.make_train_step`` (the one training uses: Adam,
-softmax cross-entropy, donated state) on random images already on the devices,
-so the input pipeline is not part of it (see ``benchmarks.input``).
-
-``--big_vision=PATH`` (a big_vision checkout; not a dependency) adds big_vision's ViT of
-the same model (``benchmarks.big_vision``: ``dtype_mm='bfloat16'``, class token)
-in the same step, as a cell of the same run; its FLOPs are those of every token.
-
-``--timm_python=PATH`` adds timm's train step of the same model, run by that Python
-(``benchmarks.timm_step``; on the GPU where torch sees one), as cells of the same
-run, each alone on the machine like the others: the table gives them the model's FLOPs
-with every token computed (timm computes them all; vit_jax's last block only the class
-token's) and the same peaks, and every other row its images/s over timm's at the same
-matmul precision ("vs timm": bfloat16 products against timm's bfloat16 autocast). The
-header names the CPU and whether it has bfloat16 instructions (``vit_jax.base.cpu.host_cpu``).
+Each cell (one combination of options) runs in its own process and times
+``vit_jax.training.step.make_train_step`` on random images already on the devices: compile
+time, median step time, model and XLA FLOPs, MFU over the run's best measured matmul peak,
+memory, page faults. ``--big_vision=PATH`` (a checkout) and ``--timm_python=PATH`` add
+big_vision's and timm's step of the same model as cells of the same run. Every column, and
+the results: results/RESULTS.md ("Training step").
 """
 
 from __future__ import annotations

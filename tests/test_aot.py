@@ -320,7 +320,7 @@ def test_bad_flags_are_one_line_before_jax(flags, message):
 
 
 def test_flags_are_checked_without_jax():
-  code = ('import sys\nfrom vit_jax import errors\nfrom vit_jax.tools import aot\n'
+  code = ('import sys\nfrom vit_jax.base import errors\nfrom vit_jax.tools import aot\n'
           'try:\n  aot.check_flags("v9-8", None, False, 8, None, None)\n'
           'except errors.UserError as e:\n  print("jax" in sys.modules, e)\n')
   run = subprocess.run([sys.executable, '-c', code], env=env(2), capture_output=True,

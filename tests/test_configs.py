@@ -31,8 +31,8 @@ VARIANTS = {'imagenette': ('pretrain', 'finetune_64', 'finetune_128'),
             'vit_jft_like': ('b16', 'l16', 'h14'), 'vit_b16_mpp': ('jft_like', 'i1k'),
             'vit_i1k_augreg': ('ti16', 's16', 's32', 'b16', 'b32', 'l16')}
 CASES = [(p, arg) for p in CONFIGS for arg in VARIANTS.get(p.stem, (None,))]
-# The model each config is listed with in the README (its name there says which).
-README_CONFIG_MODELS = {
+# The model each config is listed with (its name says which), in docs/models.md's zoo.
+ZOO_CONFIG_MODELS = {
     'vit_b16_i1k': 'b16', 'vit_l16_i21k': 'l16', 'vit_jft_like:b16': 'b16',
     'vit_jft_like:l16': 'l16', 'vit_jft_like:h14': 'h14', 'vit_G14_jft_like': 'G14',
     'vit_22b_jft_like': '22b14', 'vit_s16_i1k_plain': 's16', 'deit_s16_i1k': 's16',
@@ -43,9 +43,9 @@ README_CONFIG_MODELS = {
 
 
 def readme_models() -> dict[str, dict[str, int]]:
-  """The README's model table: short name -> layers, width, mlp, heads, patch, parameters."""
+  """docs/models.md's zoo: short name -> layers, width, mlp, heads, patch, parameters."""
   rows = {}
-  for line in (ROOT / 'README.md').read_text().splitlines():
+  for line in (ROOT / 'docs' / 'models.md').read_text().splitlines():
     m = re.match(r'^\| `(\w+)` \| [^|]+ \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| '
                  r'([\d,]+) \|$', line)
     if m:
@@ -96,9 +96,9 @@ def test_the_parameter_formula_gives_the_readme_model_table():
 
 @pytest.mark.parametrize('path, arg', CASES,
                          ids=[p.stem + (f':{a}' if a else '') for p, a in CASES])
-def test_config_builds_the_readme_model(path, arg):
-  """Each shipped config's model: its README row's architecture where it names one
-  unchanged, and the parameter count of the formula above (checked against the README's
+def test_config_builds_the_zoo_model(path, arg):
+  """Each shipped config's model: its zoo row's architecture where it names one
+  unchanged, and the parameter count of the formula above (checked against the zoo's
   table) for its image size, classes, pooling and heads."""
   config = load(path, arg)
   name, options = config_lib.model_options(config.model)
@@ -111,14 +111,14 @@ def test_config_builds_the_readme_model(path, arg):
   sized = {'num_layers', 'hidden_size', 'mlp_dim', 'num_heads', 'patch_size'} & set(options)
   row = readme_models().get(name)
   listed = path.stem + (f':{arg}' if arg else '')
-  if not sized:  # A model of the README's table as it is.
-    assert name == README_CONFIG_MODELS[listed] and row is not None, (listed, name)
+  if not sized:  # A model of the zoo's table as it is.
+    assert name == ZOO_CONFIG_MODELS[listed] and row is not None, (listed, name)
     assert arch == {k: row[k] for k in arch}, name
   assert count == vit_parameters(
       **arch, image=model.image_size[0], classes=classes, pool=model.pool, posemb=model.posemb,
       representation=model.representation_size, qkv_bias=model.qkv_bias, norm=model.norm,
       qk_norm=model.qk_norm, parallel_block=model.parallel_block)
-  if path.stem == 'fashion_mnist':  # README: "a 0.8M-parameter ViT".
+  if path.stem == 'fashion_mnist':  # docs/training.md: "a 0.8M-parameter ViT".
     assert round(count / 1e6, 1) == 0.8
 
 

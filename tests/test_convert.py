@@ -105,7 +105,7 @@ def test_training_from_the_local_format(fashion_local, tmp_path):
   config.dataset.pp_eval = 'decode|resize(16)|value_range(-1, 1)'
   config.dataset.eval_split = 'test'
   result = main.train_and_evaluate(config, str(tmp_path))
-  assert result['examples'] == 10_000
+  assert result['eval/examples'] == 10_000
 
 
 def test_bad_images_are_skipped_and_reported(tmp_path):
@@ -255,8 +255,9 @@ def test_multi_label_training_reports_precision_at_1(tmp_path):
                              pp_train='decode|inception_crop(16)|value_range(-1, 1)',
                              pp_eval='decode|resize(16)|value_range(-1, 1)'))
   result = main.train_and_evaluate(config, str(tmp_path / 'run'))
-  assert set(result) == {'prec@1', 'loss', 'examples'} and result['examples'] == 16
-  assert 0 <= result['prec@1'] <= 1
+  assert set(result) == {'eval/prec@1', 'eval/loss', 'eval/examples'}
+  assert result['eval/examples'] == 16
+  assert 0 <= result['eval/prec@1'] <= 1
 
 
 def test_command_line(tmp_path):

@@ -355,7 +355,7 @@ def test_a_run_on_tfrecord_data_resumes_exactly(local_tfds_tfrecord, tmp_path, m
       pp_eval='to_rgb|resize(16)|value_range(-1, 1)'))
   config.profile_steps = (2, 4)
   result = main.train_and_evaluate(config, str(tmp_path / 'a'))
-  assert result['examples'] == 256
+  assert result['eval/examples'] == 256
   assert list((tmp_path / 'a' / 'profile').rglob('*.xplane.pb'))  # The profiler trace.
   (tmp_path / 'b' / 'checkpoints').mkdir(parents=True)
   shutil.copytree(tmp_path / 'a' / 'checkpoints' / '4', tmp_path / 'b' / 'checkpoints' / '4')

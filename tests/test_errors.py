@@ -80,7 +80,7 @@ CASES = [
     ('vit_jax.tools.predict', ['--workdir={run}', '{dir}/nope.png'],
      '{dir}/nope.png does not exist', False),
     ('vit_jax.tools.inspect', ['--workdir={run}', '--out={file}/i'], UNDER_FILE, False),
-    ('vit_jax.fewshot', ['--workdir={run}'], 'arguments are required: --dataset', False),
+    ('vit_jax.fewshot', ['--workdir={run}'], '--dataset is required', False),
     ('vit_jax.fewshot', ['--workdir={dir}/nope', '--dataset=digits'], 'does not exist', False),
 ]
 

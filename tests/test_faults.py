@@ -4,7 +4,7 @@ Every case ends in a correct continuation (bitwise that of an uninterrupted run)
 or in one line, ``error: ...``, naming the problem and the fix. The damage cases
 share the workdir of the ``tiny_run`` fixture (10 steps, checkpoints 5 and 10),
 copied per case; ``benchmarks.faults`` is the long version (kill -9 at
-random steps, N times). Each bad config is in tests/test_train.py (``validate``),
+random steps, N times). Each bad config is in tests/test_plan.py (``validate``),
 each bad converter input in tests/test_convert.py.
 """
 

@@ -178,7 +178,7 @@ def test_predict_and_inspect_on_a_non_local_filesystem(npz_file, photo_files, tm
   assert predict.main(['--npz', str(root / 'absent.npz'), remote[2]]) == 2
   assert capsys.readouterr().err.strip().splitlines() == [
       f'error: No checkpoint file at {root}/absent.npz: name a release .npz file (the '
-      'README\'s "Release checkpoints" says where to get them).']
+      'docs/checkpoints.md says where to get them).']
 
 
 def _check_page(out, names):

@@ -108,7 +108,7 @@ def test_two_processes_of_four_devices_match_one_of_eight(tmp_path):
                              rtol=1e-5)
   evals = [m for m in read_metrics(workdir) if 'eval/accuracy' in m]
   assert [m['eval/examples'] for m in evals] == [359, 359]
-  assert evals[-1]['eval/accuracy'] == pytest.approx(one['accuracy'], abs=1 / 359)
+  assert evals[-1]['eval/accuracy'] == pytest.approx(one['eval/accuracy'], abs=1 / 359)
   # The checkpoint both processes wrote restores on this 8-device process. (The
   # attention key biases have no gradient at all, softmax ignores them, so Adam
   # turns the collectives' rounding noise there into steps of ~lr: hence atol.)

@@ -74,7 +74,7 @@ def test_missing_and_unreachable_files_are_user_errors():
 def test_a_missing_filesystem_backend_is_a_user_error():
   # Without TensorFlow's gfile (EPATH_USE_TF=false: what a user without TensorFlow gets),
   # epath reads gs:// with fsspec, which needs gcsfs (not installed here).
-  code = ('from vit_jax import errors, paths\n'
+  code = ('from vit_jax.base import errors, paths\n'
           'try:\n  paths.is_file("gs://vit_models/imagenet21k/ViT-B_16.npz")\n'
           'except errors.MissingFileError as e:\n  print(e)\n')
   result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,

@@ -46,7 +46,7 @@ from runs import tiny_config
      r'^config.dataset.pp_train: random_erase in .* comes before value_range'),
     ({'dataset.pp_train': "to_rgb|rand_augment('rand-m9-inc0')|value_range(-1, 1)"},
      r"^config.dataset.pp_train: rand_augment\('rand-m9-inc0'\): cannot read the section 'inc0'"),
-    # config_base's schema (every case: tests/test_config_base.py), checked first.
+    # vit_jax.config's declarations (every case: tests/test_config.py), checked first.
     ({'batch_size': None}, r'^config.batch_size=None cannot be None.$'),
     ({'checkpoint_every_steps': 0}, r'^config.checkpoint_every_steps=0 must be >= 1'),
     ({'schedule.end_lr': 0.5}, r'^config.schedule.end_lr=0.5 is above config.schedule.base_lr'),

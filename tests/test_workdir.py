@@ -138,9 +138,10 @@ def test_export_command_evaluates_both_alike(source_run, tmp_path):
       timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   for name in ('checkpoint', 'exported .npz'):  # Progress lines with an ETA, then the total.
-    assert re.search(f'evaluating the {name}: [\\d,]+/359 images \\(\\d+%\\), [\\d,]+/s, ETA',
+    assert re.search(f'evaluating the {name} \\(eval\\): [\\d,]+/359 images \\(\\d+%\\), '
+                     '[\\d,]+/s, ETA', result.stderr)
+    assert re.search(f'evaluating the {name} \\(eval\\): 359/359 images, [\\d,]+/s, in',
                      result.stderr)
-    assert re.search(f'evaluating the {name}: 359/359 images, [\\d,]+/s, in', result.stderr)
   assert 'checkpoint_manager.py' not in result.stderr  # Orbax's INFO lines: --verbosity.
   lines = [line for line in result.stdout.splitlines() if 'accuracy' in line]
   assert len(lines) == 2 and out.exists()

@@ -40,9 +40,10 @@ def for_evaluation(config: ml_collections.ConfigDict, split: str | None = None
 
 def evaluate_params(config: ml_collections.ConfigDict, params: Any,
                     names: list[str] | None = None, progress_every: float | None = None,
-                    ) -> list[tuple[Any, dict[str, float]]]:
+                    what: str = '') -> list[tuple[Any, dict[str, float]]]:
   """[(evaluator, metrics)] of ``params`` (host or device arrays, model layout) for the
-  evaluators of a run's ``config`` (those of ``names``, default all)."""
+  evaluators of a run's ``config`` (those of ``names``, default all); ``progress_every``:
+  seconds between progress lines on stderr, which name ``what`` is evaluated."""
   import jax
 
   from vit_jax import evals
@@ -55,6 +56,8 @@ def evaluate_params(config: ml_collections.ConfigDict, params: Any,
   out = []
   for evaluator in evaluators:
     evaluator.progress = progress_every
+    if what:
+      evaluator.progress_label = f'evaluating {what} ({evaluator.name})'
     out.append((evaluator, evaluator.run(params)))
   return out
 

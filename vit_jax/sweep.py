@@ -5,22 +5,11 @@ r"""Sweeps and their tables: a grid of config values x seeds as separate runs, m
         [--print_commands] [--config.FIELD=VALUE ...]
     python -m vit_jax.sweep results DIR [--json=FILE]
 
-Each point of the grid (every combination of the ``--grid`` fields' values) is trained with
-seeds 0 .. N-1 (``config.seed``) as an ordinary ``vit_jax.main`` run in its own workdir,
-``DIR/FIELD=VALUE[,FIELD=VALUE]/seed=K``: one after the other in this process (resuming an
-interrupted run, skipping finished ones), or printed as ``vit_jax.main`` command lines to start
-on many hosts (``--print_commands``).
-
-``--minival=P`` is the paper's fine-tuning protocol (appendix B.1.1): each grid point is
-first trained once (the first seed) on the training split less its last P% and evaluated on
-those P% (``DIR/minival/...``); the point with the best minival accuracy is then trained with
-every seed on the whole training split and evaluated on the eval split. The table is the mean
-± standard deviation over the seeds, as the paper's table 2 reads.
-
-``results DIR`` reads any folder of finished runs (their ``config.json`` and
-``metrics.jsonl``, however they were started): runs whose configs differ only in the seed
-form one row; the table shows the fields that differ between rows. The standard deviation
-is the sample one (n - 1). docs/vtab_and_sweeps.md.
+Each grid point and seed is an ordinary ``vit_jax.main`` run in ``DIR/FIELD=VALUE/seed=K``, run
+here one after the other (resumed or skipped when started again) or printed for many hosts;
+``--minival=P`` first picks the point on the last P% of the training split (the paper's
+fine-tuning protocol, appendix B.1.1). ``results DIR`` tables any folder of finished runs.
+docs/vtab_and_sweeps.md.
 """
 
 from __future__ import annotations

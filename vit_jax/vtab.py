@@ -1,14 +1,13 @@
 r"""VTAB-1k, the paper's protocol: fine-tune one checkpoint on each of the 19 tasks, one table.
 
-One setting for all tasks (ViT paper, appendix B.1.1, after Kolesnikov et al. 2020): SGD with
-momentum 0.9, batch 512, learning rate 0.01, 2,500 steps, cosine decay, no weight decay,
-clipping at norm 1, images resized to 384x384 with no augmentation; fine-tune on
-``train800val200``, report top-1 accuracy on ``test``; the VTAB score is the mean over the
-tasks. The tasks themselves: ``vit_jax.data.vtab``. docs/vtab_and_sweeps.md.
-
     python -m vit_jax.vtab --list --json
     python -m vit_jax.vtab --init_from=ViT-B_16.npz --workdir=DIR --data_dir=TFDS_DIR \
         [--tasks=all|natural|specialized|structured|NAME,...]
+
+One setting for all tasks (appendix B.1.1): SGD with momentum 0.9, batch 512, lr 0.01, 2,500
+steps, cosine decay, 384x384 with no augmentation; fine-tune on ``train800val200``, report top-1
+on ``test``; the score is the mean over the tasks. The tasks: ``vit_jax.data.vtab``;
+docs/vtab_and_sweeps.md.
 """
 
 from __future__ import annotations

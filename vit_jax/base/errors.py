@@ -1,21 +1,12 @@
 """User errors: problems the user can fix, reported in one line instead of a traceback.
 
-A bad config, a missing or damaged file, a checkpoint that does not fit the
-model: the message names the problem and the fix, and the entry points
-(``run``) print it as ``error: ...`` on stderr and exit with status 2. Any
-other exception is a bug and keeps its traceback (exit status 1).
-
-The exit statuses a job wrapper can act on (docs/reliability.md):
-
-* 0: the run is complete.
-* 2 (``EXIT_STATUS``): a user error; running again as it is fails again.
-* 74 (``SAVE_FAILED_STATUS``, sysexits' EX_IOERR): a checkpoint could not be written
-  (disk full, permission); the ones before are intact. Fix the cause, run again.
-* 75 (``PREEMPTED_STATUS``, sysexits' EX_TEMPFAIL): stopped by SIGTERM after saving a
-  checkpoint; run the same command again to resume.
-
-Each class is also the built-in exception that callers expect of it
-(``ConfigError`` is a ``ValueError``, ``MissingFileError`` a ``FileNotFoundError``).
+A bad config, a missing or damaged file, a checkpoint that does not fit the model: the message
+names the problem and the fix, and the entry points (``run``) print it as ``error: ...`` and exit
+with status 2 (``EXIT_STATUS``); any other exception is a bug and keeps its traceback (status 1).
+A job wrapper can also act on 74 (``SAVE_FAILED_STATUS``: a checkpoint could not be written; the
+earlier ones are intact) and 75 (``PREEMPTED_STATUS``: stopped by SIGTERM after saving; run the
+same command again to resume); docs/reliability.md. Each class is also the built-in exception
+callers expect (``ConfigError`` is a ``ValueError``, ``MissingFileError`` a ``FileNotFoundError``).
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
 """Paths wherever users keep their files: local, ``gs://``, and the other filesystems of gfile.
 
-etils epath is the project's one filesystem layer. A local path goes to the os; a
-``gs://`` path (and ``s3://``, ``az://``, ``hf://``) to TensorFlow's ``tf.io.gfile``,
-which epath picks whenever TensorFlow is installed (it is a dependency here; its gfile
-reads ``gs://`` itself, with the machine's Google credentials or anonymously for a public
-bucket such as ``gs://vit_models``; ``s3://`` and the others need a gfile plugin). Without
-TensorFlow (or with ``EPATH_USE_TF=false``) epath reads them with fsspec, which needs
-``gcsfs`` for ``gs://``.
-``os.path`` and ``open`` see none of these, so every file the user names is opened and
-checked through here (or ``epath.Path``), never through them.
-
-This module adds two schemes epath does not know:
-
-* ``ram://``: TensorFlow's in-memory filesystem, through the same gfile backend as
-  ``gs://``. It holds nothing across processes; it is the non-local filesystem the tests
-  read and write release files on, since this project's machine has no network.
-* ``file://`` URIs: the local path they name.
-
-and the checks that refuse a missing file before any heavy start-up, with a remote
-filesystem's failures (no network, no credentials, no permission) as one user error.
-
-The command lines' own checks (``output_dir``, ``output_path``, ``input_path``,
-``input_files``, ``run_dir``) find an unwritable workdir or a missing input in a fraction
-of a second, before jax, TensorFlow and the data start: as one ``error:`` line, creating
-nothing. They look at local paths only; a remote one is checked where it is opened, through
-the layer above.
+etils epath is the project's one filesystem layer: a local path goes to the os, a ``gs://`` one
+(``s3://``, ``az://``, ``hf://``) to TensorFlow's ``tf.io.gfile`` (without TensorFlow, or with
+``EPATH_USE_TF=false``, to fsspec, which needs ``gcsfs``). ``os.path`` and ``open`` see none of
+these, so every file a user names goes through here or ``epath.Path``. This module adds
+``ram://`` (TensorFlow's in-memory filesystem: the tests' non-local filesystem) and ``file://``
+URIs, and the command lines' checks (``output_dir``, ``input_path``, ``run_dir``, ...): a missing
+input or an unwritable workdir is one ``error:`` line before jax, TensorFlow and the data start.
 """
 
 from __future__ import annotations

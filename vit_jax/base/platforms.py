@@ -1,25 +1,13 @@
 """Which of jax's backends a process may start, decided before jax starts any.
 
-jax tries every accelerator plugin that is installed. With libtpu installed (the ``tpu``
-extra, for ``vit_jax.tools.aot``) and no TPU attached, libtpu's start-up prints about six
-lines of errors ("could not determine TPU accelerator type", "INVALID_ARGUMENT: ...
-TPU_WORKER_HOSTNAMES") that read as failures, then jax runs on the CPU anyway. ``pick``
-keeps jax off the TPU backend where this machine has no TPU; ``import vit_jax`` calls it,
-so every command and a user's own script that imports vit_jax are quiet:
-
-* ``JAX_PLATFORMS`` (or ``JAX_PLATFORM_NAME``, or ``JAX_FORCE_TPU_INIT``) set, even empty:
-  the user's choice, left alone. ``JAX_PLATFORMS=`` (empty) gives jax's own choice back.
-* A TPU here (Cloud TPU VM: a Google TPU on the PCI bus, as jax itself looks, or the
-  ``/dev/accel*`` / ``/dev/vfio`` device files libtpu opens), or libtpu not installed:
-  nothing changes.
-* Else ``JAX_PLATFORMS`` becomes the GPUs an installed plugin drives and that have their
-  device files here (``cuda`` / ``rocm``), then ``cpu``: a GPU host keeps its GPUs.
-
-Where jax was imported before vit_jax, its config is set the same way
-(``jax.config.update('jax_platforms', ...)``) as long as no backend has started yet; a
-script that used jax's devices before importing vit_jax has seen libtpu's lines already
-(set ``JAX_PLATFORMS=cpu`` there). Compiling for a TPU with no TPU attached
-(``vit_jax.tools.aot``) loads libtpu through jax's topology API, which needs no backend.
+With libtpu installed (the ``tpu`` extra, for ``vit_jax.tools.aot``) and no TPU attached, jax's
+start-up prints about six lines of libtpu errors that read as failures, then runs on the CPU.
+``pick``, called by ``import vit_jax``, keeps jax off the TPU backend there: where the user set
+``JAX_PLATFORMS`` (or ``JAX_PLATFORM_NAME``, ``JAX_FORCE_TPU_INIT``; even empty) it changes
+nothing, nor where a TPU is attached or libtpu is absent; else ``JAX_PLATFORMS`` becomes this
+host's GPUs that an installed plugin drives, then ``cpu`` (also in jax's config, if jax was
+imported but has started no backend). Compiling for a TPU with none attached (``aot``) goes
+through jax's topology API, which needs no backend.
 """
 
 from __future__ import annotations

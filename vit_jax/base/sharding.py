@@ -1,29 +1,12 @@
 """The device mesh and every partitioning rule, in one place.
 
-The mesh has three axes:
-
-- ``data``: data parallelism (the batch is split);
-- ``fsdp``: fully-sharded data parallelism (the batch is split over it too, and the
-  large weight matrices along one dimension, gathered by XLA where they are used);
-- ``tensor``: Megatron-style tensor parallelism (Shoeybi et al., 2019): every device of
-  the axis holds the same examples, and a slice of each block's attention heads and
-  MLP hidden units. The query/key/value and first MLP kernels are split by their
-  outputs, the attention-out and second MLP kernels by their inputs, so each
-  sub-block ends in one all-reduce of its output.
-
-``config.mesh``: ``data=-1, fsdp=1, tensor=1`` (the default) is data parallelism;
-``fsdp > 1`` is for models whose parameters do not fit on a device even for the length
-of a step, ``tensor > 1`` for models whose activations or per-layer weights are too large
-for one device (ViT-e, ViT-22B).
-
-Over the ``data`` axis the train state is *stored* split as well
-(``config.mesh.shard_state``; by default on TPUs and GPUs, not on CPUs): each device keeps
-1/N of the parameters and of the optimizer state and updates only its part; the step
-gathers the parameters once, at its start, for its forward and backward passes, and
-reduce-scatters the gradients (ZeRO stage 2, PyTorch FSDP's SHARD_GRAD_OP). The
-communication is that of an all-reduce of the gradients; the optimizer's memory and work
-fall N-fold (TPU v3-8, ViT-L/16 at batch 256: 246.8 -> 233.9 ms per step, 7.31 -> 5.39
-GiB per core, cost model; results/RESULTS.md).
+The mesh has three axes (``config.mesh``; docs/scale.md): ``data`` (the batch is split),
+``fsdp`` (the batch too, and the large weight matrices along one dimension, gathered where they
+are used) and ``tensor`` (Megatron-style: the q/k/v and first MLP kernels split by their
+outputs, the attention-out and second MLP kernels by their inputs, one all-reduce a sub-block).
+Over ``data`` the train state is also *stored* split (``config.mesh.shard_state``, on for TPUs and
+GPUs): the step gathers the parameters once and reduce-scatters the gradients, and each device
+updates 1/N of the optimizer state (ZeRO-2, PyTorch FSDP's SHARD_GRAD_OP).
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """Checksums of a pytree's arrays, computed where the arrays are: checkpoint integrity.
 
-Orbax 0.12.8 writes arrays through TensorStore into OCDBT databases (zarr v2
-chunks). OCDBT checksums its own B-tree nodes, but not the array chunks it
-points to (Orbax's zarr v3 layout checksums only a shard's index, and no option
-adds TensorStore's ``crc32c`` codec to the chunks), so bytes overwritten inside
-a data file restore without an error, and a run trains on from a damaged state.
-Every checkpoint therefore records, at save, a checksum of each array (its bit
-pattern), and a restore recomputes them on what it read.
-
-A checksum is 64 bits, two sums over the array's 32-bit words ``w_i`` at flat
-index ``i`` (narrower dtypes widened, wider ones split): ``sum fmix(w_i ^
-fmix(i))`` (MurmurHash3's finaliser) and ``sum w_i * (2 i + 1)``, modulo 2^32.
-Any change of one word changes both; unrelated changes cancel with probability
-about 2^-64. Integer sums do not depend on the order of reduction, so the value
-is the same on any mesh and number of processes: it is one jitted reduction per
-array, sharded like the array, with a replicated result.
+Orbax's OCDBT databases checksum their B-tree nodes but not the array chunks (nor does any
+option add TensorStore's ``crc32c`` to them), so bytes overwritten in a data file restore
+without an error. Every checkpoint therefore records a 64-bit checksum of each array's bit
+pattern, and a restore recomputes it: two sums modulo 2^32 over the array's 32-bit words ``w_i``,
+``sum fmix(w_i ^ fmix(i))`` (MurmurHash3's finaliser) and ``sum w_i * (2 i + 1)``. Integer sums
+do not depend on the order of reduction, so the value is the same on any mesh and number of
+processes: one jitted reduction per array, sharded like it. Its cost: results/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -81,7 +73,7 @@ def of(tree: Any) -> dict[str, str]:
   result: call it on all of them), or host (numpy) arrays.
   """
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-  sums = []  # All dispatched, then read (on XLA:CPU one after the other: cpu_backend).
+  sums = []  # All dispatched, then read (one after the other where cpu.one_program_at_a_time).
   for _, x in leaves:
     sums.append(_jitted(_replicated_like(x))(x))
     if cpu.one_program_at_a_time():

@@ -1,20 +1,12 @@
 """Orbax checkpoints of a training run: the whole train state, saved, verified and resumed.
 
-The train state holds the step, the parameters, the optimizer state and the
-base RNG key; the loader's position is the step itself (see
-``vit_jax.data.loader``), so restoring the state resumes the run exactly. Orbax
-writes each checkpoint into a temporary directory and renames it when complete
-(on every process together), so a crash while saving never damages the latest
-complete checkpoint: ``latest_step`` only sees finished ones.
-
-Damage after that (a truncated, emptied or overwritten file, a missing manifest,
-metadata or item folder) is found at restore: every checkpoint records the dtype,
-shape and checksum of each array (``describe``, ``vit_jax.checkpoints.checksum``) in Orbax's
-step metadata, and a restore compares the shapes with the config's, then the
-checksums with what it read. ``resume`` moves a damaged step to
-``checkpoints/bad/STEP`` (Orbax only sees numbered folders) and restores the one
-before; all processes take the same decision. A checkpoint that holds another
-model's state is not damaged: that stops the run (``CheckpointMismatchError``).
+The train state holds the step, the parameters, the optimizer state and the base RNG key; the
+loader's position is the step, so restoring the state resumes the run exactly. Orbax renames a
+checkpoint into place when complete, so a crash while saving never damages the latest one.
+Damage after that is found at restore: each save records every array's dtype, shape and
+checksum (``describe``, ``vit_jax.checkpoints.checksum``), and ``resume`` moves a damaged step to
+``checkpoints/bad/STEP`` and restores the one before (all processes agree). A checkpoint of
+another model is not damage: it stops the run (``CheckpointMismatchError``).
 """
 
 from __future__ import annotations

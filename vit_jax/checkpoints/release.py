@@ -1,25 +1,13 @@
 """Release .npz checkpoints: read them, write them, adapt them to a model.
 
-The release layout is the flat key set of the published ViT files (numpy
-archives of float32 arrays, keys joined by '/'). An unrolled model's params
-tree equals it; a scanned model differs only in stacking
-``Transformer/encoderblock_{i}`` into one ``Transformer/encoderblock`` with a
-leading layer axis. ``load_npz`` also reads big_vision's files and returns
-them in the release layout; ``save_npz`` always writes the release layout.
-
-big_vision's ViT (``big_vision/models/vit.py``) differs in names only, except for
-one thing: it adds its top-level ``pos_embedding`` (h * w rows) to the patches
-*before* it prepends the class token, where the release adds h * w + 1 rows after.
-The two are the same function when the class token's row is zero, so that is the
-row ``load_npz`` puts in. Its other differences: a ``params/`` (or Flax optimizer
-``opt/target/``) prefix, Linen's automatic block names (``LayerNorm_1``,
-``MultiHeadDotProductAttention_0``, ``MlpBlock_0``), bfloat16 arrays stored as
-2-byte voids; its pool types ``tok``, ``gap`` and ``map`` are ours ``token``,
-``gap`` and ``map`` (``MAPHead_0``, the same names), scanned or not. Its pool types
-``0`` (the first patch token's output: no class token) and ``none`` (no pooling: the
-head applied to every token) are not ours, and their files hold the same arrays as a
-``gap`` one: a big_vision file with neither a class token nor a MAP head is loaded
-with its classifier only where its pool type is said (``check_source_pool``).
+The release layout is the flat key set of the published ViT files (float32 arrays, keys joined
+by '/'): an unrolled model's params tree, or a scanned one's with its blocks unstacked.
+``load_npz`` also reads big_vision's files into it (their names, prefixes and bfloat16 arrays:
+docs/checkpoints.md); ``save_npz`` always writes it. The one difference beyond names: big_vision
+adds its ``pos_embedding`` (h * w rows) before prepending the class token, the release h * w + 1
+rows after; the two agree when the class token's row is zero, the row ``load_npz`` puts in.
+big_vision's pool types ``0`` and ``none`` are not ours and store a ``gap`` file's arrays, so
+such a file's classifier loads only where its pool type is said (``check_source_pool``).
 """
 
 from __future__ import annotations
@@ -167,7 +155,7 @@ def load_npz(path: str | os.PathLike) -> Params:
   """
   if not paths.is_file(path):
     raise errors.MissingFileError(f'No checkpoint file at {path}: name a release .npz file (the '
-                                  'README\'s "Release checkpoints" says where to get them).')
+                                  'docs/checkpoints.md says where to get them).')
   try:
     with paths.path(path).open('rb') as f:
       archive = np.load(f, allow_pickle=False)

@@ -1,18 +1,11 @@
 r"""The one base config: every field a run reads, declared once: kind, default, range, meaning.
 
-``FIELDS`` below is the table: each field's kind, default, allowed values and meaning on
-its line (``vit_jax/config/fields.py`` says how a line reads). ``get_config()`` builds the
-ConfigDict from it, ``complete`` lays a user's config over it, ``check`` applies it before
-anything compiles, ``vit_jax.config.cli`` types the command line by it, and
-``python -m vit_jax.config`` prints it as docs/config.md.
-
-Each file in ``configs/`` starts from ``get_config()`` and overrides only what its recipe
-changes, so two recipes are compared by reading two short files (big_vision's habit). Any
-field can be overridden on the command line, ``--config.batch_size=256``; a field that is
-not here does not exist.
-
-``config.evals`` is a group of named evaluators (big_vision's manner): each entry's
-``type`` (``EVAL_TYPES``) selects its fields, e.g.
+``FIELDS`` is the table (``vit_jax/config/fields.py`` says how a line reads): ``get_config()``
+builds the ConfigDict from it, ``complete`` lays a user's config over it, ``check`` applies it
+before anything compiles, ``vit_jax.config.cli`` types the command line by it, and ``python -m
+vit_jax.config`` prints it as docs/config.md. A recipe in ``configs/`` overrides only what it
+changes (big_vision's habit); a field that is not here does not exist. ``config.evals`` holds
+named evaluators, each entry's ``type`` (``EVAL_TYPES``) selecting its fields, e.g.
 ``config.evals.v2 = dict(type='classification', dataset='imagenet_v2', split='test')``.
 """
 
@@ -158,7 +151,8 @@ FIELDS: dict[str, Field | Group] = {
         }),
     'schedule': Group(
         "Linear warm-up from 0 to base_lr, then 'linear', 'cosine' or 'constant' to end_lr.", {
-            'base_lr': F('float', 1e-3, '', 'The peak learning rate (> 0: train.validate).'),
+            'base_lr': F('float', 1e-3, '',
+                         'The peak learning rate (> 0: vit_jax.training.plan.validate).'),
             'end_lr': F('float', 0.0, '', 'The last learning rate (<= base_lr).'),
             'decay': F('str', 'linear', ('linear', 'cosine', 'constant'), 'After the warm-up.'),
             'warmup_steps': F('int', 10_000, '>= 0', 'The warm-up.'),
@@ -250,7 +244,7 @@ def _rules(flat: dict[str, Any]) -> str:
     return ('config.mesh.data=0 must be -1 (the devices that fsdp and tensor leave) or a '
             'positive number of devices.')
   base, end = flat['schedule.base_lr'], flat['schedule.end_lr']
-  if 0 < base < end:  # base_lr <= 0 itself: train.validate.
+  if 0 < base < end:  # base_lr <= 0 itself: vit_jax.training.plan.validate.
     return (f'config.schedule.end_lr={end} is above config.schedule.base_lr={base}: the decay '
             'would climb. Use an end_lr <= base_lr.')
   profile = flat['profile_steps']

@@ -3,33 +3,12 @@ r"""The ``--config`` flag of the entry points: a recipe file, then ``--config.FI
     python -m vit_jax.main --config=configs/quickstart.py --workdir=/tmp/q \
         --config.batch_size=256 --config.model.image_size='(16, 24)' --config.model.pool=None
 
-``--config=FILE:ARG`` calls the file's ``get_config(ARG)``
-(``configs/vit_b16_finetune.py:cifar10``); the recipe is completed from the base config
-(each evaluator from its type's defaults), then the overrides are set. A value is read as a
-Python literal and checked against the field's declared kind (``vit_jax.config``):
-``(16, 24)`` or ``[16, 24]`` for a tuple field or an int-or-pair one
-(``model.image_size``), ``None`` to unset a field, ``true`` / ``false`` (or
-``--config.F`` / ``--noconfig.F``) for booleans; a string field takes the text as
-it is. An unknown field (named with the closest valid ones), a value of the wrong
-type or a missing value is an ``errors.ConfigError``; ``run`` prints it as one line.
-
-The evaluators (``config.evals.NAME``): ``--config.evals.NAME.type=TYPE`` adds one with
-its type's defaults (or changes an evaluator's type, keeping the fields both types have),
-``--config.evals.NAME.FIELD=VALUE`` sets its fields, before or after the type on the
-command line, and ``--config.evals.NAME=None`` removes it::
-
-    --config.evals.v2.type=classification --config.evals.v2.dataset=imagenet_v2 \
-        --config.evals.v2.split=test --config.evals.fewshot=None
-
-An entry point::
-
-    _CONFIG = config_cli.DEFINE_config('config', 'Training config file.')
-
-    def main(argv):
-      config = _CONFIG.value  # The recipe, overrides applied (a ConfigError if one is bad).
-
-    if __name__ == '__main__':
-      config_cli.run(main)
+``--config=FILE:ARG`` calls the file's ``get_config(ARG)``; the recipe is completed from the base
+config, then each override is read as a Python literal and checked against its field's kind
+(``vit_jax.config``; ``--config.evals.NAME.type=TYPE`` adds an evaluator, ``=None`` removes one:
+docs/config.md). A bad one is an ``errors.ConfigError``, which ``run`` prints as one line. An
+entry point defines ``_CONFIG = cli.DEFINE_config('config', ...)``, reads ``_CONFIG.value`` in
+its ``main`` and ends with ``cli.run(main)``.
 """
 
 from __future__ import annotations
@@ -142,7 +121,7 @@ def apply_overrides(config: ml_collections.ConfigDict,
   by its declaration (``vit_jax.config``); then locked. The overrides that add, remove or
   retype an evaluator (``evals.NAME=None``, ``evals.NAME.type=TYPE``) go first, so that
   its fields can be set in any order."""
-  with config.unlocked():  # Evaluators are added and removed (config_cli.load's is locked).
+  with config.unlocked():  # Evaluators are added and removed (load's config is locked).
     for field, text in sorted(overrides, key=lambda o: not _EVAL_ENTRY.match(o[0])):
       *parents, key = field.split('.')
       if parents[:1] == ['evals']:
@@ -270,7 +249,9 @@ _OK = {'bool': lambda v: isinstance(v, bool),
 
 def _coerce(kind: str, text: Any, field: str) -> Any:
   """``text`` as a value of the declared ``kind`` (``vit_jax.config.fields``), or a
-  ConfigError naming the field."""
+  ConfigError naming the field: ``None`` unsets a field, ``(16, 24)`` or ``[16, 24]`` is a
+  tuple (or an int-or-pair size), ``true`` / ``false`` a bool (as ``--config.F`` /
+  ``--noconfig.F``), and a string field takes the text as it is."""
   if text in ('None', 'none', None):
     return None
   value = _literal(text)

@@ -1,27 +1,13 @@
 r"""Converts image datasets into the local sharded format (``vit_jax.data.local``).
 
-    python -m vit_jax.data.convert --source=DIR_OR_FILE --out=DIR [--shards=N]
+    python -m vit_jax.data.convert --source=DIR_OR_FILE --out=DIR [--shards=N] [--kind=KIND]
 
-Sources (``--kind=auto`` recognises them):
-  folder    ``SPLIT/CLASS/*.jpg|png`` (e.g. imagenette: train/n01440764/...). Without class
-            folders the images are unlabelled (0 classes; for self-supervised
-            pre-training, ``config.objective='mpp'``): ``SPLIT/*.jpg``, or ``*.jpg`` in
-            the folder itself, split into train and validation by ``--val_fraction``.
-  idx       MNIST-style IDX files: ``{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]``.
-  manifest  a CSV (header ``path,labels[,split]``, labels separated by ``;``) or JSON
-            lines (``{"path": ..., "labels": [...], "split": ...}``); paths relative to
-            the manifest; several labels per image make a multi-label dataset.
-  i21k      the ImageNet-21k release layout: one ``WNID.tar`` of JPEGs per class; the
-            validation split is carved out by ``--val_fraction`` with ``--seed`` (a hash
-            of each image's name: the same split whatever the order).
-
-Every image is decoded once, in parallel over all cores, and stored in its own
-encoding; an undecodable or truncated image, or one of more than ``--max_pixels``
-(PIL's decompression-bomb limit; not decoded at all), is skipped, counted and
-listed with its path and reason in the metadata. A class entry that is not a
-folder, or a symbolic link that loops back, is refused. Examples go to the
-split's shards in turn. The output is written to ``OUT.tmp`` and renamed when
-complete: re-running is safe (a finished dataset is kept unless ``--overwrite``).
+Sources (``--kind=auto`` recognises them): a folder of ``SPLIT/CLASS/*.jpg`` (without class
+folders: unlabelled images, for self-supervised pre-training), MNIST-style IDX files, a CSV or
+JSON-lines manifest (several labels an image: multi-label), or ImageNet-21k's ``WNID.tar`` files.
+Each image is decoded once, in parallel, and stored in its own encoding; an undecodable or
+oversized image is skipped and listed in the metadata. The output is written to ``OUT.tmp`` and
+renamed when complete, so re-running is safe. The formats in detail: docs/data.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """The loader: global shuffling, per-process shares, global sharded batches.
 
-Training batches are a pure function of (seed, step): epoch ``e`` visits the
-examples in a permutation keyed by (seed, e), computed index by index (a Feistel
-network, so nothing proportional to the dataset is held), batch ``k`` is the k-th
-slice of it, and example ``j`` of a batch is augmented with a generator seeded by
-(seed, k, j). So the loader's whole state is the step: a run resumed at step k
-sees exactly the batches an uninterrupted run would have (repeated augmentation
-included: ``TrainLoader.indices``), and 1 process x 8
-devices sees the same global batches as 2 processes x 4 devices. Each process
-reads only the rows of every batch that its devices hold (processes that hold the
-same rows, along a 'tensor' axis that spans hosts, read the same ones); the rows
-are joined into one global ``jax.Array`` sharded over the mesh's data axes.
-
-A pipeline's trailing ``value_range`` runs on the devices, after the transfer
-(``preprocess.Pipeline``): the host assembles and copies uint8 batches, a quarter of
-the bytes of float32 ones. ``local_batch`` returns those host batches. (Multi-process
-runs on XLA:CPU keep it on the host: see ``_split``.)
+Training batches are a pure function of (seed, step): epoch ``e`` visits the examples in a
+permutation keyed by (seed, e), computed index by index (a Feistel network: nothing the size of
+the dataset is held), and example ``j`` of batch ``k`` is augmented with a generator seeded by
+(seed, k, j). So the loader's whole state is the step: a resumed run sees exactly the batches of
+an uninterrupted one, and 1 process x 8 devices the same global batches as 2 x 4. Each process
+reads only the rows its devices hold, joined into one global ``jax.Array``. A pipeline's trailing
+``value_range`` runs on the devices, so the host assembles and copies uint8 batches
+(``local_batch`` returns them; multi-process XLA:CPU runs keep it on the host: ``_split``).
 """
 
 from __future__ import annotations

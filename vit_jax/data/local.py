@@ -1,22 +1,11 @@
-"""The local sharded dataset format: the project's answer to JFT.
+"""The local sharded format, the project's answer to JFT: ArrayRecord shards and a metadata file.
 
-A dataset is a directory::
-
-    metadata.json
-    train-00000-of-00064.array_record
-    ...
-    validation-00000-of-00004.array_record
-
-ArrayRecord shards give random access to any example (grain reads them), and
-``metadata.json`` holds the format version, the number of classes and their
-names, whether the data is multi-label, and per split its example count and,
-per shard, the file name, example count, byte size and SHA-256 checksum; plus
-the source files the converter skipped and why. Readers hold only the metadata
-(its size grows with the number of shards, not of examples).
-
-A record is ``b'VJ1' + uint32 header length + JSON header + encoded image``: the
-header holds the labels (class indices) and the example's key (its source path);
-the image stays in its source encoding (JPEG, PNG), so converting copies bytes.
+A dataset is a directory of ``SPLIT-NNNNN-of-NNNNN.array_record`` shards (random access to any
+example, read by grain) and ``metadata.json``: the format version, the classes, whether it is
+multi-label, each split's example count and each shard's name, count, size and SHA-256, and the
+source files the converter skipped. Readers hold only the metadata. A record is ``b'VJ1'`` +
+uint32 header length + JSON header (labels, the example's key) + the image in its source
+encoding (JPEG, PNG), so converting copies bytes.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Per-example preprocessing ops, composed from a config string.
 
-A pipeline is written as ``'decode|inception_crop(224)|flip_lr|value_range(-1, 1)'``.
-Each op maps (image, numpy Generator) to an image. Images are HWC uint8 arrays
-(crops are views; decoding and resizing use OpenCV's SIMD kernels) until
-``value_range`` makes the float32 array; a pipeline without it returns uint8.
-Inputs may be encoded bytes (``decode`` first) or arrays. Random ops draw from
-the generator, which the loader seeds per example: pipelines are deterministic.
-
-The loader runs a trailing ``value_range`` on the devices instead (``Pipeline.host``
-then ``Pipeline.on_device``): batches are assembled and transferred as uint8, a
-quarter of the bytes, and scaled where the model runs.
+A pipeline is written as ``'decode|inception_crop(224)|flip_lr|value_range(-1, 1)'``. Each op
+maps (image, numpy Generator) to an image: HWC uint8 arrays (OpenCV's kernels) until
+``value_range`` makes float32; inputs are encoded bytes (``decode`` first) or arrays. Random ops
+draw from the generator the loader seeds per example, so pipelines are deterministic. The loader
+runs a trailing ``value_range`` on the devices (``Pipeline.host``, then ``Pipeline.on_device``):
+batches go over as uint8, a quarter of the bytes.
 """
 
 from __future__ import annotations

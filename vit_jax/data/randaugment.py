@@ -1,28 +1,13 @@
 """RandAugment (Cubuk et al., 2020) as its two reference implementations define it.
 
-``BigVision``: big_vision's ``randaug(N, M)`` (its TF ops, forked from the TPU
-EfficientNet code; the AugReg and plain-ViT recipes). 16 ops drawn uniformly, each
-always applied: AutoContrast, Equalize, Invert, Rotate, Posterize, Solarize, Color,
-Contrast, Brightness, Sharpness, ShearX, ShearY, TranslateX, TranslateY, Cutout,
-SolarizeAdd. Magnitude M maps to fixed arguments (M / 10 x 30 degrees, x 0.3 shear,
-x 100 pixels, cutout half-side M / 10 x 40; enhance factor M / 10 x 1.8 + 0.1, so 1.9 at
-M = 10 for every draw), only the geometric ops' signs are random. The TF quirks that
-decide what the recipes trained on are kept: Solarize's threshold int(M / 10 x 256) is
-cast to uint8 (256 wraps to 0: at M = 10 every pixel is inverted, big_vision issue #110),
-Posterize's shift is clamped to 7 bits, Contrast blends towards the grey H x W / 256 (its
-histogram sum, not the mean), geometric ops sample the nearest pixel and fill with 128.
-
-``Timm``: timm's ``rand_augment_transform`` config strings, e.g. DeiT's
-``rand-m9-mstd0.5-inc1`` (PIL ops): N ops drawn uniformly with replacement, each applied
-with probability p (0.5), at a magnitude drawn from N(M, mstd) clipped to [0, 10] at
-each application; ``inc1`` takes the 15 ops whose severity increases with M (no Cutout:
-timm does random erasing apart). Fill: DeiT's, the ImageNet mean (124, 116, 104);
-resampling: DeiT's bicubic.
-
-Each op is (name, arguments drawn from the generator, function of the image and those
-arguments); ``plan`` draws the arguments of one image, ``apply`` runs them, so the tests
-compare the draws with the reference formulas and each function with hand-computed
-values of the reference definition.
+``BigVision``: big_vision's ``randaug(N, M)`` (TF ops; the AugReg and plain-ViT recipes): 16 ops
+drawn uniformly, each always applied at fixed arguments of M, with the TF quirks the recipes
+trained on kept (Solarize's threshold wraps modulo 256, google-research/big_vision issue #110).
+``Timm``: timm's ``rand_augment_transform`` strings, e.g. DeiT's ``rand-m9-mstd0.5-inc1`` (PIL
+ops, each applied with probability p at a magnitude drawn around M). Each op is (name, arguments
+drawn from the generator, function); ``plan`` draws one image's arguments and ``apply`` runs
+them, so the tests check the draws and the functions against the references apart. Every
+op's arguments and quirks: docs/data.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """Random access to TFDS datasets prepared as TFRecord files: an index of record offsets.
 
-TFRecord, TFDS's default format, is a stream: record ``i`` is found only by reading
-the 12-byte headers of the records before it (``uint64`` length, ``uint32`` CRC of
-the length, the data, ``uint32`` CRC of the data). So each shard's headers are
-walked once and the offsets kept (8 bytes a record: 10 MB for ImageNet's 1.28M) in
-a cache directory (``$XDG_CACHE_HOME/vit_jax/tfrecord_offsets``, else
-``~/.cache/...``), keyed by the shard's path, size, modification time (ns) and inode
-(``cache_key``), and checked when read (``_still_fits``: the headers at a few cached
-offsets must give the next offsets), so a shard rewritten in place, even with the same
-size within the same clock tick, is indexed again. After that, ``source[i]`` is
-one read at a known offset, and the loader's permutation by index (its exact-resume
-guarantee) works as on ArrayRecord. Every index is checked against TFDS's own
-record counts and the shard's size, so a truncated or foreign file is an error,
-never a silent shift of the examples.
-
-Local shards are indexed by hopping from header to header (one small read per
-record); remote ones (``gs://``) are read through once in large chunks, as
-seeks cost a request each there.
+TFRecord, TFDS's default format, is a stream: record ``i`` is found only by reading the headers
+of the records before it. So each shard's headers are walked once (header to header on a local
+disk, in large chunks on ``gs://``) and the offsets cached (``cache_dir``, keyed by ``cache_key``,
+checked by ``_still_fits`` so a rewritten shard is indexed again) and checked against TFDS's
+record counts and the shard's size. Then ``source[i]`` is one read at a known offset, and the
+loader's permutation by index (its exact resume) works as on ArrayRecord.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ class Evaluator(abc.ABC):
     self.name = name
     self.every_steps = every_steps  # 0: with config.eval_every_steps.
     self.progress: float | None = None  # Seconds between progress lines on stderr; None: off.
+    self.progress_label = f'evaluating {name}'  # What the progress lines say.
 
   @classmethod
   @abc.abstractmethod
@@ -84,18 +85,20 @@ def data_dir(entry_dir: str, config: ml_collections.ConfigDict) -> str | None:
   return run_dir
 
 
-def open_source(name: str, dataset: str, split: str, directory: str | None, **kw: Any) -> Any:
-  """A split of any dataset, as a source; errors name the entry."""
+def open_source(what: str, dataset: str, split: str, directory: str | None,
+                label_key: str | None = None) -> Any:
+  """A split of any dataset as a source (TFDS's with another ``label_key``); its errors
+  begin with ``what`` (e.g. ``config.evals.NAME``)."""
   spec = ml_collections.ConfigDict(dict(name=dataset, data_dir=directory or '',
                                         manual_dir='', prepare=False))
   try:
-    if kw:
-      return sources.TFDSSource(dataset, split, directory, **kw)
+    if label_key:
+      return sources.TFDSSource(dataset, split, directory, label_key=label_key)
     return sources.get_source(spec, split)
   except FileNotFoundError as e:
-    raise errors.MissingFileError(f'{where(name)}: {e}') from None
+    raise errors.MissingFileError(f'{what}: {e}') from None
   except ValueError as e:
-    raise errors.ConfigError(f'{where(name)}: {e}') from None
+    raise errors.ConfigError(f'{what}: {e}') from None
 
 
 def batches(source: Any, pp: Callable, plan: Plan, num_classes: int) -> Iterable[dict[str, Any]]:
@@ -122,4 +125,4 @@ def meter(evaluator: Evaluator, total: int) -> console.Progress | None:
   """Progress lines for ``total`` examples where the evaluator was asked for them."""
   if evaluator.progress is None:
     return None
-  return console.Progress(f'evaluating {evaluator.name}', total, every=evaluator.progress)
+  return console.Progress(evaluator.progress_label, total, every=evaluator.progress)

@@ -65,9 +65,11 @@ class Evaluator(base.Evaluator):
     split = entry.split or config.dataset.eval_split
     if dataset == config.dataset.name and (entry.data_dir in ('', config.dataset.data_dir)):
       source = (plan.eval_source if split == config.dataset.eval_split else
-                base.open_source(name, dataset, split, config.dataset.data_dir or None))
+                base.open_source(base.where(name), dataset, split,
+                                 config.dataset.data_dir or None))
     else:
-      source = base.open_source(name, dataset, split, base.data_dir(entry.data_dir, config))
+      source = base.open_source(base.where(name), dataset, split,
+                                base.data_dir(entry.data_dir, config))
     check_classes(name, source, plan)
     pp = base.pipeline(name, entry, plan, source, f'the first example of {dataset} {split!r}')
     return cls(name, entry.every_steps, plan, source, pp)

@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 
 from vit_jax.base import errors, sharding
-from vit_jax.data import loader, preprocess, sources
+from vit_jax.data import loader, preprocess
 from vit_jax.evals import base
 from vit_jax.models.vit import pair
 
@@ -191,15 +191,9 @@ def metric_name(name: str) -> str:
 def open_dataset(spec: str, default_data_dir: str = '') -> Dataset:
   """The sources of a spec (``parse_spec``); raises UserErrors naming the spec."""
   name, train_split, test_split, data_dir = parse_spec(spec)
-  dataset = ml_collections.ConfigDict(dict(name=name, data_dir=data_dir or default_data_dir,
-                                           manual_dir='', prepare=False))
-  try:
-    train = sources.get_source(dataset, train_split)
-    test = sources.get_source(dataset, test_split)
-  except FileNotFoundError as e:
-    raise errors.MissingFileError(f'few-shot dataset {spec!r}: {e}') from None
-  except ValueError as e:
-    raise errors.ConfigError(f'few-shot dataset {spec!r}: {e}') from None
+  train, test = (base.open_source(f'few-shot dataset {spec!r}', name, split,
+                                  data_dir or default_data_dir or None)
+                 for split in (train_split, test_split))
   if getattr(train, 'multi_label', False) or getattr(test, 'multi_label', False):
     raise errors.ConfigError(f'few-shot dataset {spec!r} is multi-label; the few-shot '
                              'regression needs one class per example.')

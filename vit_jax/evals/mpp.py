@@ -63,7 +63,8 @@ class Evaluator(base.Evaluator):
           f"config.objective={config.objective!r}: use type 'classification'.")
     split = entry.split or config.dataset.eval_split
     source = (plan.eval_source if split == config.dataset.eval_split else
-              base.open_source(name, config.dataset.name, split, config.dataset.data_dir or None))
+              base.open_source(base.where(name), config.dataset.name, split,
+                               config.dataset.data_dir or None))
     pp = base.pipeline(name, entry, plan, source, f'the first {split!r} example')
     return cls(name, entry.every_steps, plan, source, pp)
 

@@ -33,8 +33,8 @@ class Evaluator(classification.Evaluator):
       raise errors.ConfigError(
           f"{base.where(name)}: ImageNet ReaL evaluates a 1000-class ImageNet classifier; this "
           f'model has {plan.num_classes} classes. Remove it (--config.evals.{name}=None).')
-    source = base.open_source(name, TFDS_NAME, SPLIT, base.data_dir(entry.data_dir, plan.config),
-                              label_key=LABELS)
+    source = base.open_source(base.where(name), TFDS_NAME, SPLIT,
+                              base.data_dir(entry.data_dir, plan.config), label_key=LABELS)
     classification.check_classes(name, source, plan)
     pp = base.pipeline(name, entry, plan, source, f'the first example of {TFDS_NAME}')
     return cls(name, entry.every_steps, plan, source, pp)

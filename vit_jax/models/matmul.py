@@ -1,15 +1,11 @@
 """Matrix products with low-precision inputs and float32 accumulation, both ways.
 
 ``mixed_dot_general(dtype)`` is a drop-in ``dot_general`` for Flax's ``Dense`` and
-``DenseGeneral``: the operands are cast to ``dtype`` (bfloat16) and multiplied with
-float32 accumulation, and so are the two products of the backward pass, whose results
-(the gradients) stay float32. This is what TPUs do by default and what PyTorch's
-bfloat16 autocast does around its matmuls; everything between the products (LayerNorm,
-softmax, GELU, residuals) stays in the model's compute dtype.
-
-Plain autodiff of ``dot_general(..., preferred_element_type=float32)`` would not do
-this: its backward products multiply the float32 cotangent with a bfloat16 operand,
-which XLA computes in float32.
+``DenseGeneral``: the operands are cast to ``dtype`` (bfloat16) and multiplied with float32
+accumulation, and so are the two products of the backward pass, whose gradients stay float32
+(what TPUs do by default, and PyTorch's bfloat16 autocast around its matmuls). A custom VJP is
+needed: plain autodiff of ``dot_general(..., preferred_element_type=float32)`` multiplies the
+float32 cotangent with a bfloat16 operand, which XLA computes in float32.
 """
 
 from __future__ import annotations

@@ -5,32 +5,13 @@
     z_l  = MLP(LN(z'_l)) + z'_l
     y    = LN(z_L^0)
 
-Module and parameter names are those of the released .npz checkpoints, so the
-``params`` tree of an unrolled model *is* the release layout:
-
-    embedding/{kernel,bias}                   patch embedding (strided P x P conv)
-    cls                                       class token (pool='token')
-    Transformer/posembed_input/pos_embedding  learned position embeddings
-    Transformer/encoderblock_{i}/             LayerNorm_0, MultiHeadDotProductAttention_1,
-                                              LayerNorm_2, MlpBlock_3/{Dense_0,Dense_1}
-    Transformer/encoder_norm
-    pre_logits                                optional Dense + tanh
-    head                                      zero-initialised classifier
-
-Masked patch prediction (``mpp_outputs > 0``, ``vit_jax.models.mpp``) adds ``mask_token`` (the
-learnable [mask] embedding) and ``mpp_head`` (a per-patch Dense on the final patch
-representations) in place of the pooling and the classifier; with it off (the default)
-the parameters are exactly the release's.
-
-ViT-22B's block options keep these names: a ``parallel_block`` has no ``LayerNorm_2``,
-``qk_norm`` adds ``query_ln`` and ``key_ln`` (flax's names) to the attention, and
-``qkv_bias=False`` / ``norm='rmsnorm'`` drop biases. The options of timm's ViT families add
-``registers`` (register tokens), ``ls1``/``ls2`` in each block (``layer_scale``) and
-``fc_norm`` in place of ``Transformer/encoder_norm`` (``fc_norm``); ``prefix_posemb=False``
-leaves the prefix tokens' rows out of ``pos_embedding``. Hybrids add the BiT stem's
-``conv_root``, ``gn_root`` and ``block{i}`` at the top level. With ``scan=True`` the
-blocks are a single ``Transformer/encoderblock`` whose parameters have a leading layer
-axis; ``vit_jax.checkpoints.release`` converts between the two layouts.
+Module and parameter names are those of the released .npz files, so an unrolled model's
+``params`` *is* the release layout (docs/checkpoints.md); ``scan=True`` stacks the blocks into
+one ``Transformer/encoderblock`` (``vit_jax.checkpoints.release`` converts). ViT-22B's block
+options, timm's families' options (``registers``, ``ls1``/``ls2``, ``fc_norm``; the prefix
+tokens' rows of ``pos_embedding``), masked patch prediction (``mask_token``, ``mpp_head``) and
+the hybrids' BiT stem keep those names and only add or drop parameters: with them off, the
+parameters are the release's.
 """
 
 from __future__ import annotations

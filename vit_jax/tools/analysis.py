@@ -1,17 +1,11 @@
-"""What a trained ViT learned: the analyses of the paper's section 4.5, as arrays.
+"""What a trained ViT learned: the analyses of the paper's section 4.5, as plain arrays.
 
-- ``embedding_pca``: principal components of the patch-embedding filters (figure 7,
-  left): the filters resemble plausible basis functions for a patch's structure.
-- ``position_similarity``: cosine similarity of every position embedding to all
-  others (figure 7, centre): close patches get similar embeddings, and a
-  row-column structure appears, though the embeddings are 1-D.
-- ``attention_weights`` / ``attention_distance``: the mean distance in pixels that
-  each head attends over, per layer (figure 7, right; "attention distance" is
-  analogous to a CNN's receptive field size).
-- ``rollout`` / ``rollout_maps``: attention rollout (Abnar & Zuidema, 2020), how
-  much each input patch contributes to the output token (figure 6).
-
-The plotting lives in ``vit_jax.tools.inspect``; everything here is plain arrays.
+``embedding_pca``: principal components of the patch-embedding filters (figure 7, left);
+``position_similarity``: cosine similarity of the position embeddings (figure 7, centre);
+``attention_weights`` / ``attention_distance``: the mean distance in pixels each head attends
+over, per layer (figure 7, right; a CNN's receptive field, in effect); ``rollout`` /
+``rollout_maps``: attention rollout (Abnar & Zuidema, 2020), each input patch's contribution to
+the output token (figure 6). The plotting lives in ``vit_jax.tools.inspect``.
 """
 
 from __future__ import annotations

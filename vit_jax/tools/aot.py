@@ -3,30 +3,13 @@ r"""Plan a run before renting the slice: compile its steps for a TPU topology, h
     python -m vit_jax.tools.aot --config=configs/vit_l16_i21k.py --topology=v3-128
     python -m vit_jax.tools.aot --config=configs/vit_b16_i1k.py --topology=v4-32 \
         --config.batch_size=2048 --json=/tmp/b16.json
-    python -m vit_jax.tools.aot --config=configs/quickstart.py --topology=cpu
 
-Builds the train step and the eval step that ``vit_jax.main`` would run for the config
-(the same model, optimizer, mesh and shardings; no data is read, only shapes) and
-compiles them ahead of time for the named Cloud TPU slice with libtpu, no TPU attached
-(``pip install -e ".[tpu]"``). The compiled program says how much HBM each device needs
-(exact buffer assignment) and, from the TPU compiler's cost model, how long a step takes;
-from these come images/s, MFU against the chip's published bfloat16 peak, and the whole
-schedule's cost in chip-hours (and, on v2 and v3, whose devices are cores, core-days).
-``--topology=cpu`` compiles for this host's devices (sizes only: XLA:CPU has no cost
-model; ``--memory_per_device`` gives them a limit).
-
-A plan that does not fit exits with status 3 (``DOES_NOT_FIT_STATUS``; not a user error,
-2, nor a bug, 1) after printing what would, each as its command-line override: the largest
-batch and gradient accumulation and FSDP (each checked by a compile of its train step), a
-bigger slice of the same generation (an estimate). ``--max_batch`` finds the largest global
-batch that fits (``BatchSearch``: a line of memory against the batch, then bisection, at
-most ``--max_compiles`` compiles, a line for each) and plans it, its train step not
-compiled twice. Mistakes in the flags (an unknown slice, a memory <= 0) are one ``error:``
-line, exit status 2, before jax starts.
-
-The cost model counts the body of a loop once: the step time of a scanned model
-(``model.scan=True``), and the train step's with micro-batches (``grad_accum_steps>1``),
-are not estimated.
+Compiles the train and eval steps ``vit_jax.main`` would run for the config (shapes only, no
+data) for the named slice with libtpu, no TPU attached (``pip install -e ".[tpu]"``;
+``--topology=cpu``: this host, sizes only): HBM per device, the cost model's step time, images/s,
+MFU, chip-hours, and whether the hosts can feed it (``vit_jax.tools.feeding``). A plan that does
+not fit exits with status 3 after printing the overrides that would fit. The cost model counts a
+loop's body once, so scanned models and micro-batches get no step time.
 """
 
 from __future__ import annotations

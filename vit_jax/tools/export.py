@@ -5,22 +5,16 @@ transformers folder.
     python -m vit_jax.tools.export --workdir=DIR --format=timm --out=DIR/timm
     python -m vit_jax.tools.export --source=hf-hub:ORG/NAME --format=npz --out=model.npz
 
-``--format=npz`` (the default) writes the release layout: the file loads with
-``vit_jax.checkpoints.release.load_npz``, in the google-research vision_transformer code and
-in timm, and can be the ``init_from`` of a fine-tune. ``--format=timm`` writes a folder that
-``timm.create_model('local-dir:DIR', pretrained=True)`` loads (or, pushed to the Hub,
-``hf-hub:ORG/NAME``); ``--format=transformers`` one that
-``ViTForImageClassification.from_pretrained(DIR)`` loads; both with config.json (the
-architecture, and the run's class names where it has them) and model.safetensors. A model a
-format cannot express is refused in one line naming the option (docs/checkpoints.md).
-``--ema`` exports the weights' moving average (``config.optimizer.ema_decay``) instead
-of the weights. ``--source`` exports any other checkpoint (a SOURCE, docs/checkpoints.md)
-instead of a run's.
-``--evaluate`` reads the export back and evaluates it and the checkpoint on the
-run's evaluation split, to show the export is faithful (for ``--source``: their logits on
-random images); progress lines with an ETA go to stderr every ``--progress_every`` seconds.
-The checkpoint is verified against the checksums recorded when it was written: a damaged one
-is an error naming the other steps (``vit_jax.checkpoints.workdir.restore_params``).
+``--format=npz`` (the default): a release file, which loads with
+``vit_jax.checkpoints.release.load_npz``, in the google-research vision_transformer code and in
+timm, and can be the ``init_from`` of a fine-tune. ``--format=timm`` / ``transformers``: a folder
+(config.json with the architecture and the run's class names, model.safetensors) that
+``timm.create_model('local-dir:DIR', pretrained=True)`` / ``ViTForImageClassification.
+from_pretrained(DIR)`` loads; what a format cannot express is refused in one line naming the
+option (docs/checkpoints.md). ``--source`` exports any other checkpoint instead of a run's.
+``--ema`` exports the weights' moving average; ``--evaluate`` runs the run's classification
+evaluators on the written export and on the (checksum-verified) checkpoint, to show the export
+is faithful (for ``--source``: compares their logits on random images).
 """
 
 from __future__ import annotations
@@ -150,7 +144,7 @@ def main(argv: list[str]) -> None:
     name_of_export = 'exported .npz' if fmt == 'npz' else f'exported {fmt}'
     for name, tree in (('checkpoint', params), (name_of_export, exported)):
       for evaluator, metrics in evaluate.evaluate_params(config, tree, classifiers,
-                                                         _PROGRESS_EVERY.value):
+                                                         _PROGRESS_EVERY.value, f'the {name}'):
         print(f'{name:>14}, {evaluator.name}: {evaluator.describe(metrics)}', flush=True)
   logging.flush()
 

@@ -1,15 +1,10 @@
 """Can the hosts feed the chips? The host cores a slice's images/s needs for a config's input.
 
-``vit_jax.tools.aot`` gives a train step's images/s (cost model); every host of the slice
-must decode and augment its share of them. ``check`` divides that share by the per-core
-rate that ``python -m benchmarks.input --recipes=...`` measured for the config's
-``dataset.pp_train`` (``results/input_recipes.json``, keyed by the pipeline string) or
-that the user gives (``--host_images_per_core``), and compares the cores needed with the
-vCPUs of one host of the generation (``HOSTS``), with a warning where they do not suffice
-or where no rate is known for the pipeline.
-
-Mixup and CutMix are not host work here: ``vit_jax.training.step`` mixes the global batch
-on the devices, inside the compiled step (so the step time includes them).
+``check`` divides each host's share of a train step's images/s (``vit_jax.tools.aot``) by the
+per-core rate of the config's ``dataset.pp_train``, as ``python -m benchmarks.input --recipes=...``
+measured it (``results/input_recipes.json``) or the user gives it (``--host_images_per_core``),
+and compares the cores needed with the vCPUs of one host of the generation (``HOSTS``). Mixup
+and CutMix are no host work: ``vit_jax.training.mixing`` mixes the global batch in the step.
 """
 
 from __future__ import annotations
@@ -36,8 +31,8 @@ class Host:
   vcpus: int | None  # None: not found in the documentation; said so, not guessed.
 
 
-# v3, v4, v5p: 4 chips a host (v3: 8 TensorCores), 96, 240 and 208 vCPUs (the project's
-# Cloud TPU figures, issue 30). v5e (docs.cloud.google.com/tpu/docs/v5e, "VM types"):
+# v3, v4, v5p: 4 chips a host (v3: 8 TensorCores), 96, 240 and 208 vCPUs (Cloud TPU's
+# documentation of each generation's TPU VMs). v5e (docs.cloud.google.com/tpu/docs/v5e, "VM types"):
 # ct5lp-hightpu-1t, -4t and -8t VMs hold 1, 4 and 8 chips with 24, 112 and 224 vCPUs, and
 # slices of 8 chips or more are 8-chip VMs (its slice table: 4x4, 16 chips, on 2 hosts).
 # v6e (docs.cloud.google.com/tpu/docs/v6e): "Chips per host: 8"; the vCPUs of its VMs were

@@ -5,15 +5,10 @@ r"""Look inside a trained ViT: the paper's section 4.5 figures and one HTML page
     python -m vit_jax.tools.inspect --source=hf-hub:timm/deit3_base_patch16_224.fb_in1k \
         --out=/tmp/deit3 --images cat.jpg
 
-Writes into ``--out``: ``embedding_pca.png`` (principal components of the
-patch-embedding filters), ``position_similarity.png`` (cosine similarity of the
-position embeddings), ``attention_distance.png`` (mean attention distance per
-head against depth), ``attention_rollout.png`` (attention rollout on images),
-``training_curves.png`` (a workdir's metrics.jsonl), and ``index.html``, which
-shows them all (the images are embedded, so the page is one file).
-
-The attention figures use ``--images``, or, for a workdir, ``--num_images``
-examples spread over its evaluation split.
+Writes into ``--out`` the patch-embedding PCA, the position embeddings' similarity, the mean
+attention distance per head, attention rollout on images (``--images``, or ``--num_images`` of a
+workdir's evaluation split) and a workdir's training curves, as PNG files, and ``index.html``,
+which embeds them all in one file. The arrays come from ``vit_jax.tools.analysis``.
 """
 
 from __future__ import annotations

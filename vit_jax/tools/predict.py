@@ -5,16 +5,12 @@ r"""Top-5 classes of image files, from a run's workdir or any other checkpoint (
     python -m vit_jax.tools.predict \
         --source=hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k cat.jpg
 
-A workdir gives the model, its latest checkpoint (``--step`` for another), the
-class names (``classes.json``) and the preprocessing (``config.dataset.pp_eval``); ``--ema``
-takes the weights' moving average (``config.optimizer.ema_decay``) instead of the weights.
-A .npz file's architecture is read from its shapes (``--model`` names one
-instead); its images are resized to ``--image_size`` (default: the file's own
-resolution) and scaled to [-1, 1], as in the releases (``--pp`` for another
-pipeline). ``--source`` takes any SOURCE (docs/checkpoints.md): a workdir, a .npz file, a timm
-or transformers folder, ``hf-hub:ORG/NAME`` or a big_vision tensorstore folder; a timm or
-transformers checkpoint's architecture and class names come from its config.json. Runs on
-the default JAX device (an accelerator when there is one), ``--batch_size`` images at a time.
+A workdir gives the model, its latest checkpoint (``--step``; ``--ema``: the weights' moving
+average), the class names and the eval preprocessing. A .npz file's architecture is read from its
+shapes (or ``--model``), its images resized to ``--image_size`` and scaled to [-1, 1] as in the
+releases (or ``--pp``). ``--source`` takes any checkpoint (docs/checkpoints.md): a timm or
+transformers folder or ``hf-hub:ORG/NAME`` brings its architecture and class names in its
+config.json. Runs on the default JAX device, ``--batch_size`` images at a time.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Model FLOPs utilisation: the model's FLOPs per image over the devices' peak.
 
-The training loop's log line and the train-step benchmark (``benchmarks.train``)
-both compute it here:
-
-* FLOPs per image of a training step: the model's analytic count (``forward_flops``,
-  x3 for forward + backward, 2 per multiply-add; what papers publish), or, for the
-  hybrids that have none, XLA's cost analysis of the compiled step. XLA counts a loop
-  body once, so its count is not used where the model has one: for a 2-layer ViT it
-  is 1.08x the analytic count unrolled, 0.59x scanned, 0.31x with ``grad_accum_steps=4``.
-* The peak: the published bfloat16 peak of the TPU and NVIDIA chips that
-  ``vit_jax.base.accelerators`` knows (the usual denominator), else (CPUs, other chips) the
-  measured rate of large matmuls in the step's matmul dtype, all devices multiplying at
-  once (CPU devices share the cores), measured once per machine and kept
-  (``device_peak``).
+The training loop's log line and ``benchmarks.train`` both compute it here. FLOPs per image of a
+training step: the model's analytic count (``forward_flops`` x 3, 2 per multiply-add; what
+papers publish), or for the hybrids, which have none, XLA's count of the compiled step (which
+counts a loop's body once, so it is not used where the model has a count). The peak: the
+published bfloat16 peak of the chips ``vit_jax.base.accelerators`` knows, else (CPUs, other
+chips) the measured rate of large matmuls on all devices at once, measured once per machine and
+kept (``device_peak``).
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """Everything vit_jax does only for XLA:CPU, and the checks that decide it.
 
-vit_jax is tested on CPUs and tuned for the TPUs and GPUs it trains on. These things help
-only where XLA runs on the host's CPU, and they stay here, behind these checks:
-
-* glibc's malloc tunables for XLA:CPU's per-step host buffers (``vit_jax.base.cpu.host_memory``),
-  which need the process to re-execute itself before jax is imported: ``prepare``;
-* a warning where bfloat16 products would be emulated by this CPU (``vit_jax.base.cpu.host_cpu``):
-  ``warnings``;
-* the operand layouts XLA:CPU's bfloat16 matmul kernels take (``vit_jax.models.matmul``),
-  chosen when a product is lowered for the CPU, so that a program compiled here for a TPU
-  (``vit_jax.tools.aot``) gets the plain products: ``lowered_for_cpu``;
-* independent programs with collectives (the checkpoints' checksums) run one at a time,
-  as XLA:CPU's collectives can otherwise deadlock: ``one_program_at_a_time``;
-* the train state stays replicated over CPU devices unless the config asks otherwise:
-  ``shards_state_by_default``.
-
-A TPU or GPU host starts ``vit_jax.main`` with none of it: no re-execution.
+vit_jax is tested on CPUs and tuned for the TPUs and GPUs it trains on; what helps only where XLA
+runs on the host's CPU stays here, behind these checks: glibc's malloc tunables, set by
+re-executing the process before jax is imported (``prepare``, ``host_memory``); the warning where
+bfloat16 products would be emulated (``warnings``, ``host_cpu``); XLA:CPU's operand layouts for
+bfloat16 matmuls, chosen per compiled platform (``lowered_for_cpu``); programs with collectives
+run one at a time (``one_program_at_a_time``); the train state replicated over CPU devices
+(``shards_state_by_default``). A TPU or GPU host starts ``vit_jax.main`` with none of it.
 """
 
 from __future__ import annotations

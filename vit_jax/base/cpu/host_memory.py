@@ -1,20 +1,12 @@
 """glibc's malloc set up for XLA:CPU's per-step host buffers (Linux).
 
-XLA:CPU allocates each step's temporaries afresh and frees them at the step's end; with
-glibc's defaults the kernel faults every such block in again, zero-filled, each step.
-``VIT_JAX_MALLOC`` picks one of three settings of glibc tunables (unset: ``default_mode``):
-
-* ``huge_pages`` (glibc 2.35+, transparent huge pages in 'madvise' mode): 2 MiB pages,
-  hundreds of times fewer faults;
-* ``keep_freed``: huge pages, and one step's memory reused by the next (large blocks from
-  the heap, freed memory kept, one shared heap): no faults, at the cost of the process
-  keeping its peak memory; the default with ``--cpu_devices=2`` or more;
-* ``default``: glibc's own.
-
-The measurements behind these choices: results/RESULTS.md ("XLA:CPU and glibc's malloc").
-glibc reads tunables once, at start-up, so an entry point calls ``reexec()`` before it
-allocates much (``vit_jax.main``: before jax is imported); tunables the user set in
-``GLIBC_TUNABLES`` are kept.
+XLA:CPU allocates each step's temporaries afresh; with glibc's defaults the kernel faults them
+in again, zero-filled, every step. ``VIT_JAX_MALLOC`` (unset: ``default_mode``) picks
+``huge_pages`` (2 MiB pages: hundreds of times fewer faults), ``keep_freed`` (also one step's
+memory reused by the next: no faults, but the process keeps its peak memory; the default with
+``--cpu_devices=2`` or more) or ``default`` (glibc's own). glibc reads tunables once, at
+start-up, so an entry point calls ``reexec()`` before jax is imported; tunables the user set in
+``GLIBC_TUNABLES`` are kept. The measurements: results/RESULTS.md ("XLA:CPU and glibc's malloc").
 """
 
 from __future__ import annotations
