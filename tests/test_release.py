@@ -574,3 +574,17 @@ def test_a_mismatch_with_a_known_source_names_its_model_options():
 def test_what_a_release_file_cannot_hold(options, problem):
   assert release.npz_problem(small(**options)) == '' if not problem else (
       release.npz_problem(small(**options)).startswith(problem))
+
+
+def test_registers_keep_their_position_rows_at_another_grid():
+  source = small(num_registers=2)
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda x: rng.normal(0, 0.1, x.shape).astype(np.float32),
+                        shapes(source))
+  bigger = small(48, num_registers=2)
+  adapted = release.adapt(release.flatten(params), shapes(bigger), bigger, keep_head=True,
+                          source_model=source)
+  pe = np.asarray(params['Transformer']['posembed_input']['pos_embedding'])
+  chex.assert_trees_all_close(adapted['Transformer']['posembed_input']['pos_embedding'],
+                              bilinear_reference(pe, (4, 4), (6, 6), 3), atol=1e-6)
+  chex.assert_trees_all_equal(adapted['registers'], params['registers'])

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+  from vit_jax.checkpoints.release import Loaded
 
 
 def load(source: str, *, step: int | None = None, ema: bool = False,
          model_name: str | None = None, image_size: int | tuple[int, int] | None = None,
-         pool: str | None = None, source_grid: tuple[int, int] | None = None) -> Any:
-  """The model and parameters a SOURCE names (``formats``): a ``release.Loaded``.
+         pool: str | None = None, source_grid: tuple[int, int] | None = None) -> Loaded:
+  """The model, parameters and class names a SOURCE names (``formats``).
 
   A run's workdir: its checkpoint (the latest unless ``step``; ``ema``: the weights' moving
   average). Any other source: ``formats.load`` (``model_name``, ``image_size``, ``pool``,
@@ -37,8 +40,8 @@ def load(source: str, *, step: int | None = None, ema: bool = False,
                       source_grid=source_grid, step=step)
 
 
-def export(model: Any, params: Mapping[str, Any], out: str | os.PathLike, format: str = 'npz',
-           class_names: Sequence[str] = ()) -> str:
+def export(model: Any, params: Mapping[str, Any], out: str | os.PathLike,
+           format: str = 'npz', class_names: Sequence[str] = ()) -> str:
   """Writes a model's parameters as 'npz', 'timm' or 'transformers' (``formats.export``)."""
   from vit_jax.checkpoints import formats
 

@@ -164,16 +164,18 @@ def load_source(args: argparse.Namespace) -> Source:
       notes.append(f'{args.workdir} has no class names (classes.json); showing class indices.')
   else:
     source = getattr(args, 'source', None) or args.npz
-    kind = formats.origin(source)
+    kind = formats.NPZ if args.npz else formats.origin(source)
+    what = 'a .npz file' if kind == formats.NPZ else f'a {kind} checkpoint'
     if args.step is not None and kind != formats.BIG_VISION:
-      raise ValueError(f'--step is for --workdir; a {kind} checkpoint holds one set of '
-                       'parameters.')
+      raise ValueError(f'--step is for --workdir; {what} holds one set of parameters.')
     if args.ema:
-      raise ValueError(f'--ema is for --workdir; a {kind} checkpoint holds one set of '
-                       'parameters (export a run\'s average with python -m vit_jax.tools.export '
-                       '--ema).')
-    loaded = formats.load(source, model_name=args.model, image_size=args.image_size,
-                          pool=args.pool, step=args.step)
+      raise ValueError(f'--ema is for --workdir; {what} holds one set of parameters (export a '
+                       'run\'s average with python -m vit_jax.tools.export --ema).')
+    if args.npz:  # A release or big_vision .npz file, as ever.
+      loaded = release.load_npz_model(args.npz, args.model, args.image_size, pool=args.pool)
+    else:
+      loaded = formats.load(source, model_name=args.model, image_size=args.image_size,
+                            pool=args.pool, step=args.step)
     h, w = pair(loaded.model.image_size)
     pp_spec = args.pp or NPZ_PP.format(size=h if h == w else (h, w))
     activation = 'softmax'
