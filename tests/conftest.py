@@ -48,3 +48,20 @@ def tiny_run(tmp_path_factory) -> pathlib.Path:
   directory = tmp_path_factory.mktemp('tiny_run')
   main.train_and_evaluate(tiny_config(**TINY_RUN), str(directory))
   return directory
+
+
+@pytest.fixture
+def offline_hub(tmp_path, monkeypatch):
+  """An empty Hugging Face cache (HF_HOME) used offline (HF_HUB_OFFLINE=1); call the fixture
+  with (repo_id, folder) to put a folder in it. huggingface_hub reads its environment when
+  imported, so its constants are set too, for this process."""
+  from huggingface_hub import constants
+
+  from runs import hub_cache
+
+  home = tmp_path / 'hf_home'
+  monkeypatch.setenv('HF_HOME', str(home))
+  monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+  monkeypatch.setattr(constants, 'HF_HUB_CACHE', str(home / 'hub'))
+  monkeypatch.setattr(constants, 'HF_HUB_OFFLINE', True)
+  return lambda repo_id, folder: hub_cache(home / 'hub', repo_id, folder)

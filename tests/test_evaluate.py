@@ -11,7 +11,7 @@ import pytest
 from vit_jax import evaluate
 from vit_jax.checkpoints import workdir
 
-from runs import env, read_metrics
+from runs import QUICKSTART, TINY, TINY_RUN, env, read_metrics
 
 
 @pytest.mark.slow
@@ -49,3 +49,20 @@ def test_command_refuses_a_missing_workdir_in_one_line(tmp_path):
       env=env(devices=1), capture_output=True, text=True, timeout=120)
   assert result.returncode == 2
   assert result.stderr.strip().startswith('error: ') and '\n' not in result.stderr.strip()
+
+
+def test_a_timm_export_of_the_run_evaluates_as_the_run(tiny_run, tmp_path):
+  """--source with --config: the checkpoint in the config's model, the config's evaluators."""
+  from vit_jax.tools import export
+
+  export.export(str(tiny_run), str(tmp_path / 'timm'), format='timm')
+  overrides = [f'--config.{k}={v}' for k, v in {**TINY, **TINY_RUN}.items()]
+  result = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.evaluate', f'--source={tmp_path / "timm"}',
+       f'--config={QUICKSTART}', *overrides, '--progress_every=0'],
+      env=env(devices=1), capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  line = result.stdout.strip().splitlines()[-1]
+  logged = [row for row in read_metrics(tiny_run) if 'eval/accuracy' in row][-1]
+  assert re.fullmatch(rf'.*timm, eval: accuracy {logged["eval/accuracy"]:.4f}, '
+                      r'loss [\d.]+ \(359 examples\)', line), line

@@ -3,6 +3,7 @@ the draws, real features of a trained model on the bundled digits, the training 
 and the command line."""
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -232,3 +233,12 @@ def test_the_quickstart_logs_fewshot_accuracy_on_the_digits():
   assert (len(evaluator.datasets[0].train), len(evaluator.datasets[0].test)) == (1438, 359)
   assert evaluator.shots == (1, 5, 10, 25) and evaluator.seeds == 3
   assert evaluator.due(500, 1500, plan.config.eval_every_steps)
+
+
+def test_cli_takes_any_checkpoint_as_source(tmp_path):
+  source = pathlib.Path(__file__).resolve().parent / 'data' / 'hub' / 'timm_augreg'
+  run = subprocess.run([sys.executable, '-m', 'vit_jax.fewshot', f'--source={source}',
+                        '--dataset=digits', '--shots=1', '--seeds=1', '--batch_size=64'],
+                       capture_output=True, text=True, env=env(1), cwd=ROOT, timeout=300)
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert run.stdout.startswith('# ViT (2 layers, width 32, MLP 128, 2 heads, patch 8): 32-d')

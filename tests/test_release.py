@@ -519,3 +519,82 @@ def test_predict_refuses_a_big_vision_file_of_unknown_pooling(tmp_path):
   expected = np.load(BIG_VISION / 'logits.npz')
   chex.assert_trees_all_close(loaded.model.apply({'params': loaded.params}, expected['images']),
                               expected['gap_scan_params'], atol=1e-5, rtol=1e-5)
+
+
+def shapes(model):
+  """The parameters' shapes and dtypes (adapt's target), without running an init."""
+  return jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, *model.image_size, 3)))[
+      'params']
+
+
+def test_a_release_file_into_a_model_without_class_position_embedding_is_the_same_function(
+    tmp_path):
+  """The class token's row moves into the token (cls + row): DeiT III's layout, exactly; its
+  layer scales start at one. At another size, the patches' rows are resized as ever."""
+  source = small()
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda x: rng.normal(0, 0.1, x.shape).astype(np.float32),
+                        shapes(source))
+  release.save_npz(tmp_path / 'm.npz', params)
+  deit3 = small(prefix_posemb=False, layer_scale=1e-6)
+  adapted = release.load_pretrained(tmp_path / 'm.npz', shapes(deit3), deit3, keep_head=True)
+  pe = params['Transformer']['posembed_input']['pos_embedding']
+  chex.assert_trees_all_close(adapted['cls'], params['cls'] + pe[:, :1], atol=1e-7)
+  chex.assert_trees_all_equal(adapted['Transformer']['encoderblock_0']['ls1'], np.ones(32))
+  x = images(source)
+  chex.assert_trees_all_close(jax.jit(deit3.apply)({'params': adapted}, x),
+                              jax.jit(source.apply)({'params': params}, x), atol=1e-5, rtol=1e-5)
+  bigger = small(48, prefix_posemb=False)
+  resized = release.load_pretrained(tmp_path / 'm.npz', shapes(bigger), bigger, keep_head=True)
+  chex.assert_trees_all_close(resized['Transformer']['posembed_input']['pos_embedding'],
+                              bilinear_reference(np.asarray(pe), (4, 4), (6, 6), 1)[:, 1:],
+                              atol=1e-6)
+
+
+def test_adapt_gives_prefix_rows_where_the_model_has_them():
+  deit3 = small(prefix_posemb=False)
+  rng = np.random.default_rng(0)
+  source = jax.tree.map(lambda x: rng.normal(0, 0.1, x.shape).astype(np.float32),
+                        shapes(deit3))
+  plain = small()
+  adapted = release.adapt(release.flatten(source), shapes(plain), plain, keep_head=True,
+                          source_model=deit3)
+  pe = adapted['Transformer']['posembed_input']['pos_embedding']
+  chex.assert_trees_all_equal(pe[:, 0], np.zeros((1, 32), np.float32))
+  chex.assert_trees_all_equal(pe[:, 1:],
+                              source['Transformer']['posembed_input']['pos_embedding'])
+
+
+def test_a_mismatch_with_a_known_source_names_its_model_options():
+  registers = small(num_registers=4, pool='gap', class_token=False, fc_norm=True)
+  with pytest.raises(errors.CheckpointMismatchError) as e:
+    source = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), shapes(registers))
+    release.adapt(release.flatten(source), shapes(small()), small(), source_model=registers)
+  assert "config.model: name='b16', image_size=32, patch_size=8, hidden_size=32" in str(e.value)
+  assert "pool='gap'" in str(e.value) and 'num_registers=4' in str(e.value)
+  assert 'fc_norm=True' in str(e.value) and "activation" not in str(e.value)
+
+
+@pytest.mark.parametrize('options, problem', [
+    ({'layer_scale': 0.1}, 'layer_scale=0.1'), ({'num_registers': 1}, 'num_registers=1'),
+    ({'fc_norm': True}, 'fc_norm=True'), ({'activation': 'gelu'}, "activation='gelu'"),
+    ({'norm_epsilon': 1e-12}, 'norm_epsilon=1e-12'),
+    ({'pool': 'gap', 'class_token': True}, "class_token=True with pool='gap'"),
+    ({}, ''), ({'prefix_posemb': False}, '')])
+def test_what_a_release_file_cannot_hold(options, problem):
+  assert release.npz_problem(small(**options)) == '' if not problem else (
+      release.npz_problem(small(**options)).startswith(problem))
+
+
+def test_registers_keep_their_position_rows_at_another_grid():
+  source = small(num_registers=2)
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda x: rng.normal(0, 0.1, x.shape).astype(np.float32),
+                        shapes(source))
+  bigger = small(48, num_registers=2)
+  adapted = release.adapt(release.flatten(params), shapes(bigger), bigger, keep_head=True,
+                          source_model=source)
+  pe = np.asarray(params['Transformer']['posembed_input']['pos_embedding'])
+  chex.assert_trees_all_close(adapted['Transformer']['posembed_input']['pos_embedding'],
+                              bilinear_reference(pe, (4, 4), (6, 6), 3), atol=1e-6)
+  chex.assert_trees_all_equal(adapted['registers'], params['registers'])

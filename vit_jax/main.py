@@ -67,8 +67,8 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   config_lib.check(config_lib.complete(config))  # Types, None, ranges (the plan's).
   workdir = flags_['workdir'].value
   paths.output_dir(workdir)  # Then the workdir's, before jax and TensorFlow start.
-  if config.get('init_from'):
-    paths.input_path(config.init_from, 'config.init_from', 'release .npz file or workdir')
+  if config.get('init_from') and not config.init_from.startswith('hf-hub:'):
+    paths.input_path(config.init_from, 'config.init_from', 'checkpoint (docs/checkpoints.md)')
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   cpu_devices = flags_['cpu_devices'].value

@@ -202,7 +202,8 @@ def _define_flags() -> dict[str, Any]:
       list=f.DEFINE_bool('list', False, 'Print the task table and exit.'),
       json=f.DEFINE_bool('json', False, 'With --list: as JSON.'),
       init_from=f.DEFINE_string('init_from', None, 'The checkpoint to fine-tune: a run\'s '
-                                'workdir or a release .npz file.'),
+                                'workdir, a release .npz file or any other SOURCE '
+                                '(docs/checkpoints.md).'),
       workdir=f.DEFINE_string('workdir', None, 'One sub-folder per task, and the results.'),
       tasks=f.DEFINE_string('tasks', 'all', 'all, natural, specialized, structured or task '
                             'names, comma-separated.'),
@@ -258,7 +259,8 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
       raise errors.MissingFileError(f'--data_dir={settings["data_dir"]} does not exist.')
   from vit_jax.base import console, paths
 
-  paths.input_path(settings['init_from'], 'init_from', 'release .npz file or workdir')
+  if not settings['init_from'].startswith('hf-hub:'):
+    paths.input_path(settings['init_from'], 'init_from', 'checkpoint (docs/checkpoints.md)')
   paths.output_dir(flags_['workdir'].value)  # Before jax and TensorFlow start.
   console.start(flags_['cpu_devices'].value)
   config_flag = flags_['config']
