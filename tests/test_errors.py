@@ -58,6 +58,8 @@ CASES = [
      'is not the workdir of a vit_jax.main run', True),
     ('vit_jax.tools.export', ['--workdir={run}', '--out={file}/o.npz'], UNDER_FILE,
      True),
+    ('vit_jax.tools.export', ['--source={dir}/nope', '--out={dir}/o', '--format=timm'],
+     '--source={dir}/nope does not exist', True),
     ('vit_jax.data.convert', ['--out={dir}/c'], '--source is required', True),
     ('vit_jax.data.convert', ['--source={dir}/nope', '--out={dir}/c'], 'does not exist', True),
     ('vit_jax.data.convert', ['--source={dir}', '--out={file}/c'], UNDER_FILE, True),
@@ -68,6 +70,11 @@ CASES = [
       for name in ('train', 'tpu_step')],
     ('vit_jax.evaluate', [], '--workdir is required', True),
     ('vit_jax.evaluate', ['--workdir={dir}/nope'], 'does not exist', True),
+    ('vit_jax.evaluate', ['--source={dir}/nope', f'--config={QUICKSTART}'], 'does not exist',
+     True),
+    # Which kind of checkpoint a --source folder is, is read by a module that imports jax.
+    ('vit_jax.tools.predict', ['--source={dir}', '{file}'], 'is not a checkpoint vit_jax reads',
+     False),
     ('vit_jax.tools.predict', ['{file}'], 'one of the arguments --workdir --npz', True),
     ('vit_jax.tools.predict', ['--npz={dir}/nope.npz', '{file}'], 'does not exist', True),
     ('vit_jax.tools.predict', ['--workdir={run}', '{dir}/nope.png'],
@@ -122,6 +129,7 @@ def places(tmp_path_factory) -> dict[str, str]:
           'home': os.path.expanduser('~')}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('module, args, message, before_jax', CASES,
                          ids=[f'{getattr(c, "values", c)[0].split(".")[-1]}-{i}'
                               for i, c in enumerate(CASES)])

@@ -3,6 +3,7 @@ the draws, real features of a trained model on the bundled digits, the training 
 and the command line."""
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -156,6 +157,7 @@ def test_a_shot_count_a_class_cannot_supply_is_skipped_and_the_others_computed(c
     fewshot.check_computable([fewshot.check_shots(dataset, (5, 25))], [dataset], (5, 25), '--')
 
 
+@pytest.mark.slow
 def test_features_of_a_trained_model_on_digits(tiny_run):
   """The sharded feature pass over 8 devices gives the model's own pre-logits features (the
   head's input: logits = features @ kernel + bias), and the accuracy on them is lstsq's."""
@@ -189,6 +191,7 @@ def test_features_of_a_trained_model_on_digits(tiny_run):
   assert np.mean(per_shot[10]) > 0.2  # Above chance (0.1) after 10 steps of training.
 
 
+@pytest.mark.slow
 def test_a_pre_logits_layer_is_the_representation():
   from vit_jax.models import get_model
 
@@ -204,6 +207,7 @@ def test_a_pre_logits_layer_is_the_representation():
                               jax.jit(model.apply)({'params': params}, images), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_training_logs_fewshot_metrics_and_the_cli_agrees(tmp_path):
   config = tiny_config(**{'evals.fewshot': FEWSHOT | dict(shots=(1, 5), seeds=2),
                           'eval_every_steps': 10})
@@ -252,6 +256,7 @@ def test_bad_fewshot_configs_are_refused_before_anything_starts(tmp_path, entry,
   assert not (tmp_path / 'run').exists()
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line(tmp_path):
   for args, match in (([f'--workdir={tmp_path}', '--dataset=digits'], 'not the workdir'),
                       (['--npz=/no/such.npz', '--dataset=digits'], 'does not exist'),
@@ -283,3 +288,12 @@ def test_the_quickstart_logs_fewshot_accuracy_on_the_digits():
   assert (len(evaluator.datasets[0].train), len(evaluator.datasets[0].test)) == (1438, 359)
   assert evaluator.shots == (1, 5, 10, 25) and evaluator.seeds == 3
   assert evaluator.due(500, 1500, plan.config.eval_every_steps)
+
+
+def test_cli_takes_any_checkpoint_as_source(tmp_path):
+  source = pathlib.Path(__file__).resolve().parent / 'data' / 'hub' / 'timm_augreg'
+  run = subprocess.run([sys.executable, '-m', 'vit_jax.fewshot', f'--source={source}',
+                        '--dataset=digits', '--shots=1', '--seeds=1', '--batch_size=64'],
+                       capture_output=True, text=True, env=env(1), cwd=ROOT, timeout=300)
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert run.stdout.startswith('# ViT (2 layers, width 32, MLP 128, 2 heads, patch 8): 32-d')

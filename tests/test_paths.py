@@ -71,6 +71,7 @@ def test_missing_and_unreachable_files_are_user_errors():
   assert not paths.filesystem_error(ValueError('a bug, not the filesystem'))
 
 
+@pytest.mark.slow
 def test_a_missing_filesystem_backend_is_a_user_error():
   # Without TensorFlow's gfile (EPATH_USE_TF=false: what a user without TensorFlow gets),
   # epath reads gs:// with fsspec, which needs gcsfs (not installed here).

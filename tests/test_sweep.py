@@ -32,6 +32,7 @@ def _final_accuracy(run):
   return rows[-1]['eval/accuracy'], rows[-1]['eval/examples']
 
 
+@pytest.mark.slow
 def test_three_seed_sweep_with_minival_prints_mean_and_std(tmp_path):
   workdir = tmp_path / 'sweep'
   command = _sweep_command(workdir, '--grid=schedule.base_lr=0.0003,0.003', '--seeds=3',
@@ -129,6 +130,7 @@ def test_results_groups_by_setting_and_lists_unfinished_runs(tmp_path):
                         '| --- | --- | --- | --- |', '| 0.01 | 60.00 ± 10.00 | 3 | 0, 1, 2 |']
 
 
+@pytest.mark.slow
 def test_print_commands_are_main_command_lines(tmp_path):
   out = subprocess.run(_sweep_command(tmp_path / 's', '--grid=schedule.base_lr=0.001,0.01',
                                       '--grid=model.num_layers=1,2', '--seeds=2',
@@ -153,6 +155,7 @@ def test_print_commands_are_main_command_lines(tmp_path):
              for line in lines if 'vit_jax.main' in line)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('flags, message', [
     (['--grid=schedule.base_lr=0.01,fast'], "schedule.base_lr='fast' is not a number"),
     (['--grid=schedule.lr=0.01'], 'schedule.lr is not a config field'),

@@ -174,6 +174,7 @@ def test_task_selection():
     vtab_tasks.select('natural,cifar10')
 
 
+@pytest.mark.slow
 def test_list_json_prints_the_table():
   out = subprocess.run([sys.executable, '-m', 'vit_jax.vtab', '--list', '--json'],
                        capture_output=True, text=True, check=True).stdout
@@ -226,6 +227,7 @@ def tiny_tfds(tmp_path_factory):
   return data_dir
 
 
+@pytest.mark.slow
 def test_task_sources_read_the_splits_with_the_label_functions(tiny_tfds):
   import tensorflow_datasets as tfds
 
@@ -257,6 +259,7 @@ def test_a_share_task_of_another_size_is_refused(tmp_path):
     vtab_tasks.get_source('dsprites_loc', 'train800', str(tmp_path))
 
 
+@pytest.mark.slow
 def test_vtab_runs_two_tasks_prints_the_grouped_table_and_resumes(tiny_run, tiny_tfds,
                                                                    tmp_path):
   workdir = tmp_path / 'vtab'

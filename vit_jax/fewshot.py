@@ -3,6 +3,12 @@ r"""Few-shot linear accuracy of a run's or a checkpoint file's features, as a ta
     python -m vit_jax.fewshot --workdir=/tmp/q --dataset=digits
     python -m vit_jax.fewshot --npz=ViT-B_16.npz --model=b16 --dataset=cifar100 \
         --pp='decode|resize(224)|value_range(-1, 1)'
+    python -m vit_jax.fewshot --source=hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k \
+        --dataset=cifar100
+
+``--source`` (or ``--npz``) takes any checkpoint other than a workdir: a .npz file, a timm or
+transformers folder, ``hf-hub:ORG/NAME`` or a big_vision tensorstore folder
+(docs/checkpoints.md); its features are those its classifier reads.
 
 The evaluator is the one training runs (``vit_jax.evals.fewshot``: big_vision's
 ``fewshot_lsr``); here every seed's accuracy is kept and printed as mean ± sample std. A
@@ -28,7 +34,11 @@ def _define_flags() -> dict[str, Any]:
   f = flags
   return dict(
       workdir=paths.DEFINE_path('workdir', None, 'A vit_jax.main run directory (or --npz).'),
-      npz=paths.DEFINE_path('npz', None, 'A release or exported .npz checkpoint (or --workdir).'),
+      npz=paths.DEFINE_path('npz', None, 'A release or exported .npz checkpoint (or --workdir); '
+                            'any SOURCE as --source.'),
+      source=paths.DEFINE_path('source', None, 'Any other checkpoint (or --workdir): a .npz '
+                               'file, a timm or transformers folder, hf-hub:ORG/NAME, a '
+                               'big_vision tensorstore folder.'),
       step=f.DEFINE_integer('step', None, '--workdir: the checkpoint step (default: latest).'),
       model=f.DEFINE_string('model', None, '--npz: the registry model (e.g. b16).'),
       image_size=f.DEFINE_integer('image_size', None, '--npz: input size in pixels.'),
@@ -47,20 +57,23 @@ def _define_flags() -> dict[str, Any]:
 
 
 def _load(flags_: dict[str, Any]) -> tuple[Any, Any, str]:
-  """(model, params, default pipeline) of --workdir or --npz."""
-  from vit_jax.checkpoints import release
+  """(model, params, default pipeline) of --workdir, --npz or --source."""
+  from vit_jax.checkpoints import formats
   from vit_jax.checkpoints import workdir as workdir_lib
   from vit_jax.models.vit import pair
 
   directory = flags_['workdir'].value
+  source = flags_['source'].value or flags_['npz'].value
+  if not directory and formats.origin(source) == formats.WORKDIR:
+    directory = source
   if directory:
     config = workdir_lib.load_config(directory)
     params, _ = workdir_lib.restore_params(directory, flags_['step'].value)
     head = params.get('head')  # None: a self-supervised run's encoder.
     model = workdir_lib.model_from_config(config, int(head['kernel'].shape[-1]) if head else None)
     return model, params, config.dataset.pp_eval
-  loaded = release.load_npz_model(flags_['npz'].value, flags_['model'].value,
-                                  flags_['image_size'].value)
+  loaded = formats.load(source, model_name=flags_['model'].value,
+                        image_size=flags_['image_size'].value)
   h, w = pair(loaded.model.image_size)
   return loaded.model, loaded.params, \
       f'decode|resize({h if h == w else (h, w)})|value_range(-1, 1)'
@@ -70,9 +83,12 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   """Prints the few-shot table of a run or a .npz file."""
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  directory, npz = flags_['workdir'].value, flags_['npz'].value
+  directory, npz = flags_['workdir'].value, flags_['npz'].value or flags_['source'].value
+  if flags_['npz'].value and flags_['source'].value:
+    raise errors.ConfigError('Give one of --npz and --source (the same: any checkpoint).')
   if bool(directory) == bool(npz):
-    raise errors.ConfigError('Give one of --workdir (a run) and --npz (a checkpoint file).')
+    raise errors.ConfigError('Give one of --workdir (a run) and --npz or --source (another '
+                             'checkpoint).')
   if directory and (flags_['model'].value or flags_['image_size'].value):
     raise errors.ConfigError('--model and --image_size are for --npz; a workdir\'s config '
                              'fixes them.')
@@ -87,8 +103,8 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
                              'comma-separated ints, e.g. 1,5,10,25.') from None
   if directory:
     paths.run_dir(directory)
-  else:
-    paths.input_path(npz, 'npz', 'release .npz file')
+  elif not npz.startswith('hf-hub:'):
+    paths.input_path(npz, 'source' if flags_['source'].value else 'npz', 'checkpoint')
   if flags_['json'].value:
     paths.output_path(flags_['json'].value, 'json')
   from vit_jax.evals import fewshot  # Flags and paths are checked: now jax.

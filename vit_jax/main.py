@@ -67,8 +67,8 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   config_lib.check(config_lib.complete(config))  # Types, None, ranges (the plan's).
   workdir = flags_['workdir'].value
   paths.output_dir(workdir)  # Then the workdir's, before jax and TensorFlow start.
-  if config.get('init_from'):
-    paths.input_path(config.init_from, 'config.init_from', 'release .npz file or workdir')
+  if config.get('init_from') and not config.init_from.startswith('hf-hub:'):
+    paths.input_path(config.init_from, 'config.init_from', 'checkpoint (docs/checkpoints.md)')
   data_dir = config.dataset.data_dir  # A local one now; a bucket is read once TensorFlow starts.
   if data_dir and not config.dataset.prepare:
     paths.input_path(data_dir, 'config.dataset.data_dir', 'data folder')

@@ -204,7 +204,8 @@ def _define_flags() -> dict[str, Any]:
       list=f.DEFINE_bool('list', False, 'Print the task table and exit.'),
       json=f.DEFINE_bool('json', False, 'With --list: as JSON.'),
       init_from=paths.DEFINE_path('init_from', None, 'The checkpoint to fine-tune: a run\'s '
-                                'workdir or a release .npz file.'),
+                                  'workdir, a release .npz file or any other SOURCE '
+                                  '(docs/checkpoints.md).'),
       workdir=paths.DEFINE_path('workdir', None, 'One sub-folder per task, and the results.'),
       tasks=f.DEFINE_string('tasks', 'all', 'all, natural, specialized, structured or task '
                             'names, comma-separated.'),
@@ -273,7 +274,8 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   settings = {k: flags_[k].value for k in (
       'init_from', 'data_dir', 'lr', 'steps', 'warmup_steps', 'batch_size', 'image_size',
       'momentum', 'seed', 'train_split', 'eval_split')}
-  paths.input_path(settings['init_from'], 'init_from', 'release .npz file or workdir')
+  if not settings['init_from'].startswith('hf-hub:'):
+    paths.input_path(settings['init_from'], 'init_from', 'checkpoint (docs/checkpoints.md)')
   paths.output_dir(flags_['workdir'].value)  # Before jax and TensorFlow start.
   # Every task's data, before the first fine-tune (and before jax starts).
   vtab_prepare.check(tasks, settings['data_dir'], flags_['tasks'].value)

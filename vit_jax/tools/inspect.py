@@ -2,6 +2,8 @@ r"""Look inside a trained ViT: the paper's section 4.5 figures and one HTML page
 
     python -m vit_jax.tools.inspect --workdir=/tmp/q --out=/tmp/q/inspect
     python -m vit_jax.tools.inspect --npz=ViT-B_16.npz --out=/tmp/b16 --images cat.jpg dog.jpg
+    python -m vit_jax.tools.inspect --source=hf-hub:timm/deit3_base_patch16_224.fb_in1k \
+        --out=/tmp/deit3 --images cat.jpg
 
 Writes into ``--out`` the patch-embedding PCA, the position embeddings' similarity, the mean
 attention distance per head, attention rollout on images (``--images``, or ``--num_images`` of a
@@ -386,7 +388,8 @@ def _attention_summary(model: VisionTransformer, params: Any,
   grid, prefix = model.grid, model.num_prefix_tokens
   logits, weights = analysis.attention_weights(model, params, images)
   distance = analysis.attention_distance(weights, grid, analysis.token_spacing(model), prefix)
-  return logits, distance.transpose(1, 0, 2), analysis.rollout_maps(weights, grid, prefix)
+  return logits, distance.transpose(1, 0, 2), analysis.rollout_maps(weights, grid, prefix,
+                                                                     model.pool == 'token')
 
 
 def attention_pass(source: predict.Source, inputs: np.ndarray,
@@ -422,7 +425,8 @@ def write_html(path: epath.Path, source: predict.Source, figures: list[Figure],
   rows = [('model', model.model_name), ('parameters from', source.loaded.source),
           ('parameters', f'{n_params:,}'), ('input', f'{h}x{w} pixels, "{source.pp_spec}"'),
           ('tokens', f'{model.grid[0]}x{model.grid[1]} patches'
-                     + (' + class token' if model.num_prefix_tokens else '')),
+                     + (' + class token' if model.has_class_token else '')
+                     + (f' + {model.num_registers} registers' if model.num_registers else '')),
           ('layers x heads', f'{model.num_layers} x {model.num_heads}, width '
                              f'{model.hidden_size}')]
   e = html.escape
@@ -456,8 +460,10 @@ def inspect(args: argparse.Namespace) -> list[epath.Path]:
   from vit_jax.checkpoints import release
   from vit_jax.tools import analysis
 
+  predict.resolve_source_flags(args)
   if not args.images and not args.workdir:
-    raise ValueError('A .npz file comes without data: pass some image files with --images.')
+    what = 'checkpoint other than a workdir' if args.source else '.npz file'
+    raise ValueError(f'A {what} comes without data: pass some image files with --images.')
   source = predict.load_source(args)
   model = source.model
   notes = list(source.notes)

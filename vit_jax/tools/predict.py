@@ -1,12 +1,16 @@
-r"""Top-5 classes of image files, from a run's workdir or a release .npz file.
+r"""Top-5 classes of image files, from a run's workdir or any other checkpoint (a SOURCE).
 
     python -m vit_jax.tools.predict --workdir=/tmp/q digit.png
     python -m vit_jax.tools.predict --npz=ViT-B_16.npz --image_size=384 cat.jpg dog.jpg
+    python -m vit_jax.tools.predict \
+        --source=hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k cat.jpg
 
 A workdir gives the model, its latest checkpoint (``--step``; ``--ema``: the weights' moving
 average), the class names and the eval preprocessing. A .npz file's architecture is read from its
 shapes (or ``--model``), its images resized to ``--image_size`` and scaled to [-1, 1] as in the
-releases (or ``--pp``). Runs on the default JAX device, ``--batch_size`` images at a time.
+releases (or ``--pp``). ``--source`` takes any checkpoint (docs/checkpoints.md): a timm or
+transformers folder or ``hf-hub:ORG/NAME`` brings its architecture and class names in its
+config.json. Runs on the default JAX device, ``--batch_size`` images at a time.
 """
 
 from __future__ import annotations
@@ -68,13 +72,16 @@ class PipelineError(ValueError):
 
 
 def add_source_flags(parser: argparse.ArgumentParser) -> None:
-  """The flags that pick a model: --workdir or --npz, and their options."""
+  """The flags that pick a model: --workdir, --npz or --source, and their options."""
   group = parser.add_mutually_exclusive_group(required=True)
   group.add_argument('--workdir', type=paths.expand,
                      help='a vit_jax.main run directory (config.json, checkpoints/)')
   group.add_argument('--npz', type=paths.expand, help='a release or exported .npz checkpoint')
+  group.add_argument('--source', type=paths.expand,
+                     help='any checkpoint: a workdir, a .npz file, a timm or transformers '
+                     'folder, hf-hub:ORG/NAME or a big_vision tensorstore folder')
   parser.add_argument('--step', type=int, default=None,
-                      help='workdir: the checkpoint step (default: the latest)')
+                      help='workdir (or big_vision): the checkpoint step (default: the latest)')
   parser.add_argument('--ema', action='store_true',
                       help="workdir: the weights' moving average (the run's "
                            'config.optimizer.ema_decay) instead of the weights')
@@ -135,19 +142,33 @@ def _workdir_class_names(loaded: release.Loaded) -> tuple[str, ...]:
     return ()
 
 
+def resolve_source_flags(args: argparse.Namespace) -> None:
+  """``--source`` as ``--workdir`` where it names a workdir (``args`` updated in place)."""
+  if not getattr(args, 'source', None):
+    return
+  from vit_jax.checkpoints import formats  # Only for --source: it imports jax.
+
+  if formats.origin(args.source) == formats.WORKDIR:
+    args.workdir, args.source = args.source, None
+
+
 def check_source_paths(args: argparse.Namespace) -> None:
-  """--workdir or --npz checked before the model loads (``vit_jax.base.paths``)."""
+  """--workdir, --npz or --source checked before the model loads (``vit_jax.base.paths``)."""
   if args.workdir:
     paths.run_dir(args.workdir)
-  else:
+  elif args.npz:
     paths.input_path(args.npz, 'npz', '.npz file')
+  elif not args.source.startswith('hf-hub:'):
+    paths.input_path(args.source, 'source', 'checkpoint')
 
 
 def load_source(args: argparse.Namespace) -> Source:
-  """The model, preprocessing and class names that ``--workdir`` / ``--npz`` select."""
-  from vit_jax.checkpoints import release, workdir
+  """The model, preprocessing and class names that ``--workdir`` / ``--npz`` / ``--source``
+  select."""
+  from vit_jax.checkpoints import formats, release, workdir
 
   notes = []
+  resolve_source_flags(args)
   if args.workdir:
     if args.model or args.image_size or args.pool:
       raise ValueError('--model, --image_size and --pool are for --npz; a workdir\'s config '
@@ -160,26 +181,35 @@ def load_source(args: argparse.Namespace) -> Source:
     if not names:
       notes.append(f'{args.workdir} has no class names (classes.json); showing class indices.')
   else:
-    if args.step is not None:
-      raise ValueError('--step is for --workdir; a .npz file holds one set of parameters.')
+    source = getattr(args, 'source', None) or args.npz
+    kind = formats.NPZ if args.npz else formats.origin(source)
+    what = 'a .npz file' if kind == formats.NPZ else f'a {kind} checkpoint'
+    if args.step is not None and kind != formats.BIG_VISION:
+      raise ValueError(f'--step is for --workdir; {what} holds one set of parameters.')
     if args.ema:
-      raise ValueError('--ema is for --workdir; a .npz file holds one set of parameters '
-                       '(export a run\'s average with python -m vit_jax.tools.export --ema).')
-    loaded = release.load_npz_model(args.npz, args.model, args.image_size, pool=args.pool)
+      raise ValueError(f'--ema is for --workdir; {what} holds one set of parameters (export a '
+                       'run\'s average with python -m vit_jax.tools.export --ema).')
+    if args.npz:  # A release or big_vision .npz file, as ever.
+      loaded = release.load_npz_model(args.npz, args.model, args.image_size, pool=args.pool)
+    else:
+      loaded = formats.load(source, model_name=args.model, image_size=args.image_size,
+                            pool=args.pool, step=args.step)
     h, w = pair(loaded.model.image_size)
     pp_spec = args.pp or NPZ_PP.format(size=h if h == w else (h, w))
     activation = 'softmax'
     num_classes = loaded.model.num_classes
-    names = ()
+    names = loaded.class_names
     if not num_classes:
-      notes.append(f'{args.npz} has no classifier head.')
-    elif num_classes == 1000 and not args.class_names:
+      notes.append(f'{source} has no classifier head.')
+    elif names or args.class_names:
+      pass
+    elif num_classes == 1000:
       names = imagenet_wordnet_ids()
       notes.append(IMAGENET_NOTE if names else
                    'No ImageNet class list is available offline (tensorflow_datasets is not '
                    'installed); showing class indices. Pass --class_names=FILE for names.')
-    elif not args.class_names:
-      notes.append(f'{args.npz} comes without class names; showing class indices '
+    else:
+      notes.append(f'{source} comes without class names; showing class indices '
                    '(--class_names=FILE for names).')
   if args.class_names:
     names = _read_class_names(args.class_names)
