@@ -1,7 +1,9 @@
 """Test set-up: eight simulated CPU devices, and the shared real data when present."""
 
+import atexit
 import os
 import pathlib
+import shutil
 import tempfile
 
 # Must happen before jax is imported anywhere.
@@ -10,6 +12,14 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # The CPU peak that MFU is measured against is kept per machine (vit_jax.training.mfu): the tests
 # measure theirs under their own load into a folder of their own, never the user's cache.
 os.environ['XDG_CACHE_HOME'] = tempfile.mkdtemp(prefix='vit_jax_test_cache_')
+# The tests compile the same small programs many times, in this process and in the runs it
+# starts (they inherit the environment): jax's persistent compilation cache, for the session,
+# compiles each once. The same program gives the same executable: results are unchanged.
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='vit_jax_test_jit_')
+  atexit.register(shutil.rmtree, os.environ['JAX_COMPILATION_CACHE_DIR'], True)
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 
 import pytest  # noqa: E402
 
@@ -38,3 +48,20 @@ def tiny_run(tmp_path_factory) -> pathlib.Path:
   directory = tmp_path_factory.mktemp('tiny_run')
   main.train_and_evaluate(tiny_config(**TINY_RUN), str(directory))
   return directory
+
+
+@pytest.fixture
+def offline_hub(tmp_path, monkeypatch):
+  """An empty Hugging Face cache (HF_HOME) used offline (HF_HUB_OFFLINE=1); call the fixture
+  with (repo_id, folder) to put a folder in it. huggingface_hub reads its environment when
+  imported, so its constants are set too, for this process."""
+  from huggingface_hub import constants
+
+  from runs import hub_cache
+
+  home = tmp_path / 'hf_home'
+  monkeypatch.setenv('HF_HOME', str(home))
+  monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+  monkeypatch.setattr(constants, 'HF_HUB_CACHE', str(home / 'hub'))
+  monkeypatch.setattr(constants, 'HF_HUB_OFFLINE', True)
+  return lambda repo_id, folder: hub_cache(home / 'hub', repo_id, folder)

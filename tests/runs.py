@@ -78,3 +78,22 @@ def restore_state(workdir, config, step=None):
     return manager_lib.restore(manager, abstract_state(config), step)
   finally:
     manager.close()
+
+
+def hub_cache(cache, repo_id, folder, commit='0123456789abcdef0123456789abcdef01234567'):
+  """``folder``'s files as ``repo_id`` in a Hugging Face cache at ``cache`` (HF_HUB_CACHE),
+  laid out as huggingface_hub writes it: ``models--ORG--NAME/blobs/SHA256``, ``refs/main``
+  (the commit), ``snapshots/COMMIT/FILE`` (relative links to the blobs)."""
+  import hashlib
+
+  repo = pathlib.Path(cache) / ('models--' + repo_id.replace('/', '--'))
+  snapshot = repo / 'snapshots' / commit
+  for sub in (repo / 'blobs', repo / 'refs', snapshot):
+    sub.mkdir(parents=True, exist_ok=True)
+  (repo / 'refs' / 'main').write_text(commit)
+  for file in sorted(pathlib.Path(folder).iterdir()):
+    data = file.read_bytes()
+    blob = hashlib.sha256(data).hexdigest()
+    (repo / 'blobs' / blob).write_bytes(data)
+    (snapshot / file.name).symlink_to(pathlib.Path('..', '..', 'blobs', blob))
+  return snapshot

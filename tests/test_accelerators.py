@@ -55,6 +55,7 @@ def test_bad_names_are_explained(name, message):
     accelerators.tpu_slice(name)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec('libtpu') is None, reason='needs libtpu')
 @pytest.mark.parametrize('name, kind', [('v3-8', 'TPU v3'), ('v4-8', 'TPU v4'),
                                         ('v5litepod-4', 'TPU v5 lite')])

@@ -42,6 +42,7 @@ def lowered_by_train(config, devices):
   return step.lower(state, batch), plan
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('objective', ['classification', 'mpp'])
 def test_aot_lowers_the_step_that_training_runs(objective):
   # No classes given for masked patch prediction: it needs none.
@@ -66,6 +67,7 @@ def test_aot_lowers_the_step_that_training_runs(objective):
     assert plan.model.mpp_outputs == mpp.COLORS and facts['num_classes'] == 0
 
 
+@pytest.mark.slow
 def test_cpu_report_sizes_only():
   config = tiny_config()
   r = aot.report(config, 'cpu')
@@ -83,6 +85,7 @@ def test_cpu_report_sizes_only():
   assert r['hbm_bytes_per_device'] == r['train']['hbm_bytes_per_device'] > params_bytes
 
 
+@pytest.mark.slow
 @needs_libtpu
 @pytest.mark.parametrize('topology, devices, cores', [('v3-8', 8, 8), ('v4-8', 4, 8)])
 def test_tpu_report_is_the_compiled_programs(topology, devices, cores):
@@ -102,6 +105,7 @@ def test_tpu_report_is_the_compiled_programs(topology, devices, cores):
   assert r['eval']['fits'] and r['eval']['step_seconds'] > 0
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_tpu_report_plans_masked_patch_prediction():
   # No classes given: the self-supervised configs need none (vit_b16_mpp.py).
@@ -118,20 +122,22 @@ def test_tpu_report_plans_masked_patch_prediction():
   assert r['params_bytes_per_device'] > classifier['params_bytes_per_device']
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_no_step_time_where_the_step_loops():
   # The cost model counts a loop's body once: micro-batches (and a scanned model) get none.
-  r = probe('report', 'v3-8', json.dumps({'model.dtype': 'bfloat16', 'grad_accum_steps': 2}))[
+  r = probe('aot', 'v3-8', json.dumps({'model.dtype': 'bfloat16', 'grad_accum_steps': 2}))[
       'report']
   assert r['fits'] and r['step_seconds'] is None and r['core_days'] is None
   assert r['eval']['step_seconds'] > 0  # The eval step has no loop.
   assert 'not estimated for grad_accum_steps=2' in aot.format_report(r, 'tiny')
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_a_negative_cost_model_time_is_no_time():
   # libtpu 0.0.52's cost model answers negative times for TPU v4 programs like this one.
-  r = probe('report', 'v4-8', json.dumps({
+  r = probe('aot', 'v4-8', json.dumps({
       'model.name': 'l16', 'model.image_size': 224, 'model.patch_size': 16,
       'model.hidden_size': 1024, 'model.mlp_dim': 4096, 'model.num_heads': 16,
       'model.num_layers': 1, 'model.dtype': 'bfloat16', 'batch_size': 64,
@@ -141,9 +147,10 @@ def test_a_negative_cost_model_time_is_no_time():
   assert 'the cost model of this libtpu gives none' in aot.format_report(r, 'l16')
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_a_batch_that_does_not_fit_is_reported_not_raised():
-  r = probe('report', 'v3-8', json.dumps({
+  r = probe('aot', 'v3-8', json.dumps({
       'model.name': 'b16', 'model.image_size': 384, 'model.patch_size': 16,
       'model.hidden_size': 768, 'model.mlp_dim': 3072, 'model.num_heads': 12,
       'model.num_layers': 2, 'batch_size': 4096, 'eval_batch_size': 8}))['report']
@@ -160,6 +167,7 @@ def test_train_examples_follow_the_split():
     aot.train_examples(tiny_config(**{'dataset.name': 'jft_like'}), None)
 
 
+@pytest.mark.slow
 def test_command_line_writes_the_json(tmp_path):
   out = tmp_path / 'plan.json'
   run = subprocess.run(
@@ -191,6 +199,7 @@ def train_bytes(overrides, devices=2):
                            only_train=True)['train']['hbm_bytes_per_device']
 
 
+@pytest.mark.slow
 def test_a_plan_that_does_not_fit_exits_3_and_says_what_fits(tmp_path):
   """Made not to fit by the memory given (4 MiB; the 128-image train step takes ~7.5): exit
   status 3, one closing line, and suggestions that fit when applied (run again)."""
@@ -234,6 +243,7 @@ def search(limit_mib, max_compiles=8, **overrides):
                          log=lambda *a, **k: None)
 
 
+@pytest.mark.slow
 def test_max_batch_finds_the_largest_batch_in_few_compiles():
   s = search(4.0)
   best, proven = s.largest(64 // 8)
@@ -249,12 +259,14 @@ def test_max_batch_finds_the_largest_batch_in_few_compiles():
   assert s.compiles <= 4, s.figures.keys()
 
 
+@pytest.mark.slow
 def test_max_batch_stops_at_its_cap_and_says_so():
   s = search(64.0, max_compiles=2)  # Far above the start: the cap ends it, unproven.
   best, proven = s.largest(1)
   assert s.compiles == 2 and not proven and best >= 8
 
 
+@pytest.mark.slow
 def test_max_batch_does_not_compile_its_answer_again(monkeypatch):
   compiles = []
   real = jax.stages.Lowered.compile
@@ -280,6 +292,7 @@ def test_flop_units():
   assert aot.ms(0.2681) == '268.1 ms' and aot.ms(3.5e-5) == '35.0 µs'
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_names_per_generation():
   """A v3 device is a core (16 GiB, half a chip), a v5p device a chip: the report says so,
@@ -289,7 +302,7 @@ def test_names_per_generation():
   assert 'v3-8 (v3:2x2: 8 x TPU v3 cores, 4 chips)' in v3
   assert re.search(r'\nHBM per device \(core\) +16.00 GiB  fits', v3)
   assert ' v3-chip-hours, ' in v3 and ' v3-core-days' in v3
-  r = probe('report', 'v5p-8', overrides)['report']
+  r = probe('aot', 'v5p-8', overrides)['report']
   v5p = aot.format_report(r, 'tiny')
   assert r['chip'] == 'TPU v5p' and r['device_is'] == 'chip'
   assert 'v5p-8 (v5:2x2x1: 4 x TPU v5p chips)' in v5p
@@ -301,6 +314,7 @@ def test_names_per_generation():
   assert 'MFLOP' in aot.flop(flops)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('flags, message', [
     (['--topology=cpu', '--max_batch'],
      '--max_batch on --topology=cpu needs --memory_per_device=GIB'),
@@ -319,6 +333,7 @@ def test_bad_flags_are_one_line_before_jax(flags, message):
   assert run.stderr.startswith(f'error: {message}')
 
 
+@pytest.mark.slow
 def test_flags_are_checked_without_jax():
   code = ('import sys\nfrom vit_jax.base import errors\nfrom vit_jax.tools import aot\n'
           'try:\n  aot.check_flags("v9-8", None, False, 8, None, None)\n'
@@ -409,6 +424,7 @@ def test_feeding_finds_the_measured_rate_of_the_configs_pipeline(tmp_path):
   assert feeding.check(config, {'libtpu_topology': None}, names) is None  # cpu: no slice.
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_command_line_says_whether_the_hosts_feed_the_slice(tmp_path):
   """aot on a v5p-8 with a per-core rate given too small for any host: the feeding lines and
@@ -428,6 +444,7 @@ def test_command_line_says_whether_the_hosts_feed_the_slice(tmp_path):
   assert 'WARNING: the hosts cannot keep up' in run.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('flag, message', [
     ('--host_images_per_core=0', '--host_images_per_core=0.0 must be positive'),
     ('--input_rates=/nonexistent/rates.json', '--input_rates=/nonexistent/rates.json is not a '

@@ -34,6 +34,7 @@ def sweep(tmp_path_factory):
   return done.stdout, json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_sweep_prints_a_table_and_writes_every_cell(sweep):
   stdout, result = sweep
   assert [(c['scan'], c['cpu_devices']) for c in result['cells']] == [
@@ -46,6 +47,7 @@ def test_sweep_prints_a_table_and_writes_every_cell(sweep):
   assert f'CPU: {host_cpu.describe(result["cpu"])}' in stdout
 
 
+@pytest.mark.slow
 def test_each_cell_measures_consistently(sweep):
   _, result = sweep
   # Ti/16 at 32 px: 4 patches + the class token, q of them queries: all in every block
@@ -92,6 +94,7 @@ def small_run(out, *flags, devices=1) -> subprocess.CompletedProcess:
       capture_output=True, text=True, env=env(devices=devices), timeout=600, check=False)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(TIMM_PYTHON is None, reason='needs a Python with torch, torchvision and '
                     'timm (not vit_jax dependencies): set VIT_JAX_TIMM_PYTHON')
 def test_timm_cells_join_the_run_with_the_same_model_flops(tmp_path):
@@ -111,6 +114,7 @@ def test_timm_cells_join_the_run_with_the_same_model_flops(tmp_path):
 BIG_VISION = os.environ.get('VIT_JAX_BIG_VISION')
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not BIG_VISION, reason='needs a big_vision checkout (not a vit_jax '
                     'dependency): set VIT_JAX_BIG_VISION')
 def test_big_vision_cell_joins_the_run_with_every_tokens_flops(tmp_path):
@@ -125,6 +129,7 @@ def test_big_vision_cell_joins_the_run_with_every_tokens_flops(tmp_path):
   assert 'big_vision dtype_mm=bfloat16' in done.stdout
 
 
+@pytest.mark.slow
 def test_a_failed_cell_leaves_the_others_measured(tmp_path):
   """Batch 3 over 2 devices cannot split: that cell fails, the other is measured, the run
   says so and exits 1."""
@@ -138,6 +143,7 @@ def test_a_failed_cell_leaves_the_others_measured(tmp_path):
   assert 'batch_size=3: failed' in done.stdout and 'not divisible' in done.stderr
 
 
+@pytest.mark.slow
 def test_input_benchmark_measures_both_pipelines_at_both_stages(shared_data, tmp_path):
   out = tmp_path / 'input.json'
   done = subprocess.run(
@@ -156,6 +162,7 @@ def test_input_benchmark_measures_both_pipelines_at_both_stages(shared_data, tmp
   assert 'vit_jax img/s' in done.stdout and 'device' in done.stdout
 
 
+@pytest.mark.slow
 def test_input_benchmark_measures_each_recipes_pipeline_by_its_string(shared_data, tmp_path):
   """``--recipes``: one entry per distinct training pipeline (two configs share the base one),
   keyed as vit_jax.tools.feeding looks a config's rate up, with the configs' mixup."""
@@ -200,6 +207,7 @@ def test_timm_names_of_the_plain_vits():
     timm_step.timm_name('r50_b16')
 
 
+@pytest.mark.slow
 def test_train_benchmark_checks_the_timm_python_first(tmp_path):
   done = subprocess.run(
       [sys.executable, '-m', 'benchmarks.train', f'--timm_python={tmp_path}/python'],
@@ -208,6 +216,7 @@ def test_train_benchmark_checks_the_timm_python_first(tmp_path):
   assert done.stderr.startswith(f'error: --timm_python={tmp_path}/python: no such executable')
 
 
+@pytest.mark.slow
 def test_timm_step_rejects_a_wrong_autocast_before_importing_torch():
   done = subprocess.run(
       [sys.executable, '-m', 'benchmarks.timm_step', '--autocast=none,float16'],
@@ -217,6 +226,7 @@ def test_timm_step_rejects_a_wrong_autocast_before_importing_torch():
       done.stderr)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec('timm') is not None,
                     reason='timm is installed here: the benchmark would run')
 def test_timm_step_without_timm_says_how_to_install_it():
@@ -235,6 +245,7 @@ def tpu_step(*args: str) -> subprocess.CompletedProcess:
                         timeout=600, check=False)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
                     reason='compiling for a TPU needs libtpu (the [tpu] extra)')
 def test_tpu_step_prints_and_writes_its_cells(tmp_path):
@@ -277,6 +288,7 @@ def test_tpu_step_fine_tuning_cell_is_the_papers_step_at_its_resolution():
   assert optax.TraceState in kinds and optax.ScaleByAdamState not in kinds, kinds
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
                     reason='compiling for a TPU needs libtpu (the [tpu] extra)')
 def test_tpu_step_extrapolated_from_two_depths_is_the_compiled_step(tmp_path):
@@ -298,6 +310,7 @@ def test_tpu_step_extrapolated_from_two_depths_is_the_compiled_step(tmp_path):
   assert 'ti16 @ 64, 224 px, 4 blocks from 2 and 3 vit_jax' in done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('depths', ['2', '2,2', '0,2', '2,x'])
 def test_tpu_step_refuses_malformed_depths(depths):
   done = tpu_step(f'--depths={depths}')
@@ -328,6 +341,7 @@ def test_big_vision_unrolled_remat_is_its_model_rematerialised():
   assert 'remat' not in programs[0] and 'remat' in programs[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('cells', ['b16', 'b16:0', 'b16:512:x', 'b16:1:2:3'])
 def test_tpu_step_refuses_a_malformed_cell(cells):
   done = tpu_step(f'--cells={cells}')
@@ -341,6 +355,7 @@ TINY_FAULT_RUN = ['model.hidden_size=32', 'model.mlp_dim=64', 'model.num_layers=
                   'batch_size=32', 'eval_batch_size=32', 'schedule.warmup_steps=2']
 
 
+@pytest.mark.slow
 def test_fault_benchmark_survives_kills_on_the_tiny_recipe(tmp_path):
   """The README's reliability figure ("10 kills: 10 survived, no data lost") is this
   script's output: here 2 kills (one right after a save began) on a 12-step tiny run."""
@@ -360,6 +375,7 @@ def test_fault_benchmark_survives_kills_on_the_tiny_recipe(tmp_path):
   assert 'faults tried 2' in done.stdout and 'data lost 0' in done.stdout
 
 
+@pytest.mark.slow
 def test_fault_benchmark_refuses_a_bad_override(tmp_path):
   done = subprocess.run(
       [sys.executable, '-m', 'benchmarks.faults', '--set=model.num_layer=2',
@@ -370,6 +386,7 @@ def test_fault_benchmark_refuses_a_bad_override(tmp_path):
   assert 'num_layer' in done.stderr and not list(tmp_path.iterdir())  # Nothing started.
 
 
+@pytest.mark.slow
 def test_integrity_benchmark_times_the_models_train_state(tmp_path):
   """The checksum cost of docs/reliability.md is this script's output: here for ViT-Ti/16's
   state (its 5,717,416 parameters and Adam's two moments, float32), once each way."""
@@ -392,6 +409,7 @@ def test_integrity_benchmark_times_the_models_train_state(tmp_path):
   assert r['checksums_s'] > 0 and 'checksums alone' in done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
                     reason='compiling for a TPU needs libtpu (the [tpu] extra)')
 def test_tpu_attention_pads_for_the_kernels_and_shows_what_the_cost_model_counts():

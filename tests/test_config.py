@@ -210,6 +210,7 @@ def test_an_older_runs_config_json_still_loads(tmp_path):
   assert config_lib.convert_old_evals(new) is new
 
 
+@pytest.mark.slow
 def test_docs_config_md_is_the_declarations_reference():
   text = (ROOT / 'docs' / 'config.md').read_text()
   assert text == config_lib.reference(), 'run: python -m vit_jax.config > docs/config.md'

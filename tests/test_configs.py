@@ -232,3 +232,26 @@ def test_fashion_mnist_config_validates(shared_data, monkeypatch):
   plan = plan_lib.validate(load(root / 'configs' / 'fashion_mnist.py'))
   assert (len(plan.train_source), len(plan.eval_source)) == (60_000, 10_000)
   assert plan.total_steps == 7032  # 30 epochs of 60,000 at batch 256.
+
+
+def test_finetune_presets_train_on_the_whole_split_and_hold_out_only_to_choose(tmp_path):
+  """The paper's fine-tuning (appendix B.1.1): the reported runs train on the whole training
+  set; a minival (1% ImageNet, 2% CIFAR, 10% Pets and Flowers) is held out only by the sweep
+  that chooses the learning rate."""
+  from vit_jax import sweep
+
+  root = pathlib.Path(__file__).resolve().parents[1] / 'configs'
+  spec = importlib.util.spec_from_file_location('finetune', root / 'vit_b16_finetune.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  assert module.MINIVAL == {'imagenet2012': 1, 'cifar10': 2, 'cifar100': 2,
+                            'oxford_iiit_pet': 10, 'oxford_flowers102': 10}
+  for dataset, percent in module.MINIVAL.items():
+    assert module.get_config(dataset).dataset.train_split == 'train'
+    grid = [('schedule.base_lr', ['0.001', '0.003', '0.01', '0.03'])]
+    chosen = sweep.Sweep(f'{root}/vit_b16_finetune.py:{dataset}', [], str(tmp_path), grid, 3,
+                         percent)
+    assert chosen.splits == (f'train[:{100 - percent}%]', f'train[{100 - percent}%:]')
+    (final, *_), = [chosen.final_runs([grid_point]) for grid_point in
+                    [[('schedule.base_lr', '0.01')]]]
+    assert 'dataset.train_split' not in dict(final.overrides)  # The whole split.

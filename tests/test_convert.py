@@ -41,6 +41,7 @@ def imagenette_local(tmp_path_factory):
   return out
 
 
+@pytest.mark.slow
 def test_fashion_mnist_converts_exactly(fashion_local):
   metadata = local.read_metadata(fashion_local)
   assert metadata['kind'] == 'idx' and metadata['num_classes'] == 10
@@ -60,6 +61,7 @@ def test_fashion_mnist_converts_exactly(fashion_local):
     assert image.shape == (28, 28, 3)
 
 
+@pytest.mark.slow
 def test_imagenette_converts_exactly(imagenette_local):
   metadata = local.read_metadata(imagenette_local)
   folder = SHARED_DATA / 'imagenette_224'
@@ -80,6 +82,7 @@ def test_imagenette_converts_exactly(imagenette_local):
     assert metadata['class_names'][example['label']] == path.parent.name
 
 
+@pytest.mark.slow
 def test_two_processes_cover_an_epoch_exactly_once(fashion_local):
   source = local.LocalSource(str(fashion_local), 'test')
   mesh = sharding.make_mesh(None)
@@ -96,6 +99,7 @@ def test_two_processes_cover_an_epoch_exactly_once(fashion_local):
   np.testing.assert_array_equal(batch['label'].argmax(-1), [source[i]['label'] for i in rows])
 
 
+@pytest.mark.slow
 def test_training_from_the_local_format(fashion_local, tmp_path):
   config = tiny_config(**{'total_steps': 8, 'checkpoint_every_steps': 8})
   config.dataset.name = 'fashion_mnist'
@@ -233,6 +237,7 @@ def test_permutation_is_a_bijection_for_any_size():
   assert len(np.unique(a)) == 4096 and a.max() < 300_000_000 and not np.array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_multi_label_training_reports_precision_at_1(tmp_path):
   needs_shared_data()
   files = sorted((SHARED_DATA / 'imagenette_224' / 'val' / 'n03888257').iterdir())[:64]
@@ -260,6 +265,7 @@ def test_multi_label_training_reports_precision_at_1(tmp_path):
   assert 0 <= result['eval/prec@1'] <= 1
 
 
+@pytest.mark.slow
 def test_command_line(tmp_path):
   needs_shared_data()
   import subprocess

@@ -25,6 +25,7 @@ def test_runs_on_cpu(environ, on_cpu):
   assert cpu.runs_on_cpu(environ) is on_cpu
 
 
+@pytest.mark.slow
 def test_an_accelerator_run_is_not_re_executed(tmp_path):
   # vit_jax.main re-executes a CPU run with glibc tunables (vit_jax.base.cpu.host_memory); on a
   # TPU or GPU it must not: there the process's first word is jax's own error here. The
@@ -44,6 +45,7 @@ def test_an_accelerator_run_is_not_re_executed(tmp_path):
   assert on_tpu.returncode != 0  # No TPU here: jax says so.
 
 
+@pytest.mark.slow
 def test_lowered_for_cpu_picks_by_the_compilation_platform():
   assert jax.jit(cpu.lowered_for_cpu(lambda x: x * 3., lambda x: x * 5.))(
       jnp.ones(2)).tolist() == [3., 3.]

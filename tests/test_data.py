@@ -294,6 +294,7 @@ def local_tfds_tfrecord(tmp_path_factory):
   return _prepare_tfds(tmp_path_factory.mktemp('tfds_tfrecord'), 'tfrecord')
 
 
+@pytest.mark.slow
 def test_tfds_source_reads_a_prepared_dataset(local_tfds):
   name, data_dir, idx = local_tfds
   config = ml_collections.ConfigDict(dict(name=name, data_dir=data_dir))
@@ -342,6 +343,7 @@ def test_tfds_tfrecord_dataset_reads_as_its_array_record_twin(local_tfds, local_
       tfrecord.record_offsets(truncated, sequential=sequential)
 
 
+@pytest.mark.slow
 def test_a_run_on_tfrecord_data_resumes_exactly(local_tfds_tfrecord, tmp_path, monkeypatch):
   import shutil
 

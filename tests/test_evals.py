@@ -39,6 +39,7 @@ def test_an_entry_that_cannot_evaluate_the_run_is_refused_before_anything_starts
   assert not (tmp_path / 'run').exists()
 
 
+@pytest.mark.slow
 def test_every_evaluator_runs_for_the_weights_and_their_moving_average(tmp_path):
   config = tiny_config(**{'evals.fewshot': FEWSHOT, 'optimizer.ema_decay': 0.5,
                           'total_steps': 2, 'schedule.warmup_steps': 1,

@@ -6,13 +6,15 @@ import subprocess
 import sys
 
 import chex
+import pytest
 
 from vit_jax import evaluate
 from vit_jax.checkpoints import workdir
 
-from runs import env, read_metrics
+from runs import QUICKSTART, TINY, TINY_RUN, env, read_metrics
 
 
+@pytest.mark.slow
 def test_evaluate_params_equals_what_training_logged(tiny_run):
   """The run's last eval row was computed by training's evaluator on the same weights."""
   config = workdir.load_config(tiny_run)
@@ -26,6 +28,7 @@ def test_evaluate_params_equals_what_training_logged(tiny_run):
   assert result['examples'] == logged['eval/examples'] == 359
 
 
+@pytest.mark.slow
 def test_command_prints_the_metric_with_progress(tiny_run):
   result = subprocess.run(
       [sys.executable, '-m', 'vit_jax.evaluate', f'--workdir={tiny_run}', '--progress_every=0'],
@@ -39,9 +42,27 @@ def test_command_prints_the_metric_with_progress(tiny_run):
                       r'loss [\d.]+ \(359 examples\)', line), line
 
 
+@pytest.mark.slow
 def test_command_refuses_a_missing_workdir_in_one_line(tmp_path):
   result = subprocess.run(
       [sys.executable, '-m', 'vit_jax.evaluate', f'--workdir={tmp_path / "nothing"}'],
       env=env(devices=1), capture_output=True, text=True, timeout=120)
   assert result.returncode == 2
   assert result.stderr.strip().startswith('error: ') and '\n' not in result.stderr.strip()
+
+
+def test_a_timm_export_of_the_run_evaluates_as_the_run(tiny_run, tmp_path):
+  """--source with --config: the checkpoint in the config's model, the config's evaluators."""
+  from vit_jax.tools import export
+
+  export.export(str(tiny_run), str(tmp_path / 'timm'), format='timm')
+  overrides = [f'--config.{k}={v}' for k, v in {**TINY, **TINY_RUN}.items()]
+  result = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.evaluate', f'--source={tmp_path / "timm"}',
+       f'--config={QUICKSTART}', *overrides, '--progress_every=0'],
+      env=env(devices=1), capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  line = result.stdout.strip().splitlines()[-1]
+  logged = [row for row in read_metrics(tiny_run) if 'eval/accuracy' in row][-1]
+  assert re.fullmatch(rf'.*timm, eval: accuracy {logged["eval/accuracy"]:.4f}, '
+                      r'loss [\d.]+ \(359 examples\)', line), line

@@ -109,6 +109,7 @@ def copy_run(tiny_run, tmp_path):
   return tmp_path / 'run'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', KINDS)
 def test_a_damaged_checkpoint_is_moved_aside_and_the_one_before_restored(
     tiny_run, reference, tmp_path, kind, caplog):
@@ -128,6 +129,7 @@ def test_a_damaged_checkpoint_is_moved_aside_and_the_one_before_restored(
     assert 'of its arrays differ from the checksums recorded when it was written' in caplog.text
 
 
+@pytest.mark.slow
 def test_export_and_fine_tuning_verify_the_checkpoint(tiny_run, reference, tmp_path):
   run = copy_run(tiny_run, tmp_path)
   # The record and the parameters disagree (here the record was changed: the tiny
@@ -162,6 +164,7 @@ def test_with_no_good_checkpoint_left_one_error_lists_each_step(tiny_run, refere
   assert sorted(os.listdir(run / 'checkpoints' / 'bad')) == ['10', '5']
 
 
+@pytest.mark.slow
 def test_another_models_checkpoint_stops_the_run_and_moves_nothing(tiny_run, tmp_path):
   run = copy_run(tiny_run, tmp_path)
   other = tiny_config(**{**TINY_RUN, 'model.hidden_size': 64})
@@ -180,6 +183,7 @@ def run_main(workdir, overrides=TINY_RUN, devices=8):
                         capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_a_silently_damaged_latest_checkpoint_resumes_bitwise(tiny_run, reference, tmp_path):
   """As the issue found it: 8 bytes overwritten in a data file; the run starts again."""
   run = copy_run(tiny_run, tmp_path)
@@ -215,6 +219,7 @@ class Log:
       time.sleep(0.001)
 
 
+@pytest.mark.slow
 def test_sigterm_before_the_first_step_and_kill_9_during_a_save(tiny_run, reference, tmp_path):
   run = tmp_path / 'run'
   # SIGTERM once jax is up, before any step: it stops, saving at step 1 if its handler
@@ -244,6 +249,7 @@ def test_sigterm_before_the_first_step_and_kill_9_during_a_save(tiny_run, refere
                               reference['step10'])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('flag, message', [
     ('--config.no_such_key=3', 'error: config.no_such_key is not a config field. The fields '
                                'of config: batch_size, '),
@@ -266,6 +272,7 @@ def test_a_bad_flag_is_one_line_without_a_traceback(tmp_path, flag, message):
   assert 'Traceback' not in done.stderr
 
 
+@pytest.mark.slow
 def test_two_processes_agree_on_the_checkpoint_they_fall_back_to(tiny_run, tmp_path):
   """launch/local.sh's 2 processes x 4 devices both find the damage and resume at step 5."""
   run = copy_run(tiny_run, tmp_path)
@@ -322,6 +329,7 @@ def data_file_run(tmp_path_factory):
               step10=jax.device_get(restore_state(run, config, 10)))
 
 
+@pytest.mark.slow
 def test_the_data_file_run_stores_its_weight_matrices_in_the_data_files(data_file_run):
   files, inline = chunk_files(data_file_run['run'] / 'checkpoints' / '10')
   assert files and all(f.parent.name == 'd' and f.parent.parent.name == 'ocdbt.process_0'
@@ -342,6 +350,7 @@ def damage_file(path, kind):
     raise ValueError(kind)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', ['truncated', 'emptied', 'removed'])
 def test_each_file_of_a_checkpoint_damaged_falls_back_or_restores_verified(
     data_file_run, tmp_path, kind):
@@ -379,6 +388,7 @@ def test_each_file_of_a_checkpoint_damaged_falls_back_or_restores_verified(
   assert read_always <= set(fell_back) - holding, read_always - set(fell_back)
 
 
+@pytest.mark.slow
 def test_with_every_step_damaged_one_error_names_each_step_and_file(data_file_run, tmp_path):
   run = tmp_path / 'run'
   shutil.copytree(data_file_run['run'] / 'checkpoints', run / 'checkpoints')
@@ -403,6 +413,7 @@ def test_with_every_step_damaged_one_error_names_each_step_and_file(data_file_ru
   assert '\n' not in message and 'tensorstore_spec' not in message and len(message) < 2000
 
 
+@pytest.mark.slow
 def test_a_damaged_data_file_in_a_real_run_falls_back_and_ends_bitwise(data_file_run,
                                                                        tmp_path):
   """`python -m vit_jax.main` on a workdir whose newest checkpoint lost a data file."""
@@ -436,6 +447,7 @@ def small_disk(tmp_path):
   subprocess.run(['umount', str(disk)], check=True)
 
 
+@pytest.mark.slow
 def test_a_full_disk_stops_the_run_at_once_in_one_line_and_keeps_the_checkpoints(small_disk):
   run = small_disk / 'run'
   done = subprocess.run(
@@ -469,6 +481,7 @@ def test_a_full_disk_stops_the_run_at_once_in_one_line_and_keeps_the_checkpoints
     assert int(restore_state(run, config, step).step) == step
 
 
+@pytest.mark.slow
 def test_a_failed_save_outside_the_loop_is_the_same_one_error(tiny_run, small_disk):
   """The manager itself: a forced save that cannot be written, then the clean-up."""
   manager = manager_lib.make_manager(str(small_disk), every_steps=1, keep=1)

@@ -3,6 +3,7 @@ the draws, real features of a trained model on the bundled digits, the training 
 and the command line."""
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -106,6 +107,57 @@ def test_draws_take_k_per_class_nested_and_seeded():
     fewshot.fewshot_indices(labels % 4, 5, 1, 0)
 
 
+def _short_class_digits(short_class=3, keep=4):
+  """digits' training split with class ``short_class`` cut to ``keep`` examples."""
+  train = sources.digits('train')
+  index = np.concatenate([np.flatnonzero(train.labels != short_class),
+                          np.flatnonzero(train.labels == short_class)[:keep]])
+  return sources.ArraySource(train.images[index], train.labels[index], 10, train.class_names)
+
+
+def test_a_shot_count_a_class_cannot_supply_is_skipped_and_the_others_computed(caplog):
+  """One class of 4 examples: 5- and 25-shot are skipped for that dataset with one warning
+  naming the class and its count; 1-shot is computed, as if it were asked alone (the same
+  draws), and by lstsq's ridge solution; the headline metric is the largest computed."""
+  rng = np.random.default_rng(0)
+  labels = np.repeat(np.arange(3), [30, 30, 4])
+  x, x_test = rng.normal(size=(64, 6)) + labels[:, None], rng.normal(size=(30, 6))
+  y_test = np.arange(30) % 3
+  per_shot = fewshot.accuracies((x, labels), (x_test, y_test), 3, (1, 3, 5, 25), 2)
+  assert set(per_shot) == {1, 3}
+  assert per_shot == fewshot.accuracies((x, labels), (x_test, y_test), 3, (1, 3), 2)
+  index = fewshot.fewshot_indices(labels, 3, 3, 1)
+  assert per_shot[3][1] == np.mean(ridge_by_lstsq(x[index], labels[index], x_test, 3, 2.0**10)
+                                   == y_test)
+  assert fewshot.shot_counts(labels, 3, (1, 3, 5, 25)) == ((1, 3), (2, 4))
+
+  from vit_jax.models import get_model
+
+  model = get_model('ti16', num_classes=10, image_size=8, patch_size=4, hidden_size=16,
+                    mlp_dim=32, num_heads=2, num_layers=1)
+  params = jax.jit(model.init)(jax.random.key(0), np.zeros((1, 8, 8, 3), np.float32))['params']
+  dataset = fewshot.Dataset('digits', _short_class_digits(), sources.digits('test'), 10)
+  mesh = sharding.make_mesh()
+  pp = preprocess.parse('to_rgb|value_range(-1, 1)')
+  with caplog.at_level('WARNING'):
+    kept = [fewshot.check_shots(dataset, (1, 5, 25))]
+    evaluator = fewshot.Evaluator('fewshot', 0, model, mesh, [dataset], pp, (1, 5, 25), 2,
+                                  2.0**10, 64)
+    evaluator.known_shots(kept)
+    metrics = evaluator.run(params)
+    evaluator.run(params)
+  warnings = [r.getMessage() for r in caplog.records if 'few-shot dataset' in r.getMessage()]
+  assert warnings == ["few-shot dataset 'digits': class 3 has 4 training examples, too few "
+                      'for 5-shot, 25-shot: skipped (1-shot computed).']
+  assert set(metrics) == {'digits_1shot'} and evaluator.metric == 'digits_1shot'
+  assert 0 <= metrics['digits_1shot'] <= 1
+  # Shots no class can supply at all: nothing to evaluate, refused.
+  with pytest.raises(errors.ConfigError, match=r"--shots=\(5, 25\): no class of few-shot "
+                     "dataset 'digits'"):
+    fewshot.check_computable([fewshot.check_shots(dataset, (5, 25))], [dataset], (5, 25), '--')
+
+
+@pytest.mark.slow
 def test_features_of_a_trained_model_on_digits(tiny_run):
   """The sharded feature pass over 8 devices gives the model's own pre-logits features (the
   head's input: logits = features @ kernel + bias), and the accuracy on them is lstsq's."""
@@ -139,6 +191,7 @@ def test_features_of_a_trained_model_on_digits(tiny_run):
   assert np.mean(per_shot[10]) > 0.2  # Above chance (0.1) after 10 steps of training.
 
 
+@pytest.mark.slow
 def test_a_pre_logits_layer_is_the_representation():
   from vit_jax.models import get_model
 
@@ -154,6 +207,7 @@ def test_a_pre_logits_layer_is_the_representation():
                               jax.jit(model.apply)({'params': params}, images), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_training_logs_fewshot_metrics_and_the_cli_agrees(tmp_path):
   config = tiny_config(**{'evals.fewshot': FEWSHOT | dict(shots=(1, 5), seeds=2),
                           'eval_every_steps': 10})
@@ -171,12 +225,17 @@ def test_training_logs_fewshot_metrics_and_the_cli_agrees(tmp_path):
 
   out = tmp_path / 'fewshot.json'
   run = subprocess.run([sys.executable, '-m', 'vit_jax.fewshot', f'--workdir={tmp_path}',
-                        '--dataset=digits', '--shots=1,5', '--seeds=2', '--batch_size=64',
+                        '--dataset=digits', '--shots=1,5,200', '--seeds=2', '--batch_size=64',
                         f'--json={out}'], capture_output=True, text=True, env=env(), cwd=ROOT,
                        timeout=300)
   assert run.returncode == 0, run.stderr
-  assert '| digits |' in run.stdout and '5-shot' in run.stdout
+  (row,) = [line for line in run.stdout.splitlines() if line.startswith('| digits |')]
+  assert '5-shot | 200-shot |' in run.stdout and row.endswith(' | - |')  # No class has 200.
+  assert 'sample std' in run.stdout
+  assert sum('too few for 200-shot: skipped (1-shot, 5-shot computed)' in line
+             for line in run.stderr.splitlines()) == 1
   cli = {(r['dataset'], r['shots']): r['mean'] for r in json.loads(out.read_text())}
+  assert set(cli) == {('digits', 1), ('digits', 5)}
   # The same checkpoint (step 20), on 1 device instead of 8, float32 features.
   assert cli[('digits', 5)] == pytest.approx(rows[-1]['fewshot/digits_5shot'], abs=1e-6)
   assert cli[('digits', 1)] == pytest.approx(rows[-1]['fewshot/digits_1shot'], abs=1e-6)
@@ -185,7 +244,7 @@ def test_training_logs_fewshot_metrics_and_the_cli_agrees(tmp_path):
 @pytest.mark.parametrize('entry,match', [
     (dict(datasets=('digits,train',)), 'NAME,TRAIN_SPLIT,TEST_SPLIT'),
     (dict(datasets=('no_such_dataset',)), 'not in the TFDS catalog'),
-    (dict(shots=(1, 200)), 'class .* has 1[0-9]+ training examples, fewer than 200 shots'),
+    (dict(shots=(200,)), r"config.evals.fewshot.shots=\(200,\): no class of few-shot dataset"),
     (dict(shots=(0,)), r'config.evals.fewshot.shots=\(0,\) holds 0: each item must be >= 1'),
     (dict(pp='to_rgb|resize(8)'), r'config.evals.fewshot.pp=.* makes 8x8x3 images'),
     (dict(datasets=()), r'config.evals.fewshot.datasets=\(\) '),
@@ -197,6 +256,7 @@ def test_bad_fewshot_configs_are_refused_before_anything_starts(tmp_path, entry,
   assert not (tmp_path / 'run').exists()
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line(tmp_path):
   for args, match in (([f'--workdir={tmp_path}', '--dataset=digits'], 'not the workdir'),
                       (['--npz=/no/such.npz', '--dataset=digits'], 'does not exist'),
@@ -228,3 +288,12 @@ def test_the_quickstart_logs_fewshot_accuracy_on_the_digits():
   assert (len(evaluator.datasets[0].train), len(evaluator.datasets[0].test)) == (1438, 359)
   assert evaluator.shots == (1, 5, 10, 25) and evaluator.seeds == 3
   assert evaluator.due(500, 1500, plan.config.eval_every_steps)
+
+
+def test_cli_takes_any_checkpoint_as_source(tmp_path):
+  source = pathlib.Path(__file__).resolve().parent / 'data' / 'hub' / 'timm_augreg'
+  run = subprocess.run([sys.executable, '-m', 'vit_jax.fewshot', f'--source={source}',
+                        '--dataset=digits', '--shots=1', '--seeds=1', '--batch_size=64'],
+                       capture_output=True, text=True, env=env(1), cwd=ROOT, timeout=300)
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert run.stdout.startswith('# ViT (2 layers, width 32, MLP 128, 2 heads, patch 8): 32-d')

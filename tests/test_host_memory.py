@@ -117,6 +117,7 @@ def _run(mode: str) -> tuple[str, str, int, int]:
 _TUNED = _tunables({}, host_memory.glibc_version(), host_memory.thp_mode(), 'keep_freed')
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_TUNED is None, reason='no tunable would change anything on this machine')
 def test_reexecuted_process_gets_huge_pages_and_reuses_its_memory():
   tunables, argv, first, second = _run('keep_freed')

@@ -254,3 +254,13 @@ def test_position_similarity_figure_puts_each_tiles_peak_at_its_own_patch():
     assert len(ys) > 0.5 * h * w / grid**2, (i, j)  # About one cell of the 16 is bright ...
     assert len(ys) < 1.5 * h * w / grid**2, (i, j)
     assert (int(ys.mean() * grid / h), int(xs.mean() * grid / w)) == (i, j)  # ... at (i, j).
+
+
+def test_inspect_a_timm_checkpoint_with_registers(photo_files, tmp_path, capsys):
+  """--source: timm's reg4 model (registers, no class token, avg pool): its class names, the
+  patches' position embeddings, the rollout of the patches it averages."""
+  source = pathlib.Path(__file__).resolve().parent / 'data' / 'hub' / 'timm_reg4_gap'
+  out = tmp_path / 'reg4'
+  assert inspect.main(['--source', str(source), '--out', str(out), '--images', *photo_files]) == 0
+  page = _check_page(out, FIGURES)
+  assert '4x4 patches + 4 registers' in page and 'goldfish' in page

@@ -26,6 +26,7 @@ def test_setup_guard_and_requires_python_agree():
   assert tool['target-version'] == f'py{major}{minor}'
 
 
+@pytest.mark.slow
 def test_an_older_python_is_refused_with_one_message():
   major, minor = _setup_minimum()
   version = f'{major}.{minor - 1}'

@@ -49,6 +49,7 @@ def flag(argv: list[str], name: str) -> str:
   return values[0]
 
 
+@pytest.mark.slow
 def test_scripts_pass_shellcheck():
   shellcheck = (shutil.which('shellcheck')
                 or shutil.which('shellcheck', path=str(pathlib.Path(sys.executable).parent)))
@@ -57,6 +58,7 @@ def test_scripts_pass_shellcheck():
   assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', [s for s in SCRIPTS if s != 'common.sh'])
 def test_scripts_are_executable_and_document_every_option(name, tmp_path):
   assert os.access(LAUNCH / name, os.X_OK), f'chmod +x launch/{name}'
@@ -68,6 +70,7 @@ def test_scripts_are_executable_and_document_every_option(name, tmp_path):
     assert option in done.stdout, f'{option} is not in {name} --help'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name, args, env, missing', [
     ('tpu_vm.sh', ['create', '--zone=z', '--accelerator-type=v4-8'], {}, 'PROJECT'),
     ('tpu_vm.sh', ['create', '--accelerator-type=v4-8'], {'PROJECT': 'p'}, 'ZONE'),
@@ -89,6 +92,7 @@ def test_a_missing_setting_stops_the_script_at_once_naming_it(name, args, env, m
   assert done.stdout == ''  # Stopped before printing (or running) any command.
 
 
+@pytest.mark.slow
 def test_bad_settings_are_refused_with_the_reason(tmp_path):
   cases = [
       (['run', '--workdir=/tmp/w', '--config=c.py'], 'WORKDIR must be on Cloud Storage'),
@@ -105,6 +109,7 @@ def test_bad_settings_are_refused_with_the_reason(tmp_path):
   assert done.returncode == 2 and 'not inside a SLURM job' in done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('accelerator, runtime', [
     ('v3-32', 'tpu-ubuntu2204-base'), ('v4-64', 'tpu-ubuntu2204-base'),
     ('v5litepod-16', 'v2-alpha-tpuv5-lite'), ('v5p-32', 'v2-alpha-tpuv5'),
@@ -141,6 +146,7 @@ def test_tpu_up_creates_installs_and_runs_on_every_worker(accelerator, runtime, 
     assert subprocess.run(['bash', '-n', '-c', command]).returncode == 0, command
 
 
+@pytest.mark.slow
 def test_tpu_queued_spot_resources_are_created_waited_for_and_deleted(tmp_path):
   lines = commands('tpu_vm.sh', 'create', '--queued', '--capacity=spot', '--valid-until=6h',
                    '--accelerator-type=v5litepod-16', '--name=my-tpu', home=tmp_path, **TPU)
@@ -161,6 +167,7 @@ def test_tpu_queued_spot_resources_are_created_waited_for_and_deleted(tmp_path):
   assert '--reserved' in create and '--spot' not in create
 
 
+@pytest.mark.slow
 def test_tpu_logs_are_kept_per_worker(tmp_path):
   mkdir, fetch = commands('tpu_vm.sh', 'logs', '--lines=50', home=tmp_path, **TPU)
   logdir = str(tmp_path / 'vit_jax_logs' / 'vit-jax')
@@ -172,6 +179,7 @@ def test_tpu_logs_are_kept_per_worker(tmp_path):
   assert flag(follow, '--worker') == '3'
 
 
+@pytest.mark.slow
 def test_tpu_worker_commands_check_the_install_start_once_and_stop(tmp_path):
   """What tpu_vm.sh run/logs/stop send to each worker, run by a local shell in a worker's
   home directory; a stand-in for the venv's python records what it is given."""
@@ -223,6 +231,7 @@ def test_tpu_worker_commands_check_the_install_start_once_and_stop(tmp_path):
       os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_tpu_setup_ships_the_checkout_without_its_git_or_venv(tmp_path):
   tar = commands('tpu_vm.sh', 'setup', home=tmp_path, TMPDIR=str(tmp_path), **TPU)[0]
   assert subprocess.run(tar, capture_output=True).returncode == 0
@@ -244,6 +253,7 @@ def gcloud_command_tree() -> dict:
   return runpy.run_path(str(tree))['STATIC_COMPLETION_CLI_TREE']
 
 
+@pytest.mark.slow
 def test_gcloud_knows_every_command_and_flag_tpu_vm_uses(tmp_path):
   tree = gcloud_command_tree()
   runs = [['up', '--accelerator-type=v4-32', '--capacity=spot'],
@@ -275,6 +285,7 @@ def test_gcloud_knows_every_command_and_flag_tpu_vm_uses(tmp_path):
       assert not isinstance(kind, list) or value in kind, f'{word} in {line}'
 
 
+@pytest.mark.slow
 def test_gpu_host_runs_one_process_on_the_gpus_it_is_given(tmp_path):
   install, check, mkdir, run = commands(
       'gpu_host.sh', '--workdir=/data/runs/b16', '--config=configs/vit_b16_i1k.py',
@@ -291,6 +302,7 @@ def test_gpu_host_runs_one_process_on_the_gpus_it_is_given(tmp_path):
   assert re.fullmatch(rf'{tmp_path}/vit_jax_logs/gpu_host-\d{{8}}-\d{{6}}\.log', run[-1])
 
 
+@pytest.mark.slow
 def test_slurm_starts_one_process_per_gpu_with_srun(tmp_path):
   text = (LAUNCH / 'slurm.sbatch').read_text()
   sbatch = dict(re.findall(r'^#SBATCH --([a-z-]+)=(\S+)$', text, re.M))
@@ -305,6 +317,7 @@ def test_slurm_starts_one_process_per_gpu_with_srun(tmp_path):
                   '--config=c.py', '--workdir=/shared/w', *TRICKY]
 
 
+@pytest.mark.slow
 def test_install_makes_a_venv_with_the_checkout_and_jax_for_the_platform(tmp_path):
   lines = commands('install.sh', '--venv=/opt/venv', '--jax-extra=cuda12', home=tmp_path)
   assert lines[0] == ['rm', '-rf', '/opt/venv']
@@ -330,6 +343,7 @@ def test_install_makes_a_venv_with_the_checkout_and_jax_for_the_platform(tmp_pat
   assert lines[4][-1] == 'jax[tpu]'
 
 
+@pytest.mark.slow
 def test_local_dry_run_starts_n_processes_on_one_coordinator(tmp_path):
   lines = commands('local.sh', '--workdir=/tmp/w', '--num-processes=3', '--cpu-devices=2',
                    '--port=4321', '--python=py', '--', '--config.total_steps=5', home=tmp_path,
@@ -347,6 +361,7 @@ def test_local_dry_run_starts_n_processes_on_one_coordinator(tmp_path):
   assert len(lines) == 4
 
 
+@pytest.mark.slow
 def test_readme_local_command_starts_two_processes(tmp_path):
   """The README's command for the local launcher is one the launcher accepts."""
   text = (ROOT / 'README.md').read_text()
@@ -374,6 +389,7 @@ def stand_in_python(tmp_path) -> pathlib.Path:
   return python
 
 
+@pytest.mark.slow
 def test_local_launcher_stops_the_others_when_one_process_fails(tmp_path):
   done = script('local.sh', f'--workdir={tmp_path}', f'--python={stand_in_python(tmp_path)}',
                 '--port=1', home=tmp_path, FAIL='1')
@@ -385,6 +401,7 @@ def test_local_launcher_stops_the_others_when_one_process_fails(tmp_path):
   assert 'process 0 started' in done.stdout  # Process 0 is also shown.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('ctrl_c', [False, True])
 def test_local_launcher_passes_sigterm_and_ctrl_c_on_as_sigterm(ctrl_c, tmp_path):
   # Started as from a terminal: with SIGINT handled, also where these tests run with it
@@ -410,6 +427,7 @@ def test_local_launcher_passes_sigterm_and_ctrl_c_on_as_sigterm(ctrl_c, tmp_path
     assert log.read_text().endswith(f'process {i}: SIGTERM\n')
 
 
+@pytest.mark.slow
 def test_local_launcher_kills_hung_processes_at_a_second_sigterm(tmp_path):
   launcher = subprocess.Popen(
       [str(LAUNCH / 'local.sh'), f'--workdir={tmp_path}', '--port=1',

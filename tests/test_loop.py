@@ -21,6 +21,7 @@ from vit_jax.training import plan as plan_lib
 from runs import TINY_MODEL, read_metrics, restore_state, tiny_config
 
 
+@pytest.mark.slow
 def test_a_run_warns_where_the_cpu_emulates_bfloat16_products(tmp_path, caplog):
   config = tiny_config(**{'model.matmul_dtype': 'bfloat16', 'total_steps': 2,
                           'schedule.warmup_steps': 1,
@@ -30,6 +31,7 @@ def test_a_run_warns_where_the_cpu_emulates_bfloat16_products(tmp_path, caplog):
   assert len(warned) == (0 if host_cpu.cpu_info()['native_bf16'] else 1)
 
 
+@pytest.mark.slow
 def test_resumed_run_equals_uninterrupted_run(tmp_path, caplog):
   """With DeiT's ingredients: timm's RandAugment, random erasing, repeated augmentation,
   mixup or CutMix, layer-wise learning-rate decay, and the weights' moving average
@@ -113,6 +115,7 @@ def test_a_state_that_turns_non_finite_after_finite_metrics_is_never_saved(tmp_p
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(restored))
 
 
+@pytest.mark.slow
 def test_fine_tune_starts_from_a_release_file(tmp_path):
   from vit_jax.checkpoints import release
 
@@ -145,3 +148,28 @@ def test_fine_tune_starts_from_a_release_file(tmp_path):
   with pytest.raises(FileNotFoundError,
                      match='config.init_from=.*missing.npz is neither a release .npz file'):
     plan_lib.validate(config)
+
+
+@pytest.mark.slow  # A whole training run: its compilations.
+def test_fine_tune_starts_from_a_timm_checkpoint_on_the_hub(tmp_path, offline_hub):
+  """config.init_from=hf-hub:ORG/NAME, found in the client's cache offline: a DeiT III
+  written by timm (layer scale, no class-token position embedding, exact GELU)."""
+  import pathlib
+
+  from vit_jax import checkpoints
+
+  fixture = pathlib.Path(__file__).resolve().parent / 'data' / 'hub' / 'timm_deit3'
+  offline_hub('test-org/tiny-deit3', fixture)
+  pp = 'to_rgb|resize(32)|value_range(-1, 1)'
+  config = tiny_config(**{
+      'init_from': 'hf-hub:test-org/tiny-deit3', 'model.name': 'deit3_s16',
+      'model.image_size': 32, 'model.patch_size': 4, 'model.hidden_size': 32,
+      'model.num_layers': 2, 'model.num_heads': 2, 'model.mlp_dim': 64, 'model.pool': 'token',
+      'dataset.pp_train': pp, 'dataset.pp_eval': pp, 'total_steps': 2,
+      'schedule.warmup_steps': 1, 'checkpoint_every_steps': 1, 'optimizer.name': 'sgd'})
+  main.train_and_evaluate(config, str(tmp_path / 'run'))
+  final = jax.device_get(restore_state(tmp_path / 'run', config, step=1).params)
+  # The warm-up starts at a learning rate of 0: timm's arrays as they are, a new zero head.
+  expected = dict(checkpoints.load(str(fixture)).params)
+  expected['head'] = {'kernel': np.zeros((32, 10), np.float32), 'bias': np.zeros(10, np.float32)}
+  chex.assert_trees_all_close(final, expected, atol=1e-6, rtol=1e-6)

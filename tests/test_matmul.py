@@ -31,6 +31,7 @@ def _round(x):
   return x.astype(jnp.bfloat16).astype(jnp.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('case', sorted(CASES))
 def test_forward_and_gradients_are_float32_products_of_bfloat16_operands(case):
   dims, lhs_shape, rhs_shape = CASES[case]
@@ -57,6 +58,7 @@ def _dot_operand_types(hlo: str) -> list[str]:
   return re.findall(r'stablehlo\.dot_general.*?: \((tensor<[^>]*>), (tensor<[^>]*>)\)', hlo)
 
 
+@pytest.mark.slow
 def test_every_product_of_the_training_step_takes_bfloat16_operands():
   """Forward and backward: what plain autodiff of a float32-accumulating dot misses."""
   model = get_model('ti16', num_classes=10, hidden_size=32, mlp_dim=64, num_heads=4,
@@ -85,6 +87,7 @@ def _compiled_dot_operand_types(hlo: str) -> list[tuple[str, str, str]]:
   return [(types[a].split('[')[0], types[b].split('[')[0], types[a]) for a, b in dots]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(jax.default_backend() != 'cpu', reason='XLA:CPU\'s product kernels')
 def test_xla_cpu_keeps_every_product_of_the_training_step_in_bfloat16():
   """After XLA's passes too: XLA:CPU computes bfloat16 products that its kernels do not
@@ -113,6 +116,7 @@ def test_xla_cpu_keeps_every_product_of_the_training_step_in_bfloat16():
   assert len(head) == 2 and len(one_query) == 4 and len(plain) == 6, plain
 
 
+@pytest.mark.slow
 def test_model_with_bfloat16_matmuls_is_close_to_float32():
   kw = dict(num_classes=10, hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2,
             patch_size=8, image_size=32)

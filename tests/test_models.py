@@ -42,6 +42,7 @@ def images_for(model, batch=2, seed=1):
                             minval=-1., maxval=1.)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(PARAM_COUNTS))
 def test_parameter_count(name):
   assert count_params(get_model(name, num_classes=1000)) == PARAM_COUNTS[name]
@@ -111,6 +112,7 @@ def test_every_registered_name_builds_with_release_name():
   assert get_model('s8', num_classes=1).patch_size == (8, 8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('pool', ['token', 'gap', 'map'])
 @pytest.mark.parametrize('representation_size, num_classes', [(None, 10), (16, None), (16, 10)])
 def test_output_shapes_and_dtypes(pool, representation_size, num_classes):
@@ -128,6 +130,7 @@ def test_output_shapes_and_dtypes(pool, representation_size, num_classes):
   assert ('head' in params) == bool(num_classes)
 
 
+@pytest.mark.slow
 def test_head_is_zero_initialised_with_configured_bias():
   model = get_model('ti16', num_classes=7, head_bias_init=-10., **SMALL)
   params = init(model)
@@ -155,6 +158,7 @@ def test_initialisation_is_deterministic():
   assert not np.allclose(a['embedding']['kernel'], b['embedding']['kernel'])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('option', [dict(dropout_rate=0.2), dict(attention_dropout_rate=0.2),
                                     dict(stochastic_depth=0.5)])
 def test_dropout_only_when_training(option):
@@ -172,6 +176,7 @@ def test_dropout_only_when_training(option):
   chex.assert_trees_all_equal(train(0), train(0))
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_is_finite_and_close_to_float32():
   f32 = get_model('ti16', num_classes=10, **SMALL)
   bf16 = get_model('ti16', num_classes=10, dtype='bfloat16', **SMALL)
@@ -186,6 +191,7 @@ def test_bfloat16_compute_is_finite_and_close_to_float32():
   chex.assert_trees_all_close(a, b, atol=0.05, rtol=0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('remat_policy', ['none', 'full', 'dots'])
 def test_scanned_and_unrolled_give_the_same_logits(remat_policy):
   unrolled = get_model('ti16', num_classes=6, **SMALL)
@@ -218,6 +224,7 @@ def test_fused_attention_matches_einsum(impl):
                               fused.apply({'params': params}, x), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_even_length_padding_leaves_attention_unchanged():
   """cuDNN's path pads odd token counts by one masked token (``fused_attention``): the same
   outputs and gradients as unpadded attention, here through the XLA implementation."""
@@ -269,6 +276,7 @@ def test_attention_weights_are_recorded_without_changing_logits():
     chex.assert_trees_all_close(weights.sum(-1), jnp.ones((2, 4, 17)), atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('options', [{}, {'matmul_dtype': 'bfloat16'}, {'attention_impl': 'xla'},
                                      {'remat_policy': 'dots'}])
 def test_last_block_computes_only_the_class_token(options):
@@ -313,6 +321,7 @@ def test_hybrid_shapes(name, tokens, channels):
   chex.assert_shape(jax.eval_shape(model.apply, {'params': params}, x), (1, 3))
 
 
+@pytest.mark.slow
 def test_hybrid_runs():
   # A small BiT stem (two 1-unit stages) and a 1-block encoder, run for real.
   model = get_model('r26_s32', num_classes=3, image_size=64, num_layers=1, resnet_layers=(1, 1))
@@ -348,6 +357,7 @@ def test_hybrid_logits_match_an_independent_bit_stem(tmp_path):
                               expected.astype(np.float32), atol=2e-4, rtol=2e-4)
 
 
+@pytest.mark.slow
 def test_non_square_images():
   model = get_model('ti16', num_classes=2, **{**SMALL, 'image_size': (32, 48)})
   params = init(model)
@@ -416,3 +426,88 @@ def test_forward_flops_match_the_published_counts():
 ])
 def test_model_named_by_its_shape(name, overrides, expected):
   assert get_model(name, num_classes=10, **overrides).model_name == expected
+
+
+# timm 1.0.31's own counts (1000 classes; deit3 at 224 px, reg4 at 256): the same models.
+@pytest.mark.parametrize('name, image_size, expected', [
+    ('deit3_b16', 224, 86_585_320), ('deit3_s16', 224, 22_059_496),
+    ('b16_reg4_gap', 256, 86_615_272)])
+def test_timm_family_parameter_counts(name, image_size, expected):
+  model = get_model(name, num_classes=1000, image_size=image_size, scan=True)
+  assert count_params(model, image_size) == expected
+  assert canonical_name(release_name(name)) == name == model.model_name
+
+
+def test_options_of_timm_families_add_parameters_beside_the_releases():
+  model = get_model('ti16', num_classes=6, layer_scale=0.5, num_registers=3, class_token=True,
+                    pool='gap', prefix_posemb=False, fc_norm=True, **SMALL)
+  params = jax.jit(model.init)(jax.random.key(0), images_for(model))['params']
+  chex.assert_shape(params['registers'], (1, 3, 32))
+  chex.assert_shape(params['cls'], (1, 1, 32))
+  chex.assert_shape(params['Transformer']['posembed_input']['pos_embedding'], (1, 16, 32))
+  chex.assert_trees_all_equal(params['Transformer']['encoderblock_1']['ls2'],
+                              jnp.full((32,), 0.5))
+  assert 'fc_norm' in params and 'encoder_norm' not in params['Transformer']
+  assert model.num_prefix_tokens == 4 and model.posemb_prefix_rows == 0
+  chex.assert_shape(jax.jit(model.apply)({'params': params}, images_for(model)), (2, 6))
+
+
+def test_options_compute_what_they_say():
+  """Each option against the same computation spelled out with the release's model."""
+  base = get_model('ti16', num_classes=None, **SMALL)
+  params = init(base)
+  x = images_for(base)
+  apply = lambda model, p: model.apply({'params': p}, x)
+  # A class token without position embedding = one whose row is zero.
+  no_row = jax.tree.map(lambda v: v, params)
+  pe = params['Transformer']['posembed_input']['pos_embedding']
+  no_row['Transformer'] = {**params['Transformer'], 'posembed_input': {'pos_embedding': pe[:, 1:]}}
+  zero_row = {**params, 'Transformer': {**params['Transformer'], 'posembed_input': {
+      'pos_embedding': pe.at[:, 0].set(0.)}}}
+  chex.assert_trees_all_close(apply(base.clone(prefix_posemb=False), no_row),
+                              apply(base, zero_row), atol=1e-6)
+  # Layer scale of one: the release's block.
+  blocks = {k: {**v, 'ls1': jnp.ones(32), 'ls2': jnp.ones(32)}
+            for k, v in params['Transformer'].items() if k.startswith('encoderblock')}
+  scaled = {**params, 'Transformer': {**params['Transformer'], **blocks}}
+  chex.assert_trees_all_close(apply(base.clone(layer_scale=1.), scaled), apply(base, params),
+                              atol=1e-6)
+  # fc_norm with the class token: the same LayerNorm on the one token that is read.
+  norm = params['Transformer']['encoder_norm']
+  moved = {**params, 'fc_norm': norm, 'Transformer': {
+      k: v for k, v in params['Transformer'].items() if k != 'encoder_norm'}}
+  chex.assert_trees_all_close(apply(base.clone(fc_norm=True), moved), apply(base, params),
+                              atol=1e-6)
+  # The exact GELU and another epsilon change the outputs (a little).
+  for option in ({'activation': 'gelu'}, {'norm_epsilon': 1e-3}):
+    assert jnp.abs(apply(base.clone(**option), params) - apply(base, params)).max() > 1e-6
+
+
+def test_gap_averages_the_patches_not_the_registers():
+  model = get_model('ti16', num_classes=None, pool='gap', num_registers=2, **SMALL)
+  params = init(model)
+  x = images_for(model)
+  _, state = model.apply({'params': params}, x, capture_intermediates=True)
+  tokens = state['intermediates']['Transformer']['encoder_norm']['__call__'][0]
+  chex.assert_shape(tokens, (2, 18, 32))
+  chex.assert_trees_all_close(model.apply({'params': params}, x), tokens[:, 2:].mean(1),
+                              atol=1e-6)
+
+
+def test_register_tokens_are_counted_by_forward_flops():
+  plain, registers = (get_model('b16', num_classes=1000, pool='gap', class_token=False,
+                                num_registers=r) for r in (0, 4))
+  t, d, m = 196, 768, 3072
+  block = lambda tokens: 8 * tokens * d * d + 4 * tokens * tokens * d + 4 * tokens * d * m
+  assert registers.forward_flops() - plain.forward_flops() == 12 * (block(t + 4) - block(t))
+  deit3 = get_model('deit3_b16', num_classes=1000)
+  assert deit3.forward_flops() == get_model('b16', num_classes=1000).forward_flops()
+
+
+def test_bad_options_are_refused():
+  with pytest.raises(ValueError, match="pool='token' pools the class token"):
+    get_model('ti16', num_classes=1, class_token=False, **SMALL)
+  with pytest.raises(ValueError, match="activation='relu' is not one of"):
+    get_model('ti16', num_classes=1, activation='relu', **SMALL)
+  with pytest.raises(ValueError, match='num_registers=-1 must be >= 0'):
+    get_model('ti16', num_classes=1, num_registers=-1, **SMALL)

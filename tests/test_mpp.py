@@ -91,6 +91,7 @@ def test_color_targets_are_the_3_bit_mean_colour():
   assert targets.min() >= 0 and targets.max() < mpp.COLORS
 
 
+@pytest.mark.slow
 def test_corruption_proportions_over_many_draws():
   batch, patches = 512, 64
   corrupted, mask, source = (np.asarray(x) for x in mpp.corrupt(jax.random.key(3), batch,
@@ -157,6 +158,7 @@ def test_the_model_corrupts_patch_embeddings_as_told():
   assert not np.allclose(apply(images, (mask, own)), apply(images))
 
 
+@pytest.mark.slow
 def test_the_loss_counts_the_corrupted_patches_only():
   target = mpp.TARGETS['mean_color']
   images = jax.random.uniform(jax.random.key(0), (2, 8, 8, 3), minval=-1., maxval=1.)
@@ -189,6 +191,7 @@ def pixel_classes(images: np.ndarray, patch: int) -> np.ndarray:
 WIDTHS = {'mean_color': 512, 'color_4x4': 16 * 512, 'l2_mean_color': 3, 'l2_patch': 16 * 3}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', list(mpp.TARGETS))
 def test_every_target_is_the_papers_and_trains(name):
   config = tiny_config(**{'objective': 'mpp', 'mpp.target': name})
@@ -255,6 +258,7 @@ def test_unlabelled_data_trains_only_self_supervised(unlabelled):
     plan_lib.validate(config)
 
 
+@pytest.mark.slow
 def test_a_self_supervised_run_resumes_exactly(mpp_run, unlabelled, tmp_path):
   directory, result = mpp_run
   config = mpp_config(unlabelled)
@@ -278,6 +282,23 @@ def test_a_self_supervised_run_resumes_exactly(mpp_run, unlabelled, tmp_path):
   assert resumed == result
 
 
+@pytest.mark.slow
+def test_evaluating_a_self_supervised_run_counts_images_and_names_the_metric(mpp_run):
+  """vit_jax.evaluate's line for the run's 'mpp' evaluator: the held-out images counted as
+  images, the scored patches beside them, the metric named."""
+  from vit_jax import evaluate
+
+  directory, result = mpp_run
+  config = workdir_lib.load_config(directory)
+  params, _ = workdir_lib.restore_params(directory)
+  ((evaluator, metrics),) = evaluate.evaluate_params(config, params, ['eval'])
+  assert metrics['color_accuracy'] == pytest.approx(result['eval/color_accuracy'], abs=1e-6)
+  assert evaluator.describe(metrics).endswith(
+      '(masked-patch colour accuracy), loss '
+      f'{metrics["loss"]:.4f} (80 images, 640 masked patches scored)')
+
+
+@pytest.mark.slow
 def test_fine_tuning_drops_the_mask_and_the_prediction_head(mpp_run, tmp_path, caplog):
   directory, _ = mpp_run
   caplog.set_level(logging.INFO)

@@ -99,6 +99,7 @@ def test_bad_optimizer_config():
     optim.make_schedule(cfg(base_lr=1., decay='step'), 10, 1)
 
 
+@pytest.mark.slow
 def test_layer_wise_lr_decay_scales_each_block_by_its_depth():
   from vit_jax.checkpoints import release
   from vit_jax.models import get_model

@@ -71,6 +71,7 @@ def test_missing_and_unreachable_files_are_user_errors():
   assert not paths.filesystem_error(ValueError('a bug, not the filesystem'))
 
 
+@pytest.mark.slow
 def test_a_missing_filesystem_backend_is_a_user_error():
   # Without TensorFlow's gfile (EPATH_USE_TF=false: what a user without TensorFlow gets),
   # epath reads gs:// with fsspec, which needs gcsfs (not installed here).
@@ -132,3 +133,29 @@ def test_inputs_must_exist(tmp_path):
     paths.run_dir(str(tmp_path))
   (tmp_path / 'checkpoints').mkdir()
   assert paths.run_dir(str(tmp_path)) == str(tmp_path)
+
+
+def test_path_flags_and_fields_expand_home_and_variables(monkeypatch, tmp_path):
+  """A shell leaves ~ and $VAR in --flag=~/x: the path flags and the path fields of a config
+  expand them themselves; a bucket's own text is kept."""
+  from absl import flags
+
+  from vit_jax.config import cli as config_cli
+
+  monkeypatch.setenv('HOME', str(tmp_path))
+  monkeypatch.setenv('VIT_JAX_DATA', str(tmp_path / 'data'))
+  assert paths.expand('~/runs/q') == f'{tmp_path}/runs/q'
+  assert paths.expand('$VIT_JAX_DATA/x') == paths.expand('${VIT_JAX_DATA}/x') == \
+      f'{tmp_path}/data/x'
+  assert paths.expand('gs://b/~x') == 'gs://b/~x'
+  assert paths.expand('') == '' and paths.expand(None) is None
+  values = flags.FlagValues()
+  flag = paths.DEFINE_path('workdir', None, 'A folder.', flag_values=values)
+  values(['prog', '--workdir=~/w'])
+  assert flag.value == f'{tmp_path}/w'
+  config = config_cli.load(str(paths.path(__file__).parents[1] / 'configs' / 'quickstart.py'),
+                           [('dataset.data_dir', '~/d'), ('init_from', '$VIT_JAX_DATA/r.npz'),
+                            ('dataset.name', '~not_a_path')])
+  assert (config.dataset.data_dir, config.init_from) == (f'{tmp_path}/d',
+                                                          f'{tmp_path}/data/r.npz')
+  assert config.dataset.name == '~not_a_path'

@@ -84,6 +84,7 @@ README_SNIPPET = ('import jax, jax.numpy as jnp\n'
                   'print(jax.default_backend(), jnp.zeros((2, 3)).sum())\n')
 
 
+@pytest.mark.slow
 @needs_libtpu_and_no_tpu
 @pytest.mark.parametrize('code', [
     README_SNIPPET,
@@ -97,6 +98,7 @@ def test_with_libtpu_and_no_tpu_a_script_is_quiet_and_on_the_cpu(code):
               if any(sign in line for sign in LIBTPU_SIGNS)], p.stderr
 
 
+@pytest.mark.slow
 @needs_libtpu_and_no_tpu
 def test_jax_own_choice_still_tries_libtpu():
   """JAX_PLATFORMS='' gives jax its own choice back: libtpu starts and prints its lines (what
@@ -106,6 +108,7 @@ def test_jax_own_choice_still_tries_libtpu():
   assert [line for line in p.stderr.splitlines() if any(s in line for s in LIBTPU_SIGNS)]
 
 
+@pytest.mark.slow
 @needs_libtpu_and_no_tpu
 def test_a_command_is_quiet():
   """A command that starts jax (the issue's: aot --topology=cpu compiles on this host)."""

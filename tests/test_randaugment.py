@@ -228,6 +228,67 @@ def test_timm_draws_follow_rand_m9_mstd05_inc1():
   assert abs(np.mean(thresholds) - (256.5 - 25.6 * mean)) < 1.5  # sd 0.35.
 
 
+# Each op's argument at magnitudes 5, 9 and 10, worked by hand from timm's LEVEL_TO_ARG
+# (timm/data/auto_augment.py; level = M / 10): (|argument|, whether its sign is drawn).
+# Rotate 30 l, Posterize int(4 l), PosterizeIncreasing 4 - int(4 l), Solarize min(256, int(256 l)),
+# SolarizeIncreasing 256 - that, SolarizeAdd min(128, int(110 l)), enhance 1.8 l + 0.1,
+# enhance increasing max(0.1, 1 +- 0.9 l) (as the distance from 1: the sign of factor - 1),
+# Shear 0.3 l, TranslateRel 0.45 l (translate_pct); the three plain ops take no argument.
+TIMM_REFERENCE = {
+    'AutoContrast': ((), (), (), False), 'Equalize': ((), (), (), False),
+    'Invert': ((), (), (), False),
+    'Rotate': (15., 27., 30., True),
+    'Posterize': (2, 3, 4, False), 'PosterizeIncreasing': (2, 1, 0, False),
+    'Solarize': (128, 230, 256, False), 'SolarizeIncreasing': (128, 26, 0, False),
+    'SolarizeAdd': (55, 99, 110, False),
+    **{op: (1.0, 1.72, 1.9, False) for op in ('Color', 'Contrast', 'Brightness', 'Sharpness')},
+    **{f'{op}Increasing': (0.45, 0.81, 0.9, True)
+       for op in ('Color', 'Contrast', 'Brightness', 'Sharpness')},
+    'ShearX': (0.15, 0.27, 0.3, True), 'ShearY': (0.15, 0.27, 0.3, True),
+    'TranslateXRel': (0.225, 0.405, 0.45, True), 'TranslateYRel': (0.225, 0.405, 0.45, True),
+}
+
+
+@pytest.mark.parametrize('increasing', [False, True], ids=['plain', 'inc1'])
+def test_timm_arguments_of_every_op_by_their_distribution(increasing):
+  """Every op timm's RandAugment draws (its _RAND_TRANSFORMS / _RAND_INCREASING_TRANSFORMS):
+  over 30,000 one-op plans, each op's argument has timm's magnitude, its sign drawn with
+  probability 1/2 where timm negates it at random, and never otherwise."""
+  suffix = '-inc1' if increasing else ''
+  timm_list = [
+      'AutoContrast', 'Equalize', 'Invert', 'Rotate', 'Posterize', 'Solarize', 'SolarizeAdd',
+      'Color', 'Contrast', 'Brightness', 'Sharpness', 'ShearX', 'ShearY', 'TranslateXRel',
+      'TranslateYRel']
+  if increasing:
+    timm_list = [f'{op}Increasing' if op in ('Posterize', 'Solarize', 'Color', 'Contrast',
+                                             'Brightness', 'Sharpness') else op
+                 for op in timm_list]
+  for column, magnitude in enumerate((5, 9, 10)):
+    augment = ra.Timm(f'rand-m{magnitude}-n1-p1.0{suffix}')
+    assert list(augment.ops) == timm_list
+    rng = np.random.default_rng(magnitude)
+    args = collections.defaultdict(list)
+    for _ in range(30_000):
+      (name, a), = augment.plan(rng)
+      args[name].append(a)
+    assert set(args) == set(timm_list)
+    for name, drawn in args.items():
+      *values, signed = TIMM_REFERENCE[name]
+      want = values[column]
+      if want == ():
+        assert set(drawn) == {()}, name
+        continue
+      assert all(len(a) == 1 for a in drawn), name
+      x = np.array([a[0] for a in drawn], np.float64)
+      if name.endswith('Increasing') and signed:  # A factor around 1: its distance.
+        x = x - 1
+      np.testing.assert_allclose(np.abs(x), want, rtol=1e-9, atol=1e-12, err_msg=name)
+      if signed:  # About 2,000 draws an op: sd 0.011.
+        assert abs((x > 0).mean() - 0.5) < 0.05, (name, (x > 0).mean())
+      else:
+        assert (x >= 0).all(), name
+
+
 def test_timm_ops_by_their_definitions():
   from PIL import Image
 

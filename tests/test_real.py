@@ -132,6 +132,7 @@ def _run(data_dir, model, params):
           for k, v in e.run(params).items()}
 
 
+@pytest.mark.slow
 def test_real_counts_a_prediction_in_the_set_and_leaves_empty_sets_out(data_dir):
   # Known answer: every image predicted as class 2; the non-empty sets that hold 2 count.
   bias = np.zeros(1000, np.float32)
@@ -155,6 +156,7 @@ def test_real_counts_a_prediction_in_the_set_and_leaves_empty_sets_out(data_dir)
   assert metrics['real/accuracy'] == pytest.approx(expected)
 
 
+@pytest.mark.slow
 def test_a_run_logs_real_and_v2_beside_its_top1(data_dir, tmp_path):
   # Trained on the tiny imagenet_v2 itself (1000 classes, imagenet2012's order), so the v2
   # evaluation must repeat the plain one.

@@ -97,6 +97,7 @@ def test_hybrid_release_names():
   assert 'block2/unit2/conv_proj/kernel' not in flat  # Only shape-changing units project.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('scan', [False, True])
 def test_save_then_load_is_exact(tmp_path, scan):
   model = small(scan=scan, num_classes=7, representation_size=16)
@@ -114,6 +115,7 @@ def test_save_then_load_is_exact(tmp_path, scan):
   assert not list(tmp_path.glob('.*tmp*'))  # No temporary file left behind.
 
 
+@pytest.mark.slow
 def test_a_release_file_on_a_non_local_filesystem_loads_as_the_local_one(tmp_path,
                                                                         monkeypatch):
   # ram:// (TensorFlow's in-memory filesystem) goes through epath's gfile backend, as gs://
@@ -166,6 +168,7 @@ def test_file_from_independent_implementation_gives_its_logits(tmp_path):
       atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_exported_file_gives_our_logits_in_independent_implementation(tmp_path):
   model = small(num_classes=6, scan=True)
   params = randomise(init(model))
@@ -199,6 +202,7 @@ def zeros_like_init(model):
   return jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), shapes['params'])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', BIG_VISION_FILES)
 def test_big_vision_checkpoints_give_big_vision_logits(name):
   expected = np.load(BIG_VISION / 'logits.npz')
@@ -241,6 +245,7 @@ def test_big_vision_checkpoint_fine_tunes_at_other_grids(caplog):
       release.load_pretrained(path, zeros_like_init(model), model)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('pool', ['token', 'gap'])
 @pytest.mark.parametrize('target_size, target_grid', [(48, (6, 6)), ((40, 56), (5, 7))])
 def test_load_pretrained_resizes_position_embeddings(tmp_path, pool, target_size, target_grid):
@@ -268,6 +273,7 @@ def test_load_pretrained_resizes_position_embeddings(tmp_path, pool, target_size
   chex.assert_shape(target.apply({'params': params}, images(target)), (2, 3))
 
 
+@pytest.mark.slow
 def test_224_to_384_with_class_token(tmp_path):
   kw = dict(num_layers=1)
   source = get_model('ti16', num_classes=10, image_size=224, **kw)
@@ -304,6 +310,7 @@ def test_non_square_source_needs_its_grid(tmp_path):
                               atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('scan', [False, True])
 def test_pre_logits_kept_or_dropped_as_configured(tmp_path, scan):
   source = small(representation_size=16, num_classes=10)
@@ -423,6 +430,7 @@ def test_scanned_layout_of_a_deep_release_file_gives_the_independent_logits(tmp_
 WIDE = dict(hidden_size=16, mlp_dim=32, num_heads=2, num_layers=1, patch_size=16)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('target_size, source_grid, outcome', [
     ((320, 224), None, 'init_source_grid'),  # Transposed: as many positions, other layout.
     ((320, 224), (14, 20), (20, 14)),
@@ -451,6 +459,7 @@ def test_non_square_sources_load_as_given_or_are_refused(tmp_path, target_size, 
                               bilinear_reference(posemb, source_grid, outcome, 1), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_square_source_into_a_non_square_model_is_taken_as_square(tmp_path, caplog):
   source = get_model('ti16', num_classes=5, image_size=224, **WIDE)
   source_params = randomise(init(source))
@@ -491,6 +500,7 @@ def test_big_vision_pool_types_the_arrays_do_not_tell(caplog):
                             keep_head=True, source_pool='0')
 
 
+@pytest.mark.slow
 def test_predict_refuses_a_big_vision_file_of_unknown_pooling(tmp_path):
   from PIL import Image
 
@@ -509,3 +519,82 @@ def test_predict_refuses_a_big_vision_file_of_unknown_pooling(tmp_path):
   expected = np.load(BIG_VISION / 'logits.npz')
   chex.assert_trees_all_close(loaded.model.apply({'params': loaded.params}, expected['images']),
                               expected['gap_scan_params'], atol=1e-5, rtol=1e-5)
+
+
+def shapes(model):
+  """The parameters' shapes and dtypes (adapt's target), without running an init."""
+  return jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, *model.image_size, 3)))[
+      'params']
+
+
+def test_a_release_file_into_a_model_without_class_position_embedding_is_the_same_function(
+    tmp_path):
+  """The class token's row moves into the token (cls + row): DeiT III's layout, exactly; its
+  layer scales start at one. At another size, the patches' rows are resized as ever."""
+  source = small()
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda x: rng.normal(0, 0.1, x.shape).astype(np.float32),
+                        shapes(source))
+  release.save_npz(tmp_path / 'm.npz', params)
+  deit3 = small(prefix_posemb=False, layer_scale=1e-6)
+  adapted = release.load_pretrained(tmp_path / 'm.npz', shapes(deit3), deit3, keep_head=True)
+  pe = params['Transformer']['posembed_input']['pos_embedding']
+  chex.assert_trees_all_close(adapted['cls'], params['cls'] + pe[:, :1], atol=1e-7)
+  chex.assert_trees_all_equal(adapted['Transformer']['encoderblock_0']['ls1'], np.ones(32))
+  x = images(source)
+  chex.assert_trees_all_close(jax.jit(deit3.apply)({'params': adapted}, x),
+                              jax.jit(source.apply)({'params': params}, x), atol=1e-5, rtol=1e-5)
+  bigger = small(48, prefix_posemb=False)
+  resized = release.load_pretrained(tmp_path / 'm.npz', shapes(bigger), bigger, keep_head=True)
+  chex.assert_trees_all_close(resized['Transformer']['posembed_input']['pos_embedding'],
+                              bilinear_reference(np.asarray(pe), (4, 4), (6, 6), 1)[:, 1:],
+                              atol=1e-6)
+
+
+def test_adapt_gives_prefix_rows_where_the_model_has_them():
+  deit3 = small(prefix_posemb=False)
+  rng = np.random.default_rng(0)
+  source = jax.tree.map(lambda x: rng.normal(0, 0.1, x.shape).astype(np.float32),
+                        shapes(deit3))
+  plain = small()
+  adapted = release.adapt(release.flatten(source), shapes(plain), plain, keep_head=True,
+                          source_model=deit3)
+  pe = adapted['Transformer']['posembed_input']['pos_embedding']
+  chex.assert_trees_all_equal(pe[:, 0], np.zeros((1, 32), np.float32))
+  chex.assert_trees_all_equal(pe[:, 1:],
+                              source['Transformer']['posembed_input']['pos_embedding'])
+
+
+def test_a_mismatch_with_a_known_source_names_its_model_options():
+  registers = small(num_registers=4, pool='gap', class_token=False, fc_norm=True)
+  with pytest.raises(errors.CheckpointMismatchError) as e:
+    source = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), shapes(registers))
+    release.adapt(release.flatten(source), shapes(small()), small(), source_model=registers)
+  assert "config.model: name='b16', image_size=32, patch_size=8, hidden_size=32" in str(e.value)
+  assert "pool='gap'" in str(e.value) and 'num_registers=4' in str(e.value)
+  assert 'fc_norm=True' in str(e.value) and "activation" not in str(e.value)
+
+
+@pytest.mark.parametrize('options, problem', [
+    ({'layer_scale': 0.1}, 'layer_scale=0.1'), ({'num_registers': 1}, 'num_registers=1'),
+    ({'fc_norm': True}, 'fc_norm=True'), ({'activation': 'gelu'}, "activation='gelu'"),
+    ({'norm_epsilon': 1e-12}, 'norm_epsilon=1e-12'),
+    ({'pool': 'gap', 'class_token': True}, "class_token=True with pool='gap'"),
+    ({}, ''), ({'prefix_posemb': False}, '')])
+def test_what_a_release_file_cannot_hold(options, problem):
+  assert release.npz_problem(small(**options)) == '' if not problem else (
+      release.npz_problem(small(**options)).startswith(problem))
+
+
+def test_registers_keep_their_position_rows_at_another_grid():
+  source = small(num_registers=2)
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda x: rng.normal(0, 0.1, x.shape).astype(np.float32),
+                        shapes(source))
+  bigger = small(48, num_registers=2)
+  adapted = release.adapt(release.flatten(params), shapes(bigger), bigger, keep_head=True,
+                          source_model=source)
+  pe = np.asarray(params['Transformer']['posembed_input']['pos_embedding'])
+  chex.assert_trees_all_close(adapted['Transformer']['posembed_input']['pos_embedding'],
+                              bilinear_reference(pe, (4, 4), (6, 6), 3), atol=1e-6)
+  chex.assert_trees_all_equal(adapted['registers'], params['registers'])

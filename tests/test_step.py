@@ -44,6 +44,7 @@ def random_batches(mesh, n, batch_size=64, seed=0):
   return out
 
 
+@pytest.mark.slow
 def test_jit_and_shard_map_steps_agree_with_the_weights_moving_average():
   assert jax.device_count() == 8
   decay = 0.8
@@ -94,6 +95,7 @@ def data_parallel_run(matmul_dtype):
   return (initial, *jax.device_get(run_steps(config, 4, state=initial)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('mesh, step_impl, matmul_dtype, more', [
     ((8, 1, 1), 'shard_map', None, {}),
     ((2, 2, 2), 'jit', None, {'grad_accum_steps': 2}),
@@ -138,6 +140,7 @@ def test_every_mesh_matches_data_parallelism(mesh, step_impl, matmul_dtype, more
   assert int(state.step) == 4
 
 
+@pytest.mark.slow
 def test_a_state_written_on_one_mesh_restores_on_another(tmp_path):
   initial = data_parallel_run(None)[0]  # Created on the (8, 1, 1) mesh.
   state, _, _ = setup_step(tiny_config(**SGD, **{'mesh.fsdp': 2, 'mesh.tensor': 2}))
@@ -157,6 +160,7 @@ def test_a_state_written_on_one_mesh_restores_on_another(tmp_path):
   manager.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('step_impl', ['jit', 'shard_map'])
 def test_gradient_accumulation_equals_full_batch(step_impl):
   config = tiny_config(step_impl=step_impl)
@@ -164,8 +168,9 @@ def test_gradient_accumulation_equals_full_batch(step_impl):
   (batch,) = random_batches(mesh, 1)
   plan = plan_lib.validate(config)
   accumulate = dataclasses.replace(plan.step_options, grad_accum_steps=4)
-  full = step_lib.loss_and_grads(plan.model, plan.step_options, state.params, batch, state.rng)
-  accumulated = step_lib.loss_and_grads(plan.model, accumulate, state.params, batch, state.rng)
+  loss_and_grads = lambda options: jax.jit(functools.partial(
+      step_lib.loss_and_grads, plan.model, options))(state.params, batch, state.rng)
+  full, accumulated = loss_and_grads(plan.step_options), loss_and_grads(accumulate)
   chex.assert_trees_all_close(full, accumulated, atol=1e-6, rtol=1e-5)
   # And through the whole step, over several steps.
   full_state, full_losses, _ = run_steps(config)
@@ -191,6 +196,7 @@ def first_step_loss(config, devices, batch):
   return float(metrics['loss'])
 
 
+@pytest.mark.slow
 def test_shard_map_devices_draw_different_masks():
   """Guards the per-device fold_in of the shard_map step's key.
 
@@ -212,6 +218,7 @@ def test_shard_map_devices_draw_different_masks():
   assert abs(eight - one) > 1e-3 * abs(one), (one, eight)
 
 
+@pytest.mark.slow
 def test_shard_map_mixes_the_global_batch_as_jit_does():
   """Guards mixup/CutMix under shard_map: one draw per step and neighbours across device
   boundaries, as the jit step (not one lambda per device rolling within its own rows)."""

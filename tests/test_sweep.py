@@ -33,6 +33,7 @@ def _final_accuracy(run):
   return rows[-1]['eval/accuracy'], rows[-1]['eval/examples']
 
 
+@pytest.mark.slow
 def test_three_seed_sweep_with_minival_prints_mean_and_std(tmp_path):
   workdir = tmp_path / 'sweep'
   command = _sweep_command(workdir, '--grid=schedule.base_lr=0.0003,0.003', '--seeds=3',
@@ -65,7 +66,10 @@ def test_three_seed_sweep_with_minival_prints_mean_and_std(tmp_path):
     accuracies.append(accuracy)
   assert len(set(accuracies)) > 1  # The seeds differ.
   mean, std = np.mean(accuracies), np.std(accuracies, ddof=1)
-  assert f'{100 * mean:.2f} ± {100 * std:.2f} | 3 | 0, 1, 2 |' in result.stdout
+  assert f'| {float(chosen)} | {100 * mean:.2f} ± {100 * std:.2f} | 3 | 0, 1, 2 |' in \
+      result.stdout  # The table names the chosen setting.
+  assert (f'Chosen on the minival split train[98%:]: schedule.base_lr={chosen} (accuracy '
+          f'{100 * minival[chosen]:.2f}%)') in (workdir / 'results.md').read_text()
   summary = json.loads((workdir / 'results.json').read_text())
   chex.assert_equal(len(summary['rows']), 1)
   np.testing.assert_allclose([summary['rows'][0]['mean'], summary['rows'][0]['std']],
@@ -115,7 +119,19 @@ def test_results_groups_by_setting_and_lists_unfinished_runs(tmp_path):
   assert '| 0.01 | 60.00 ± 10.00 | 3 | 0, 1, 2 |' in text
   assert 'not finished:' in text
 
+  # A sweep's final runs share their setting: its grid field is still a column, and the
+  # choice on the minival split comes first.
+  chosen = sweep.summarise(sweep.find_runs(tmp_path / 'a'), ['schedule.base_lr'])
+  chosen['chosen'] = {'point': 'schedule.base_lr=0.01', 'minival_split': 'train[98%:]',
+                      'minival': 0.75}
+  lines = sweep.markdown(chosen).splitlines()
+  assert lines[0] == ('Chosen on the minival split train[98%:]: schedule.base_lr=0.01 (accuracy '
+                      '75.00%); trained on the whole training split with 3 seeds:')
+  assert lines[2:5] == ['| schedule.base_lr | accuracy (%) | runs | seeds |',
+                        '| --- | --- | --- | --- |', '| 0.01 | 60.00 ± 10.00 | 3 | 0, 1, 2 |']
 
+
+@pytest.mark.slow
 def test_print_commands_are_main_command_lines(tmp_path):
   out = subprocess.run(_sweep_command(tmp_path / 's', '--grid=schedule.base_lr=0.001,0.01',
                                       '--grid=model.num_layers=1,2', '--seeds=2',
@@ -140,6 +156,7 @@ def test_print_commands_are_main_command_lines(tmp_path):
              for line in lines if 'vit_jax.main' in line)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('flags, message', [
     (['--grid=schedule.base_lr=0.01,fast'], "schedule.base_lr='fast' is not a number"),
     (['--grid=schedule.lr=0.01'], 'schedule.lr is not a config field'),

@@ -13,6 +13,7 @@ import pytest
 from vit_jax import vtab
 from vit_jax.base import errors
 from vit_jax.data import vtab as vtab_tasks
+from vit_jax.data import vtab_prepare
 
 from runs import env
 
@@ -33,30 +34,93 @@ def test_the_table_has_the_19_tasks_in_their_groups():
       'smallnorb_elev': 9}
 
 
-def test_split_strings_are_task_adaptations():
-  """Worked by hand from task_adaptation/data/*.py and the datasets' published sizes."""
-  splits = {t.name: t.splits() for t in vtab_tasks.TASKS}
-  assert splits['cifar100'] == {'train800': 'train[:800]', 'val200': 'train[45000:45200]',
-                                'train800val200': 'train[:800]+train[45000:45200]',
-                                'test': 'test'}
-  assert splits['caltech101']['val200'] == 'train[2754:2954]'  # 90% of 3,060.
-  assert splits['oxford_iiit_pet']['val200'] == 'train[2944:3144]'  # 80% of 3,680.
-  assert splits['svhn']['val200'] == 'train[65931:66131]'  # 90% of 73,257, rounded down.
-  assert splits['clevr_count']['test'] == 'validation'
-  assert splits['eurosat']['val200'] == 'train[16200:16400]'  # 60% of 27,000.
-  assert splits['eurosat']['test'] == 'train[21600:]'  # After 60% train + 20% validation.
-  assert splits['resisc45']['test'] == 'train[25200:]'
-  assert splits['dsprites_ori'] == {
-      'train800': 'train[:800]', 'val200': 'train[589824:590024]',
-      'train800val200': 'train[:800]+train[589824:590024]', 'test': 'train[663552:]'}
-  assert splits['smallnorb_azi'] == {'train800': 'train[:800]', 'val200': 'test[:200]',
-                                     'train800val200': 'train[:800]+test[:200]',
-                                     'test': 'test[50%:]'}
-  assert splits['dmlab']['train800val200'] == 'train[:800]+validation[:200]'
-  assert vtab_tasks.BY_NAME['kitti_dist'].tfds_name == 'kitti:3.1.0'
-  assert vtab_tasks.BY_NAME['dmlab'].tfds_name == 'dmlab:2.0.1'
-  assert vtab_tasks.BY_NAME['diabetic_retinopathy'].tfds_name == \
-      'diabetic_retinopathy_detection/btgraham-300:3.*.*'
+# Every task's four splits, worked by hand from google-research/task_adaptation's
+# task_adaptation/data/*.py: 'validation' datasets take train[:800] and validation[:200];
+# the others cut val200 at their TRAIN_SPLIT_PERCENT of the training split
+# (percent * count // 100): caltech, cifar, svhn, clevr 90; pets 80; eurosat, resisc45 60 (test
+# after 60 + 20); dsprites 80 (test after 80 + 10); smallnorb val200 = test[:200], test =
+# test[50%:]; clevr's test is its validation split.
+def _share(train, test):
+  return {'train800': 'train[:800]', 'val200': f'train[{train}:{train + 200}]',
+          'train800val200': f'train[:800]+train[{train}:{train + 200}]', 'test': test}
+
+
+_VALIDATION = {'train800': 'train[:800]', 'val200': 'validation[:200]',
+               'train800val200': 'train[:800]+validation[:200]', 'test': 'test'}
+TASK_ADAPTATION_SPLITS = {
+    'caltech101': _share(2754, 'test'),  # 90% of 3,060.
+    'cifar100': _share(45000, 'test'),
+    'dtd': _VALIDATION,
+    'oxford_flowers102': _VALIDATION,
+    'oxford_iiit_pet': _share(2944, 'test'),  # 80% of 3,680.
+    'sun397': _VALIDATION,
+    'svhn': _share(65931, 'test'),  # 90% of 73,257, rounded down.
+    'patch_camelyon': _VALIDATION,
+    'eurosat': _share(16200, 'train[21600:]'),  # 60% and 60 + 20% of 27,000.
+    'resisc45': _share(18900, 'train[25200:]'),  # Of 31,500.
+    'diabetic_retinopathy': _VALIDATION,
+    'clevr_count': _share(63000, 'validation'),
+    'clevr_dist': _share(63000, 'validation'),
+    'dmlab': _VALIDATION,
+    'kitti_dist': _VALIDATION,
+    'dsprites_loc': _share(589824, 'train[663552:]'),  # 80% and 80 + 10% of 737,280.
+    'dsprites_ori': _share(589824, 'train[663552:]'),
+    'smallnorb_azi': {'train800': 'train[:800]', 'val200': 'test[:200]',
+                      'train800val200': 'train[:800]+test[:200]', 'test': 'test[50%:]'},
+    'smallnorb_elev': {'train800': 'train[:800]', 'val200': 'test[:200]',
+                       'train800val200': 'train[:800]+test[:200]', 'test': 'test[50%:]'},
+}
+# The splits' sizes in the versions task_adaptation names (TFDS's catalog).
+SPLIT_SIZES = {
+    'caltech101': {'train': 3060, 'test': 6084},
+    'cifar100': {'train': 50_000, 'test': 10_000},
+    'dtd': {'train': 1880, 'validation': 1880, 'test': 1880},
+    'oxford_flowers102': {'train': 1020, 'validation': 1020, 'test': 6149},
+    'oxford_iiit_pet': {'train': 3680, 'test': 3669},
+    'sun397': {'train': 76_128, 'validation': 10_875, 'test': 21_750},
+    'svhn_cropped': {'train': 73_257, 'test': 26_032, 'extra': 531_131},
+    'patch_camelyon': {'train': 262_144, 'validation': 32_768, 'test': 32_768},
+    'eurosat': {'train': 27_000},
+    'resisc45': {'train': 31_500},
+    'diabetic_retinopathy_detection': {'train': 35_126, 'validation': 10_906, 'test': 42_670},
+    'clevr': {'train': 70_000, 'validation': 15_000, 'test': 15_000},
+    'dmlab': {'train': 65_550, 'validation': 22_628, 'test': 22_735},
+    'kitti': {'train': 6347, 'validation': 423, 'test': 711},
+    'dsprites': {'train': 737_280},
+    'smallnorb': {'train': 24_300, 'test': 24_300},
+}
+
+
+@pytest.mark.parametrize('task', vtab_tasks.TASKS, ids=lambda t: t.name)
+def test_every_tasks_splits_are_task_adaptations_sized_and_disjoint(task):
+  """The four split strings of all 19 tasks; read by TFDS's own split parser at the
+  published sizes: 800, 200 and 1,000 examples, val200 and test outside train800 (and
+  test outside val200), every range inside its split."""
+  import types
+
+  import tensorflow_datasets as tfds
+
+  splits = task.splits()
+  assert splits == TASK_ADAPTATION_SPLITS[task.name]
+  sizes = SPLIT_SIZES[vtab_tasks.BY_NAME[task.name].tfds_name.split(':')[0].split('/')[0]]
+  if task.layout == 'share':
+    assert task.train_examples == sizes['train']
+  infos = {name: types.SimpleNamespace(num_examples=n) for name, n in sizes.items()}
+
+  def ranges(key):
+    out = set()
+    for part in tfds.core.ReadInstruction.from_spec(splits[key]).to_absolute(infos):
+      n = sizes[part.splitname]
+      start, stop = part.from_ or 0, n if part.to is None else part.to
+      assert 0 <= start < stop <= n, (key, part)
+      out |= {(part.splitname, i) for i in range(start, stop)}
+    return out
+
+  got = {key: ranges(key) for key in vtab_tasks.SPLIT_KEYS}
+  assert [len(got[k]) for k in ('train800', 'val200', 'train800val200')] == [800, 200, 1000]
+  assert not got['train800'] & got['val200']
+  assert got['train800val200'] == got['train800'] | got['val200']
+  assert not got['test'] & got['train800val200']
 
 
 def _objects(**fields):
@@ -111,6 +175,7 @@ def test_task_selection():
     vtab_tasks.select('natural,cifar10')
 
 
+@pytest.mark.slow
 def test_list_json_prints_the_table():
   out = subprocess.run([sys.executable, '-m', 'vit_jax.vtab', '--list', '--json'],
                        capture_output=True, text=True, check=True).stdout
@@ -163,6 +228,7 @@ def tiny_tfds(tmp_path_factory):
   return data_dir
 
 
+@pytest.mark.slow
 def test_task_sources_read_the_splits_with_the_label_functions(tiny_tfds):
   import tensorflow_datasets as tfds
 
@@ -194,6 +260,7 @@ def test_a_share_task_of_another_size_is_refused(tmp_path):
     vtab_tasks.get_source('dsprites_loc', 'train800', str(tmp_path))
 
 
+@pytest.mark.slow
 def test_vtab_runs_two_tasks_prints_the_grouped_table_and_resumes(tiny_run, tiny_tfds,
                                                                    tmp_path):
   workdir = tmp_path / 'vtab'
@@ -256,3 +323,110 @@ def test_every_tasks_config_is_validated_before_the_first_task_trains(tiny_run, 
     vtab.run(vtab_tasks.select('smallnorb_azi,smallnorb_elev'), str(tmp_path / 'vtab'),
              settings)
   assert not (tmp_path / 'vtab' / 'smallnorb_azi').exists()
+
+
+# ---------------------------------------------------------------------------
+# Preparing the data: TFDS's own builders, the network and the manual downloads stood in for.
+
+
+def test_a_run_names_every_missing_task_in_one_line_before_anything_starts(tiny_tfds, tmp_path):
+  with pytest.raises(errors.MissingFileError) as raised:
+    vtab_prepare.check(vtab_tasks.select('structured'), tiny_tfds, 'structured')
+  message = str(raised.value)
+  assert '6 of the 8 tasks have no prepared TFDS dataset' in message
+  for name in ('clevr_count', 'clevr_dist', 'dmlab', 'kitti_dist', 'dsprites_loc',
+               'dsprites_ori'):
+    assert name in message
+  assert 'smallnorb' not in message.split('Prepare')[0]
+  assert f'python -m vit_jax.vtab prepare --data_dir={tiny_tfds} --tasks=clevr_count,' in message
+  vtab_prepare.check(vtab_tasks.select('smallnorb_azi,smallnorb_elev'), tiny_tfds)
+  with pytest.raises(errors.MissingFileError, match=r'19 of the 19 tasks .* \(the folder does '
+                     r'not exist\).*--tasks=all; diabetic_retinopathy_detection, '
+                     r'oxford_iiit_pet, resisc45 need a manual download'):
+    vtab_prepare.check(vtab_tasks.TASKS, str(tmp_path / 'nowhere'), 'all')
+
+
+def _resisc45_stand_in(folder, classes=('airplane', 'beach'), per_class=3):
+  """The extracted NWPU-RESISC45 archive's layout, a few 256x256 JPEGs a class."""
+  from PIL import Image
+
+  for c, name in enumerate(classes):
+    (folder / 'NWPU-RESISC45' / name).mkdir(parents=True)
+    for i in range(per_class):
+      Image.fromarray(np.full((256, 256, 3), 40 * c + i, np.uint8)).save(
+          folder / 'NWPU-RESISC45' / name / f'{name}_{i + 1:03d}.jpg')
+
+
+def test_prepare_builds_what_it_can_and_names_the_manual_downloads(tiny_tfds, tmp_path,
+                                                                   monkeypatch):
+  """resisc45 from its manual download (placed here) by TFDS's own builder; dSprites' download
+  fails at the network (stood in for); diabetic_retinopathy and oxford_iiit_pet 3.x are
+  named with what to place where; smallNORB, prepared earlier, is kept."""
+  import io
+  import shutil
+
+  from tensorflow_datasets.core.download import downloader
+
+  data_dir = tmp_path / 'tfds'
+  shutil.copytree(f'{tiny_tfds}/smallnorb', data_dir / 'smallnorb')
+  manual = data_dir / 'downloads' / 'manual'
+  _resisc45_stand_in(manual / 'resisc45')
+  asked = []
+
+  def no_network(url, **kwargs):
+    asked.append(url)
+    raise ConnectionError(f'no network here: {url}')
+  monkeypatch.setattr(downloader, '_open_url', no_network)
+  out = io.StringIO()
+  tasks = vtab_tasks.select('resisc45,diabetic_retinopathy,oxford_iiit_pet,dsprites_loc,'
+                            'smallnorb_azi,smallnorb_elev')
+  with pytest.raises(errors.UserError) as raised:
+    vtab_prepare.prepare(tasks, str(data_dir), out=out)
+  text = out.getvalue()
+  rows = {cells[0]: cells for line in text.splitlines() if line.startswith('| ')
+          for cells in [[c.strip() for c in line.strip('|').split('|')]] if ':' in cells[0]}
+  # resisc45: built by TFDS's builder from the manual folder, every image read.
+  assert rows['resisc45:3.*.*'][2] == 'prepared'
+  prepared = vtab_prepare.prepared_dir(str(data_dir), 'resisc45:3.*.*')
+  assert prepared.endswith('resisc45/3.0.0')
+  assert vtab_prepare.split_sizes(prepared) == {'train': 6}
+  import tensorflow_datasets as tfds
+  built = tfds.builder('resisc45:3.0.0', data_dir=str(data_dir))
+  labels = sorted(int(e['label']) for e in built.as_data_source(split='train'))
+  names = built.info.features['label'].names
+  assert [names[i] for i in labels] == ['airplane'] * 3 + ['beach'] * 3
+  # dSprites: its real URL asked for, the failure named, the others went on.
+  assert rows['dsprites:2.*.*'][2] == 'failed' and any('dsprites' in u for u in asked)
+  assert 'no network here' in text
+  # The manual ones: exactly what to place where.
+  assert rows['diabetic_retinopathy_detection/btgraham-300:3.*.*'][2] == 'manual'
+  dr = manual / 'diabetic_retinopathy_detection'
+  assert f'then unpack train.zip into {dr}/train/' in text and f'{dr}/trainLabels.csv' in text
+  assert rows['oxford_iiit_pet:3.*.*'][2] == 'manual'
+  assert 'builds only oxford_iiit_pet 4.0.0' in text
+  assert f'tensorflow-datasets 4.8 or older into {data_dir}/' in text
+  # smallNORB: one dataset for two tasks, kept as it was.
+  assert rows['smallnorb:2.*.*'][1] == 'smallnorb_azi, smallnorb_elev'
+  assert rows['smallnorb:2.*.*'][2] == 'prepared earlier'
+  assert rows['smallnorb:2.*.*'][4].endswith('KiB')  # Measured on disk.
+  assert rows['resisc45:3.*.*'][3] == 'by hand' and rows['dsprites:2.*.*'][3] == '26.7 MiB'
+  # One line names every task that cannot run yet, and why.
+  message = str(raised.value)
+  assert 'resisc45 (6 training examples, not the 31,500' in message
+  for name in ('diabetic_retinopathy (manual)', 'oxford_iiit_pet (manual)',
+               'dsprites_loc (failed)'):
+    assert name in message
+  assert 'smallnorb' not in message
+
+
+def test_an_install_without_tfds_is_told_which_extra_to_add(monkeypatch):
+  import importlib.util
+
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, 'find_spec',
+                      lambda name, *a: None if name == 'importlib_resources' else real(name, *a))
+  vtab_prepare.require_tfds('vit_jax.vtab')
+  with pytest.raises(errors.ConfigError, match=r'vit_jax.vtab prepare reads TFDS datasets, and '
+                     r'this install lacks importlib_resources: pip install -e "\.\[tf\]"'):
+    vtab_prepare.require_tfds('vit_jax.vtab prepare', ('tensorflow_datasets',
+                                                       'importlib_resources'))

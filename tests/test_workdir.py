@@ -5,6 +5,9 @@ Orbax checkpoint at another resolution, in another layout (scanned) and on 2
 devices, exactly as a user runs it; its export loads back with the same logits.
 """
 
+import json
+import logging
+import pathlib
 import re
 import subprocess
 import sys
@@ -64,6 +67,7 @@ def test_params_restore_onto_a_smaller_mesh(source_run):
   chex.assert_trees_all_equal(jax.device_get(on_mesh), on_host)
 
 
+@pytest.mark.slow
 def test_fine_tune_on_2_devices_at_a_higher_resolution(source_run, tmp_path):
   # 16 px (4x4 grid) -> 24 px (6x6 grid), unrolled -> scanned, 8 devices -> 2. The
   # warm-up starts at a learning rate of 0: after step 1 the parameters are exactly the
@@ -102,6 +106,7 @@ def test_fine_tune_on_2_devices_at_a_higher_resolution(source_run, tmp_path):
   chex.assert_trees_all_equal(tuned, source)  # Bit-identical.
 
 
+@pytest.mark.slow
 def test_init_from_errors_name_the_field(source_run, tmp_path):
   config = tiny_config(init_from=str(source_run), init_step=7)
   with pytest.raises(FileNotFoundError, match=r'no checkpoint at step 7; it has steps \[5, 10\]'):
@@ -127,6 +132,7 @@ def test_export_loads_back_with_identical_logits(source_run, tmp_path):
   chex.assert_trees_all_equal(from_file, expected)
 
 
+@pytest.mark.slow
 def test_export_command_evaluates_both_alike(source_run, tmp_path):
   out = tmp_path / 'cli.npz'
   result = subprocess.run(
@@ -145,6 +151,7 @@ def test_export_command_evaluates_both_alike(source_run, tmp_path):
   assert lines[0].split(':', 1)[1] == lines[1].split(':', 1)[1], lines
 
 
+@pytest.mark.slow
 def test_export_to_and_fine_tune_from_a_non_local_release_file(source_run, tmp_path):
   # ram:// is TensorFlow's in-memory filesystem, through epath's gfile backend as gs:// is;
   # os.path and open() cannot see it (it lives in this process: the run is in-process).
@@ -173,6 +180,7 @@ def test_export_to_and_fine_tune_from_a_non_local_release_file(source_run, tmp_p
     plan_lib.validate(tiny_config(init_from='s3://bucket/b16.npz'))
 
 
+@pytest.mark.slow
 def test_a_missing_remote_init_from_is_one_error_line(tmp_path):
   result = subprocess.run(main_command(tmp_path / 'run', init_from='ram://absent/ViT-B_16.npz'),
                           env=env(devices=1), capture_output=True, text=True, timeout=300)
@@ -194,6 +202,7 @@ def ema_run(tiny_run, tmp_path_factory):
   return directory
 
 
+@pytest.mark.slow
 def test_init_from_ema_starts_at_the_loaded_weights(tiny_run, ema_run):
   # 5 Adam steps of at most ~1e-4 each: the weights and their average stay within 1e-3
   # of the loaded ones. An average started from the random init would still hold
@@ -211,6 +220,7 @@ def test_init_from_ema_starts_at_the_loaded_weights(tiny_run, ema_run):
   assert abs(final['eval/ema/loss'] - final['eval/loss']) < 0.01, final
 
 
+@pytest.mark.slow
 def test_ema_export_differs_from_the_weights_and_equals_the_ema_arrays(ema_run, tmp_path):
   plain, ema_file = tmp_path / 'plain.npz', tmp_path / 'ema.npz'
   assert export.export(str(ema_run), str(plain)) == 5
@@ -233,6 +243,7 @@ def test_ema_export_differs_from_the_weights_and_equals_the_ema_arrays(ema_run, 
   chex.assert_trees_all_equal(release.flatten(loaded.params), expected)
 
 
+@pytest.mark.slow
 def test_ema_where_there_is_none_is_refused(tiny_run, tmp_path):
   with pytest.raises(errors.CheckpointMismatchError, match='keeps no moving average'):
     workdir.restore_params(tiny_run, ema=True)
@@ -255,6 +266,7 @@ def test_ema_where_there_is_none_is_refused(tiny_run, tmp_path):
   assert 'Traceback' not in result.stderr
 
 
+@pytest.mark.slow
 def test_non_square_npz_source_in_a_run_needs_its_grid(tmp_path):
   # A .npz trained at 16x24 (a 4x6 grid) into a run at 24x16: one error line that names
   # the field (before the train step compiles); with the field, it loads transposed.
@@ -283,3 +295,70 @@ def test_non_square_npz_source_in_a_run_needs_its_grid(tmp_path):
       params['Transformer']['posembed_input']['pos_embedding'],
       bilinear_reference(np.asarray(source_params['Transformer']['posembed_input'][
           'pos_embedding']), (4, 6), (6, 4), 0), atol=1e-6)
+
+
+HUB = pathlib.Path(__file__).resolve().parent / 'data' / 'hub'
+
+
+def _shapes(model):
+  return jax.eval_shape(model.init, jax.random.key(0),
+                        np.zeros((1, *model.image_size, 3)))['params']
+
+
+def test_init_params_from_every_kind_of_checkpoint(offline_hub, caplog):
+  """A fine-tune's start from a timm folder, a transformers one, hf-hub: and big_vision's
+  tensorstore folder: the checkpoint's arrays, adapted as a release file's are."""
+  from vit_jax import checkpoints
+
+  deit3 = get_model('deit3_s16', num_classes=10, image_size=32, patch_size=4, hidden_size=32,
+                    num_layers=2, num_heads=2, mlp_dim=64)
+  source = checkpoints.load(str(HUB / 'timm_deit3'))
+  offline_hub('test-org/deit3', HUB / 'timm_deit3')
+  for name in (str(HUB / 'timm_deit3'), 'hf-hub:test-org/deit3'):
+    tuned = workdir.init_params_from(name, deit3.init(jax.random.key(0), np.zeros(
+        (1, 32, 32, 3)))['params'], deit3)
+    chex.assert_trees_all_equal(tuned['head']['kernel'], np.zeros((32, 10), np.float32))
+    expected = {k: v for k, v in source.params.items() if k != 'head'}
+    chex.assert_trees_all_equal({k: v for k, v in tuned.items() if k != 'head'}, expected)
+
+  tanh = get_model('ti16', num_classes=5, image_size=32, patch_size=8, hidden_size=32,
+                   num_layers=2, num_heads=2, mlp_dim=64, scan=True)
+  with caplog.at_level(logging.WARNING):
+    tuned = workdir.init_params_from(str(HUB / 'hf_vit_cls'), _shapes(tanh), tanh,
+                                     keep_head=True)
+  assert "computes with activation='gelu', the model with 'gelu_tanh'" in caplog.text
+  assert "norm_epsilon=1e-12, the model with 1e-06" in caplog.text
+  chex.assert_shape(tuned['Transformer']['encoderblock']['LayerNorm_0']['scale'], (2, 32))
+
+  gap = get_model('ti16', num_classes=5, image_size=(16, 24), patch_size=4, hidden_size=16,
+                  num_layers=2, num_heads=2, mlp_dim=32, pool='gap')
+  tuned = workdir.init_params_from(str(HUB / 'bv_gap_scan'), _shapes(gap), gap, step=3,
+                                   keep_head=True, source_grid=(4, 6), source_pool='gap')
+  bv = checkpoints.load(str(HUB / 'bv_gap_scan'), pool='gap', image_size=(16, 24),
+                        source_grid=(4, 6))
+  chex.assert_trees_all_equal(tuned, bv.params)
+
+  with pytest.raises(errors.ConfigError, match=r'init_source_grid=\(4, 4\), but .* trained at '
+                     'the 8x8 grid'):
+    workdir.init_params_from(str(HUB / 'timm_deit3'), _shapes(deit3), deit3, source_grid=(4, 4))
+  with pytest.raises(errors.ConfigError, match='init_step=3 is given, but .* is a timm'):
+    workdir.init_params_from(str(HUB / 'timm_deit3'), _shapes(deit3), deit3, step=3)
+  config = tiny_config(init_from=str(HUB / 'timm_deit3'), init_source_pool='gap')
+  with pytest.raises(errors.ConfigError, match="init_source_pool='gap', but .* is a timm "
+                     'checkpoint: it records its model'):
+    workdir.check_init_from(config)
+
+
+def test_export_command_converts_any_checkpoint(tmp_path):
+  """--source: a transformers folder written as timm's, read back with the same logits."""
+  out = tmp_path / 'timm'
+  result = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.tools.export', f'--source={HUB / "hf_vit_cls_tanh"}',
+       '--format=timm', f'--out={out}', '--evaluate'], env=env(devices=1),
+      capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f'Wrote {out} (timm)' in result.stdout
+  difference = float(re.search(r'max relative difference (\S+)', result.stdout).group(1))
+  assert difference <= 1e-6
+  config = json.loads((out / 'config.json').read_text())
+  assert config['model_args']['act_layer'] == 'gelu_tanh' and config['label_names'][0] == 'tench'

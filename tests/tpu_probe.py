@@ -7,6 +7,7 @@ this file in a fresh Python (``probe``) and read the one JSON line it prints.
     python tests/tpu_probe.py report v3-8 '{"model.dtype": "bfloat16"}'
 """
 
+import functools
 import json
 import os
 import pathlib
@@ -14,18 +15,30 @@ import subprocess
 import sys
 
 
+@functools.cache
 def probe(*args: str) -> dict:
-  """Runs this file with ``args`` in a fresh Python on 8 CPU devices; its JSON answer."""
+  """Runs this file with ``args`` in a fresh Python on 8 CPU devices; its JSON answer (asked
+  once a session: the tests that ask the same question share the compile)."""
   from runs import env
 
   here = pathlib.Path(__file__).resolve()
+  environ = {**env(8), 'PYTHONPATH': os.pathsep.join(map(str, here.parents[:2]))}
+  environ.pop('JAX_COMPILATION_CACHE_DIR', None)  # Programs for TPUs: compiled as users do.
   done = subprocess.run([sys.executable, str(here), *args], capture_output=True, text=True,
-                        timeout=900, cwd=here.parents[1],
-                        env={**env(8), 'PYTHONPATH': os.pathsep.join(map(str, here.parents[:2]))})
+                        timeout=900, cwd=here.parents[1], env=environ)
   lines = [ln for ln in done.stdout.splitlines() if ln.startswith('{')]
   if done.returncode or not lines:
     raise RuntimeError(f'tpu_probe {args} failed ({done.returncode}):\n{done.stderr[-3000:]}')
   return json.loads(lines[-1])
+
+
+def aot_report(topology: str, overrides: str) -> dict:
+  """``aot.report`` of the tiny recipe with ``overrides``, alone."""
+  from vit_jax.tools import aot
+
+  from runs import tiny_config
+
+  return {'report': aot.report(tiny_config(**json.loads(overrides)), topology)}
 
 
 def report(topology: str, overrides: str) -> dict:
@@ -102,5 +115,6 @@ def tpu_attention() -> dict:
 if __name__ == '__main__':
   os.environ.setdefault('JAX_PLATFORMS', 'cpu')
   command, *args = sys.argv[1:]
-  print(json.dumps({'report': report, 'devices': devices, 'lowered_for_cpu': lowered_for_cpu,
+  print(json.dumps({'report': report, 'aot': aot_report, 'devices': devices,
+                    'lowered_for_cpu': lowered_for_cpu,
                     'tpu_attention': tpu_attention}[command](*args)))

@@ -1,11 +1,18 @@
-r"""Evaluate a finished run with any of its evaluators (``config.evals``).
+r"""Evaluate a finished run with any of its evaluators (``config.evals``), or any checkpoint.
 
     python -m vit_jax.evaluate --workdir=DIR [--step=N] [--ema] [--evals=eval,fewshot] \
         [--split=SPLIT]
+    python -m vit_jax.evaluate --source=SOURCE --config=configs/FILE.py [--config.FIELD=...]
 
 The run's own evaluators, built from its ``config.json`` as training builds them
 (``vit_jax.evals``), on a checkpoint's parameters (the latest, or ``--step``; ``--ema``: their
 moving average), verified against the checksums recorded when it was written.
+
+``--source`` evaluates any other checkpoint (a .npz file, a timm or transformers folder,
+``hf-hub:ORG/NAME``, a big_vision tensorstore folder: docs/checkpoints.md) with the data and
+evaluators of ``--config``, whose ``config.model`` must describe the checkpoint (its classifier
+is kept: ``init_keep_head``): the parameters are those a fine-tune from it
+(``config.init_from``) would start with.
 """
 
 from __future__ import annotations
@@ -55,11 +62,37 @@ def evaluate_params(config: ml_collections.ConfigDict, params: Any,
   return out
 
 
+def source_params(config: ml_collections.ConfigDict, source: str, step: int | None = None
+                  ) -> Any:
+  """The parameters of any checkpoint in ``config``'s model, its classifier kept (as a
+  fine-tune from it with ``init_keep_head`` starts)."""
+  import jax
+  import numpy as np
+
+  from vit_jax.checkpoints import workdir as workdir_lib
+  from vit_jax.training import plan as plan_lib
+
+  plan = plan_lib.validate(for_evaluation(config))
+  model = plan.model
+  init = jax.eval_shape(model.init, jax.random.key(0),
+                        jax.ShapeDtypeStruct((1, *model.image_size, 3), np.float32))['params']
+  return workdir_lib.init_params_from(
+      source, init, model, step=step, keep_head=True, source_grid=config.init_source_grid,
+      source_pool=config.init_source_pool)
+
+
 def _define_flags() -> dict[str, Any]:
   """The command line's flags (defined when run as a program, not when imported)."""
+  from vit_jax.config import cli as config_cli
+
   f = flags
   defined = dict(
-      workdir=f.DEFINE_string('workdir', None, 'The workdir of a vit_jax.main run.'),
+      workdir=paths.DEFINE_path('workdir', None, 'The workdir of a vit_jax.main run.'),
+      source=paths.DEFINE_path('source', None, 'Another checkpoint (instead of --workdir), '
+                               'evaluated with --config: a .npz file, a timm or transformers '
+                               'folder, hf-hub:ORG/NAME, a big_vision tensorstore folder.'),
+      config=config_cli.DEFINE_config('config', '--source: the config whose model, data and '
+                                      'evaluators to use.'),
       step=f.DEFINE_integer('step', None, 'The checkpoint step (default: the latest).'),
       evals=f.DEFINE_list('evals', None, 'Names in the run\'s config.evals (default: all).'),
       split=f.DEFINE_string('split', None, 'The split to evaluate (default: the run\'s '
@@ -72,14 +105,22 @@ def _define_flags() -> dict[str, Any]:
                                     'holds NaN or infinity (its run diverged), with a warning, '
                                     'instead of refusing it.'),
   )
-  f.mark_flags_as_required(['workdir'])
   return defined
 
 
 def main(argv: list[str], flags_: dict[str, Any]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  directory = flags_['workdir'].value
+  directory, source = flags_['workdir'].value, flags_['source'].value
+  if not directory and not source:
+    raise errors.ConfigError('--workdir is required: a run\'s workdir (or --source=SOURCE '
+                             'with --config=FILE: another checkpoint).')
+  if directory and source:
+    raise errors.ConfigError('Give one of --workdir (a run) and --source (another checkpoint).')
+  if source:
+    return _evaluate_source(source, flags_)
+  if flags_['config'].file.value:
+    raise errors.ConfigError('--config is for --source; a workdir\'s config.json is its own.')
   paths.run_dir(directory)  # Before the model and the data pipeline start.
   from vit_jax.checkpoints import workdir as workdir_lib
 
@@ -101,5 +142,29 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
     print(f'{directory} {name}, {evaluator.name}: {evaluator.describe(metrics)}', flush=True)
 
 
+def _evaluate_source(source: str, flags_: dict[str, Any]) -> None:
+  """``--source`` with ``--config``: the checkpoint in the config's model, its evaluators."""
+  if flags_['ema'].value:
+    raise errors.ConfigError('--ema is for --workdir: another checkpoint holds one set of '
+                             'weights.')
+  config = flags_['config'].value  # Its errors first (a ConfigError names the field).
+  if not source.startswith('hf-hub:'):
+    paths.input_path(source, 'source', 'checkpoint')
+  if not flags.FLAGS['verbosity'].present:
+    console.quiet_third_party()
+  if flags_['split'].value:
+    config.dataset.eval_split = flags_['split'].value
+  names = flags_['evals'].value
+  if names and (unknown := sorted(set(names) - set(config.evals))):
+    raise errors.ConfigError(f'--evals: {", ".join(unknown)} not in the config\'s evals '
+                             f'({", ".join(config.evals) or "none"}).')
+  params = source_params(config, source, flags_['step'].value)
+  for evaluator, metrics in evaluate_params(config, params, names,
+                                            flags_['progress_every'].value):
+    print(f'{source}, {evaluator.name}: {evaluator.describe(metrics)}', flush=True)
+
+
 if __name__ == '__main__':
-  errors.run(functools.partial(main, flags_=_define_flags()))
+  from vit_jax.config import cli as config_cli
+
+  config_cli.run(functools.partial(main, flags_=_define_flags()))

@@ -3,6 +3,12 @@ r"""Few-shot linear accuracy of a run's or a checkpoint file's features, as a ta
     python -m vit_jax.fewshot --workdir=/tmp/q --dataset=digits
     python -m vit_jax.fewshot --npz=ViT-B_16.npz --model=b16 --dataset=cifar100 \
         --pp='decode|resize(224)|value_range(-1, 1)'
+    python -m vit_jax.fewshot --source=hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k \
+        --dataset=cifar100
+
+``--source`` (or ``--npz``) takes any checkpoint other than a workdir: a .npz file, a timm or
+transformers folder, ``hf-hub:ORG/NAME`` or a big_vision tensorstore folder
+(docs/checkpoints.md); its features are those its classifier reads.
 
 The evaluator is the one training runs (``vit_jax.evals.fewshot``: big_vision's
 ``fewshot_lsr``); here every seed's accuracy is kept and printed as mean ± sample std. A
@@ -27,14 +33,18 @@ def _define_flags() -> dict[str, Any]:
   """The command line's flags (defined when run as a program, not when imported)."""
   f = flags
   return dict(
-      workdir=f.DEFINE_string('workdir', None, 'A vit_jax.main run directory (or --npz).'),
-      npz=f.DEFINE_string('npz', None, 'A release or exported .npz checkpoint (or --workdir).'),
+      workdir=paths.DEFINE_path('workdir', None, 'A vit_jax.main run directory (or --npz).'),
+      npz=paths.DEFINE_path('npz', None, 'A release or exported .npz checkpoint (or --workdir); '
+                            'any SOURCE as --source.'),
+      source=paths.DEFINE_path('source', None, 'Any other checkpoint (or --workdir): a .npz '
+                               'file, a timm or transformers folder, hf-hub:ORG/NAME, a '
+                               'big_vision tensorstore folder.'),
       step=f.DEFINE_integer('step', None, '--workdir: the checkpoint step (default: latest).'),
       model=f.DEFINE_string('model', None, '--npz: the registry model (e.g. b16).'),
       image_size=f.DEFINE_integer('image_size', None, '--npz: input size in pixels.'),
       dataset=f.DEFINE_multi_string('dataset', None, 'NAME or NAME,TRAIN_SPLIT,TEST_SPLIT'
                                     '[,DATA_DIR]; repeat for more.'),
-      data_dir=f.DEFINE_string('data_dir', '', 'The data_dir of datasets that name none.'),
+      data_dir=paths.DEFINE_path('data_dir', '', 'The data_dir of datasets that name none.'),
       pp=f.DEFINE_string('pp', None, 'Preprocessing (default: the run\'s dataset.pp_eval; '
                          'for --npz "decode|resize(SIZE)|value_range(-1, 1)").'),
       shots=f.DEFINE_list('shots', list(DEFAULT_SHOTS), 'Shot counts.'),
@@ -42,7 +52,7 @@ def _define_flags() -> dict[str, Any]:
       l2_reg=f.DEFINE_float('l2_reg', 2.0**10, 'The regression\'s L2 regularisation.'),
       batch_size=f.DEFINE_integer('batch_size', 256, 'Images a forward pass (a multiple of '
                                   'the devices).'),
-      json=f.DEFINE_string('json', None, 'Also write the per-seed results here.'),
+      json=paths.DEFINE_path('json', None, 'Also write the per-seed results here.'),
       allow_nonfinite=f.DEFINE_bool('allow_nonfinite', False, '--workdir: use a checkpoint '
                                     'that holds NaN or infinity (its run diverged), with a '
                                     'warning, instead of refusing it.'),
@@ -50,12 +60,15 @@ def _define_flags() -> dict[str, Any]:
 
 
 def _load(flags_: dict[str, Any]) -> tuple[Any, Any, str]:
-  """(model, params, default pipeline) of --workdir or --npz."""
-  from vit_jax.checkpoints import release
+  """(model, params, default pipeline) of --workdir, --npz or --source."""
+  from vit_jax.checkpoints import formats
   from vit_jax.checkpoints import workdir as workdir_lib
   from vit_jax.models.vit import pair
 
   directory = flags_['workdir'].value
+  source = flags_['source'].value or flags_['npz'].value
+  if not directory and formats.origin(source) == formats.WORKDIR:
+    directory = source
   if directory:
     config = workdir_lib.load_config(directory)
     params, _ = workdir_lib.restore_params(directory, flags_['step'].value,
@@ -63,8 +76,8 @@ def _load(flags_: dict[str, Any]) -> tuple[Any, Any, str]:
     head = params.get('head')  # None: a self-supervised run's encoder.
     model = workdir_lib.model_from_config(config, int(head['kernel'].shape[-1]) if head else None)
     return model, params, config.dataset.pp_eval
-  loaded = release.load_npz_model(flags_['npz'].value, flags_['model'].value,
-                                  flags_['image_size'].value)
+  loaded = formats.load(source, model_name=flags_['model'].value,
+                        image_size=flags_['image_size'].value)
   h, w = pair(loaded.model.image_size)
   return loaded.model, loaded.params, \
       f'decode|resize({h if h == w else (h, w)})|value_range(-1, 1)'
@@ -74,9 +87,12 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   """Prints the few-shot table of a run or a .npz file."""
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  directory, npz = flags_['workdir'].value, flags_['npz'].value
+  directory, npz = flags_['workdir'].value, flags_['npz'].value or flags_['source'].value
+  if flags_['npz'].value and flags_['source'].value:
+    raise errors.ConfigError('Give one of --npz and --source (the same: any checkpoint).')
   if bool(directory) == bool(npz):
-    raise errors.ConfigError('Give one of --workdir (a run) and --npz (a checkpoint file).')
+    raise errors.ConfigError('Give one of --workdir (a run) and --npz or --source (another '
+                             'checkpoint).')
   if directory and (flags_['model'].value or flags_['image_size'].value):
     raise errors.ConfigError('--model and --image_size are for --npz; a workdir\'s config '
                              'fixes them.')
@@ -91,8 +107,8 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
                              'comma-separated ints, e.g. 1,5,10,25.') from None
   if directory:
     paths.run_dir(directory)
-  else:
-    paths.input_path(npz, 'npz', 'release .npz file')
+  elif not npz.startswith('hf-hub:'):
+    paths.input_path(npz, 'source' if flags_['source'].value else 'npz', 'checkpoint')
   if flags_['json'].value:
     paths.output_path(flags_['json'].value, 'json')
   from vit_jax.evals import fewshot  # Flags and paths are checked: now jax.
@@ -101,14 +117,14 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   fewshot.check_options(shots, seeds, l2_reg, '--')
   datasets = [fewshot.open_dataset(spec, flags_['data_dir'].value)
               for spec in flags_['dataset'].value]
-  for dataset in datasets:
-    fewshot.check_shots(dataset, shots)
+  kept = [fewshot.check_shots(dataset, shots) for dataset in datasets]  # Warns of skipped ones.
+  fewshot.check_computable(kept, datasets, shots, '--')
   model, params, default_pp = _load(flags_)
   results, dims = _accuracies(model, params, datasets, flags_['pp'].value or default_pp,
-                              shots, seeds, l2_reg, flags_['batch_size'].value)
+                              shots, seeds, l2_reg, flags_['batch_size'].value, kept)
   print(f'# {model.model_name}: {dims}-d features, l2 {l2_reg:g}, {seeds} seeds; '
-        'accuracy % (mean ± sample std over the seeds)')
-  print(fewshot.table(results), flush=True)
+        'accuracy % (mean ± sample std over the seeds; -: a class has fewer examples)')
+  print(fewshot.table(results, shots), flush=True)
   if flags_['json'].value:
     paths.path(flags_['json'].value).write_text(json.dumps(
         [{'dataset': n, 'shots': k, 'accuracies': v, 'mean': sum(v) / len(v)}
@@ -116,8 +132,9 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
 
 
 def _accuracies(model: Any, params: Any, datasets: list[Any], pp_spec: str,
-                shots: tuple[int, ...], seeds: int, l2_reg: float,
-                batch_size: int) -> tuple[dict[tuple[str, int], list[float]], int]:
+                shots: tuple[int, ...], seeds: int, l2_reg: float, batch_size: int,
+                kept: list[tuple[int, ...] | None]) -> tuple[dict[tuple[str, int], list[float]],
+                                                              int]:
   """({(dataset, shots): [accuracy per seed]}, the features' width) on this host's devices."""
   import jax
   import jax.numpy as jnp
@@ -141,6 +158,7 @@ def _accuracies(model: Any, params: Any, datasets: list[Any], pp_spec: str,
   params = jax.device_put(params, sharding.replicated(mesh))
   evaluator = fewshot.Evaluator('fewshot', 0, model, mesh, datasets, pp, shots, seeds, l2_reg,
                                 batch_size)
+  evaluator.known_shots(kept)  # Those check_shots warned about are not warned about again.
   features = jax.eval_shape(lambda p: fewshot.feature_model(model).apply(
       {'params': p}, jnp.zeros((1, *pair(model.image_size), 3)), train=False), params)
   return evaluator.accuracies(params), int(math.prod(features.shape[1:]))

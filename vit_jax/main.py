@@ -54,7 +54,7 @@ def _define_flags() -> dict[str, Any]:
   f = flags
   defined = dict(
       config=config_cli.DEFINE_config('config', 'Training config file.'),
-      workdir=f.DEFINE_string('workdir', None, 'Directory for checkpoints and logs.'),
+      workdir=paths.DEFINE_path('workdir', None, 'Directory for checkpoints and logs.'),
       coordinator_address=f.DEFINE_string('coordinator_address', None,
                                           'host:port of process 0, for multi-process runs.'),
       num_processes=f.DEFINE_integer('num_processes', None, 'Number of processes.'),
@@ -82,8 +82,11 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   config_lib.check(config_lib.complete(config))  # Types, None, ranges (the plan's).
   workdir = flags_['workdir'].value
   paths.output_dir(workdir)  # Then the workdir's, before jax and TensorFlow start.
-  if config.get('init_from'):
-    paths.input_path(config.init_from, 'config.init_from', 'release .npz file or workdir')
+  if config.get('init_from') and not config.init_from.startswith('hf-hub:'):
+    paths.input_path(config.init_from, 'config.init_from', 'checkpoint (docs/checkpoints.md)')
+  data_dir = config.dataset.data_dir  # A local one now; a bucket is read once TensorFlow starts.
+  if data_dir and not config.dataset.prepare:
+    paths.input_path(data_dir, 'config.dataset.data_dir', 'data folder')
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   cpu_devices = flags_['cpu_devices'].value

@@ -27,7 +27,7 @@ import numpy as np
 from etils import epath
 
 from vit_jax import config as config_lib
-from vit_jax.base import console, errors
+from vit_jax.base import console, errors, paths
 
 IGNORED = ('seed',)  # Fields that do not make another setting.
 
@@ -95,11 +95,12 @@ def find_runs(directory: Any) -> list[Run]:
   return [read_run(p) for p in walk(root)]
 
 
-def summarise(runs: list[Run]) -> dict[str, Any]:
+def summarise(runs: list[Run], shown: list[str] = ()) -> dict[str, Any]:
   """Finished runs grouped by setting (configs equal but for the seed): mean ± std each.
 
   The setting of a row is shown by the fields that differ between rows (all rows share
-  the rest); std is the sample standard deviation (n - 1; 0 for a single run).
+  the rest) and the fields in ``shown`` (a sweep's grid: the setting it chose, even alone);
+  std is the sample standard deviation (n - 1; 0 for a single run).
   """
   finished = [r for r in runs if r.accuracy is not None]
   groups: dict[str, list[Run]] = {}
@@ -109,7 +110,7 @@ def summarise(runs: list[Run]) -> dict[str, Any]:
     groups.setdefault(key, []).append(run)
   configs = [json.loads(k) for k in groups]
   fields = sorted({f for c in configs for f in c
-                   if any(c.get(f) != other.get(f) for other in configs)})
+                   if any(c.get(f) != other.get(f) for other in configs)} | set(shown))
   rows = []
   for group in groups.values():
     values = np.array([r.accuracy for r in group], np.float64)
@@ -126,10 +127,16 @@ def summarise(runs: list[Run]) -> dict[str, Any]:
 
 
 def markdown(summary: dict[str, Any]) -> str:
-  """The summary as a Markdown table (metric in %, mean ± std over n runs)."""
+  """The summary as a Markdown table (metric in %, mean ± std over n runs); a sweep's choice
+  on its minival split first."""
   fields = summary['fields']
   metric = summary['rows'][0]['metric'] if summary['rows'] else 'accuracy'
-  lines = ['| ' + ' | '.join([*fields, f'{metric} (%)', 'runs', 'seeds']) + ' |',
+  chosen = summary.get('chosen')
+  lines = [f'Chosen on the minival split {chosen["minival_split"]}: {chosen["point"]} '
+           f'({metric} {100 * chosen["minival"]:.2f}%); trained on the whole training split '
+           f'with {len(summary["rows"][0]["seeds"]) if summary["rows"] else 0} seeds:\n'] \
+      if chosen else []
+  lines += ['| ' + ' | '.join([*fields, f'{metric} (%)', 'runs', 'seeds']) + ' |',
            '| ' + ' | '.join(['---'] * (len(fields) + 3)) + ' |']
   for row in summary['rows']:
     cells = [str(row['setting'][f]) for f in fields]
@@ -334,6 +341,7 @@ def run_sweep(sweep: Sweep, print_commands: bool = False, out: Any = None) -> di
     else:
       train(sweep, stage, out)
     point, scores = sweep.choose()
+    best = next(s for s in scores if s['point'] == point_name(point))
     for score in scores:
       print(f'minival {score["point"]}: {100 * score["minival"]:.2f}%', file=out)
     print(f'chosen on the minival split ({sweep.splits[1]}): {point_name(point)}', file=out,
@@ -352,7 +360,10 @@ def run_sweep(sweep: Sweep, print_commands: bool = False, out: Any = None) -> di
     return None
   train(sweep, plans, out)
   runs = [read_run(p.workdir) for p in plans]
-  summary = summarise(runs)
+  summary = summarise(runs, [f for f, _ in sweep.grid])
+  if sweep.minival:
+    summary['chosen'] = {'point': point_name(chosen[0]), 'minival_split': sweep.splits[1],
+                         'minival': best['minival']}
   text = markdown(summary)
   print(text, file=out, flush=True)
   path = epath.Path(sweep.workdir) / 'results.json'
@@ -373,7 +384,7 @@ def _define_flags() -> dict[str, Any]:
 
   return dict(
       config=config_cli.DEFINE_config('config', 'The recipe swept.'),
-      workdir=flags.DEFINE_string('workdir', None, 'The sweep\'s folder: one workdir a run.'),
+      workdir=paths.DEFINE_path('workdir', None, 'The sweep\'s folder: one workdir a run.'),
       grid=flags.DEFINE_multi_string('grid', [], 'FIELD=VALUE,VALUE,...: the values of a '
                                      'config field (repeat for more fields: their product).'),
       seeds=flags.DEFINE_integer('seeds', 3, 'Seeds 0 .. N-1 of each setting (the paper: 3).'),
@@ -382,7 +393,7 @@ def _define_flags() -> dict[str, Any]:
                                  'run it with every seed; 0: every point with every seed.'),
       print_commands=flags.DEFINE_bool('print_commands', False, 'Print the vit_jax.main '
                                        'command of each run still to do instead of running.'),
-      json=flags.DEFINE_string('json', None, 'results: the JSON file (default DIR/results.json; '
+      json=paths.DEFINE_path('json', None, 'results: the JSON file (default DIR/results.json; '
                                'the Markdown beside it).'),
       cpu_devices=flags.DEFINE_integer('cpu_devices', 0, 'As vit_jax.main\'s --cpu_devices.'),
   )
@@ -394,7 +405,7 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   if len(argv) > 1 and argv[1] == 'results':
     if len(argv) != 3:
       raise app.UsageError('python -m vit_jax.sweep results DIR')
-    write_results(argv[2], json_path=flags_['json'].value)
+    write_results(paths.expand(argv[2]), json_path=flags_['json'].value)
     return
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]} (results DIR, or flags).')
@@ -406,8 +417,6 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   sweep = Sweep(config_flag.file.value, config_flag.overrides, flags_['workdir'].value,
                 parse_grid(flags_['grid'].value), flags_['seeds'].value, flags_['minival'].value)
   if not flags_['print_commands'].value:
-    from vit_jax.base import console, paths
-
     paths.output_dir(flags_['workdir'].value)  # Before jax and TensorFlow start.
     console.start(flags_['cpu_devices'].value)
   run_sweep(sweep, flags_['print_commands'].value)

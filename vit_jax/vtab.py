@@ -1,13 +1,15 @@
 r"""VTAB-1k, the paper's protocol: fine-tune one checkpoint on each of the 19 tasks, one table.
 
     python -m vit_jax.vtab --list --json
+    python -m vit_jax.vtab prepare --data_dir=TFDS_DIR [--tasks=...]
     python -m vit_jax.vtab --init_from=ViT-B_16.npz --workdir=DIR --data_dir=TFDS_DIR \
         [--tasks=all|natural|specialized|structured|NAME,...]
 
 One setting for all tasks (appendix B.1.1): SGD with momentum 0.9, batch 512, lr 0.01, 2,500
 steps, cosine decay, 384x384 with no augmentation; fine-tune on ``train800val200``, report top-1
-on ``test``; the score is the mean over the tasks. The tasks: ``vit_jax.data.vtab``;
-docs/vtab_and_sweeps.md.
+on ``test``; the score is the mean over the tasks. ``prepare`` builds the tasks' TFDS datasets
+(``vit_jax.data.vtab_prepare``); a run checks all its tasks' data before the first fine-tune.
+The tasks: ``vit_jax.data.vtab``; docs/vtab_and_sweeps.md.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from vit_jax.base import console, errors
+from vit_jax.base import console, errors, paths
+from vit_jax.data import vtab_prepare
 from vit_jax.data.vtab import GROUPS, SPLIT_KEYS, TASKS, Task, select
 
 # ---------------------------------------------------------------------------
@@ -95,7 +98,6 @@ def task_config(task: Task, model: dict[str, Any], settings: dict[str, Any],
 
 def model_fields(init_from: str) -> dict[str, Any]:
   """The config.model fields of a checkpoint: a run's config, or a release file's shapes."""
-  from vit_jax.base import paths
   from vit_jax.checkpoints import release
   from vit_jax.checkpoints import workdir as workdir_lib
 
@@ -219,13 +221,17 @@ def _define_flags() -> dict[str, Any]:
   return dict(
       list=f.DEFINE_bool('list', False, 'Print the task table and exit.'),
       json=f.DEFINE_bool('json', False, 'With --list: as JSON.'),
-      init_from=f.DEFINE_string('init_from', None, 'The checkpoint to fine-tune: a run\'s '
-                                'workdir or a release .npz file.'),
-      workdir=f.DEFINE_string('workdir', None, 'One sub-folder per task, and the results.'),
+      init_from=paths.DEFINE_path('init_from', None, 'The checkpoint to fine-tune: a run\'s '
+                                  'workdir, a release .npz file or any other SOURCE '
+                                  '(docs/checkpoints.md).'),
+      workdir=paths.DEFINE_path('workdir', None, 'One sub-folder per task, and the results.'),
       tasks=f.DEFINE_string('tasks', 'all', 'all, natural, specialized, structured or task '
                             'names, comma-separated.'),
-      data_dir=f.DEFINE_string('data_dir', '', 'The TFDS data_dir holding the prepared '
-                               'datasets ("": TFDS\'s default).'),
+      data_dir=paths.DEFINE_path('data_dir', '', 'The TFDS data_dir holding the prepared '
+                                 'datasets ("": TFDS\'s default); prepare: where to build them.'),
+      manual_dir=paths.DEFINE_path('manual_dir', '', 'prepare: the folder of the manual '
+                                   'downloads, one sub-folder per dataset (default: '
+                                   'DATA_DIR/downloads/manual).'),
       lr=f.DEFINE_float('lr', 0.01, 'Learning rate (the paper\'s VTAB setting).'),
       steps=f.DEFINE_integer('steps', 2500, 'Training steps per task (the paper\'s).'),
       warmup_steps=f.DEFINE_integer('warmup_steps', 500, 'Linear warm-up steps (the paper '
@@ -247,11 +253,27 @@ def _define_flags() -> dict[str, Any]:
   )
 
 
+def prepare(flags_: dict[str, Any]) -> None:
+  """``vtab prepare``: builds the requested tasks' TFDS datasets in --data_dir."""
+  tasks = select(flags_['tasks'].value)
+  # TFDS 4.9's builders import importlib_resources without declaring it.
+  vtab_prepare.require_tfds('vit_jax.vtab prepare', ('tensorflow_datasets', 'importlib_resources'))
+  data_dir = flags_['data_dir'].value or vtab_prepare.default_data_dir()
+  paths.output_dir(data_dir, 'data_dir')
+  manual_dir = flags_['manual_dir'].value
+  if manual_dir:
+    paths.input_path(manual_dir, 'manual_dir', 'folder of manual downloads')
+  vtab_prepare.prepare(tasks, data_dir, manual_dir)
+
+
 def main(argv: list[str], flags_: dict[str, Any]) -> None:
   from absl import app
 
+  if argv[1:2] == ['prepare'] and len(argv) == 2:
+    prepare(flags_)
+    return
   if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]} (prepare, or flags).')
   if flags_['list'].value:
     if flags_['json'].value:
       print(json.dumps([t.describe() for t in TASKS], indent=1))
@@ -270,14 +292,12 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   settings = {k: flags_[k].value for k in (
       'init_from', 'data_dir', 'lr', 'steps', 'warmup_steps', 'batch_size', 'image_size',
       'momentum', 'seed', 'train_split', 'eval_split')}
-  if settings['data_dir']:
-    from etils import epath
-    if not epath.Path(settings['data_dir']).exists():
-      raise errors.MissingFileError(f'--data_dir={settings["data_dir"]} does not exist.')
-  from vit_jax.base import console, paths
-
-  paths.input_path(settings['init_from'], 'init_from', 'release .npz file or workdir')
+  if not settings['init_from'].startswith('hf-hub:'):
+    paths.input_path(settings['init_from'], 'init_from', 'checkpoint (docs/checkpoints.md)')
   paths.output_dir(flags_['workdir'].value)  # Before jax and TensorFlow start.
+  # Every task's data, before the first fine-tune (and before jax starts).
+  vtab_prepare.check(tasks, settings['data_dir'], flags_['tasks'].value)
+  vtab_prepare.require_tfds('vit_jax.vtab')
   console.start(flags_['cpu_devices'].value)
   config_flag = flags_['config']
   run(tasks, flags_['workdir'].value, settings, config_flag.overrides, config_flag.file.value)

@@ -124,7 +124,12 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 class ArgumentParser(argparse.ArgumentParser):
   """``argparse.ArgumentParser`` whose errors are one ``error:`` line (exit status 2), as
-  the absl entry points', instead of argparse's usage block and ``PROG: error:`` line."""
+  the absl entry points', instead of argparse's usage block and ``PROG: error:`` line; a
+  flag's prefix is not taken for the flag (as absl does not)."""
+
+  def __init__(self, *args: Any, **kwargs: Any) -> None:
+    kwargs.setdefault('allow_abbrev', False)
+    super().__init__(*args, **kwargs)
 
   def error(self, message: str) -> NoReturn:
     sys.exit(report(UsageError(f'{message} ({self.prog} --help lists the arguments).')))

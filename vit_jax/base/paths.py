@@ -5,8 +5,10 @@ etils epath is the project's one filesystem layer: a local path goes to the os, 
 ``EPATH_USE_TF=false``, to fsspec, which needs ``gcsfs``). ``os.path`` and ``open`` see none of
 these, so every file a user names goes through here or ``epath.Path``. This module adds
 ``ram://`` (TensorFlow's in-memory filesystem: the tests' non-local filesystem) and ``file://``
-URIs, and the command lines' checks (``output_dir``, ``input_path``, ``run_dir``, ...): a missing
-input or an unwritable workdir is one ``error:`` line before jax, TensorFlow and the data start.
+URIs, the command lines' path flags (``DEFINE_path``: ``~`` and ``$VAR`` expanded, which a shell
+leaves in ``--flag=~/x``) and their checks (``output_dir``, ``input_path``, ``run_dir``, ...): a
+missing input or an unwritable workdir is one ``error:`` line before jax, TensorFlow and the data
+start.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 import tempfile
 from typing import Any
 
+from absl import flags
 from etils import epath
 from etils.epath import backend as epath_backend
 from etils.epath import gpath
@@ -63,6 +66,34 @@ def path(p: str | os.PathLike) -> epath.Path:
       raise errors.ConfigError(f'{FILE}{p} is not an absolute file:// URI: write '
                                f'{FILE}/ABSOLUTE/PATH or the plain path.')
   return epath.Path(p)
+
+
+def expand(p: Any) -> Any:
+  """``p`` with ``$VAR`` / ``${VAR}`` and a leading ``~`` expanded, as a shell expands a word of
+  its own but not the value in ``--flag=~/x``; anything but a non-empty string as it is."""
+  if not isinstance(p, str) or not p:
+    return p
+  p = os.path.expandvars(p)
+  return p if is_remote(p) else os.path.expanduser(p)
+
+
+class _PathParser(flags.ArgumentParser):
+  """absl's string flag, its value ``expand``-ed."""
+
+  syntactic_help = 'a path (~ and $VAR are expanded)'
+
+  def parse(self, argument: Any) -> Any:
+    return expand(argument)
+
+  def flag_type(self) -> str:
+    return 'string'
+
+
+def DEFINE_path(name: str, default: str | None, help_string: str,  # noqa: N802
+                **kwargs: Any) -> flags.FlagHolder:
+  """An absl string flag for a file or folder: ``~`` and ``$VAR`` in its value are expanded."""
+  return flags.DEFINE(_PathParser(), name, default, help_string,
+                      serializer=flags.ArgumentSerializer(), **kwargs)
 
 
 def is_remote(p: str | os.PathLike) -> bool:

@@ -1,2 +1,49 @@
-"""A run's checkpoints and the release files: ``manager`` (Orbax run state, saved with
-checksums, restored and verified), ``release`` (the release .npz format), ``checksum``."""
+"""Checkpoints, in and out: a run's (``manager``: Orbax run state, saved with checksums,
+restored and verified; ``workdir``), the release .npz format (``release``), the Hugging Face
+Hub's timm and transformers folders (``hub``) and big_vision's tensorstore folders
+(``big_vision``). ``load`` reads any of them, named by one SOURCE string (``formats``);
+``export`` writes a model as .npz, timm or transformers."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+  from vit_jax.checkpoints.release import Loaded
+
+
+def load(source: str, *, step: int | None = None, ema: bool = False,
+         allow_nonfinite: bool = False, model_name: str | None = None,
+         image_size: int | tuple[int, int] | None = None, pool: str | None = None, source_grid: tuple[int, int] | None = None) -> Loaded:
+  """The model, parameters and class names a SOURCE names (``formats``).
+
+  A run's workdir: its checkpoint (the latest unless ``step``; ``ema``: the weights' moving
+  average; a non-finite checkpoint refused unless ``allow_nonfinite``). Any other source:
+  ``formats.load`` (``model_name``, ``image_size``, ``pool``, ``source_grid`` and, for
+  big_vision, ``step``).
+  """
+  from vit_jax.base import errors
+  from vit_jax.checkpoints import formats, workdir
+
+  if formats.origin(source) == formats.WORKDIR:
+    given = [k for k, v in (('model_name', model_name), ('image_size', image_size),
+                            ('pool', pool), ('source_grid', source_grid)) if v is not None]
+    if given:
+      raise errors.ConfigError(f'{", ".join(given)} given, but {source} is a workdir: its '
+                               'config.json says its model; leave them unset.')
+    return workdir.load_run(source, step, ema=ema, allow_nonfinite=allow_nonfinite)
+  if ema:
+    raise errors.ConfigError(f'ema=True, but {source} is not a workdir: it holds one set of '
+                             'weights.')
+  return formats.load(source, model_name=model_name, image_size=image_size, pool=pool,
+                      source_grid=source_grid, step=step)
+
+
+def export(model: Any, params: Mapping[str, Any], out: str | os.PathLike,
+           format: str = 'npz', class_names: Sequence[str] = ()) -> str:
+  """Writes a model's parameters as 'npz', 'timm' or 'transformers' (``formats.export``)."""
+  from vit_jax.checkpoints import formats
+
+  return formats.export(model, params, out, format, class_names)

@@ -28,7 +28,7 @@ from absl import logging
 
 from vit_jax.base import errors, paths
 from vit_jax.models import VisionTransformer, get_model, registry
-from vit_jax.models.vit import pair
+from vit_jax.models.vit import LN_EPSILON, pair
 
 # Masked patch prediction's parameters (vit_jax.models.mpp): the learnable [mask] embedding and
 # the per-patch prediction head, used only in pre-training; fine-tuning drops them.
@@ -88,8 +88,15 @@ def to_release(params: Mapping[str, Any]) -> Params:
   stacked = transformer.pop('encoderblock')
   num_layers = jax.tree.leaves(stacked)[0].shape[0]
   for i in range(num_layers):
-    transformer[f'encoderblock_{i}'] = jax.tree.map(lambda x, i=i: x[i], stacked)
+    transformer[f'encoderblock_{i}'] = jax.tree.map(lambda x, i=i: _layer(x, i), stacked)
   return {**params, 'Transformer': transformer}
+
+
+def _layer(x: Any, i: int) -> Any:
+  """Layer ``i`` of a stacked array, or of its shape (``jax.eval_shape``'s parameters)."""
+  if isinstance(x, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
+  return x[i]
 
 
 def to_model_layout(params: Mapping[str, Any], scanned: bool) -> Params:
@@ -132,6 +139,11 @@ def _canonicalise(flat: dict[str, np.ndarray], path: Any) -> dict[str, np.ndarra
         f'{path} is not a ViT release checkpoint: expected keys such as "embedding/kernel" '
         f'and "Transformer/encoder_norm/scale", found {len(flat)} keys ({sample}).')
   return flatten(to_release(unflatten(renamed)))
+
+
+def canonical(flat: dict[str, np.ndarray], origin: Any) -> dict[str, np.ndarray]:
+  """A release or big_vision checkpoint's flat arrays in the release layout (unrolled)."""
+  return _canonicalise(flat, origin)
 
 
 def load_npz(path: str | os.PathLike) -> Params:
@@ -194,6 +206,42 @@ def save_npz(path: str | os.PathLike, params: Mapping[str, Any]) -> None:
   tmp.replace(path)
 
 
+def npz_problem(model: VisionTransformer) -> str:
+  """What of ``model`` a release .npz file cannot record ('' if nothing): the file is read back
+  by its arrays alone, as the release's ViT (tanh GELU, LayerNorm epsilon 1e-6)."""
+  if model.layer_scale is not None:
+    return f'layer_scale={model.layer_scale} (ls1, ls2: no such arrays in the release layout)'
+  if model.num_registers:
+    return f'num_registers={model.num_registers} (no register tokens in the release layout)'
+  if model.fc_norm:
+    return 'fc_norm=True (the release normalises before pooling)'
+  if model.has_class_token != (model.pool == 'token'):
+    return (f'class_token={model.has_class_token} with pool={model.pool!r} (a release file '
+            "has a class token exactly where it pools it)")
+  if model.activation != 'gelu_tanh':
+    return f'activation={model.activation!r} (a release file is read with the tanh GELU)'
+  if model.norm_epsilon != LN_EPSILON:
+    return f'norm_epsilon={model.norm_epsilon:g} (a release file is read with 1e-6)'
+  return ''
+
+
+def save_model_npz(path: str | os.PathLike, model: VisionTransformer,
+                   params: Mapping[str, Any]) -> None:
+  """``save_npz`` of a model's parameters, refused where the layout cannot say what ``model``
+  computes (``npz_problem``); a class token without a position embedding gets a zero row."""
+  if problem := npz_problem(model):
+    raise errors.CheckpointError(
+        f'A release .npz file cannot hold {model.model_name or "this model"}: {problem}. '
+        "Export it with format='timm' (python -m vit_jax.tools.export --format=timm).")
+  params = to_release(params)
+  if model.posemb == 'learn' and model.num_prefix_tokens and not model.prefix_posemb:
+    flat = flatten(params)
+    posemb = to_host(flat[POSEMB_KEY])
+    flat[POSEMB_KEY] = np.concatenate([np.zeros_like(posemb[:, :1]), posemb], axis=1)
+    params = unflatten(flat)
+  save_npz(path, params)
+
+
 def _interpolation_matrix(n_in: int, n_out: int) -> np.ndarray:
   """(n_out, n_in) linear interpolation with aligned corners (scipy.ndimage.zoom order=1)."""
   pos = np.arange(n_out) * ((n_in - 1) / (n_out - 1) if n_out > 1 else 0.)
@@ -254,7 +302,7 @@ def _fit_posemb(posemb: np.ndarray, model: VisionTransformer,
   positions as a non-square model's grid could be that grid, its transpose or another
   (4x6 into 6x4 is a different layout of the same 24 positions, resized when given).
   """
-  n = posemb.shape[1] - model.num_prefix_tokens
+  n = posemb.shape[1] - model.posemb_prefix_rows
   h, w = model.grid
   grid = source_grid
   if grid is None and n == h * w and h != w:
@@ -271,7 +319,7 @@ def _fit_posemb(posemb: np.ndarray, model: VisionTransformer,
         'if it is another)', POSEMB_KEY, *grid, n)
   if grid == model.grid:
     return posemb
-  resized = resize_posemb(posemb, model.grid, grid, model.num_prefix_tokens)
+  resized = resize_posemb(posemb, model.grid, grid, model.posemb_prefix_rows)
   log('%s resized %s -> %s (bilinear, from the %dx%d grid to the %dx%d grid)', POSEMB_KEY,
       posemb.shape, resized.shape, *grid, *model.grid)
   return resized
@@ -311,7 +359,8 @@ def _group_blocks(items: list[tuple[str, str]]) -> list[str]:
 
 def _mismatch_message(origin: Any, model: VisionTransformer, source: Mapping[str, Any],
                       missing: list[str], extra: list[str],
-                      shapes: list[tuple[str, tuple, tuple]]) -> str:
+                      shapes: list[tuple[str, tuple, tuple]],
+                      source_model: VisionTransformer | None = None) -> str:
   def listing(title: str, items: list[tuple[str, str]]) -> list[str]:
     if not items:
       return []
@@ -326,8 +375,64 @@ def _mismatch_message(origin: Any, model: VisionTransformer, source: Mapping[str
   lines += listing('in the checkpoint but not in the model', [(k, '') for k in extra])
   lines += listing('shape mismatch (checkpoint vs model)',
                    [(k, f': {a} vs {b}') for k, a, b in shapes])
-  lines.append(_describe(source) + ' Pick the model variant the checkpoint was trained as.')
+  if source_model is not None:
+    options = ', '.join(f'{k}={v!r}' for k, v in model_options(source_model).items())
+    lines.append(f'The checkpoint is a model with config.model: {options}.')
+  else:
+    lines.append(_describe(source) + ' Pick the model variant the checkpoint was trained as.')
   return '\n'.join(lines)
+
+
+# The options that make up a model's architecture (the rest: how it computes, dtypes, dropout).
+ARCHITECTURE = ('image_size', 'patch_size', 'hidden_size', 'num_layers', 'mlp_dim', 'num_heads',
+                'resnet_layers', 'resnet_width', 'pool', 'representation_size', 'posemb',
+                'parallel_block', 'qk_norm', 'qkv_bias', 'norm', 'norm_epsilon', 'activation',
+                'layer_scale', 'class_token', 'num_registers', 'prefix_posemb', 'fc_norm')
+
+
+def model_options(model: VisionTransformer) -> dict[str, Any]:
+  """The config.model fields that describe ``model``'s architecture, defaults left out."""
+  defaults = {f.name: f.default for f in dataclasses.fields(VisionTransformer)}
+  options = {'name': 'b16'}
+  for key in ARCHITECTURE:
+    value = getattr(model, key)
+    if key in ('image_size', 'patch_size'):
+      value = pair(value)
+      value = value[0] if value[0] == value[1] else value
+    if key in ('hidden_size', 'num_layers', 'mlp_dim', 'num_heads', 'patch_size') or (
+        value != defaults.get(key)):
+      options[key] = value
+  return options
+
+
+def _move_prefix_posemb(source: dict[str, Any], model: VisionTransformer,
+                        source_model: VisionTransformer | None, log: Any
+                        ) -> tuple[dict[str, Any], int]:
+  """``source`` with its prefix tokens' position embeddings as ``model`` lays them out, and
+  the number of prefix rows its position embeddings then have."""
+  if POSEMB_KEY not in source or model.posemb != 'learn':
+    return source, model.posemb_prefix_rows
+  tokens = [k for k in ('cls', 'registers') if k in source]
+  count = sum(int(np.shape(source[k])[1]) for k in tokens)
+  rows = count if source_model is None else source_model.posemb_prefix_rows
+  want = model.posemb_prefix_rows
+  if rows == want or (rows and want) or count != model.num_prefix_tokens:
+    return source, rows  # Nothing to move, or a mismatch that adapt names.
+  posemb = np.asarray(source[POSEMB_KEY])
+  if rows:  # Into the tokens: [cls + row_0; reg + rows_1..; x + pe] is the same sum.
+    start = 0
+    for key in tokens:
+      n = int(np.shape(source[key])[1])
+      source[key] = np.asarray(source[key]) + posemb[:, start:start + n].astype(
+          np.asarray(source[key]).dtype)
+      start += n
+    source[POSEMB_KEY] = posemb[:, rows:]
+    log('%s: the %d prefix rows added to %s (the model has none for them)', POSEMB_KEY, rows,
+        ' and '.join(tokens))
+  else:
+    source[POSEMB_KEY] = np.concatenate([np.zeros_like(posemb[:, :want]), posemb], axis=1)
+    log('%s: %d zero rows for the prefix tokens (the source has none)', POSEMB_KEY, want)
+  return source, want
 
 
 def _describe(flat: Mapping[str, Any]) -> str:
@@ -362,7 +467,8 @@ def is_big_vision_layout(path: str | os.PathLike) -> bool:
 
 
 def check_source_pool(path: str | os.PathLike, source: Mapping[str, Any],
-                      source_pool: str | None, *, keep_head: bool) -> None:
+                      source_pool: str | None, *, keep_head: bool,
+                      big_vision: bool | None = None) -> None:
   """Refuses a .npz file whose classifier would be used under another pooling than its own.
 
   ``source`` is the file's flat release-layout arrays; ``source_pool`` the pooling its
@@ -371,7 +477,8 @@ def check_source_pool(path: str | os.PathLike, source: Mapping[str, Any],
   store the same arrays, and only a big_vision file can be ``0`` or ``none``. With
   ``keep_head`` the file's classifier is used, so its pooling must be one of ours and,
   for a big_vision file, known. Without, only the encoder is taken and the model's own
-  pooling feeds a new head: any source pooling is fine.
+  pooling feeds a new head: any source pooling is fine. ``big_vision``: whether the source
+  was written by big_vision (None: read from the .npz file at ``path``).
   """
   seen = 'token' if 'cls' in source else 'map' if any(
       k.startswith('MAPHead_0/') for k in source) else None
@@ -395,7 +502,9 @@ def check_source_pool(path: str | os.PathLike, source: Mapping[str, Any],
         f"{path} is a big_vision model with pool type {source_pool!r}: {what}, which this "
         "ViT does not compute (it pools by 'token', 'gap' or 'map'), so its classifier "
         'cannot be used. Fine-tune it with a new head (config.init_keep_head=False).')
-  if seen is None and source_pool is None and is_big_vision_layout(path):
+  if big_vision is None:
+    big_vision = is_big_vision_layout(path)
+  if seen is None and source_pool is None and big_vision:
     raise errors.CheckpointMismatchError(
         f"{path} is a big_vision file with neither a class token nor a MAP head: its pool "
         "type 'gap', '0' or 'none' stores the same arrays, and the classifier means "
@@ -419,7 +528,7 @@ def load_pretrained(path: str | os.PathLike, init_params: Mapping[str, Any], mod
 
 def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_config: Any, *,
           keep_head: bool = False, source_grid: tuple[int, int] | None = None,
-          origin: str = 'checkpoint') -> Params:
+          origin: str = 'checkpoint', source_model: VisionTransformer | None = None) -> Params:
   """Adapts pre-trained parameters (flat, release layout) to a model, for fine-tuning.
 
   Args:
@@ -435,18 +544,24 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
       one; a source that is neither (a non-square one, or one as large as a non-square
       model's grid, which could be its transpose) is refused without it.
     origin: where the parameters come from, for the log and the errors.
+    source_model: the model the parameters are of, where known (a workdir's, a timm or
+      transformers folder's): its position embeddings' prefix rows, and the options to
+      name where the model does not fit. None: the release layout (a row per prefix token).
 
   Returns:
     Params in ``init_params``' layout: pre-logits kept or dropped as the model
-    has it, position embeddings resized to the model's grid, a fresh head.
+    has it, position embeddings resized to the model's grid, a fresh head. Prefix tokens'
+    position embeddings are moved into the tokens where the model has none for them
+    (``token + row``: the same function), or added as zero rows where it has them; a
+    model with layer scale takes scales of one where the source has none.
   Raises:
     errors.CheckpointMismatchError: listing missing, extra and mis-shaped keys.
   """
   model = _as_model(model_config)
   init = unwrap(init_params)
   target = flatten(to_release(init))
-  source = dict(source)
   log = lambda msg, *args: logging.info('init from %s: ' + msg, origin, *args)
+  source, prefix_rows = _move_prefix_posemb(dict(source), model, source_model, log)
 
   loaded, missing, shapes = {}, [], []
   for key, ref in target.items():
@@ -459,11 +574,14 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
       if key.startswith('pre_logits/') or key.split('/')[0] in PRETRAINING_ONLY:
         log('%s not in the checkpoint: freshly initialised %s', key, ref.shape)
         loaded[key] = ref
+      elif key.rsplit('/', 1)[-1] in ('ls1', 'ls2'):  # Layer scale 1: the source's function.
+        loaded[key] = np.ones(ref.shape, ref.dtype)
       else:
         missing.append(key)
       continue
     value = source[key]
-    if key == POSEMB_KEY and value.shape[-1] == ref.shape[-1]:
+    if (key == POSEMB_KEY and value.shape[-1] == ref.shape[-1]
+        and prefix_rows == model.posemb_prefix_rows):  # Else: another model, named below.
       value = _fit_posemb(value, model, source_grid, log)
     if value.shape != tuple(ref.shape):
       shapes.append((key, value.shape, tuple(ref.shape)))
@@ -476,7 +594,9 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
   extra = [k for k in source if k not in target and k not in dropped]
   if missing or extra or shapes:
     raise errors.CheckpointMismatchError(
-        _mismatch_message(origin, model, source, missing, extra, shapes))
+        _mismatch_message(origin, model, source, missing, extra, shapes, source_model))
+  if any(k.rsplit('/', 1)[-1] == 'ls1' for k in target if k not in source):
+    log('layer scale not in the checkpoint: ls1, ls2 set to one (the same function)')
   for key in dropped:
     log('%s %s dropped (the model has no such layer)', key, source[key].shape)
   if not keep_head and 'head/kernel' in target:
@@ -557,6 +677,14 @@ def load_npz_model(path: str | os.PathLike, model_name: str | None = None,
   """
   flat = flatten(load_npz(path))
   check_source_pool(path, flat, pool, keep_head=True)
+  return model_of(flat, str(path), model_name, image_size, class_names, source_grid)
+
+
+def model_of(flat: dict[str, Any], origin: str, model_name: str | None = None,
+             image_size: int | tuple[int, int] | None = None,
+             class_names: tuple[str, ...] = (),
+             source_grid: tuple[int, int] | None = None) -> Loaded:
+  """Release-layout arrays as a model with its parameters (``load_npz_model``)."""
   arch = npz_architecture(flat)
   size = arch.pop('image_size') if image_size is None else image_size
   arch.pop('image_size', None)
@@ -580,6 +708,5 @@ def load_npz_model(path: str | os.PathLike, model_name: str | None = None,
                         model_name=description, **arch)
   init = jax.eval_shape(model.init, jax.random.key(0),
                         jax.ShapeDtypeStruct((1, *pair(size), 3), np.float32))['params']
-  params = adapt(flat, init, model, keep_head=True, source_grid=source_grid,
-                 origin=str(path))
-  return Loaded(model, params, tuple(class_names), str(path))
+  params = adapt(flat, init, model, keep_head=True, source_grid=source_grid, origin=origin)
+  return Loaded(model, params, tuple(class_names), origin)

@@ -3,8 +3,9 @@
 ``vit_jax.main`` writes ``config.json`` (the run's config, with the number of
 classes resolved), ``classes.json`` (the class names, when the data has them) and
 Orbax checkpoints under ``checkpoints/``. Fine-tuning, export, prediction and
-inspection start from here, or from a release .npz file. A resume is the same run:
-``check_resume`` refuses a config that would train another trajectory.
+inspection start from here, or from any other checkpoint a SOURCE names (``formats``).
+A resume is the same run: ``check_resume`` refuses a config that would train another
+trajectory.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from etils import epath
 
 from vit_jax import config as config_lib
 from vit_jax.base import errors, paths
+from vit_jax.checkpoints import big_vision, formats, release
 from vit_jax.checkpoints import manager as manager_lib
-from vit_jax.checkpoints import release
 from vit_jax.models import VisionTransformer, get_model, mpp
 from vit_jax.models.vit import pair
 
@@ -243,13 +244,14 @@ def init_params_from(source: str, init_params: dict[str, Any], model: VisionTran
                      step: int | None = None, keep_head: bool = False, ema: bool = False,
                      source_grid: tuple[int, int] | None = None,
                      source_pool: str | None = None) -> dict[str, Any]:
-  """A fine-tune's starting parameters from a run's workdir or a release .npz.
+  """A fine-tune's starting parameters from a run's workdir or any other SOURCE (``formats``).
 
   Only the parameters are taken (``ema``: the run's moving average of them instead).
   They are adapted to ``model`` as ``release.adapt`` does (position embeddings resized
   to the new grid, a new zero head, pre-logits kept or dropped, scanned or unrolled
-  layout), each change logged. A workdir's grid is its recorded config's; a .npz file's
-  is ``source_grid`` where it is not square (``release.adapt``), and ``source_pool`` its
+  layout), each change logged. A workdir's grid is its recorded config's, a timm or
+  transformers folder's its config.json's; a .npz file's or big_vision checkpoint's is
+  ``source_grid`` where it is not square (``release.adapt``), and ``source_pool`` its
   pool type where its arrays do not tell (``release.check_source_pool``). The result is
   in ``init_params``' layout, as host arrays.
   """
@@ -268,15 +270,38 @@ def init_params_from(source: str, init_params: dict[str, Any], model: VisionTran
         release.flatten(release.to_release(params)), init_params, model,
         keep_head=keep_head, source_grid=source_model.grid,
         origin=f'{source} (step {step}{", EMA" if ema else ""})')
-  if step is not None:
-    raise errors.ConfigError(f'config.init_step={step} is given, but {source} is a .npz file, '
-                             'not a workdir: leave init_step unset.')
+  kind = formats.origin(source)
+  what = 'a .npz file' if kind == formats.NPZ else f'a {kind} checkpoint'
+  if step is not None and kind != formats.BIG_VISION:
+    raise errors.ConfigError(f'config.init_step={step} is given, but {source} is {what}, not a '
+                             'workdir: leave init_step unset.')
   if ema:
     raise errors.ConfigError(
-        f'config.init_ema is true, but {source} is a .npz file: it holds one set of weights '
+        f'config.init_ema is true, but {source} is {what}: it holds one set of weights '
         '(export a run\'s moving average with python -m vit_jax.tools.export --ema).')
-  return release.load_pretrained(source, init_params, model, keep_head=keep_head,
-                                 source_grid=source_grid, source_pool=source_pool)
+  if kind == formats.NPZ:
+    return release.load_pretrained(source, init_params, model, keep_head=keep_head,
+                                   source_grid=source_grid, source_pool=source_pool)
+  if kind == formats.BIG_VISION:
+    flat = big_vision.read_params(source, step)
+    release.check_source_pool(source, flat, source_pool, keep_head=keep_head, big_vision=True)
+    return release.adapt(flat, init_params, model, keep_head=keep_head,
+                         source_grid=source_grid, origin=f'{source} (big_vision)')
+  loaded = formats.load(source)  # timm, transformers, hf-hub: the architecture is recorded.
+  if source_grid is not None and pair(source_grid) != loaded.model.grid:
+    raise errors.ConfigError(
+        f'config.init_source_grid={tuple(source_grid)}, but {source} was trained at the '
+        f'{loaded.model.grid[0]}x{loaded.model.grid[1]} grid (its config.json): leave '
+        'init_source_grid unset.')
+  for option in ('activation', 'norm_epsilon'):  # Not in the arrays: the config's is taken.
+    theirs, ours = getattr(loaded.model, option), getattr(model, option)
+    if theirs != ours:
+      logging.warning('init from %s: it computes with %s=%r, the model with %r (set '
+                      'config.model.%s=%r to keep its function)', source, option, theirs, ours,
+                      option, theirs)
+  return release.adapt(release.flatten(release.to_release(loaded.params)), init_params, model,
+                       keep_head=keep_head, source_grid=loaded.model.grid, origin=loaded.source,
+                       source_model=loaded.model)
 
 
 def check_init_from(config: ml_collections.ConfigDict) -> None:
@@ -284,8 +309,8 @@ def check_init_from(config: ml_collections.ConfigDict) -> None:
 
   ``init_ema``, ``init_source_grid`` and ``init_source_pool`` need an ``init_from``;
   ``init_ema`` a workdir whose checkpoint keeps a moving average, ``init_source_pool``
-  a .npz file (a workdir's model is in its config), ``init_source_grid`` a (rows,
-  columns) pair of positive ints.
+  a .npz file or a big_vision checkpoint (the others record their model),
+  ``init_source_grid`` a (rows, columns) pair of positive ints.
   """
   source = config.init_from
   options = {k: config.get(k) for k in ('init_ema', 'init_source_grid', 'init_source_pool')}
@@ -302,11 +327,14 @@ def check_init_from(config: ml_collections.ConfigDict) -> None:
   if pool is not None and pool not in release.SOURCE_POOLS:
     raise errors.ConfigError(f'config.init_source_pool={pool!r} is not one of big_vision\'s '
                              'pool types: tok, gap, map, 0, none.')
-  if not source or not is_workdir(source):
+  if not source:
     return
-  if pool is not None:
-    raise errors.ConfigError(f'config.init_source_pool={pool!r}, but {source} is a workdir: '
-                             'its config.json says its model; leave init_source_pool unset.')
+  kind = formats.origin(source)
+  if pool is not None and kind not in (formats.NPZ, formats.BIG_VISION):
+    raise errors.ConfigError(f'config.init_source_pool={pool!r}, but {source} is a {kind} '
+                             'checkpoint: it records its model; leave init_source_pool unset.')
+  if kind != formats.WORKDIR:
+    return
   if options['init_ema'] and not has_ema(source, config.get('init_step')):
     raise errors.ConfigError(
         f'config.init_ema is true, but the checkpoint of {source} keeps no moving average of '

@@ -37,7 +37,8 @@ FIELDS: dict[str, Field | Group] = {
             'mlp_dim': F('int?', None, '>= 1', 'MLP hidden units.'),
             'num_heads': F('int?', None, '>= 1', 'Attention heads.'),
             'num_layers': F('int?', None, '>= 1', 'Encoder blocks.'),
-            'pool': F('str?', None, '', "'token' (class token), 'gap' or 'map'."),
+            'pool': F('str?', None, '', "'token' (class token), 'gap' (the patches' mean) or "
+                      "'map'."),
             'representation_size': F('int?', None, '>= 1',
                                      'Pre-logits layer (Dense + tanh) width; None: none.'),
             'head_bias_init': F('float?', None, '',
@@ -64,14 +65,29 @@ FIELDS: dict[str, Field | Group] = {
                           '(True).'),
             'norm': F('str?', None, '', "'layernorm' or 'rmsnorm' (no centering, no bias; "
                       'ViT-22B).'),
+            'norm_epsilon': F('float?', None, '> 0', "Every norm's epsilon (1e-6; transformers' "
+                              'ViT: 1e-12).'),
+            'activation': F('str?', None, '', "The MLP's GELU: 'gelu_tanh' (the tanh "
+                            "approximation, the releases') or 'gelu' (exact: timm's, "
+                            "transformers')."),
+            'layer_scale': F('float?', None, '', 'Initial per-channel scale of each residual '
+                             'branch (DeiT III: 1e-6); None: no layer scale.'),
+            'class_token': F('bool?', None, '', "A class token; None: where pool='token'."),
+            'num_registers': F('int?', None, '>= 0', 'Register tokens, attended to, never '
+                               'pooled (0).'),
+            'prefix_posemb': F('bool?', None, '', 'The class token and registers get position '
+                               "embeddings too (True); False: the patches only (timm's "
+                               'no_embed_class, DeiT III).'),
+            'fc_norm': F('bool?', None, '', 'The final LayerNorm after pooling instead of '
+                         "before (timm's avg-pooled ViTs; False)."),
         }),
     'dataset': Group(
         "The data: a TFDS name, 'digits', 'mnist', 'fashion_mnist', or a local-format "
         'dataset.', {
             'name': F('str', 'imagenet2012', '', 'The dataset.'),
-            'data_dir': F('str', '', '', 'TFDS data_dir, or the directory of IDX / '
+            'data_dir': F('path', '', '', 'TFDS data_dir, or the directory of IDX / '
                           'local-format files.'),
-            'manual_dir': F('str', '', '', "TFDS manual_dir (ImageNet's tar files)."),
+            'manual_dir': F('path', '', '', "TFDS manual_dir (ImageNet's tar files)."),
             'prepare': F('bool', False, '', 'Build a missing TFDS dataset first.'),
             'num_classes': F('int', 0, '>= 0', "0: the data's."),
             'train_split': F('str', 'train', '', 'The split trained on.'),
@@ -160,15 +176,18 @@ FIELDS: dict[str, Field | Group] = {
                              'split over the data axis too, gathered once a step; None: on '
                              'TPUs and GPUs, off on CPUs (vit_jax/base/cpu/).'),
         }),
-    'init_from': F('str', '', '', "A run's workdir or a release .npz to fine-tune from."),
+    'init_from': F('path', '', '', "The checkpoint to fine-tune from: a run's workdir, a "
+                   "release or big_vision .npz, a timm or transformers folder, 'hf-hub:ORG/NAME' "
+                   'or a big_vision tensorstore folder (docs/checkpoints.md).'),
     'init_step': F('int?', None, '>= 0', 'Its checkpoint; None: the latest.'),
     'init_keep_head': F('bool', False, '', "Keep the source's classifier (same classes)."),
     'init_ema': F('bool', False, '', "Start from the source run's moving average of the "
                   'weights (its optimizer.ema_decay > 0); a workdir only.'),
     'init_source_grid': F('tuple?', None, '', "A .npz source's patch grid (rows, columns), "
                           'needed where it is not square or is as large as a non-square '
-                          "model grid (e.g. (14, 20) for 224x320); a workdir's is recorded."),
-    'init_source_pool': F('str?', None, '', "A big_vision .npz source's pool_type where its "
+                          "model grid (e.g. (14, 20) for 224x320); a workdir's, a timm or "
+                          "transformers folder's are recorded."),
+    'init_source_pool': F('str?', None, '', "A big_vision source's pool_type where its "
                           "arrays do not tell ('gap', '0', 'none'); needed with "
                           "init_keep_head, where only 'gap' loads."),
     'evals': F('evals', {'eval': {'type': 'classification'}}, '', 'The evaluators, by name: '
@@ -221,7 +240,7 @@ EVAL_TYPES: dict[str, Group] = {
         "ImageNet-v2: dict(type='classification', dataset='imagenet_v2', split='test').", {
             'dataset': F('str', '', '', "A TFDS name; '': the run's config.dataset.name."),
             'split': F('str', '', '', "'': config.dataset.eval_split."),
-            'data_dir': F('str', '', '', _DATA_DIR),
+            'data_dir': F('path', '', '', _DATA_DIR),
             'pp': F('str', '', '', "'': config.dataset.pp_eval."),
         }),
     'fewshot': Group(
@@ -237,7 +256,7 @@ EVAL_TYPES: dict[str, Group] = {
             'pp': F('str', '', '', "Both splits' preprocessing; '': config.dataset.pp_eval."),
         }),
     'real': Group("ImageNet ReaL: the validation images' reassessed label sets.", {
-        'data_dir': F('str', '', '', _DATA_DIR),
+        'data_dir': F('path', '', '', _DATA_DIR),
         'pp': F('str', '', '', "'': config.dataset.pp_eval."),
     }),
     'mpp': Group("Masked patch prediction's colour accuracy on held-out images.", {

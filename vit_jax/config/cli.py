@@ -25,7 +25,7 @@ import ml_collections
 from absl import flags
 
 from vit_jax import config as config_lib
-from vit_jax.base import errors
+from vit_jax.base import errors, paths
 
 # --NAME.a.b=VALUE, --NAME.a.b (True) or --noNAME.a.b (False).
 _OVERRIDE = re.compile(r'^--?(no)?([A-Za-z_]\w*)\.([\w.]+)(?:=(.*))?$', re.DOTALL)
@@ -36,7 +36,7 @@ class ConfigFlag:
 
   def __init__(self, name: str, help_string: str):
     self.name = name
-    self.file = flags.DEFINE_string(name, None, help_string + ' Fields are overridden with '
+    self.file = paths.DEFINE_path(name, None, help_string + ' Fields are overridden with '
                                     f'--{name}.FIELD=VALUE (vit_jax/config/__init__.py).')
     self.overrides: list[tuple[str, str | None]] = []  # (field path, text), set by parse_flags.
 
@@ -257,6 +257,8 @@ def _coerce(kind: str, text: Any, field: str) -> Any:
   value = _literal(text)
   if kind == 'str':
     return value if isinstance(value, str) else str(text)
+  if kind == 'path':  # As a shell would have expanded it, but does not after --FLAG=.
+    return paths.expand(text if isinstance(text, str) else str(value))
   if kind == 'bool' and isinstance(value, str) and value.lower() in ('true', 'false'):
     value = value.lower() == 'true'
   ok = _OK.get('tuple' if kind in ('ints', 'strs') else kind)

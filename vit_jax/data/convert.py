@@ -332,8 +332,8 @@ def convert(source: str, out: str, *, shards: int = 16, kind: str = 'auto',
 
 def main() -> None:
   """The CLI; its flags exist only when this module runs as a script."""
-  source = flags.DEFINE_string('source', None, 'Image folder, IDX directory, manifest or i21k.')
-  out = flags.DEFINE_string('out', None, 'Output directory.')
+  source = paths.DEFINE_path('source', None, 'Image folder, IDX directory, manifest or i21k.')
+  out = paths.DEFINE_path('out', None, 'Output directory.')
   shards = flags.DEFINE_integer('shards', 16, 'Shards per split.')
   kind = flags.DEFINE_enum('kind', 'auto', ['auto', 'folder', 'idx', 'manifest', 'i21k'],
                            'Source kind.')

@@ -4,9 +4,11 @@ A regularised least-squares regression from the frozen features of K examples pe
 {-1, 1} targets, scored by its argmax on the test split (section 4, figures 3-6), computed as
 big_vision's ``fewshot_lsr`` computes it so the numbers compare: features standardised with
 the few-shot set's mean and std (+1e-5), a constant bias feature of 100, l2 = 2^10, shots
-(1, 5, 10, 25), each seed's examples drawn as big_vision draws them. The representation is
-what the head reads: the pre-logits layer where there is one, else the pooled output (also
-of a self-supervised encoder, whose prediction head is left out).
+(1, 5, 10, 25), each seed's examples drawn as big_vision draws them. A shot count that a
+class cannot supply is skipped for that dataset with one warning (big_vision would silently
+draw fewer); the others are computed. The representation is what the head reads: the
+pre-logits layer where there is one, else the pooled output (also of a self-supervised
+encoder, whose prediction head is left out).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from absl import logging
 
-from vit_jax.base import errors, sharding
+from vit_jax.base import errors, paths, sharding
 from vit_jax.data import loader, preprocess
 from vit_jax.evals import base
 from vit_jax.models.vit import pair
@@ -102,11 +105,32 @@ def fewshot_indices(labels: np.ndarray, num_classes: int, shots: int, seed: int)
   return np.concatenate(picked)
 
 
+def shot_counts(labels: np.ndarray, num_classes: int, shots: Sequence[int]
+                ) -> tuple[tuple[int, ...], tuple[int, int] | None]:
+  """(the shot counts every class can supply, (the smallest class, its examples) where some
+  count is more than it has, else None)."""
+  counts = np.bincount(np.asarray(labels, np.int64), minlength=num_classes)[:num_classes]
+  smallest = int(np.argmin(counts))
+  keep = tuple(k for k in shots if k <= counts[smallest])
+  return keep, None if len(keep) == len(shots) else (smallest, int(counts[smallest]))
+
+
+def skipped_warning(name: str, shots: Sequence[int], keep: Sequence[int],
+                    short: tuple[int, int]) -> str:
+  """The one line that says which shot counts of dataset ``name`` are skipped, and why."""
+  skipped = ', '.join(f'{k}-shot' for k in shots if k not in keep)
+  kept = ', '.join(f'{k}-shot' for k in keep) or 'no shot count'
+  return (f'few-shot dataset {name!r}: class {short[0]} has {short[1]} training examples, '
+          f'too few for {skipped}: skipped ({kept} computed).')
+
+
 def accuracies(train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray],
                num_classes: int, shots: Sequence[int], seeds: int,
                l2_reg: float = DEFAULT_L2_REG) -> dict[int, list[float]]:
-  """{shots: [accuracy of seed 0, 1, ...]} from the features and labels of two splits."""
+  """{shots: [accuracy of seed 0, 1, ...]} from the features and labels of two splits, for
+  the shot counts every class can supply (``shot_counts``; the others are left out)."""
   (x, y), (x_test, y_test) = train, test
+  shots, _ = shot_counts(y, num_classes, shots)
   out: dict[int, list[float]] = {k: [] for k in shots}
   for seed in range(seeds):
     for k in shots:
@@ -180,6 +204,7 @@ def parse_spec(spec: str) -> tuple[str, str, str, str]:
     parts += ['train', 'test']
   if len(parts) == 3:
     parts.append('')
+  parts[3] = paths.expand(parts[3])  # A DATA_DIR with ~ or $VAR, as a path flag's.
   return tuple(parts)
 
 
@@ -203,16 +228,25 @@ def open_dataset(spec: str, default_data_dir: str = '') -> Dataset:
   return Dataset(metric_name(name), train, test, int(train.num_classes))
 
 
-def check_shots(dataset: Dataset, shots: Sequence[int]) -> None:
-  """Every class has ``max(shots)`` training examples, where the labels are in memory."""
+def check_shots(dataset: Dataset, shots: Sequence[int]) -> tuple[int, ...] | None:
+  """The shot counts every class of ``dataset`` can supply, where its labels are in memory
+  (None: known once the features are computed); the others are warned about, once."""
   labels = getattr(dataset.train, 'labels', None)
   if labels is None or np.ndim(labels) != 1:
-    return  # Checked when the features are computed.
-  counts = np.bincount(np.asarray(labels), minlength=dataset.num_classes)
-  if counts.min() < max(shots):
-    raise errors.ConfigError(
-        f'few-shot dataset {dataset.name!r}: class {int(counts.argmin())} has '
-        f'{int(counts.min())} training examples, fewer than {max(shots)} shots.')
+    return None
+  keep, short = shot_counts(labels, dataset.num_classes, shots)
+  if short:
+    logging.warning(skipped_warning(dataset.name, shots, keep, short))
+  return keep
+
+
+def check_computable(kept: Sequence[tuple[int, ...] | None], datasets: Sequence[Dataset],
+                     shots: Sequence[int], where: str) -> None:
+  """Refuses a set-up where no dataset can compute any shot count (nothing to evaluate)."""
+  if kept and all(k == () for k in kept):
+    names = ', '.join(repr(d.name) for d in datasets)
+    raise errors.ConfigError(f'{where}shots={tuple(shots)!r}: no class of few-shot dataset '
+                             f'{names} has that many training examples; lower the shots.')
 
 
 def check_pipeline(pp: preprocess.Pipeline, dataset: Dataset, image_size: Any,
@@ -254,7 +288,19 @@ class Evaluator(base.Evaluator):
     self.batch_size, self.num_workers = batch_size, num_workers
     self.batch_sharding = sharding.batch_sharding(mesh)
     self.feature_step = make_feature_step(model, self.batch_sharding)
+    self.warned: set[str] = set()  # Datasets whose skipped shot counts were warned about.
     self.metric = f'{datasets[0].name}_{max(shots)}shot'
+
+  def known_shots(self, kept: Sequence[tuple[int, ...] | None]) -> None:
+    """The shot counts found computable when the evaluator was built (``check_shots``): the
+    headline metric is the largest of the first dataset that has one."""
+    for dataset, keep in zip(self.datasets, kept, strict=True):
+      if keep is not None and keep != tuple(self.shots):
+        self.warned.add(dataset.name)
+    for dataset, keep in zip(self.datasets, kept, strict=True):
+      if keep is None or keep:
+        self.metric = f'{dataset.name}_{max(keep or self.shots)}shot'
+        break
 
   @classmethod
   def from_config(cls, name: str, entry: ml_collections.ConfigDict, plan: Plan) -> Evaluator:
@@ -272,10 +318,13 @@ class Evaluator(base.Evaluator):
     for dataset in datasets:
       check_pipeline(pp, dataset, plan.model.image_size,
                      base.where(name, 'pp') if entry.pp else 'config.dataset.pp_eval')
-      check_shots(dataset, shots)
-    return cls(name, entry.every_steps, plan.model, plan.mesh, datasets, pp, shots,
-               int(entry.seeds), float(entry.l2_reg), int(config.eval_batch_size),
-               num_workers=int(config.input_workers))
+    kept = [check_shots(dataset, shots) for dataset in datasets]
+    check_computable(kept, datasets, shots, base.where(name) + '.')
+    evaluator = cls(name, entry.every_steps, plan.model, plan.mesh, datasets, pp, shots,
+                    int(entry.seeds), float(entry.l2_reg), int(config.eval_batch_size),
+                    num_workers=int(config.input_workers))
+    evaluator.known_shots(kept)
+    return evaluator
 
   def accuracies(self, params: Any) -> dict[tuple[str, int], list[float]]:
     """{(dataset, shots): [accuracy per seed]}."""
@@ -287,29 +336,34 @@ class Evaluator(base.Evaluator):
                                     num_classes=dataset.num_classes,
                                     num_workers=self.num_workers)
                      for source in (dataset.train, dataset.test))
-      try:
-        per_shots = accuracies(train, test, dataset.num_classes, self.shots, self.seeds,
-                               self.l2_reg)
-      except errors.DataError as e:
-        raise errors.DataError(f'few-shot dataset {dataset.name!r}: {e}') from None
+      keep, short = shot_counts(train[1], dataset.num_classes, self.shots)
+      if short and dataset.name not in self.warned:
+        logging.warning(skipped_warning(dataset.name, self.shots, keep, short))
+        self.warned.add(dataset.name)
+      per_shots = accuracies(train, test, dataset.num_classes, keep, self.seeds, self.l2_reg)
       out.update({(dataset.name, k): v for k, v in per_shots.items()})
     return out
 
   def run(self, params: Any) -> dict[str, float]:
-    """``{'<dataset>_<shots>shot': mean accuracy over the seeds}``."""
-    return {f'{name}_{k}shot': float(np.mean(v))
-            for (name, k), v in self.accuracies(params).items()}
+    """``{'<dataset>_<shots>shot': mean accuracy over the seeds}`` (the computable ones)."""
+    metrics = {f'{name}_{k}shot': float(np.mean(v))
+               for (name, k), v in self.accuracies(params).items()}
+    if metrics and self.metric not in metrics:  # Its shot count was found to be skipped.
+      first = [k for k in metrics if k.startswith(f'{self.datasets[0].name}_')]
+      self.metric = (first or list(metrics))[-1]
+    return metrics
 
 
 # ---------------------------------------------------------------------------
 # The table of the command line (vit_jax.fewshot).
 
 
-def table(results: dict[tuple[str, int], list[float]]) -> str:
+def table(results: dict[tuple[str, int], list[float]], shots: Sequence[int] = ()) -> str:
   """A Markdown table: one row per dataset, one column per shot count, mean ± sample std
-  over the seeds (%), as ``vit_jax.sweep``'s tables."""
+  over the seeds (%), as ``vit_jax.sweep``'s tables; '-' where a class had too few examples
+  (``shots``: the counts asked for, each a column even where no dataset could supply it)."""
   names = list(dict.fromkeys(name for name, _ in results))
-  shots = sorted({k for _, k in results})
+  shots = sorted({k for _, k in results} | set(shots))
   lines = ['| dataset | ' + ' | '.join(f'{k}-shot' for k in shots) + ' |',
            '| --- |' + ' --- |' * len(shots)]
   for name in names:
@@ -317,6 +371,6 @@ def table(results: dict[tuple[str, int], list[float]]) -> str:
     for k in shots:
       v = np.asarray(results.get((name, k), []), np.float64) * 100
       std = v.std(ddof=1) if len(v) > 1 else 0.
-      cells.append(f'{v.mean():.2f} ± {std:.2f}' if len(v) else '')
+      cells.append(f'{v.mean():.2f} ± {std:.2f}' if len(v) else '-')
     lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)

@@ -80,5 +80,6 @@ class Evaluator(base.Evaluator):
             'examples': totals['images'], 'patches': totals['count']}
 
   def describe(self, metrics: dict[str, float]) -> str:
-    return (f'{self.metric} {metrics[self.metric]:.4f}, loss {metrics["loss"]:.4f} '
-            f'({int(metrics["examples"])} images, {int(metrics["patches"])} patches)')
+    return (f'{self.metric} {metrics[self.metric]:.4f} (masked-patch colour accuracy), loss '
+            f'{metrics["loss"]:.4f} ({int(metrics["examples"]):,} images, '
+            f'{int(metrics["patches"]):,} masked patches scored)')

@@ -5,6 +5,9 @@ Ti/S/B/L/H/g/G/e/22B with any patch size) and the hybrids ``r50_b16``, ``r26_s32
 ``r_ti16``. Release names are the file names of the released checkpoints:
 ``ViT-B_16``, ``R50+ViT-B_16`` (``ViT-B/16`` is accepted too). Names are
 case-insensitive except for big_vision's g (giant, ``g14``) and G (gigantic, ``G14``).
+timm's pretrained families with options the paper's ViT lacks are named after them:
+``deit3_b16`` (DeiT III: layer scale, no class-token position embedding, exact GELU) and
+``b16_reg4_gap`` (4 register tokens, no class token, average pooling then ``fc_norm``).
 """
 
 from __future__ import annotations
@@ -51,17 +54,34 @@ HYBRIDS: dict[str, tuple[str, int, tuple[int, ...], str]] = {
 NAMED = ('ti16', 's16', 's32', 'b8', 'b16', 'b32', 'l16', 'l32', 'h14', *HYBRIDS,
          'g14', 'G14', 'e14', '22b14')
 
+# Variants of any size and patch, by timm's family names: what each adds to the encoder.
+# Both were trained in PyTorch, with the exact GELU.
+DEIT3 = dict(layer_scale=1e-6, prefix_posemb=False, activation='gelu')
+
+
+def registers_gap(count: int) -> dict[str, Any]:
+  """timm's ``*_reg{count}_gap`` ViTs: registers, no class token, the patches' mean, fc_norm."""
+  return dict(num_registers=count, class_token=False, pool='gap', fc_norm=True,
+              prefix_posemb=False, activation='gelu')
+
+
+VARIANTS = ('deit3_s16', 'deit3_b16', 'deit3_l16', 'deit3_h14', 's16_reg4_gap', 'b16_reg4_gap')
+
 _SIZE = r'(ti|s|b|l|h|g|e|22b)'
+_DEIT3 = re.compile(rf'^deit3_{_SIZE}_?(\d+)$', re.IGNORECASE)
+_REG_GAP = re.compile(rf'^{_SIZE}_?(\d+)_reg(\d+)_gap$', re.IGNORECASE)
 _PLAIN = re.compile(rf'^{_SIZE}_?(\d+)$', re.IGNORECASE)  # b16, G/14 (big_vision).
 _RELEASE = re.compile(rf'^vit-{_SIZE}_(\d+)$', re.IGNORECASE)
 _DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 
 
 def release_name(name: str) -> str:
-  """The release file name of a model (``b16`` -> ``ViT-B_16``)."""
+  """The release file name of a model (``b16`` -> ``ViT-B_16``); a variant's short name."""
   short = canonical_name(name)
   if short in HYBRIDS:
     return HYBRIDS[short][3]
+  if _variant(short):
+    return short
   size, patch = _PLAIN.match(short).groups()
   return f'ViT-{_RELEASE_SIZE[_size(size)]}_{patch}'
 
@@ -71,22 +91,36 @@ def _size(letters: str) -> str:
   return letters if letters in ('g', 'G') else letters.lower()
 
 
+def _variant(short: str) -> tuple[str, dict[str, Any]] | None:
+  """(base short name, options) of a variant's short name; None for another name."""
+  if m := _DEIT3.match(short):
+    return _size(m.group(1)) + m.group(2), DEIT3
+  if m := _REG_GAP.match(short):
+    return _size(m.group(1)) + m.group(2), registers_gap(int(m.group(3)))
+  return None
+
+
 def canonical_name(name: str) -> str:
   """Maps any accepted spelling of a model name to its short name."""
   spelled = str(name).strip().replace('/', '_')
   if m := _PLAIN.match(spelled) or _RELEASE.match(spelled):
     return _size(m.group(1)) + m.group(2)
+  if m := _DEIT3.match(spelled):
+    return f'deit3_{_size(m.group(1))}{m.group(2)}'
+  if m := _REG_GAP.match(spelled):
+    return f'{_size(m.group(1))}{m.group(2)}_reg{m.group(3)}_gap'
   key = spelled.lower()
   if key in HYBRIDS:
     return key
   for short, (*_, release) in HYBRIDS.items():
     if key == release.lower():
       return short
-  known = list(NAMED) + [release_name(n) for n in NAMED]
+  known = list(NAMED) + [release_name(n) for n in NAMED] + list(VARIANTS)
   close = difflib.get_close_matches(str(name), known, n=3)
   hint = f' Did you mean {", ".join(close)}?' if close else ''
   raise ValueError(f'Unknown model {name!r}.{hint} Known models: {", ".join(known)} '
-                   '(and any {ti,s,b,l,h,g,G,e,22b}{patch}, e.g. "s8").')
+                   '(and any {ti,s,b,l,h,g,G,e,22b}{patch}, e.g. "s8", as deit3_{size}{patch} '
+                   'or {size}{patch}_reg{n}_gap).')
 
 
 def model_kwargs(name: str) -> dict[str, Any]:
@@ -96,6 +130,9 @@ def model_kwargs(name: str) -> dict[str, Any]:
     size, patch, layers, _ = HYBRIDS[short]
     return dict(SIZES[size], patch_size=patch, resnet_layers=layers,
                 model_name=release_name(short))
+  if variant := _variant(short):
+    base, options = variant
+    return dict(model_kwargs(base), **options, model_name=short)
   size, patch = _PLAIN.match(short).groups()
   return dict(SIZES[_size(size)], patch_size=int(patch), model_name=release_name(short))
 
@@ -163,5 +200,7 @@ def get_model(name: str, *, num_classes: int | None, **overrides: Any) -> Vision
   if kwargs.get('resnet_layers') is not None:
     kwargs['resnet_layers'] = tuple(kwargs['resnet_layers'])
   if 'model_name' not in overrides:  # The name of the shape built, overrides and all.
-    kwargs['model_name'] = shape_name(kwargs)
+    variant = _variant(canonical_name(name))
+    same = variant and shape_name(kwargs) == shape_name(model_kwargs(variant[0]))
+    kwargs['model_name'] = canonical_name(name) if same else shape_name(kwargs)
   return VisionTransformer(num_classes=num_classes, **kwargs)

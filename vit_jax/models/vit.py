@@ -8,8 +8,10 @@
 Module and parameter names are those of the released .npz files, so an unrolled model's
 ``params`` *is* the release layout (docs/checkpoints.md); ``scan=True`` stacks the blocks into
 one ``Transformer/encoderblock`` (``vit_jax.checkpoints.release`` converts). ViT-22B's block
-options, masked patch prediction (``mask_token``, ``mpp_head``) and the hybrids' BiT stem keep
-those names and only add or drop parameters: with them off, the parameters are the release's.
+options, timm's families' options (``registers``, ``ls1``/``ls2``, ``fc_norm``; the prefix
+tokens' rows of ``pos_embedding``), masked patch prediction (``mask_token``, ``mpp_head``) and
+the hybrids' BiT stem keep those names and only add or drop parameters: with them off, the
+parameters are the release's.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ Dtype = Any
 LN_EPSILON = 1e-6
 NORMS = ('layernorm', 'rmsnorm')
 POOLS = ('token', 'gap', 'map')
+# The MLP's GELU, by timm's names: the tanh approximation (flax's nn.gelu, the releases' and
+# big_vision's) or the exact erf form (timm's and transformers' default).
+ACTIVATIONS = ('gelu_tanh', 'gelu')
 POSEMBS = ('learn', 'sincos2d')
 ATTENTION_IMPLS = ('auto', 'einsum', 'xla', 'cudnn')
 REMAT_POLICIES = {
@@ -70,11 +75,12 @@ def posemb_sincos_2d(grid: tuple[int, int], width: int,
   return pe[None].astype(np.float32)
 
 
-def norm_layer(kind: str, *, use_bias: bool = True, **kw: Any) -> nn.Module:
+def norm_layer(kind: str, *, use_bias: bool = True, epsilon: float = LN_EPSILON,
+               **kw: Any) -> nn.Module:
   """A 'layernorm', or an 'rmsnorm': LayerNorm without centering and bias (ViT-22B)."""
   if kind == 'rmsnorm':
-    return nn.RMSNorm(epsilon=LN_EPSILON, **kw)
-  return nn.LayerNorm(epsilon=LN_EPSILON, use_bias=use_bias, **kw)
+    return nn.RMSNorm(epsilon=epsilon, **kw)
+  return nn.LayerNorm(epsilon=epsilon, use_bias=use_bias, **kw)
 
 
 def drop_path(x: Array, rate: float | Array, rng: Array) -> Array:
@@ -101,10 +107,18 @@ class BlockOptions:
   qk_norm: bool = False
   qkv_bias: bool = True
   norm: str = 'layernorm'
+  norm_epsilon: float = LN_EPSILON
+  activation: str = 'gelu_tanh'
+  layer_scale: float | None = None
+
+  def norm_layer(self, name: str, **kw: Any) -> nn.Module:
+    """The blocks' kind of norm, with their epsilon and dtypes."""
+    return norm_layer(self.norm, epsilon=self.norm_epsilon, dtype=self.dtype,
+                      param_dtype=self.param_dtype, name=name, **kw)
 
 
 class MlpBlock(nn.Module):
-  """Dense(mlp_dim) -> GELU (tanh approximation) -> Dense(D), dropout after each."""
+  """Dense(mlp_dim) -> GELU (``activation``: tanh or exact) -> Dense(D), dropout after each."""
 
   options: BlockOptions
 
@@ -115,7 +129,7 @@ class MlpBlock(nn.Module):
                                dot_general=dot_general_for(o.matmul_dtype),
                                kernel_init=_dense_init, bias_init=_bias_init)
     width = x.shape[-1]
-    x = nn.gelu(dense(o.mlp_dim)(x))
+    x = nn.gelu(dense(o.mlp_dim)(x), approximate=o.activation == 'gelu_tanh')
     x = sharding.constrain(x, 'hidden')
     x = nn.Dropout(o.dropout_rate)(x, deterministic=deterministic)
     x = dense(width)(x)
@@ -152,9 +166,7 @@ class MultiHeadAttention(nn.Module):
     v = proj('value')(inputs_kv)
     q, k, v = (sharding.constrain(t, 'heads') for t in (q, k, v))
     if o.qk_norm:
-      qk_norm = lambda name: norm_layer(o.norm, use_bias=False, dtype=o.dtype,
-                                        param_dtype=o.param_dtype, name=name)
-      q, k = qk_norm('query_ln')(q), qk_norm('key_ln')(k)
+      q, k = o.norm_layer('query_ln', use_bias=False)(q), o.norm_layer('key_ln', use_bias=False)(k)
 
     implementation = o.attention_impl
     dropout = o.attention_dropout_rate
@@ -243,6 +255,8 @@ class EncoderBlock(nn.Module):
 
   ``parallel_block``: x + MSA(LN(x)) + MLP(LN(x)) with one LayerNorm (ViT-22B, PaLM);
   its parameters keep the names of the sequential block's (no ``LayerNorm_2``).
+  ``layer_scale``: each branch times a learned per-channel scale, ``ls1`` (attention) and
+  ``ls2`` (MLP), initialised to that value (CaiT, DeiT III).
   Returns ``(x, None)`` so that the same module can be ``nn.scan``-ned.
   """
 
@@ -255,32 +269,42 @@ class EncoderBlock(nn.Module):
     """``query_tokens``: compute only the first this many tokens' outputs (all tokens are
     still keys and values); the rest are not computed and not returned."""
     o = self.options
-    kw = dict(dtype=o.dtype, param_dtype=o.param_dtype)
-    layer_norm = lambda name: norm_layer(o.norm, name=name, **kw)
     mlp = lambda: MlpBlock(o, name='MlpBlock_3')
+
+    def scaled(name: str, branch: Array) -> Array:
+      if o.layer_scale is None:
+        return branch
+      gamma = self.param(name, nn.initializers.constant(o.layer_scale), (branch.shape[-1],),
+                         o.param_dtype)
+      return branch * gamma.astype(branch.dtype)
 
     def residual(branch: Array) -> Array:
       if self.stochastic_depth and not deterministic:
         branch = drop_path(branch, drop_path_rate, self.make_rng('dropout'))
       return branch
 
-    y = queries = layer_norm('LayerNorm_0')(x)
+    y = queries = o.norm_layer('LayerNorm_0')(x)
     if query_tokens is not None:  # LayerNorm is per token: slicing after it is exact.
       x, queries = x[:, :query_tokens], y[:, :query_tokens]
     y = MultiHeadAttention(o, name='MultiHeadDotProductAttention_1')(
         queries, y, deterministic=deterministic)
-    y = nn.Dropout(o.dropout_rate)(y, deterministic=deterministic)
+    y = scaled('ls1', nn.Dropout(o.dropout_rate)(y, deterministic=deterministic))
     if o.parallel_block:
-      y = y + mlp()(queries, deterministic=deterministic)
+      y = y + scaled('ls2', mlp()(queries, deterministic=deterministic))
       return sharding.constrain(x + residual(y), 'tokens'), None
     x = sharding.constrain(x + residual(y), 'tokens')
 
-    y = mlp()(layer_norm('LayerNorm_2')(x), deterministic=deterministic)
+    y = scaled('ls2', mlp()(o.norm_layer('LayerNorm_2')(x), deterministic=deterministic))
     return sharding.constrain(x + residual(y), 'tokens'), None
 
 
 class Encoder(nn.Module):
-  """Position embeddings, ``num_layers`` blocks (unrolled or scanned), final LayerNorm."""
+  """Position embeddings, ``num_layers`` blocks (unrolled or scanned), final LayerNorm.
+
+  ``prefix_posemb``: the prefix tokens get learned position embeddings too (the release's
+  layout); else only the patches do. ``final_norm=False`` leaves out the final LayerNorm
+  (the model normalises after pooling instead: ``fc_norm``).
+  """
 
   num_layers: int
   grid: tuple[int, int]
@@ -290,6 +314,8 @@ class Encoder(nn.Module):
   stochastic_depth: float = 0.  # The last block's drop-path rate (linear from 0).
   scan: bool = False
   remat_policy: str = 'none'
+  prefix_posemb: bool = True
+  final_norm: bool = True
 
   @nn.compact
   def __call__(self, x: Array, *, train: bool, output_tokens: int | None = None) -> Array:
@@ -297,8 +323,12 @@ class Encoder(nn.Module):
     (None: all); unrolled blocks only."""
     o = self.options
     width = x.shape[-1]
-    if self.posemb == 'learn':
+    if self.posemb == 'learn' and self.prefix_posemb:
       x = x + AddPositionEmbs(param_dtype=o.param_dtype, name='posembed_input')(x)
+    elif self.posemb == 'learn':  # The patches only; the prefix tokens get none.
+      p = self.num_prefix_tokens
+      pe = AddPositionEmbs(param_dtype=o.param_dtype, name='posembed_input')(x[:, p:])
+      x = jnp.concatenate([x[:, :p], x[:, p:] + pe], axis=1)
     else:  # Fixed 2-D sin-cos for the patches; prefix tokens get none.
       pe = posemb_sincos_2d(self.grid, width)
       pe = np.pad(pe, ((0, 0), (self.num_prefix_tokens, 0), (0, 0)))
@@ -329,8 +359,7 @@ class Encoder(nn.Module):
         last = i == self.num_layers - 1
         x, _ = block(name=f'encoderblock_{i}', **kw)(
             x, float(rates[i]), not train, output_tokens if last else None)
-    return norm_layer(o.norm, dtype=o.dtype, param_dtype=o.param_dtype,
-                      name='encoder_norm')(x)
+    return o.norm_layer('encoder_norm')(x) if self.final_norm else x
 
 
 class AddPositionEmbs(nn.Module):
@@ -358,7 +387,7 @@ class MAPHead(nn.Module):
     probe = jnp.tile(probe, (x.shape[0], 1, 1)).astype(x.dtype)
     x = MultiHeadAttention(o, name='MultiHeadDotProductAttention_0')(
         probe, x, deterministic=True)
-    y = norm_layer(o.norm, name='LayerNorm_0', dtype=o.dtype, param_dtype=o.param_dtype)(x)
+    y = o.norm_layer('LayerNorm_0')(x)
     x = x + MlpBlock(o, name='MlpBlock_0')(y, deterministic=True)
     return x[:, 0]
 
@@ -373,7 +402,8 @@ class VisionTransformer(nn.Module):
     image_size: input (height, width) the position embeddings are built for.
     resnet_layers: units per BiT stage for hybrids (``()``: root only); None: no stem.
     resnet_width: BiT width factor.
-    pool: 'token' (class token), 'gap' (mean of tokens) or 'map' (attention pooling).
+    pool: 'token' (class token), 'gap' (mean of the patch tokens) or 'map' (attention
+      pooling).
     representation_size: width of the Dense + tanh pre-logits layer; None: none.
     head_bias_init: initial classifier bias (-10 for sigmoid pre-training).
     posemb: 'learn' (1-D learned) or 'sincos2d' (fixed).
@@ -391,6 +421,19 @@ class VisionTransformer(nn.Module):
     qk_norm: normalise each head's queries and keys before their product (ViT-22B).
     qkv_bias: biases in the query/key/value projections (ViT-22B has none).
     norm: 'layernorm', or 'rmsnorm' (no centering, no bias: ViT-22B's), everywhere.
+    norm_epsilon: every norm's epsilon (1e-6; transformers' ViT: 1e-12).
+    activation: the MLP's GELU, 'gelu_tanh' (the tanh approximation: the releases' and
+      big_vision's) or 'gelu' (exact, with erf: timm's and transformers' ViTs).
+    layer_scale: a learned per-channel scale on each residual branch (CaiT, DeiT III),
+      initialised to this value; None: none.
+    class_token: a class token in front of the patches; None: where ``pool='token'``.
+    num_registers: register tokens after the class token (Darcet et al., 2024); they are
+      attended to but never pooled.
+    prefix_posemb: the prefix tokens (class token, registers) get learned position
+      embeddings as the patches do (the release's layout); False: the patches only (timm's
+      ``no_embed_class``, big_vision's layout).
+    fc_norm: the final LayerNorm after pooling (``fc_norm``) instead of on every token
+      before it (timm's avg-pooled ViTs, MAE).
     mpp_outputs: masked patch prediction (``vit_jax.models.mpp``): > 0 adds a learnable
       ``mask_token`` and an ``mpp_head`` of this many outputs per patch, and the model
       returns (batch, patches, mpp_outputs) float32 predictions instead of logits (no
@@ -424,6 +467,13 @@ class VisionTransformer(nn.Module):
   qk_norm: bool = False
   qkv_bias: bool = True
   norm: str = 'layernorm'
+  norm_epsilon: float = LN_EPSILON
+  activation: str = 'gelu_tanh'
+  layer_scale: float | None = None
+  class_token: bool | None = None
+  num_registers: int = 0
+  prefix_posemb: bool = True
+  fc_norm: bool = False
   mpp_outputs: int = 0
   model_name: str | None = None
 
@@ -431,12 +481,18 @@ class VisionTransformer(nn.Module):
     for field, value, allowed in (('pool', self.pool, POOLS), ('posemb', self.posemb, POSEMBS),
                                   ('attention_impl', self.attention_impl, ATTENTION_IMPLS),
                                   ('remat_policy', self.remat_policy, tuple(REMAT_POLICIES)),
-                                  ('norm', self.norm, NORMS)):
+                                  ('norm', self.norm, NORMS),
+                                  ('activation', self.activation, ACTIVATIONS)):
       if value not in allowed:
         raise ValueError(f'{field}={value!r} is not one of {allowed}.')
     if self.hidden_size % self.num_heads:
       raise ValueError(f'hidden_size={self.hidden_size} is not divisible by '
                        f'num_heads={self.num_heads}.')
+    if self.pool == 'token' and self.class_token is False:
+      raise ValueError("pool='token' pools the class token: it needs class_token=True (or "
+                       "None), or another pool ('gap', 'map').")
+    if self.num_registers < 0:
+      raise ValueError(f'num_registers={self.num_registers} must be >= 0.')
     super().__post_init__()
 
   @property
@@ -460,8 +516,18 @@ class VisionTransformer(nn.Module):
     return (h // ph, w // pw)
 
   @property
+  def has_class_token(self) -> bool:
+    return self.pool == 'token' if self.class_token is None else self.class_token
+
+  @property
   def num_prefix_tokens(self) -> int:
-    return 1 if self.pool == 'token' else 0
+    """The tokens in front of the patches: the class token, then the registers."""
+    return int(self.has_class_token) + self.num_registers
+
+  @property
+  def posemb_prefix_rows(self) -> int:
+    """The rows of the learned position embeddings in front of the patches' rows."""
+    return self.num_prefix_tokens if self.prefix_posemb and self.posemb == 'learn' else 0
 
   @property
   def head_tokens(self) -> int | None:
@@ -475,7 +541,7 @@ class VisionTransformer(nn.Module):
     """
     if self.mpp_outputs:  # Every patch's final representation is predicted from.
       return None
-    return self.num_prefix_tokens if self.pool == 'token' and not self.scan else None
+    return 1 if self.pool == 'token' and not self.scan else None
 
   def forward_flops(self, all_tokens: bool = False) -> int | None:
     """Matmul FLOPs of one image's forward pass (2 per multiply-add); None for hybrids.
@@ -542,15 +608,22 @@ class VisionTransformer(nn.Module):
         x = jnp.where(mask[..., None], mask_token.astype(x.dtype), x)
     elif corruption is not None:
       raise ValueError('corruption needs a model built with mpp_outputs > 0.')
-    if self.pool == 'token':
-      cls = self.param('cls', nn.initializers.zeros, (1, 1, c), self.param_dtype)
-      x = jnp.concatenate([jnp.tile(cls, (n, 1, 1)).astype(x.dtype), x], axis=1)
+    prefix = []
+    if self.has_class_token:
+      prefix.append(self.param('cls', nn.initializers.zeros, (1, 1, c), self.param_dtype))
+    if self.num_registers:
+      prefix.append(self.param('registers', nn.initializers.normal(stddev=1e-6),
+                               (1, self.num_registers, c), self.param_dtype))
+    if prefix:
+      x = jnp.concatenate([jnp.tile(t, (n, 1, 1)).astype(x.dtype) for t in prefix] + [x],
+                          axis=1)
 
     output_tokens = None if self.is_mutable_collection('intermediates') else self.head_tokens
     x = Encoder(
         num_layers=self.num_layers, grid=self.grid, options=self.block_options,
         num_prefix_tokens=self.num_prefix_tokens, posemb=self.posemb,
         stochastic_depth=self.stochastic_depth, scan=self.scan, remat_policy=self.remat_policy,
+        prefix_posemb=self.prefix_posemb, final_norm=not self.fc_norm,
         name='Transformer')(x, train=train, output_tokens=output_tokens)
 
     if self.mpp_outputs:  # Each patch's final representation (prefix tokens dropped).
@@ -559,10 +632,12 @@ class VisionTransformer(nn.Module):
                           x[:, self.num_prefix_tokens:].astype(jnp.float32))
     if self.pool == 'token':
       x = x[:, 0]
-    elif self.pool == 'gap':
-      x = jnp.mean(x, axis=1)
+    elif self.pool == 'gap':  # The patches' mean; prefix tokens are not pooled.
+      x = jnp.mean(x[:, self.num_prefix_tokens:], axis=1)
     else:
       x = MAPHead(self.block_options, name='MAPHead_0')(x)
+    if self.fc_norm:
+      x = self.block_options.norm_layer('fc_norm')(x)
 
     if self.representation_size is not None:
       x = nn.tanh(nn.Dense(self.representation_size, name='pre_logits', **kw)(x))

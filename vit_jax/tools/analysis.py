@@ -136,20 +136,23 @@ def rollout(weights: Array) -> Array:
   return total
 
 
-def rollout_maps(weights: Array, grid: tuple[int, int], num_prefix_tokens: int) -> Array:
+def rollout_maps(weights: Array, grid: tuple[int, int], num_prefix_tokens: int,
+                 token: bool | None = None) -> Array:
   """Per image, the rollout of the token the classifier reads, on the patch grid.
 
-  With a class token (``num_prefix_tokens=1``), its row of the rollout; without
-  (global average pooling), the mean over all rows. Returns (batch, rows,
-  columns), each map scaled to a maximum of one.
+  With a class token that the classifier reads (``token``; by default where there are
+  prefix tokens), its row of the rollout; else (global average pooling), the mean over
+  the patches' rows. Returns (batch, rows, columns), each map scaled to a maximum of one.
   """
-  return _rollout_maps(weights, (int(grid[0]), int(grid[1])), int(num_prefix_tokens))
+  token = num_prefix_tokens > 0 if token is None else token
+  return _rollout_maps(weights, (int(grid[0]), int(grid[1])), int(num_prefix_tokens),
+                       bool(token))
 
 
-@functools.partial(jax.jit, static_argnames=('grid', 'p'))
-def _rollout_maps(weights: Array, grid: tuple[int, int], p: int) -> Array:
+@functools.partial(jax.jit, static_argnames=('grid', 'p', 'token'))
+def _rollout_maps(weights: Array, grid: tuple[int, int], p: int, token: bool) -> Array:
   total = rollout(weights)
-  row = total[:, 0] if p else total.mean(axis=1)
+  row = total[:, 0] if token else total[:, p:].mean(axis=1)
   maps = row[:, p:].reshape(-1, *grid)
   return maps / jnp.maximum(maps.max(axis=(1, 2), keepdims=True), 1e-12)
 
@@ -161,7 +164,7 @@ def position_embeddings(model: VisionTransformer, params: Mapping[str, Any]) -> 
     return posemb_sincos_2d(grid, model.hidden_size)[0]
   params = release.unwrap(params)
   table = np.asarray(params[POSEMB[0]][POSEMB[1]][POSEMB[2]], np.float32)[0]
-  table = table[model.num_prefix_tokens:]
+  table = table[model.posemb_prefix_rows:]
   if len(table) != grid[0] * grid[1]:
     raise ValueError(f'{len(table)} position embeddings do not fit the model\'s '
                      f'{grid[0]}x{grid[1]} grid.')

@@ -25,7 +25,7 @@ from typing import Any
 
 from absl import app, flags
 
-from vit_jax.base import errors
+from vit_jax.base import errors, paths
 from vit_jax.tools import feeding
 
 
@@ -40,7 +40,7 @@ def _define_flags() -> types.SimpleNamespace:
       topology=flags.DEFINE_string(
           'topology', None, 'A Cloud TPU slice (v3-8, v4-32, v5p-128, v5litepod-16, v6e-256), '
           'a libtpu topology (v4:2x2x1), or "cpu" (this host\'s devices).'),
-      json=flags.DEFINE_string('json', None, 'Also write the report as JSON to this file.'),
+      json=paths.DEFINE_path('json', None, 'Also write the report as JSON to this file.'),
       max_batch=flags.DEFINE_bool(
           'max_batch', False, 'Find the largest global batch that fits (and plan that batch).'),
       memory_per_device=flags.DEFINE_float(
@@ -82,15 +82,17 @@ def train_examples(config: Any, given: int | None) -> int:
     return given
   total = TRAIN_EXAMPLES.get(config.dataset.name)
   if total is None:
-    raise ValueError(f'The size of dataset {config.dataset.name!r} is not known here: pass '
-                     '--num_train_examples (or set config.total_steps).')
-  import tensorflow_datasets as tfds
+    raise errors.ConfigError(f'The size of dataset {config.dataset.name!r} is not known here: '
+                             'pass --num_train_examples (or set config.total_steps).')
+  from vit_jax.data import sources  # Not TFDS: the planning install has none.
 
-  split = config.dataset.train_split  # A TFDS split, sliced as TFDS slices it ('train[:99%]').
-  base = re.match(r'\w+', split).group(0)
-  info = {base: types.SimpleNamespace(num_examples=total)}
-  parts = tfds.core.ReadInstruction.from_spec(split).to_absolute(info)
-  return sum((total if i.to is None else i.to) - (i.from_ or 0) for i in parts)
+  split = config.dataset.train_split  # Sliced as TFDS slices it ('train[:99%]').
+  try:
+    _, part = sources.split_slice(split, total)
+  except ValueError as e:
+    raise errors.ConfigError(f'config.dataset.train_split: {e} Or pass '
+                             '--num_train_examples.') from None
+  return total if part is None else len(range(total)[part])
 
 
 def _examples(config: Any, given: int | None) -> int:
@@ -690,6 +692,7 @@ def main(argv: list[str]) -> None:
       raise errors.UserError('compiling for a TPU needs libtpu: pip install -e ".[tpu]" (or '
                              'use --topology=cpu).')
   config = _FLAGS.config.value
+  _examples(config, examples)  # The schedule's epochs sized (or asked for), before jax.
   limit = limit and limit * 2**30
   if _FLAGS.max_batch.value:
     config, r = largest_batch_report(config, topology, examples, limit, max_compiles)

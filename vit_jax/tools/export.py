@@ -1,74 +1,155 @@
-r"""Export a run's parameters as a release .npz file (the layout the released models use).
+r"""Export a run's parameters (or any checkpoint's) as a release .npz file, a timm or a
+transformers folder.
 
     python -m vit_jax.tools.export --workdir=DIR --out=model.npz [--step=N] [--ema] [--evaluate]
+    python -m vit_jax.tools.export --workdir=DIR --format=timm --out=DIR/timm
+    python -m vit_jax.tools.export --source=hf-hub:ORG/NAME --format=npz --out=model.npz
 
-The file loads with ``vit_jax.checkpoints.release.load_npz``, in the google-research
-vision_transformer code and in timm, and can be the ``init_from`` of a fine-tune. ``--ema``
-exports the weights' moving average; ``--evaluate`` runs the run's classification evaluators on
-the written file and on the (checksum-verified) checkpoint, to show the export is faithful.
+``--format=npz`` (the default): a release file, which loads with
+``vit_jax.checkpoints.release.load_npz``, in the google-research vision_transformer code and in
+timm, and can be the ``init_from`` of a fine-tune. ``--format=timm`` / ``transformers``: a folder
+(config.json with the architecture and the run's class names, model.safetensors) that
+``timm.create_model('local-dir:DIR', pretrained=True)`` / ``ViTForImageClassification.
+from_pretrained(DIR)`` loads; what a format cannot express is refused in one line naming the
+option (docs/checkpoints.md). ``--source`` exports any other checkpoint instead of a run's.
+``--ema`` exports the weights' moving average; ``--evaluate`` runs the run's classification
+evaluators on the written export and on the (checksum-verified) checkpoint, to show the export
+is faithful (for ``--source``: compares their logits on random images).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from absl import app, flags, logging
 
 from vit_jax.base import errors, paths
 
-_WORKDIR = flags.DEFINE_string('workdir', None, 'The workdir of a vit_jax.main run.')
-_OUT = flags.DEFINE_string('out', None, 'The .npz file to write.')
+FORMATS = ('npz', 'timm', 'transformers')
+_WORKDIR = paths.DEFINE_path('workdir', None, 'The workdir of a vit_jax.main run.')
+_SOURCE = paths.DEFINE_path('source', None, 'Any other checkpoint (instead of --workdir): a '
+                            '.npz file, a timm or transformers folder, hf-hub:ORG/NAME, a '
+                            'big_vision tensorstore folder.')
+_OUT = paths.DEFINE_path('out', None, 'The .npz file (--format=npz) or the folder to write.')
+_FORMAT = flags.DEFINE_enum('format', 'npz', FORMATS, 'What to write: a release .npz file, or '
+                            'a folder timm or transformers loads.')
 _STEP = flags.DEFINE_integer('step', None, 'The checkpoint step (default: the latest).')
 _EMA = flags.DEFINE_bool('ema', False, 'The weights\' moving average (the run\'s '
                           'config.optimizer.ema_decay) instead of the weights.')
 _EVALUATE = flags.DEFINE_bool('evaluate', False, 'Evaluate the checkpoint and the written '
-                              'file on the run\'s evaluation split, and print both.')
+                              'export on the run\'s evaluation split, and print both.')
 _PROGRESS_EVERY = flags.DEFINE_float('progress_every', 10., 'Seconds between the progress '
                                      'lines (with an ETA) of --evaluate.')
 _ALLOW_NONFINITE = flags.DEFINE_bool('allow_nonfinite', False, 'Export a checkpoint that holds '
                                      'NaN or infinity (its run diverged), with a warning, '
                                      'instead of refusing it.')
-flags.mark_flags_as_required(['workdir', 'out'])
+flags.mark_flags_as_required(['out'])
 
 
 def export(workdir: str, out: str, step: int | None = None, *, ema: bool = False,
-           allow_nonfinite: bool = False) -> int:
-  """Writes the parameters of ``workdir``'s checkpoint (latest or ``step``) to ``out``.
+           format: str = 'npz', allow_nonfinite: bool = False) -> int:
+  """Writes the parameters of ``workdir``'s checkpoint (latest or ``step``) to ``out`` as
+  ``format`` ('npz', 'timm', 'transformers'), with the run's class names; returns the step.
 
   ``ema``: their moving average instead; ``allow_nonfinite``: a diverged checkpoint with a
   warning, not refused (``workdir.restore_params``).
   """
+  from vit_jax import checkpoints
   from vit_jax.checkpoints import release
   from vit_jax.checkpoints import workdir as workdir_lib
 
   params, step = workdir_lib.restore_params(workdir, step, ema=ema,
                                             allow_nonfinite=allow_nonfinite)
-  release.save_npz(out, params)
+  if format == 'npz' and not release.npz_problem(_run_model(workdir, params)):
+    release.save_npz(out, params)  # Any run's layout, as the release files have it.
+  else:
+    checkpoints.export(_run_model(workdir, params), params, out, format,
+                       workdir_lib.load_class_names(workdir))
   return step
+
+
+def _run_model(workdir: str, params: Any) -> Any:
+  from vit_jax.checkpoints import workdir as workdir_lib
+
+  head = params.get('head')
+  config = workdir_lib.load_config(workdir)
+  return workdir_lib.model_from_config(config, int(head['kernel'].shape[-1]) if head else None)
+
+
+def read_back(out: str, format: str, model: Any, params: Any) -> Any:
+  """The written export, read back into ``model``'s layout (``params`` gives its shapes)."""
+  from vit_jax import checkpoints
+  from vit_jax.checkpoints import release
+
+  if format == 'npz' and model.prefix_posemb:  # The release layout is the model's.
+    return release.to_model_layout(release.load_npz(out), scanned=release.is_scanned(params))
+  if format == 'npz':  # A zero class-token row to fold back.
+    return release.adapt(release.flatten(release.load_npz(out)), params, model, keep_head=True,
+                         source_grid=model.grid, origin=out)
+  loaded = checkpoints.load(out)
+  return release.adapt(release.flatten(release.to_release(loaded.params)), params, model,
+                       keep_head=True, source_grid=loaded.model.grid, origin=out,
+                       source_model=loaded.model)
+
+
+def compare_logits(model: Any, params: Any, exported: Any, count: int = 8) -> float:
+  """The largest relative difference of two parameter sets' logits on random images."""
+  import jax
+  import numpy as np
+
+  images = np.random.default_rng(0).uniform(-1, 1, (count, *model.image_size, 3))
+  images = images.astype(np.float32)
+  model = model.clone(attention_impl='einsum') if model.attention_impl == 'cudnn' else model
+  a, b = (np.asarray(jax.jit(model.apply)({'params': p}, images)) for p in (params, exported))
+  return float(np.abs(a - b).max() / max(np.abs(a).max(), 1e-30))
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  paths.run_dir(_WORKDIR.value)  # Before jax starts.
-  paths.output_path(_OUT.value, 'out')
-  from vit_jax import evaluate
+  workdir, source, fmt = _WORKDIR.value, _SOURCE.value, _FORMAT.value
+  if bool(workdir) == bool(source):
+    raise errors.ConfigError('Give one of --workdir (a run) and --source (another checkpoint).')
+  if workdir:
+    paths.run_dir(workdir)  # Before jax starts.
+  elif not source.startswith('hf-hub:'):
+    paths.input_path(source, 'source', 'checkpoint')
+  if fmt == 'npz':
+    paths.output_path(_OUT.value, 'out')
+  else:
+    paths.output_dir(_OUT.value, 'out')
+  from vit_jax import checkpoints, evaluate
   from vit_jax.base import console
-  from vit_jax.checkpoints import release
   from vit_jax.checkpoints import workdir as workdir_lib
 
   if not flags.FLAGS['verbosity'].present:  # Orbax's INFO lines only with --verbosity.
     console.quiet_third_party()
-  step = export(_WORKDIR.value, _OUT.value, _STEP.value, ema=_EMA.value,
+  if source:
+    if _EMA.value:
+      raise errors.ConfigError('--ema is for --workdir: another checkpoint holds one set of '
+                               'weights.')
+    loaded = checkpoints.load(source, step=_STEP.value, allow_nonfinite=_ALLOW_NONFINITE.value)
+    checkpoints.export(loaded.model, loaded.params, _OUT.value, fmt, loaded.class_names)
+    print(f'Wrote {_OUT.value} ({fmt}): {loaded.model.model_name} from {loaded.source}.')
+    if _EVALUATE.value:
+      exported = read_back(_OUT.value, fmt, loaded.model, loaded.params)
+      difference = compare_logits(loaded.model, loaded.params, exported)
+      print(f'logits of the export vs the source, 8 random images: max relative difference '
+            f'{difference:.1e}', flush=True)
+    logging.flush()
+    return
+  step = export(workdir, _OUT.value, _STEP.value, ema=_EMA.value, format=fmt,
                 allow_nonfinite=_ALLOW_NONFINITE.value)
   what = 'the moving average of the parameters' if _EMA.value else 'the parameters'
-  print(f'Wrote {_OUT.value}: {what} of {_WORKDIR.value} at step {step}.')
+  print(f'Wrote {_OUT.value}: {what} of {workdir} at step {step}.')
   if _EVALUATE.value:
-    config = workdir_lib.load_config(_WORKDIR.value)
-    params, _ = workdir_lib.restore_params(_WORKDIR.value, step, ema=_EMA.value,
+    config = workdir_lib.load_config(workdir)
+    params, _ = workdir_lib.restore_params(workdir, step, ema=_EMA.value,
                                            allow_nonfinite=_ALLOW_NONFINITE.value)
-    exported = release.to_model_layout(release.load_npz(_OUT.value),
-                                          scanned=release.is_scanned(params))
+    exported = read_back(_OUT.value, fmt, _run_model(workdir, params), params)
     classifiers = [n for n, e in config.evals.items() if e.type == 'classification']
-    for name, tree in (('checkpoint', params), ('exported .npz', exported)):
+    name_of_export = 'exported .npz' if fmt == 'npz' else f'exported {fmt}'
+    for name, tree in (('checkpoint', params), (name_of_export, exported)):
       for evaluator, metrics in evaluate.evaluate_params(config, tree, classifiers,
                                                          _PROGRESS_EVERY.value, f'the {name}'):
         print(f'{name:>14}, {evaluator.name}: {evaluator.describe(metrics)}', flush=True)

@@ -17,7 +17,7 @@ import re
 import types
 from typing import Any
 
-from vit_jax.base import errors
+from vit_jax.base import errors, paths
 
 # Written by ``python -m benchmarks.input --recipes=shipped --out=...`` (RESULTS.md).
 RATES_FILE = pathlib.Path(__file__).resolve().parents[2] / 'results' / 'input_recipes.json'
@@ -82,7 +82,7 @@ def define_flags() -> types.SimpleNamespace:
           'host_images_per_core', None, 'Images/s one host core prepares for the config\'s '
           'training pipeline (default: the rate measured in --input_rates for its '
           'dataset.pp_train).'),
-      rates=flags.DEFINE_string(
+      rates=paths.DEFINE_path(
           'input_rates', str(RATES_FILE), 'JSON of per-core input rates (python -m '
           'benchmarks.input --recipes=... --out=...).'))
 

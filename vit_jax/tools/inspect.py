@@ -2,6 +2,8 @@ r"""Look inside a trained ViT: the paper's section 4.5 figures and one HTML page
 
     python -m vit_jax.tools.inspect --workdir=/tmp/q --out=/tmp/q/inspect
     python -m vit_jax.tools.inspect --npz=ViT-B_16.npz --out=/tmp/b16 --images cat.jpg dog.jpg
+    python -m vit_jax.tools.inspect --source=hf-hub:timm/deit3_base_patch16_224.fb_in1k \
+        --out=/tmp/deit3 --images cat.jpg
 
 Writes into ``--out`` the patch-embedding PCA, the position embeddings' similarity, the mean
 attention distance per head, attention rollout on images (``--images``, or ``--num_images`` of a
@@ -14,22 +16,24 @@ from __future__ import annotations
 import argparse
 import base64
 import dataclasses
-import functools
 import html
 import json
 import sys
 import textwrap
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
 import numpy as np
 from etils import epath
 
 from vit_jax.base import errors, paths
-from vit_jax.models import VisionTransformer
-from vit_jax.models.vit import pair
 from vit_jax.tools import predict
+from vit_jax.tools.predict import pair
+
+if TYPE_CHECKING:  # jax and flax load after the command line is checked.
+  import jax
+
+  from vit_jax.models import VisionTransformer
 
 CHARS_PER_INCH = 12  # Of a 9 pt caption, for wrapping.
 MAX_PNG_BYTES = 300_000
@@ -377,7 +381,6 @@ def eval_images(source: predict.Source, workdir: str, count: int) -> Images:
                 f'{len(indices)} from the {split!r} split')
 
 
-@functools.partial(jax.jit, static_argnums=0)
 def _attention_summary(model: VisionTransformer, params: Any,
                        images: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   from vit_jax.tools import analysis
@@ -385,12 +388,15 @@ def _attention_summary(model: VisionTransformer, params: Any,
   grid, prefix = model.grid, model.num_prefix_tokens
   logits, weights = analysis.attention_weights(model, params, images)
   distance = analysis.attention_distance(weights, grid, analysis.token_spacing(model), prefix)
-  return logits, distance.transpose(1, 0, 2), analysis.rollout_maps(weights, grid, prefix)
+  return logits, distance.transpose(1, 0, 2), analysis.rollout_maps(weights, grid, prefix,
+                                                                     model.pool == 'token')
 
 
 def attention_pass(source: predict.Source, inputs: np.ndarray,
                    batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Logits, attention distance per image (N, layers, heads) and rollout maps (N, rows, cols)."""
+  import jax
+
   from vit_jax.tools import analysis
 
   model = analysis.capturing_model(source.model)
@@ -399,7 +405,7 @@ def attention_pass(source: predict.Source, inputs: np.ndarray,
   outputs = []
   for start in range(0, len(inputs), size):
     chunk = inputs[start:start + size]
-    result = _attention_summary(model, params, predict.padded(list(chunk), size))
+    result = predict.jitted(_attention_summary)(model, params, predict.padded(list(chunk), size))
     outputs.append([np.asarray(r)[:len(chunk)] for r in result])
   return tuple(np.concatenate(parts) for parts in zip(*outputs, strict=True))
 
@@ -411,13 +417,16 @@ def attention_pass(source: predict.Source, inputs: np.ndarray,
 def write_html(path: epath.Path, source: predict.Source, figures: list[Figure],
                notes: list[str], predictions: list[tuple[str, list[tuple[str, float]]]]) -> None:
   """One self-contained page: the figures as base64 PNGs, their captions, the predictions."""
+  import jax
+
   model = source.model
   n_params = sum(int(np.size(x)) for x in jax.tree.leaves(source.params))
   h, w = pair(model.image_size)
   rows = [('model', model.model_name), ('parameters from', source.loaded.source),
           ('parameters', f'{n_params:,}'), ('input', f'{h}x{w} pixels, "{source.pp_spec}"'),
           ('tokens', f'{model.grid[0]}x{model.grid[1]} patches'
-                     + (' + class token' if model.num_prefix_tokens else '')),
+                     + (' + class token' if model.has_class_token else '')
+                     + (f' + {model.num_registers} registers' if model.num_registers else '')),
           ('layers x heads', f'{model.num_layers} x {model.num_heads}, width '
                              f'{model.hidden_size}')]
   e = html.escape
@@ -451,8 +460,10 @@ def inspect(args: argparse.Namespace) -> list[epath.Path]:
   from vit_jax.checkpoints import release
   from vit_jax.tools import analysis
 
+  predict.resolve_source_flags(args)
   if not args.images and not args.workdir:
-    raise ValueError('A .npz file comes without data: pass some image files with --images.')
+    what = 'checkpoint other than a workdir' if args.source else '.npz file'
+    raise ValueError(f'A {what} comes without data: pass some image files with --images.')
   source = predict.load_source(args)
   model = source.model
   notes = list(source.notes)
@@ -518,8 +529,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser = errors.ArgumentParser(prog='python -m vit_jax.tools.inspect', description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   predict.add_source_flags(parser)
-  parser.add_argument('--out', required=True, help='directory for the PNGs and index.html')
-  parser.add_argument('--images', nargs='*', default=[],
+  parser.add_argument('--out', required=True, type=paths.expand,
+                      help='directory for the PNGs and index.html')
+  parser.add_argument('--images', nargs='*', default=[], type=paths.expand,
                       help='image files for the attention figures')
   parser.add_argument('--num_images', type=int, default=32,
                       help='workdir without --images: examples taken from its eval split')

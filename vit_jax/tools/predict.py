@@ -1,12 +1,16 @@
-r"""Top-5 classes of image files, from a run's workdir or a release .npz file.
+r"""Top-5 classes of image files, from a run's workdir or any other checkpoint (a SOURCE).
 
     python -m vit_jax.tools.predict --workdir=/tmp/q digit.png
     python -m vit_jax.tools.predict --npz=ViT-B_16.npz --image_size=384 cat.jpg dog.jpg
+    python -m vit_jax.tools.predict \
+        --source=hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k cat.jpg
 
 A workdir gives the model, its latest checkpoint (``--step``; ``--ema``: the weights' moving
 average), the class names and the eval preprocessing. A .npz file's architecture is read from its
 shapes (or ``--model``), its images resized to ``--image_size`` and scaled to [-1, 1] as in the
-releases (or ``--pp``). Runs on the default JAX device, ``--batch_size`` images at a time.
+releases (or ``--pp``). ``--source`` takes any checkpoint (docs/checkpoints.md): a timm or
+transformers folder or ``hf-hub:ORG/NAME`` brings its architecture and class names in its
+config.json. Runs on the default JAX device, ``--batch_size`` images at a time.
 """
 
 from __future__ import annotations
@@ -19,15 +23,17 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
 import numpy as np
 
 from vit_jax.base import errors, paths
-from vit_jax.checkpoints import release, workdir
-from vit_jax.models import VisionTransformer
-from vit_jax.models.vit import pair
+
+if TYPE_CHECKING:  # jax, flax and the checkpoints load after the command line is checked.
+  import jax
+
+  from vit_jax.checkpoints import release
+  from vit_jax.models import VisionTransformer
 
 NPZ_PP = 'decode|resize({size})|value_range(-1, 1)'
 IMAGENET_NOTE = ('ImageNet class names are not available offline; showing the WordNet ids of '
@@ -66,12 +72,16 @@ class PipelineError(ValueError):
 
 
 def add_source_flags(parser: argparse.ArgumentParser) -> None:
-  """The flags that pick a model: --workdir or --npz, and their options."""
+  """The flags that pick a model: --workdir, --npz or --source, and their options."""
   group = parser.add_mutually_exclusive_group(required=True)
-  group.add_argument('--workdir', help='a vit_jax.main run directory (config.json, checkpoints/)')
-  group.add_argument('--npz', help='a release or exported .npz checkpoint')
+  group.add_argument('--workdir', type=paths.expand,
+                     help='a vit_jax.main run directory (config.json, checkpoints/)')
+  group.add_argument('--npz', type=paths.expand, help='a release or exported .npz checkpoint')
+  group.add_argument('--source', type=paths.expand,
+                     help='any checkpoint: a workdir, a .npz file, a timm or transformers '
+                     'folder, hf-hub:ORG/NAME or a big_vision tensorstore folder')
   parser.add_argument('--step', type=int, default=None,
-                      help='workdir: the checkpoint step (default: the latest)')
+                      help='workdir (or big_vision): the checkpoint step (default: the latest)')
   parser.add_argument('--ema', action='store_true',
                       help="workdir: the weights' moving average (the run's "
                            'config.optimizer.ema_decay) instead of the weights')
@@ -89,7 +99,7 @@ def add_source_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--pp', default=None,
                       help='preprocessing pipeline (default: the run\'s dataset.pp_eval; for '
                            f'npz "{NPZ_PP.format(size="SIZE")}")')
-  parser.add_argument('--class_names', default=None,
+  parser.add_argument('--class_names', default=None, type=paths.expand,
                       help='a JSON list or a text file with one class name per line')
   parser.add_argument('--activation', choices=('auto', 'softmax', 'sigmoid'), default='auto',
                       help="probabilities (auto: sigmoid for a run trained with 'sigmoid_xent')")
@@ -114,6 +124,14 @@ def imagenet_wordnet_ids() -> tuple[str, ...]:
     return ()
 
 
+def pair(size: Any) -> tuple[int, int]:
+  """An int-or-pair image size as (height, width) (``vit_jax.models.vit.pair``)."""
+  if isinstance(size, int):
+    return (size, size)
+  h, w = size
+  return (int(h), int(w))
+
+
 def _workdir_class_names(loaded: release.Loaded) -> tuple[str, ...]:
   """classes.json, or the class names of the run's dataset when it can be opened."""
   if loaded.class_names:
@@ -127,17 +145,33 @@ def _workdir_class_names(loaded: release.Loaded) -> tuple[str, ...]:
     return ()
 
 
+def resolve_source_flags(args: argparse.Namespace) -> None:
+  """``--source`` as ``--workdir`` where it names a workdir (``args`` updated in place)."""
+  if not getattr(args, 'source', None):
+    return
+  from vit_jax.checkpoints import formats  # Only for --source: it imports jax.
+
+  if formats.origin(args.source) == formats.WORKDIR:
+    args.workdir, args.source = args.source, None
+
+
 def check_source_paths(args: argparse.Namespace) -> None:
-  """--workdir or --npz checked before the model loads (``vit_jax.base.paths``)."""
+  """--workdir, --npz or --source checked before the model loads (``vit_jax.base.paths``)."""
   if args.workdir:
     paths.run_dir(args.workdir)
-  else:
+  elif args.npz:
     paths.input_path(args.npz, 'npz', '.npz file')
+  elif not args.source.startswith('hf-hub:'):
+    paths.input_path(args.source, 'source', 'checkpoint')
 
 
 def load_source(args: argparse.Namespace) -> Source:
-  """The model, preprocessing and class names that ``--workdir`` / ``--npz`` select."""
+  """The model, preprocessing and class names that ``--workdir`` / ``--npz`` / ``--source``
+  select."""
+  from vit_jax.checkpoints import formats, release, workdir
+
   notes = []
+  resolve_source_flags(args)
   if args.workdir:
     if args.model or args.image_size or args.pool:
       raise ValueError('--model, --image_size and --pool are for --npz; a workdir\'s config '
@@ -151,26 +185,35 @@ def load_source(args: argparse.Namespace) -> Source:
     if not names:
       notes.append(f'{args.workdir} has no class names (classes.json); showing class indices.')
   else:
-    if args.step is not None:
-      raise ValueError('--step is for --workdir; a .npz file holds one set of parameters.')
+    source = getattr(args, 'source', None) or args.npz
+    kind = formats.NPZ if args.npz else formats.origin(source)
+    what = 'a .npz file' if kind == formats.NPZ else f'a {kind} checkpoint'
+    if args.step is not None and kind != formats.BIG_VISION:
+      raise ValueError(f'--step is for --workdir; {what} holds one set of parameters.')
     if args.ema:
-      raise ValueError('--ema is for --workdir; a .npz file holds one set of parameters '
-                       '(export a run\'s average with python -m vit_jax.tools.export --ema).')
-    loaded = release.load_npz_model(args.npz, args.model, args.image_size, pool=args.pool)
+      raise ValueError(f'--ema is for --workdir; {what} holds one set of parameters (export a '
+                       'run\'s average with python -m vit_jax.tools.export --ema).')
+    if args.npz:  # A release or big_vision .npz file, as ever.
+      loaded = release.load_npz_model(args.npz, args.model, args.image_size, pool=args.pool)
+    else:
+      loaded = formats.load(source, model_name=args.model, image_size=args.image_size,
+                            pool=args.pool, step=args.step)
     h, w = pair(loaded.model.image_size)
     pp_spec = args.pp or NPZ_PP.format(size=h if h == w else (h, w))
     activation = 'softmax'
     num_classes = loaded.model.num_classes
-    names = ()
+    names = loaded.class_names
     if not num_classes:
-      notes.append(f'{args.npz} has no classifier head.')
-    elif num_classes == 1000 and not args.class_names:
+      notes.append(f'{source} has no classifier head.')
+    elif names or args.class_names:
+      pass
+    elif num_classes == 1000:
       names = imagenet_wordnet_ids()
       notes.append(IMAGENET_NOTE if names else
                    'No ImageNet class list is available offline (tensorflow_datasets is not '
                    'installed); showing class indices. Pass --class_names=FILE for names.')
-    elif not args.class_names:
-      notes.append(f'{args.npz} comes without class names; showing class indices '
+    else:
+      notes.append(f'{source} comes without class names; showing class indices '
                    '(--class_names=FILE for names).')
   if args.class_names:
     names = _read_class_names(args.class_names)
@@ -241,14 +284,27 @@ def preprocess_fn(source: Source, display: bool = False) -> Callable[[Any], np.n
   return apply
 
 
-@functools.partial(jax.jit, static_argnums=0)
+def _logits(model: VisionTransformer, params: Any, images: jax.Array) -> jax.Array:
+  return model.apply({'params': params}, images, train=False)
+
+
+@functools.cache
+def jitted(fn: Callable) -> Callable:
+  """``jax.jit(fn, static_argnums=0)``, made at the first call (jax is imported then)."""
+  import jax
+
+  return jax.jit(fn, static_argnums=0)
+
+
 def logits_of(model: VisionTransformer, params: Any, images: jax.Array) -> jax.Array:
   """The model's logits (jitted; one compilation per model and batch shape)."""
-  return model.apply({'params': params}, images, train=False)
+  return jitted(_logits)(model, params, images)
 
 
 def runnable(model: VisionTransformer) -> VisionTransformer:
   """The model, with the cuDNN attention kernel swapped for XLA's off NVIDIA GPUs."""
+  import jax
+
   if model.attention_impl == 'cudnn' and jax.default_backend() != 'gpu':
     return model.clone(attention_impl='xla')  # The same function, without the GPU kernel.
   return model
@@ -270,6 +326,8 @@ def padded(images: list[np.ndarray], size: int) -> np.ndarray:
 def predict_files(source: Source, paths: Sequence[str], batch_size: int,
                   top: int = 5) -> Iterator[tuple[str, list[tuple[str, float]] | ImageError]]:
   """For each file, its ``top`` (label, probability) pairs, or the error reading it."""
+  import jax
+
   from vit_jax.tools import analysis
 
   if not source.model.num_classes:
@@ -296,6 +354,8 @@ def predict_files(source: Source, paths: Sequence[str], batch_size: int,
 
 
 def describe(source: Source) -> str:
+  import jax
+
   h, w = pair(source.model.image_size)
   return (f'{source.model.model_name} from {source.loaded.source}; {h}x{w} input '
           f'("{source.pp_spec}"); {source.activation} probabilities; '
@@ -307,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   add_source_flags(parser)
   parser.add_argument('--top', type=int, default=5, help='classes shown per image')
-  parser.add_argument('images', nargs='+', help='image files (JPEG, PNG, ...)')
+  parser.add_argument('images', nargs='+', type=paths.expand, help='image files (JPEG, PNG, ...)')
   args = parser.parse_args(argv)
 
   try:

@@ -18,6 +18,7 @@ import optax
 
 from vit_jax import config as config_lib
 from vit_jax.base import cpu, errors, paths, sharding
+from vit_jax.checkpoints import formats
 from vit_jax.checkpoints import workdir as workdir_lib
 from vit_jax.data import preprocess, sources
 from vit_jax.models import canonical_name, get_model, mpp
@@ -146,12 +147,18 @@ def _check_files(config: ml_collections.ConfigDict) -> None:
     raise errors.MissingFileError(f'config.dataset.data_dir={data_dir} does not exist.')
   init_from = config.init_from
   if init_from:
-    if workdir_lib.is_workdir(init_from):
-      workdir_lib.resolve_step(init_from, config.init_step)  # Raises, naming the steps there.
-    elif not paths.is_file(init_from):  # Local or remote (gs://): vit_jax.base.paths.
+    if not init_from.startswith('hf-hub:') and not paths.exists(init_from):  # Local or gs://.
       raise errors.MissingFileError(
-          f'config.init_from={init_from} is neither a release .npz file nor the workdir of '
-          'an earlier run (a directory with checkpoints/).')
+          f'config.init_from={init_from} is neither a release .npz file nor another checkpoint '
+          f'(it does not exist): name {formats.ACCEPTED}.')
+    try:
+      kind = formats.origin(init_from)
+      if kind == formats.WORKDIR:
+        workdir_lib.resolve_step(init_from, config.init_step)  # Raises, naming the steps.
+      elif kind == formats.HF_HUB:
+        formats.local_folder(init_from)  # Downloaded (or found in the cache) now.
+    except errors.UserError as e:
+      raise type(e)(f'config.init_from: {e}') from None
   workdir_lib.check_init_from(config)  # init_ema, init_source_grid, init_source_pool.
 
 

@@ -1,0 +1,94 @@
+"""Writes vit_jax/checkpoints/timm_architectures.py: timm's ViT architectures and their defaults.
+
+timm's config.json names an architecture and records only the keyword arguments given to
+`create_model` (README.md beside this file), so a reader also needs each architecture's own
+defaults (num_heads, class_token, global_pool, act_layer, ...): this script asks timm for them,
+without building a model, and writes them as a Python table. Run in the fixtures' venv
+(make_fixtures.py: torch CPU, timm 1.0.31), from the repository root:
+
+    python tests/data/hub/make_timm_architectures.py
+
+Every architecture of timm.models.vision_transformer and timm.models.deit is listed, with the
+keyword arguments its entry point passes (`_create_vision_transformer` / `_create_deit` are
+replaced by a recorder); values that are classes or partials (norm and activation layers,
+block and MLP types) are written as strings naming them, which vit_jax refuses by name.
+"""
+
+import contextlib
+import functools
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_fixtures  # noqa: E402,F401  (the torchvision shim, before timm)
+import timm  # noqa: E402
+import timm.models.deit as deit  # noqa: E402
+import timm.models.vision_transformer as vision_transformer  # noqa: E402
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', '..', 'vit_jax',
+                   'checkpoints', 'timm_architectures.py')
+
+
+class _Recorded(Exception):
+  pass
+
+
+def describe(value):
+  """A keyword argument's value as a literal: numbers, strings, tuples; else a named string."""
+  if value is None or isinstance(value, (bool, int, float, str)):
+    return value
+  if isinstance(value, (tuple, list)):
+    return tuple(describe(v) for v in value)
+  if isinstance(value, functools.partial):
+    args = ', '.join(f'{k}={v!r}' for k, v in value.keywords.items())
+    return f'<{value.func.__name__}({args})>'
+  return f'<{getattr(value, "__name__", type(value).__name__)}>'
+
+
+def main():
+  recorded = {}
+
+  def recorder(name, pretrained=False, **kwargs):
+    recorded[name] = kwargs
+    raise _Recorded
+
+  vision_transformer._create_vision_transformer = recorder
+  deit._create_deit = recorder
+  for name in timm.list_models():
+    entry = timm.models._registry._model_entrypoints[name]
+    if entry.__module__ not in ('timm.models.vision_transformer', 'timm.models.deit'):
+      continue
+    with contextlib.suppress(_Recorded):
+      entry(pretrained=False)
+  lines = [
+      f'"""timm\'s ViT architectures (timm {timm.__version__}) and the keyword arguments each '
+      'passes to its model.',
+      '',
+      'Written by tests/data/hub/make_timm_architectures.py (run where timm is installed); do not',
+      'edit. A timm config.json names one of these and records only the arguments given on top',
+      "(`model_args`); timm's VisionTransformer defaults fill the rest. Values that are layers",
+      '(norm, activation, block and MLP types) are strings in angle brackets.',
+      '"""',
+      '',
+      f'TIMM_VERSION = {timm.__version__!r}',
+      '',
+      'ARCHITECTURES: dict[str, dict] = {',
+  ]
+  for name in sorted(recorded):
+    items = [f'{k}={describe(v)!r}' for k, v in sorted(recorded[name].items())]
+    line = f'    {name!r}: dict('
+    for i, item in enumerate(items):
+      item += ')' if i == len(items) - 1 else ','
+      if len(line) + len(item) + 1 > 100:
+        lines.append(line.rstrip())
+        line = ' ' * 8
+      line += item + ' '
+    lines.append(line.rstrip() + ',')
+  lines.append('}')
+  with open(OUT, 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+  print(f'{len(recorded)} architectures -> {os.path.normpath(OUT)}')
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,169 @@
+"""vit_jax.checkpoints.formats (and vit_jax.checkpoints.load / export): one SOURCE string for
+every checkpoint, recognised by what is there; the hf-hub: path through huggingface_hub's
+own cache, offline."""
+
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+from vit_jax import checkpoints
+from vit_jax.base import errors
+from vit_jax.checkpoints import formats, hub, release
+from vit_jax.models import get_model
+
+from runs import ROOT, env, hub_cache
+
+HUB = pathlib.Path(__file__).resolve().parent / 'data' / 'hub'
+
+
+@pytest.fixture(scope='module')
+def sources(tmp_path_factory):
+  """One checkpoint of each kind (a release .npz file, a folder laid out as a run's workdir)."""
+  root = tmp_path_factory.mktemp('sources')
+  model = get_model('ti16', num_classes=3, hidden_size=32, mlp_dim=64, num_heads=2,
+                    num_layers=2, patch_size=8, image_size=32)
+  params = jax.eval_shape(model.init, jax.random.key(0), np.zeros((1, 32, 32, 3)))['params']
+  release.save_npz(root / 'model.npz', jax.tree.map(lambda x: np.ones(x.shape, x.dtype), params))
+  (root / 'run' / 'checkpoints').mkdir(parents=True)
+  (root / 'empty').mkdir()
+  (root / 'file.txt').write_text('')
+  both = root / 'both'
+  shutil.copytree(HUB / 'timm_augreg', both)
+  shutil.copy(HUB / 'bv_tok' / 'checkpoint.bv-LAST', both)
+  (both / 'checkpoint.bv-000000003').mkdir()
+  return {'npz': str(root / 'model.npz'), 'workdir': str(root / 'run'),
+          'timm': str(HUB / 'timm_deit3'), 'transformers': str(HUB / 'hf_vit_model'),
+          'big_vision': str(HUB / 'bv_tok'),
+          'big_vision step': str(HUB / 'bv_tok' / 'checkpoint.bv-000000003'),
+          'hf-hub': 'hf-hub:org/name', 'empty': str(root / 'empty'),
+          'file': str(root / 'file.txt'), 'both': str(both), 'missing': str(root / 'nope')}
+
+
+@pytest.mark.parametrize('kind', ['npz', 'workdir', 'timm', 'transformers', 'big_vision',
+                                  'big_vision step', 'hf-hub'])
+def test_each_source_is_recognised_by_what_is_there(sources, kind):
+  assert formats.origin(sources[kind]) == kind.split()[0]
+
+
+@pytest.mark.parametrize('kind, error, message', [
+    ('empty', errors.CheckpointError, 'is not a checkpoint vit_jax reads: name a release'),
+    ('file', errors.CheckpointError, 'is a file but not a .npz checkpoint'),
+    ('missing', errors.MissingFileError, 'does not exist: name a release or big_vision .npz'),
+    ('both', errors.CheckpointError, 'is both a timm and a big_vision checkpoint'),
+])
+def test_anything_else_is_one_line_naming_what_is_accepted(sources, kind, error, message):
+  with pytest.raises(error) as e:
+    formats.origin(sources[kind])
+  assert message in str(e.value) and '\n' not in str(e.value)
+  with pytest.raises(errors.CheckpointError, match='folder that holds it'):
+    formats.origin(str(HUB / 'timm_augreg' / 'model.safetensors'))
+
+
+def test_one_load_for_every_source(sources):
+  """checkpoints.load: the model and parameters, whatever the source."""
+  npz = checkpoints.load(sources['npz'])
+  chex.assert_trees_all_equal(release.flatten(npz.params),
+                              release.flatten(release.load_npz(sources['npz'])))
+  timm = checkpoints.load(sources['timm'])
+  assert timm.model.layer_scale == 1e-6 and timm.source.endswith('(timm)')
+  bv = checkpoints.load(sources['big_vision'], image_size=(16, 24), source_grid=(4, 6))
+  assert bv.model.representation_size == 8
+  with pytest.raises(errors.ConfigError, match="model_name='b16' is given, but .* config.json"):
+    checkpoints.load(sources['timm'], model_name='b16')
+  with pytest.raises(errors.ConfigError, match='A step is given, but .* holds one set'):
+    checkpoints.load(sources['timm'], step=3)
+  with pytest.raises(errors.ConfigError, match='ema=True, but .* is not a workdir'):
+    checkpoints.load(sources['npz'], ema=True)
+  with pytest.raises(errors.ConfigError, match='image_size given, but .* is a workdir'):
+    checkpoints.load(sources['workdir'], image_size=64)
+
+
+def test_a_hub_folder_at_another_size_has_its_position_embeddings_resized():
+  loaded = checkpoints.load(str(HUB / 'timm_deit3'))
+  bigger = checkpoints.load(str(HUB / 'timm_deit3'), image_size=48)
+  assert bigger.model.grid == (12, 12) and not bigger.model.prefix_posemb
+  posemb = lambda p: p['Transformer']['posembed_input']['pos_embedding']
+  expected = release.resize_posemb(posemb(loaded.params), (12, 12), (8, 8), 0)
+  chex.assert_trees_all_close(posemb(bigger.params), expected, rtol=1e-6, atol=1e-6)
+  chex.assert_trees_all_equal(bigger.params['cls'], loaded.params['cls'])
+
+
+def test_hf_hub_ids_load_offline_from_the_client_cache(offline_hub):
+  offline_hub('test-org/tiny-deit3', HUB / 'timm_deit3')
+  loaded = checkpoints.load('hf-hub:test-org/tiny-deit3')
+  local = checkpoints.load(str(HUB / 'timm_deit3'))
+  chex.assert_trees_all_equal(loaded.params, local.params)
+  assert loaded.model == local.model and loaded.source == 'hf-hub:test-org/tiny-deit3 (timm)'
+  assert formats.local_folder('hf-hub:test-org/tiny-deit3@main').endswith(
+      'snapshots/0123456789abcdef0123456789abcdef01234567')
+  with pytest.raises(errors.MissingFileError, match='hf-hub:test-org/absent is not in the '
+                     r'Hugging Face cache \(.*hf_home/hub\)'):
+    checkpoints.load('hf-hub:test-org/absent')
+  with pytest.raises(errors.ConfigError, match='not a Hub id: write hf-hub:ORG/NAME'):
+    checkpoints.load('hf-hub:no-slash')
+
+
+def test_predict_takes_an_hf_hub_source_from_the_environment(tmp_path):
+  """The command line as users run it: HF_HOME names the cache, HF_HUB_OFFLINE=1."""
+  from PIL import Image
+
+  hub_cache(tmp_path / 'home' / 'hub', 'test-org/tiny-vit', HUB / 'hf_vit_cls_tanh')
+  image = tmp_path / 'image.png'
+  Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 50, 3), np.uint8)).save(image)
+  command = [sys.executable, '-m', 'vit_jax.tools.predict', '--source=hf-hub:test-org/tiny-vit',
+             '--top=2', str(image)]
+  run_env = {**env(devices=1), 'HF_HOME': str(tmp_path / 'home'), 'HF_HUB_OFFLINE': '1',
+             'PYTHONPATH': str(ROOT)}
+  result = subprocess.run(command, env=run_env, capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'from hf-hub:test-org/tiny-vit (transformers); 32x32 input' in result.stdout
+  labels = {'tench', 'goldfish', 'great white shark', 'tiger shark', 'hammerhead'}
+  ranked = [line.split('%  ')[1] for line in result.stdout.splitlines() if '%  ' in line]
+  assert len(ranked) == 2 and set(ranked) <= labels  # config.json's id2label.
+
+  command[3] = f'--source={HUB / "timm_qknorm"}'
+  result = subprocess.run(command, env=run_env, capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+  assert lines[0].startswith('error: ') and 'qk_norm with biases' in lines[0]
+
+
+def test_export_formats_and_refusals(tmp_path):
+  model = get_model('deit3_s16', num_classes=3, hidden_size=32, mlp_dim=64, num_heads=2,
+                    num_layers=2, patch_size=8, image_size=32)
+  shapes = jax.eval_shape(model.init, jax.random.key(0), np.zeros((1, 32, 32, 3)))['params']
+  params = jax.tree.map(lambda x: np.ones(x.shape, x.dtype), shapes)
+  assert checkpoints.export(model, params, tmp_path / 'timm', 'timm') == str(tmp_path / 'timm')
+  assert formats.origin(str(tmp_path / 'timm')) == 'timm'
+  with pytest.raises(errors.CheckpointError) as e:
+    checkpoints.export(model, params, tmp_path / 'm.npz')
+  assert str(e.value).startswith('A release .npz file cannot hold ViT (2 layers, width 32, '
+                                 'MLP 64, 2 heads, patch 8): layer_scale=1e-06')
+  assert "format='timm'" in str(e.value) and not (tmp_path / 'm.npz').exists()
+  with pytest.raises(errors.ConfigError, match="format='onnx' is not one of npz, timm"):
+    checkpoints.export(model, params, tmp_path / 'x', 'onnx')
+
+
+def test_a_class_token_without_position_embedding_exports_as_a_zero_row(tmp_path):
+  """The release layout adds a row for the class token: zero, it is the same function."""
+  model = get_model('ti16', num_classes=3, hidden_size=32, mlp_dim=64, num_heads=2,
+                    num_layers=2, patch_size=8, image_size=32, prefix_posemb=False)
+  shapes = jax.eval_shape(model.init, jax.random.key(0), np.zeros((1, 32, 32, 3)))['params']
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda x: rng.normal(0, 0.2, x.shape).astype(np.float32), shapes)
+  checkpoints.export(model, params, tmp_path / 'm.npz')
+  loaded = checkpoints.load(str(tmp_path / 'm.npz'))
+  assert loaded.model.prefix_posemb and loaded.params['Transformer']['posembed_input'][
+      'pos_embedding'].shape == (1, 17, 32)
+  images = rng.uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
+  chex.assert_trees_all_close(loaded.model.apply({'params': loaded.params}, images),
+                              model.apply({'params': params}, images), rtol=1e-6, atol=1e-6)
+  assert hub.folder_format(tmp_path) is None
