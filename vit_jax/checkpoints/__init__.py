@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 def load(source: str, *, step: int | None = None, ema: bool = False,
          allow_nonfinite: bool = False, model_name: str | None = None,
-         image_size: int | tuple[int, int] | None = None, pool: str | None = None, source_grid: tuple[int, int] | None = None) -> Loaded:
+         image_size: int | tuple[int, int] | None = None, pool: str | None = None,
+         source_grid: tuple[int, int] | None = None) -> Loaded:
   """The model, parameters and class names a SOURCE names (``formats``).
 
   A run's workdir: its checkpoint (the latest unless ``step``; ``ema``: the weights' moving
