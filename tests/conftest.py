@@ -4,6 +4,7 @@ import atexit
 import os
 import pathlib
 import shutil
+import subprocess
 import tempfile
 
 # Must happen before jax is imported anywhere.
@@ -65,3 +66,16 @@ def offline_hub(tmp_path, monkeypatch):
   monkeypatch.setattr(constants, 'HF_HUB_CACHE', str(home / 'hub'))
   monkeypatch.setattr(constants, 'HF_HUB_OFFLINE', True)
   return lambda repo_id, folder: hub_cache(home / 'hub', repo_id, folder)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 32 MiB tmpfs mounted at tmp_path/disk (skips where mounting is not permitted)."""
+  disk = tmp_path / 'disk'
+  disk.mkdir()
+  mount = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=32m', 'tmpfs', str(disk)],
+                         capture_output=True, text=True)
+  if mount.returncode:
+    pytest.skip(f'cannot mount a tmpfs here: {mount.stderr.strip()}')
+  yield disk
+  subprocess.run(['umount', str(disk)], check=True)

@@ -97,3 +97,9 @@ def hub_cache(cache, repo_id, folder, commit='0123456789abcdef0123456789abcdef01
     (repo / 'blobs' / blob).write_bytes(data)
     (snapshot / file.name).symlink_to(pathlib.Path('..', '..', 'blobs', blob))
   return snapshot
+
+
+def fill(disk: pathlib.Path, leave: int = 256 << 10) -> None:
+  """Fills ``disk`` but for ``leave`` bytes: less than any checkpoint of the tiny run needs."""
+  free = os.statvfs(disk)
+  (disk / 'filler').write_bytes(b'\0' * (free.f_bavail * free.f_frsize - leave))

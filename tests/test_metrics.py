@@ -1,5 +1,6 @@
 """vit_jax.training.metrics: the metrics.jsonl rows across a resume, and the TensorBoard writer
-of an install without TensorFlow, read back by TensorBoard's own reader as clu's writer is."""
+of an install without TensorFlow, read back by TensorBoard's own reader as clu's writer is, and
+a full disk under both."""
 
 import sys
 
@@ -7,9 +8,10 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
+from vit_jax.base import errors
 from vit_jax.training import metrics
 
-from runs import read_metrics
+from runs import fill, read_metrics
 
 
 def test_scalars_and_hparams_read_back_by_tensorboard(tmp_path):
@@ -33,7 +35,7 @@ def test_clu_writer_with_tensorflow_this_one_without(tmp_path, monkeypatch):
   from clu import metric_writers
 
   with_tf = metrics.writer(str(tmp_path / 'a'))
-  assert isinstance(with_tf, metric_writers.AsyncWriter)
+  assert isinstance(with_tf, metric_writers.SummaryWriter)
   with_tf.close()
   monkeypatch.setitem(sys.modules, 'tensorflow', None)  # As in an install without it.
   without = metrics.writer(str(tmp_path / 'b'))
@@ -52,3 +54,19 @@ def test_metrics_log_keeps_earlier_lines_across_a_resume(tmp_path, append):
     log.close()
   assert [m['step'] for m in read_metrics(tmp_path)] == [1, 2, 3]
   assert read_metrics(tmp_path)[2]['train/loss'] == pytest.approx(1 / 3)
+
+
+def test_a_full_disk_stops_the_metrics_in_one_error_and_the_close_stays_quiet(small_disk):
+  """TensorFlow's events writer and metrics.jsonl on a real full disk: whichever fails first,
+  one ``MetricsWriteError`` (exit status 74) with the OS's words; the close after it is quiet."""
+  log = metrics.MetricsLog(str(small_disk))
+  log.write(1, {'train/loss': 1.})
+  fill(small_disk, leave=0)
+  with pytest.raises(errors.MetricsWriteError, match=(
+      r'^Writing the metrics at step \d+ in .*/disk failed: the disk is full \(No space left on '
+      r'device.*\)\. No checkpoint was written before it: free space there .*, then run the '
+      r'same command again to resume\.$')) as raised:
+    for step in range(2, 5000):
+      log.write(step, {'train/loss': 1. / step, 'train/learning_rate': 1e-3})
+  assert raised.value.exit_status == errors.SAVE_FAILED_STATUS
+  log.close()

@@ -5,8 +5,9 @@ names the problem and the fix, and the entry points (``run``) print it as ``erro
 with status 2 (``EXIT_STATUS``); any other exception is a bug and keeps its traceback (status 1).
 A job wrapper can also act on 65 (``DIVERGED_STATUS``: the training went non-finite; nothing
 non-finite was saved, and the same command would diverge again), 74 (``SAVE_FAILED_STATUS``: a
-checkpoint could not be written; the earlier ones are intact) and 75 (``PREEMPTED_STATUS``:
-stopped by SIGTERM after saving; run the same command again to resume); docs/reliability.md.
+checkpoint or the metrics could not be written; the earlier checkpoints are intact) and 75
+(``PREEMPTED_STATUS``: stopped by SIGTERM after saving; run the same command again to resume);
+docs/reliability.md.
 Each class is also the built-in exception callers expect (``ConfigError`` is a ``ValueError``,
 ``MissingFileError`` a ``FileNotFoundError``).
 """
@@ -73,6 +74,13 @@ class Diverged(UserError, FloatingPointError):
 
 class CheckpointSaveError(UserError, OSError):
   """A checkpoint that could not be written (disk full, permission): exit status 74."""
+
+  exit_status = SAVE_FAILED_STATUS
+
+
+class MetricsWriteError(UserError, OSError):
+  """The run's metrics (metrics.jsonl, TensorBoard's events) could not be written: exit status
+  74, as a checkpoint's; the checkpoints written before are intact."""
 
   exit_status = SAVE_FAILED_STATUS
 

@@ -113,15 +113,7 @@ class Manager(ocp.CheckpointManager):
     inner = e
     while inner.__cause__ is not None or inner.__context__ is not None:
       inner = inner.__cause__ or inner.__context__
-    text = str(inner)
-    cause, fix = short(inner), 'fix the cause'
-    for signs, what, how in SAVE_CAUSES:
-      if any(sign in text for sign in signs):
-        # The OS's words and the file, not TensorStore's long preamble.
-        written = re.findall(r'(?:Failed writing|Error writing local file):? "([^"]+)"', text)
-        cause = f'{what} ({signs[0]}{f", writing {written[-1]}" if written else ""})'
-        fix = how
-        break
+    cause, fix = write_failure(inner)
     kept = [s for s in self.all_steps() if s != step]
     before = (f'The checkpoints before it are intact (steps {", ".join(map(str, kept))}): '
               if kept else 'No checkpoint was written before it: ')
@@ -145,6 +137,17 @@ SAVE_CAUSES = (
     (('Read-only file system', "os_error_code='30'"), 'the file system is read-only',
      'use a writable workdir'),
 )
+
+
+def write_failure(e: BaseException) -> tuple[str, str]:
+  """(the cause in words, what to do) of a failed write: one of ``SAVE_CAUSES`` with the OS's
+  words and the file, not TensorStore's or TensorFlow's long preamble; else its own message."""
+  text = str(e)
+  for signs, what, how in SAVE_CAUSES:
+    if any(sign in text for sign in signs):
+      written = re.findall(r'(?:Failed writing|Error writing local file):? "([^"]+)"', text)
+      return f'{what} ({signs[0]}{f", writing {written[-1]}" if written else ""})', how
+  return short(e), 'fix the cause'
 
 
 def release_abandoned_threads() -> None:

@@ -65,7 +65,7 @@ def train_and_evaluate(plan: Plan, workdir: str, evaluators: Sequence[Any] = ()
     workdir_lib.write_run_info(workdir, config, plan.num_classes, plan.class_names)
     if start_step == 0:
       _parameter_overview(model, state.params, workdir)
-      log.writer.write_hparams({k: str(v) for k, v in config.items()})
+      log.write_hparams({k: str(v) for k, v in config.items()})
   for phase in config_lib.phases(config):
     logging.info("Schedule phase '%s': to step %d, %s from %.3g to %.3g after %d warm-up "
                  'steps.', phase['name'], phase['total_steps'], phase['decay'],

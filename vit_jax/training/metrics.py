@@ -3,17 +3,22 @@
 TensorBoard events come from clu's writer where TensorFlow is installed; without it (an
 install without the ``tf`` extra) from ``ScalarWriter``, which writes the same event files
 with the ``tensorboard`` package alone, each scalar as ``tf.summary.scalar`` writes it.
+A write that fails (a full disk) stops the run in one line, as a failed checkpoint does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
+from absl import logging
 from etils import epath
+
+from vit_jax.base import errors
 
 
 def have_tensorflow() -> bool:
@@ -61,13 +66,16 @@ class ScalarWriter:
 
 
 def writer(logdir: str) -> Any:
-  """clu's asynchronous TensorBoard writer where TensorFlow is installed, else a
-  ``ScalarWriter``."""
+  """clu's TensorBoard writer where TensorFlow is installed, else a ``ScalarWriter``.
+
+  Not clu's ``AsyncWriter``: a write that fails there is logged as a traceback from its
+  thread; here it raises where it was asked for (a log line: a few ms every N steps).
+  """
   if not have_tensorflow():
     return ScalarWriter(logdir)
   from clu import metric_writers
 
-  return metric_writers.AsyncWriter(metric_writers.SummaryWriter(logdir))
+  return metric_writers.SummaryWriter(logdir)
 
 
 class MetricsLog:
@@ -88,6 +96,7 @@ class MetricsLog:
     self.lines: list[str] = []
     self.rows: dict[int, dict[str, float]] = {}  # Step -> the metrics written at it.
     self.writer = None
+    self.failed = False  # A write failed: reported once, the clean-up stays quiet.
     if not self.main:
       return
     self.writer = writer(workdir)
@@ -126,17 +135,50 @@ class MetricsLog:
   def write(self, step: int, scalars: dict[str, float]) -> None:
     if not self.main:
       return
-    self.writer.write_scalars(step, scalars)
-    row = {'step': step, **{k: float(v) for k, v in scalars.items()}}
-    self._note(row)
-    line = json.dumps(row) + '\n'
-    if self.append:
-      with self.jsonl.open('a') as f:
-        f.write(line)
-    else:
-      self.lines.append(line)
-      self.jsonl.write_text(''.join(self.lines))
+    with self._failing_as_one_line(f'the metrics at step {step}'):
+      self.writer.write_scalars(step, scalars)
+      row = {'step': step, **{k: float(v) for k, v in scalars.items()}}
+      self._note(row)
+      line = json.dumps(row) + '\n'
+      if self.append:
+        with self.jsonl.open('a') as f:
+          f.write(line)
+      else:
+        self.lines.append(line)
+        self.jsonl.write_text(''.join(self.lines))
+
+  def write_hparams(self, hparams: Mapping[str, Any]) -> None:
+    """The run's config, in TensorBoard's HPARAMS tab."""
+    if self.main:
+      with self._failing_as_one_line('the config to TensorBoard'):
+        self.writer.write_hparams(hparams)
+
+  @contextlib.contextmanager
+  def _failing_as_one_line(self, what: str) -> Iterator[None]:
+    """A failed write (disk full, permission) as one ``errors.MetricsWriteError``."""
+    from vit_jax.checkpoints import manager as manager_lib
+    from vit_jax.checkpoints import workdir as workdir_lib
+
+    try:
+      yield
+    except Exception as e:  # OSError, or TensorFlow's ResourceExhaustedError for its events.
+      self.failed = True
+      cause, fix = manager_lib.write_failure(e)
+      kept = workdir_lib.steps(self.workdir)
+      before = (f'The checkpoints are intact (steps {", ".join(map(str, kept))}): '
+                if kept else 'No checkpoint was written before it: ')
+      raise errors.MetricsWriteError(
+          f'Writing {what} in {self.workdir} failed: {cause}. {before}{fix}, then run the '
+          f'same command again to resume{f" from step {kept[-1]}" if kept else ""}.') from None
 
   def close(self) -> None:
-    if self.writer:
+    """Flushes TensorBoard's events; a failure then is a warning (metrics.jsonl has every
+    row), never an error that would hide the one that ended the run."""
+    if not self.writer:
+      return
+    try:
       self.writer.close()
+    except Exception as e:
+      if not self.failed:
+        logging.warning('TensorBoard\'s last events in %s could not be written (%s); '
+                        'metrics.jsonl has every row.', self.workdir, e)
