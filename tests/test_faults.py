@@ -647,7 +647,7 @@ def test_the_tools_refuse_a_non_finite_checkpoint_naming_the_newest_good_one(
   with pytest.raises(errors.NonFiniteCheckpointError, match=re.escape(message)):
     predict.load_source(args)
   flags_ = {k: argparse.Namespace(value=v) for k, v in
-            dict(workdir=str(run), step=None, allow_nonfinite=False).items()}
+            dict(workdir=str(run), step=None, allow_nonfinite=False, source=None, npz=None).items()}
   with pytest.raises(errors.NonFiniteCheckpointError, match=re.escape(message)):
     fewshot_command._load(flags_)
   model = workdir.model_from_config(workdir.load_config(run))
