@@ -138,10 +138,10 @@ def test_no_step_time_where_the_step_loops():
 def test_a_negative_cost_model_time_is_no_time():
   # libtpu 0.0.52's cost model answers negative times for TPU v4 programs like this one.
   r = probe('aot', 'v4-8', json.dumps({
-      'model.name': 'l16', 'model.image_size': 224, 'model.patch_size': 16,
+      'model.name': 'l16', 'model.image_size': 64, 'model.patch_size': 16,
       'model.hidden_size': 1024, 'model.mlp_dim': 4096, 'model.num_heads': 16,
-      'model.num_layers': 1, 'model.dtype': 'bfloat16', 'batch_size': 64,
-      'eval_batch_size': 64}))['report']
+      'model.num_layers': 1, 'model.dtype': 'bfloat16', 'batch_size': 16,
+      'eval_batch_size': 16}))['report']
   assert r['fits'] and r['train']['cost_model_seconds'] < 0
   assert r['step_seconds'] is None and r['mfu'] is None and r['core_days'] is None
   assert 'the cost model of this libtpu gives none' in aot.format_report(r, 'l16')

@@ -173,7 +173,7 @@ TYPOS = [
 @pytest.mark.parametrize('module, args, message', TYPOS, ids=[t[0] for t in TYPOS])
 def test_a_typo_is_answered_before_the_heavy_imports(places, module, args, message):
   """The whole command, as a user starts it (python -m), answers a misspelled flag before
-  jax, flax or TensorFlow load. Its time is printed (``-s``), not asserted: the figures are in
+  jax, flax or TensorFlow load. Its time is printed (``-n 0 -s``), not asserted: the figures are in
   results/RESULTS.md."""
   import time
 
