@@ -352,7 +352,9 @@ def damage_file(path, kind):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('kind', ['truncated', 'emptied', 'removed'])
+# Emptied behaves as truncated to nothing: results/RESULTS.md's matrix has it too (run with
+# 'emptied' added here); the suite runs the other two.
+@pytest.mark.parametrize('kind', ['truncated', 'removed'])
 def test_each_file_of_a_checkpoint_damaged_falls_back_or_restores_verified(
     data_file_run, tmp_path, kind):
   """Each file under checkpoints/10, damaged alone: step 10 restores bitwise (the file was
