@@ -7,9 +7,8 @@ A job wrapper can also act on 65 (``DIVERGED_STATUS``: the training went non-fin
 non-finite was saved, and the same command would diverge again), 74 (``SAVE_FAILED_STATUS``: a
 checkpoint or the metrics could not be written; the earlier checkpoints are intact) and 75
 (``PREEMPTED_STATUS``: stopped by SIGTERM after saving; run the same command again to resume);
-docs/reliability.md.
-Each class is also the built-in exception callers expect (``ConfigError`` is a ``ValueError``,
-``MissingFileError`` a ``FileNotFoundError``).
+docs/reliability.md. Each class is also the built-in exception callers expect (``ConfigError``
+is a ``ValueError``, ``MissingFileError`` a ``FileNotFoundError``).
 """
 
 from __future__ import annotations
