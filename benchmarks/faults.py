@@ -93,7 +93,7 @@ def wait(process: subprocess.Popen, condition: Any, what: str, timeout: float = 
 def final_state(workdir: str) -> Any:
   import jax
 
-  from vit_jax.checkpoints import manager as manager_lib
+  from vit_jax.checkpoints.run import manager as manager_lib
   from vit_jax.config import cli as config_cli
   from vit_jax.training import plan as plan_lib
   from vit_jax.training import step

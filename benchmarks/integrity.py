@@ -33,8 +33,8 @@ def main(argv: list[str]) -> None:
   from vit_jax import config as config_lib
   from vit_jax.base import sharding
   from vit_jax.base.cpu import host_cpu
-  from vit_jax.checkpoints import checksum
-  from vit_jax.checkpoints import manager as manager_lib
+  from vit_jax.checkpoints.run import checksum
+  from vit_jax.checkpoints.run import manager as manager_lib
   from vit_jax.models import get_model
   from vit_jax.training import optim
   from vit_jax.training import step as train_step

@@ -8,7 +8,7 @@ import sys
 
 import ml_collections
 
-from vit_jax.checkpoints import manager as manager_lib
+from vit_jax.checkpoints.run import manager as manager_lib
 from vit_jax.training import plan as plan_lib
 from vit_jax.training import step as step_lib
 

@@ -8,7 +8,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from vit_jax.base import sharding
-from vit_jax.checkpoints import checksum
+from vit_jax.checkpoints.run import checksum
 
 
 def test_the_same_sharded_over_8_devices_and_on_the_host():

@@ -13,7 +13,7 @@ import pytest
 
 from vit_jax import config as config_lib
 from vit_jax.base import errors
-from vit_jax.checkpoints import workdir
+from vit_jax.checkpoints.run import workdir
 from vit_jax.config.fields import KINDS, REQUIRED, Field
 from vit_jax.models import VisionTransformer
 

@@ -9,7 +9,7 @@ import chex
 import pytest
 
 from vit_jax import evaluate
-from vit_jax.checkpoints import workdir
+from vit_jax.checkpoints.run import workdir
 
 from runs import QUICKSTART, TINY, TINY_RUN, env, read_metrics
 

@@ -31,8 +31,8 @@ import pytest
 from vit_jax import fewshot as fewshot_command
 from vit_jax import main
 from vit_jax.base import errors
-from vit_jax.checkpoints import lock, workdir
-from vit_jax.checkpoints import manager as manager_lib
+from vit_jax.checkpoints.run import lock, workdir
+from vit_jax.checkpoints.run import manager as manager_lib
 from vit_jax.tools import export, predict
 from vit_jax.training import divergence
 

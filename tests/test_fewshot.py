@@ -14,7 +14,7 @@ import pytest
 
 from vit_jax import evals, main
 from vit_jax.base import errors, sharding
-from vit_jax.checkpoints import workdir
+from vit_jax.checkpoints.run import workdir
 from vit_jax.data import preprocess, sources
 from vit_jax.evals import fewshot
 

@@ -13,7 +13,7 @@ import scipy.ndimage
 from vit_jax import main
 from vit_jax.base import errors
 from vit_jax.base.cpu import host_cpu
-from vit_jax.checkpoints import manager as manager_lib
+from vit_jax.checkpoints.run import manager as manager_lib
 from vit_jax.models import get_model
 from vit_jax.training import mfu
 from vit_jax.training import plan as plan_lib

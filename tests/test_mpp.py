@@ -13,7 +13,7 @@ from PIL import Image
 
 from vit_jax import main
 from vit_jax.base import errors
-from vit_jax.checkpoints import workdir as workdir_lib
+from vit_jax.checkpoints.run import workdir as workdir_lib
 from vit_jax.data import convert, local
 from vit_jax.models import get_model, mpp
 from vit_jax.training import plan as plan_lib

@@ -11,7 +11,7 @@ from PIL import Image
 
 from vit_jax import evals, main
 from vit_jax.base import errors, sharding
-from vit_jax.checkpoints import workdir
+from vit_jax.checkpoints.run import workdir
 from vit_jax.data import preprocess, sources
 from vit_jax.models import get_model
 from vit_jax.training import plan as plan_lib

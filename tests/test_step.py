@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from vit_jax.base import sharding
-from vit_jax.checkpoints import manager as manager_lib
 from vit_jax.checkpoints import release
+from vit_jax.checkpoints.run import manager as manager_lib
 from vit_jax.training import plan as plan_lib
 from vit_jax.training import step as step_lib
 

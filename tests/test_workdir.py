@@ -1,4 +1,5 @@
-"""Tests of vit_jax.checkpoints.workdir and vit_jax.tools.export: fine-tunes from an earlier run.
+"""Tests of vit_jax.checkpoints.run.workdir and vit_jax.tools.export: fine-tunes from an earlier
+run.
 
 The source run trains on 8 simulated devices; the fine-tune starts from its
 Orbax checkpoint at another resolution, in another layout (scanned) and on 2
@@ -22,7 +23,8 @@ import scipy.ndimage
 from vit_jax import main
 from vit_jax.base import errors, sharding
 from vit_jax.base.cpu import host_memory
-from vit_jax.checkpoints import release, workdir
+from vit_jax.checkpoints import release
+from vit_jax.checkpoints.run import workdir
 from vit_jax.models import get_model
 from vit_jax.tools import export
 from vit_jax.training import plan as plan_lib

@@ -69,7 +69,7 @@ def source_params(config: ml_collections.ConfigDict, source: str, step: int | No
   import jax
   import numpy as np
 
-  from vit_jax.checkpoints import workdir as workdir_lib
+  from vit_jax.checkpoints.run import workdir as workdir_lib
   from vit_jax.training import plan as plan_lib
 
   plan = plan_lib.validate(for_evaluation(config))
@@ -122,7 +122,7 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   if flags_['config'].file.value:
     raise errors.ConfigError('--config is for --source; a workdir\'s config.json is its own.')
   paths.run_dir(directory)  # Before the model and the data pipeline start.
-  from vit_jax.checkpoints import workdir as workdir_lib
+  from vit_jax.checkpoints.run import workdir as workdir_lib
 
   if not flags.FLAGS['verbosity'].present:  # Orbax's INFO lines only with --verbosity.
     console.quiet_third_party()

@@ -62,7 +62,7 @@ def _define_flags() -> dict[str, Any]:
 def _load(flags_: dict[str, Any]) -> tuple[Any, Any, str]:
   """(model, params, default pipeline) of --workdir, --npz or --source."""
   from vit_jax.checkpoints import formats
-  from vit_jax.checkpoints import workdir as workdir_lib
+  from vit_jax.checkpoints.run import workdir as workdir_lib
   from vit_jax.models.vit import pair
 
   directory = flags_['workdir'].value

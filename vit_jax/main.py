@@ -39,8 +39,8 @@ def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
   taken (one run per workdir; the command takes it first of all) and a resume's config
   compared with the run's (the same trajectory); then the training loop. Returns the last
   metrics."""
-  from vit_jax.checkpoints import lock
-  from vit_jax.checkpoints import workdir as workdir_lib
+  from vit_jax.checkpoints.run import lock
+  from vit_jax.checkpoints.run import workdir as workdir_lib
   from vit_jax.training import loop
 
   plan, evaluators = prepare(config)
@@ -103,7 +103,7 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   if distributed:
     jax.distributed.initialize(coordinator, flags_['num_processes'].value,
                                flags_['process_id'].value)
-  from vit_jax.checkpoints import lock
+  from vit_jax.checkpoints.run import lock
 
   with lock.hold(workdir):  # Before anything is written there: one run per workdir.
     log_file = console.log_file(workdir, jax.process_index())

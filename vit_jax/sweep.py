@@ -303,7 +303,7 @@ def validate(sweep: Sweep, plans: list[Plan]) -> None:
   mistake in one grid point is one line at once, not a failure hours into the sweep. Runs
   that differ only in their seed are prepared once."""
   from vit_jax import main
-  from vit_jax.checkpoints import workdir as workdir_lib
+  from vit_jax.checkpoints.run import workdir as workdir_lib
 
   prepared = set()
   for plan in plans:

@@ -99,7 +99,7 @@ def task_config(task: Task, model: dict[str, Any], settings: dict[str, Any],
 def model_fields(init_from: str) -> dict[str, Any]:
   """The config.model fields of a checkpoint: a run's config, or a release file's shapes."""
   from vit_jax.checkpoints import release
-  from vit_jax.checkpoints import workdir as workdir_lib
+  from vit_jax.checkpoints.run import workdir as workdir_lib
 
   if workdir_lib.is_workdir(init_from):
     fields = dict(workdir_lib.load_config(init_from).model)
@@ -191,7 +191,7 @@ def validate(config: Any, workdir: str) -> Any:
   """``config``, checked as ``vit_jax.main.train_and_evaluate`` checks it (``main.prepare``,
   and a resume's against its workdir); a problem names the task's workdir."""
   from vit_jax import main
-  from vit_jax.checkpoints import workdir as workdir_lib
+  from vit_jax.checkpoints.run import workdir as workdir_lib
 
   try:
     workdir_lib.check_resume(workdir, config)

@@ -243,7 +243,7 @@ def input_files(files: list[str], what: str = 'image files', every: bool = True)
 
 def run_dir(path: str | None, flag: str = 'workdir') -> str:
   """``path`` as the workdir of a ``vit_jax.main`` run: a folder with ``checkpoints/``
-  (``vit_jax.checkpoints.workdir``'s layout)."""
+  (``vit_jax.checkpoints.run.workdir``'s layout)."""
   input_path(path, flag, 'workdir of a vit_jax.main run')
   if not is_remote(path) and not os.path.isdir(os.path.join(local(path), 'checkpoints')):
     raise errors.MissingFileError(f'--{flag}={path} is not the workdir of a vit_jax.main run '

@@ -26,7 +26,8 @@ def load(source: str, *, step: int | None = None, ema: bool = False,
   big_vision, ``step``).
   """
   from vit_jax.base import errors
-  from vit_jax.checkpoints import formats, workdir
+  from vit_jax.checkpoints import formats
+  from vit_jax.checkpoints.run import workdir
 
   if formats.origin(source) == formats.WORKDIR:
     given = [k for k, v in (('model_name', model_name), ('image_size', image_size),

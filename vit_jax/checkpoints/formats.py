@@ -40,7 +40,7 @@ EXPORT_FORMATS = (NPZ, TIMM, TRANSFORMERS)
 ACCEPTED = ('a release or big_vision .npz file, a timm or transformers folder (config.json and '
             'model.safetensors), hf-hub:ORG/NAME, a big_vision tensorstore checkpoint folder '
             '(checkpoint.bv-LAST) or a vit_jax workdir (checkpoints/)')
-_WORKDIR_CHECKPOINTS = 'checkpoints'  # vit_jax.checkpoints.workdir.CHECKPOINTS
+_WORKDIR_CHECKPOINTS = 'checkpoints'  # vit_jax.checkpoints.run.workdir.CHECKPOINTS
 
 
 def origin(source: str) -> str:

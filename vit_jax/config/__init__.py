@@ -216,7 +216,7 @@ FIELDS: dict[str, Field | Group] = {
 # The fields a resumed run may change: they do not change what it trains (where and how often
 # it logs, evaluates and saves, how its step and data are laid out, what it does at the next
 # divergence). Every other field is the run's trajectory: a resume must keep it
-# (vit_jax.checkpoints.workdir.check_resume), and total_steps grows only by schedule.phases.
+# (vit_jax.checkpoints.run.workdir.check_resume), and total_steps grows only by schedule.phases.
 MAY_CHANGE_ON_RESUME = (
     'model.attention_impl', 'model.remat_policy', 'dataset.data_dir', 'dataset.manual_dir',
     'dataset.prepare', 'dataset.eval_split', 'dataset.pp_eval', 'eval_batch_size', 'step_impl',

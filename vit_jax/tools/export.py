@@ -56,7 +56,7 @@ def export(workdir: str, out: str, step: int | None = None, *, ema: bool = False
   """
   from vit_jax import checkpoints
   from vit_jax.checkpoints import release
-  from vit_jax.checkpoints import workdir as workdir_lib
+  from vit_jax.checkpoints.run import workdir as workdir_lib
 
   params, step = workdir_lib.restore_params(workdir, step, ema=ema,
                                             allow_nonfinite=allow_nonfinite)
@@ -69,7 +69,7 @@ def export(workdir: str, out: str, step: int | None = None, *, ema: bool = False
 
 
 def _run_model(workdir: str, params: Any) -> Any:
-  from vit_jax.checkpoints import workdir as workdir_lib
+  from vit_jax.checkpoints.run import workdir as workdir_lib
 
   head = params.get('head')
   config = workdir_lib.load_config(workdir)
@@ -120,7 +120,7 @@ def main(argv: list[str]) -> None:
     paths.output_dir(_OUT.value, 'out')
   from vit_jax import checkpoints, evaluate
   from vit_jax.base import console
-  from vit_jax.checkpoints import workdir as workdir_lib
+  from vit_jax.checkpoints.run import workdir as workdir_lib
 
   if not flags.FLAGS['verbosity'].present:  # Orbax's INFO lines only with --verbosity.
     console.quiet_third_party()

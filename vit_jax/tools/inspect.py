@@ -504,7 +504,7 @@ def inspect(args: argparse.Namespace) -> list[epath.Path]:
   if args.workdir:
     metrics = paths.path(args.workdir) / 'metrics.jsonl'
     if metrics.is_file():
-      from vit_jax.checkpoints import workdir
+      from vit_jax.checkpoints.run import workdir
 
       step = workdir.resolve_step(args.workdir, args.step)
       figures.append(training_curves_figure(read_metrics(metrics), step))

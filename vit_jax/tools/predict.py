@@ -168,7 +168,8 @@ def check_source_paths(args: argparse.Namespace) -> None:
 def load_source(args: argparse.Namespace) -> Source:
   """The model, preprocessing and class names that ``--workdir`` / ``--npz`` / ``--source``
   select."""
-  from vit_jax.checkpoints import formats, release, workdir
+  from vit_jax.checkpoints import formats, release
+  from vit_jax.checkpoints.run import workdir
 
   notes = []
   resolve_source_flags(args)

@@ -32,8 +32,8 @@ from absl import logging
 from etils import epath
 
 from vit_jax.base import errors
-from vit_jax.checkpoints import manager as manager_lib
-from vit_jax.checkpoints import workdir as workdir_lib
+from vit_jax.checkpoints.run import manager as manager_lib
+from vit_jax.checkpoints.run import workdir as workdir_lib
 
 REWINDS_FILE = 'rewinds.json'
 # A test hook: the data positions (comma-separated) whose labels are made NaN, as a bad

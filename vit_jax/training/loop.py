@@ -26,9 +26,9 @@ from etils import epath
 
 from vit_jax import config as config_lib
 from vit_jax.base import console, cpu, errors, sharding
-from vit_jax.checkpoints import manager as manager_lib
 from vit_jax.checkpoints import release
-from vit_jax.checkpoints import workdir as workdir_lib
+from vit_jax.checkpoints.run import manager as manager_lib
+from vit_jax.checkpoints.run import workdir as workdir_lib
 from vit_jax.data import loader
 from vit_jax.training import divergence, mfu
 from vit_jax.training.metrics import MetricsLog

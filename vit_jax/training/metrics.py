@@ -156,8 +156,8 @@ class MetricsLog:
   @contextlib.contextmanager
   def _failing_as_one_line(self, what: str) -> Iterator[None]:
     """A failed write (disk full, permission) as one ``errors.MetricsWriteError``."""
-    from vit_jax.checkpoints import manager as manager_lib
-    from vit_jax.checkpoints import workdir as workdir_lib
+    from vit_jax.checkpoints.run import manager as manager_lib
+    from vit_jax.checkpoints.run import workdir as workdir_lib
 
     try:
       yield

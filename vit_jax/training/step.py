@@ -21,7 +21,7 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 from vit_jax.base import sharding
-from vit_jax.checkpoints import manager as manager_lib
+from vit_jax.checkpoints.run import manager as manager_lib
 from vit_jax.models import mpp
 from vit_jax.training import mixing, optim
 

@@ -4,7 +4,7 @@ The train state holds the step, the parameters, the optimizer state and the base
 loader's position is the step, so restoring the state resumes the run exactly. Orbax renames a
 checkpoint into place when complete, so a crash while saving never damages the latest one.
 Damage after that is found at restore: each save records every array's dtype, shape and
-checksum (``describe``, ``vit_jax.checkpoints.checksum``), and ``resume`` moves a damaged step to
+checksum (``describe``, ``checksum``), and ``resume`` moves a damaged step to
 ``checkpoints/bad/STEP`` and restores the one before (all processes agree). A checkpoint of
 another model is not damage: it stops the run (``CheckpointMismatchError``). The record also
 says whether each array is finite: ``save`` refuses a non-finite state (a diverged run's) unless
@@ -31,7 +31,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from vit_jax.base import errors, sharding
-from vit_jax.checkpoints import checksum
+from vit_jax.checkpoints.run import checksum
 
 ARRAYS = 'vit_jax_arrays'  # Key of ``describe``'s record in the step's custom metadata.
 STEP_METADATA = '_CHECKPOINT_METADATA'  # Orbax's per-step metadata file.

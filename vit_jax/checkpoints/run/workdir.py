@@ -23,7 +23,7 @@ from etils import epath
 from vit_jax import config as config_lib
 from vit_jax.base import errors, paths
 from vit_jax.checkpoints import big_vision, formats, release
-from vit_jax.checkpoints import manager as manager_lib
+from vit_jax.checkpoints.run import manager as manager_lib
 from vit_jax.models import VisionTransformer, get_model, mpp
 from vit_jax.models.vit import pair
 
