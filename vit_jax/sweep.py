@@ -28,6 +28,7 @@ from etils import epath
 
 from vit_jax import config as config_lib
 from vit_jax.base import console, errors, paths
+from vit_jax.config import defaults
 
 IGNORED = ('seed',)  # Fields that do not make another setting.
 
@@ -54,7 +55,7 @@ def total_steps(config: Any) -> int:
   from vit_jax.data import sources
   from vit_jax.training import optim
 
-  config = config_lib.complete(config)
+  config = defaults.complete(config)
   if config.total_steps:
     return max([int(config.total_steps)] + [p['total_steps'] for p in config.schedule.phases])
   source = sources.get_source(config.dataset, config.dataset.train_split)
@@ -64,7 +65,7 @@ def total_steps(config: Any) -> int:
 def read_run(path: Any) -> Run:
   """The run in workdir ``path`` (``config.json`` and ``metrics.jsonl``)."""
   path = epath.Path(path)
-  config = config_lib.convert_old_evals(json.loads((path / 'config.json').read_text()))
+  config = defaults.convert_old_evals(json.loads((path / 'config.json').read_text()))
   total = total_steps(config)
   from vit_jax.evals import classification
 

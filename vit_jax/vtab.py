@@ -73,9 +73,9 @@ def task_config(task: Task, model: dict[str, Any], settings: dict[str, Any],
   init_from, data_dir, lr, steps, warmup_steps, batch_size, image_size, momentum, seed,
   train_split, eval_split.
   """
-  from vit_jax import config as config_lib
+  from vit_jax.config import defaults
 
-  config = config_lib.get_config() if base is None else base
+  config = defaults.get_config() if base is None else base
   config.model.update(model)
   size = int(settings['image_size'])
   config.model.image_size = size

@@ -1,29 +1,27 @@
 r"""The one base config: every field a run reads, declared once: kind, default, range, meaning.
 
-``FIELDS`` is the table (``vit_jax/config/fields.py`` says how a line reads): ``get_config()``
-builds the ConfigDict from it, ``complete`` lays a user's config over it, ``check`` applies it
-before anything compiles, ``vit_jax.config.cli`` types the command line by it, and ``python -m
-vit_jax.config`` prints it as docs/config.md. A recipe in ``configs/`` overrides only what it
-changes (big_vision's habit); a field that is not here does not exist. ``config.evals`` holds
-named evaluators, each entry's ``type`` (``EVAL_TYPES``) selecting its fields, e.g.
-``config.evals.v2 = dict(type='classification', dataset='imagenet_v2', split='test')``.
+``FIELDS`` is the table (a line is a ``vit_jax.config.field.Field``), and this module only the
+table: ``vit_jax.config.defaults`` builds the config from it (``get_config``, ``complete``),
+``vit_jax.config.rules`` checks one by it and by the rules that join fields,
+``vit_jax.config.cli`` types the command line by it, and ``python -m vit_jax.config``
+(``vit_jax.config.reference``) prints it as docs/config.md. A recipe in ``configs/`` overrides
+only what it changes (big_vision's habit); a field that is not here does not exist.
+``config.evals`` holds named evaluators, each entry's ``type`` (``EVAL_TYPES``) selecting its
+fields, e.g. ``config.evals.v2 = dict(type='classification', dataset='imagenet_v2', split='test')``.
 """
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
-import ml_collections
-
 from vit_jax.base import errors
-from vit_jax.config.fields import REQUIRED, F, Field, Group
+from vit_jax.config.field import REQUIRED, F, Field, Group
 
 _ONE_OR_MORE = ' (a number of steps; 0 would divide by zero)'
 _DATA_DIR = ("TFDS data_dir; '': config.dataset.data_dir where the dataset is the run's, "
              "else TFDS's default.")
 
-# Field: F(kind, default, allowed, meaning); see vit_jax/config/fields.py.
+# Field: F(kind, default, allowed, meaning); see vit_jax/config/field.py.
 FIELDS: dict[str, Field | Group] = {
     'model': Group(
         'The model: a zoo name (vit_jax.models.get_model) and any VisionTransformer option. A '
@@ -272,207 +270,6 @@ EVAL_COMMON: dict[str, Field] = {
 }
 
 
-def _rules(flat: dict[str, Any]) -> str:
-  """What is wrong across fields of a config whose fields are each right ('' if nothing)."""
-  if flat['mesh.data'] == 0:
-    return ('config.mesh.data=0 must be -1 (the devices that fsdp and tensor leave) or a '
-            'positive number of devices.')
-  base, end = flat['schedule.base_lr'], flat['schedule.end_lr']
-  if 0 < base < end:  # base_lr <= 0 itself: vit_jax.training.plan.validate.
-    return (f'config.schedule.end_lr={end} is above config.schedule.base_lr={base}: the decay '
-            'would climb. Use an end_lr <= base_lr.')
-  profile = flat['profile_steps']
-  if profile and (len(profile) != 2 or not all(isinstance(s, int) and s >= 1 for s in profile)
-                  or profile[0] > profile[1]):
-    return (f'config.profile_steps={profile!r} must be () or (first, last) steps, '
-            '1 <= first <= last.')
-  return _phases_problem(flat['schedule.phases'], flat['total_steps'])
-
-
-def phases(config: Any) -> list[dict[str, Any]]:
-  """``config.schedule.phases`` with each phase's defaults filled in."""
-  return [{k: f.default for k, f in PHASE_FIELDS.items() if f.default is not REQUIRED}
-          | dict(p) for p in config.schedule.phases]
-
-
-def _phases_problem(given: Any, total_steps: int | None) -> str:
-  """What is wrong with ``config.schedule.phases`` ('' if nothing)."""
-  where = 'config.schedule.phases'
-  names, end = set(), total_steps
-  for i, phase in enumerate(given):
-    if not isinstance(phase, dict):
-      return (f"{where}[{i}]={phase!r} must be a dict(name=..., total_steps=..., base_lr=...).")
-    for key in phase:
-      if key not in PHASE_FIELDS:
-        return str(unknown_field(f'{where}[{i}]', key, list(PHASE_FIELDS),
-                                 what='a field of a phase'))
-    for key, field in PHASE_FIELDS.items():
-      if key not in phase and field.default is REQUIRED:
-        return f'{where}[{i}].{key} is required: {field.doc}'
-      if key in phase and (problem := field.problem(phase[key])):
-        return f'{where}[{i}].{key}={phase[key]!r} {problem}.'
-    if phase['name'] in names:
-      return f"{where}: two phases are called {phase['name']!r}; name each once."
-    names.add(phase['name'])
-    if total_steps is None:
-      return f'{where} continue config.total_steps: set it (not num_epochs).'
-    if phase['total_steps'] <= end:
-      return (f"{where}[{i}] ({phase['name']!r}) ends at step {phase['total_steps']}, not "
-              f'after the {"run" if i == 0 else "phase before"} ({end}): each phase ends later.')
-    if phase.get('warmup_steps', 0) >= phase['total_steps'] - end:
-      return (f"{where}[{i}].warmup_steps={phase['warmup_steps']} is not shorter than the "
-              f"phase ({phase['total_steps'] - end} steps).")
-    end = phase['total_steps']
-  return ''
-
-
-# ---------------------------------------------------------------------------
-# The config from the table.
-
-
-def _declared(fields: dict[str, Field | Group], prefix: str = '') -> dict[str, Field]:
-  """{'model.name': Field, ...}: the table's fields by dotted name."""
-  flat = {}
-  for key, field in fields.items():
-    if isinstance(field, Group):
-      flat.update(_declared(field.fields, f'{prefix}{key}.'))
-    else:
-      flat[f'{prefix}{key}'] = field
-  return flat
-
-
-# The base config's fields by dotted name ('model.name'), config.evals aside.
-DECLARED = {k: f for k, f in _declared(FIELDS).items() if f.kind != 'evals'}
-
-
-def eval_fields(eval_type: str) -> dict[str, Field]:
-  """The fields of an evaluator of ``eval_type`` (one of ``EVAL_TYPES``)."""
-  return {**EVAL_COMMON, **EVAL_TYPES[eval_type].fields}
-
-
-def eval_defaults(eval_type: str) -> dict[str, Any]:
-  """An evaluator of ``eval_type`` with its defaults (its required fields left out)."""
-  return {k: f.default for k, f in eval_fields(eval_type).items() if f.default is not REQUIRED
-          } | {'type': eval_type}
-
-
-def get_config() -> ml_collections.ConfigDict:
-  """The defaults; a recipe overrides what it changes."""
-  return complete({})
-
-
-def complete(config: Any) -> ml_collections.ConfigDict:
-  """``config`` (a ConfigDict or a dict) laid over the defaults, so that every field is there.
-
-  ``config.evals``, where given, is the whole set of evaluators, each completed from its
-  type's defaults; a None entry is dropped. Raises ConfigError (a ValueError) for a field
-  the defaults do not have, at any depth, naming the closest valid names (a typo would
-  otherwise be ignored), and for an evaluator without a type, of an unknown type or with a
-  field its type does not have.
-  """
-  user = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
-  return _configdict(_merge(FIELDS, user, 'config'), FIELDS)
-
-
-def _merge(fields: dict[str, Field | Group], user: dict[str, Any], where: str
-           ) -> dict[str, Any]:
-  """The declared ``fields`` with the ``user``'s values where it has them."""
-  for key, value in user.items():
-    if key not in fields:
-      raise unknown_field(where, key, list(fields))
-    grouped = isinstance(fields[key], Group) or fields[key].kind == 'evals'
-    if grouped and not isinstance(value, dict):
-      raise errors.ConfigError(f'{where}.{key} must be a group of fields, like the '
-                               f'default {_default(fields[key])}; got {value!r}.')
-  out = {}
-  for key, field in fields.items():
-    if isinstance(field, Group):
-      out[key] = _merge(field.fields, user.get(key, {}), f'{where}.{key}')
-    elif field.kind == 'evals':
-      out[key] = {name: complete_eval(entry, f'{where}.{key}.{name}')
-                  for name, entry in user.get(key, field.default).items() if entry is not None}
-    else:
-      out[key] = _tuple(user.get(key, field.default))
-  return out
-
-
-def complete_eval(entry: Any, where: str) -> dict[str, Any]:
-  """The evaluator ``entry`` (a dict with a ``type``) with its type's defaults filled in;
-  ``where`` (config.evals.NAME) names it in the ConfigError of a bad entry."""
-  if not isinstance(entry, dict):
-    raise errors.ConfigError(f'{where}={entry!r} must be an evaluator: a dict with a type, '
-                             f'e.g. dict(type={next(iter(EVAL_TYPES))!r}).')
-  types = ', '.join(map(repr, EVAL_TYPES))
-  if 'type' not in entry:
-    raise errors.ConfigError(f'{where} has no type: set {where}.type to one of {types}.')
-  if not isinstance(entry['type'], str) or entry['type'] not in EVAL_TYPES:
-    raise errors.ConfigError(f'{where}.type={entry["type"]!r} is not an evaluator type: one '
-                             f'of {types}.')
-  kind = entry['type']
-  fields = eval_fields(kind)
-  for key in entry:
-    if key not in fields:
-      raise unknown_field(where, key, list(fields), what=f'a field of {kind!r} evaluators (to '
-                          f'change an evaluator\'s type, replace it: {where} = dict(type=...))')
-  for key, field in fields.items():
-    if field.default is REQUIRED and key not in entry:
-      raise errors.ConfigError(f'{where}.{key} is required by {kind!r} evaluators: {field.doc}')
-  return {k: _tuple(v) for k, v in (eval_defaults(entry['type']) | entry).items()}
-
-
-def _tuple(value: Any) -> Any:
-  """JSON's lists (config.json) as the tuples the config held."""
-  return tuple(_tuple(v) for v in value) if isinstance(value, list) else value
-
-
-def _default(field: Field | Group) -> Any:
-  if isinstance(field, Group):
-    return {k: _default(f) for k, f in field.fields.items()}
-  return field.default
-
-
-def _configdict(values: dict[str, Any], fields: dict[str, Field | Group]
-                ) -> ml_collections.ConfigDict:
-  """``values`` as a ConfigDict, each field typed as declared (so that a later value of
-  another type is refused, and a None field still takes its kind)."""
-  config = ml_collections.ConfigDict()
-  for key, field in fields.items():
-    if isinstance(field, Group):
-      config[key] = _configdict(values[key], field.fields)
-    elif field.kind == 'evals':
-      config[key] = ml_collections.ConfigDict({
-          name: _configdict(entry, eval_fields(entry['type']))
-          for name, entry in values[key].items()})
-    elif key in values:  # Every field but an evaluator's missing required one.
-      try:
-        config[key] = ml_collections.FieldReference(values[key], field_type=field.type)
-      except TypeError:  # A value of another kind, which check() names.
-        config[key] = values[key]
-  return config
-
-
-# ---------------------------------------------------------------------------
-# Checking a complete config.
-
-
-def check(config: ml_collections.ConfigDict) -> None:
-  """Raises ConfigError for the first field of a complete ``config`` outside its declaration:
-  a wrong type, a None where none is allowed, a value out of range, each evaluator by its
-  type's fields; then the rules that join fields."""
-  values = config.to_dict()
-  flat = flatten(values)
-  for name, field in DECLARED.items():
-    if name in flat and (problem := field.problem(flat[name])):
-      raise errors.ConfigError(f'config.{name}={flat[name]!r} {problem}.')
-  for name, entry in values['evals'].items():
-    entry = complete_eval(entry, f'config.evals.{name}')
-    for key, field in eval_fields(entry['type']).items():
-      if problem := field.problem(entry[key]):
-        raise errors.ConfigError(f'config.evals.{name}.{key}={entry[key]!r} {problem}.')
-  if problem := _rules(flat):
-    raise errors.ConfigError(problem)
-
-
 def flatten(tree: dict[str, Any], prefix: str = '') -> dict[str, Any]:
   """{'a.b.c': value} of a config's dict (``to_dict()`` or config.json's); lists as tuples."""
   flat = {}
@@ -484,82 +281,16 @@ def flatten(tree: dict[str, Any], prefix: str = '') -> dict[str, Any]:
   return flat
 
 
-def unknown_field(where: str, key: str, fields: list[str], what: str = 'a config field'
-                  ) -> errors.ConfigError:
-  """The error for ``where.key`` that is not one of ``fields``: the closest ones named."""
-  close = difflib.get_close_matches(key, fields, n=3, cutoff=0.6)
-  hint = f' Did you mean {", ".join(f"{where}.{c}" for c in close)}?' if close else ''
-  return errors.ConfigError(f'{where}.{key} is not {what}.{hint} The fields of {where}: '
-                            f'{", ".join(sorted(fields))} (vit_jax/config/__init__.py).')
+# The base config's fields by dotted name ('model.name'), config.evals aside.
+DECLARED: dict[str, Field] = {
+    k: f for k, f in flatten({k: f.fields if isinstance(f, Group) else f
+                              for k, f in FIELDS.items()}).items() if f.kind != 'evals'}
 
 
-def model_options(model: Any) -> tuple[str, dict[str, Any]]:
-  """``config.model`` as (name, options), the options left unset (None) dropped."""
-  options = {k: v for k, v in dict(model).items() if v is not None}
-  if 'name' not in options:
-    raise errors.ConfigError('config.model.name is missing (e.g. "ti16", "b16").')
-  return options.pop('name'), options
-
-
-def convert_old_evals(config: dict[str, Any]) -> dict[str, Any]:
-  """``config`` (a config.json's dict) with the ``evals`` fields of runs older than named
-  evaluators (fewshot.*, real, v2, data_dir) as entries: 'eval', and 'fewshot', 'real' and
-  'v2' where they were on; a config of today as it is."""
-  old = config.get('evals')
-  if not isinstance(old, dict) or not ({'real', 'v2', 'data_dir'} & set(old) or (
-      isinstance(old.get('fewshot'), dict) and 'type' not in old['fewshot'])):
-    return config
-  data_dir = old.get('data_dir', '')
-  evals: dict[str, Any] = {'eval': {'type': 'classification'}}
-  fewshot = old.get('fewshot') or {}
-  if fewshot.get('datasets'):
-    evals['fewshot'] = {'type': 'fewshot', **fewshot}
-  if old.get('real'):
-    evals['real'] = {'type': 'real', 'data_dir': data_dir}
-  if old.get('v2'):
-    evals['v2'] = {'type': 'classification', 'dataset': 'imagenet_v2', 'split': 'test',
-                   'data_dir': data_dir}
-  return {**config, 'evals': evals}
-
-
-# ---------------------------------------------------------------------------
-# The reference: docs/config.md.
-
-
-def reference() -> str:
-  """Every field as Markdown tables (docs/config.md: ``python -m vit_jax.config``)."""
-  head = '| field | kind | default | allowed | meaning |\n| --- | --- | --- | --- | --- |'
-  lines = [
-      '# Config fields', '',
-      'Every field of a run\'s `config`, written by `python -m vit_jax.config > docs/config.md` '
-      'from the declarations in `vit_jax/config/__init__.py` (a test keeps the two equal). A '
-      'recipe in `configs/` sets what it changes; the command line sets any field with '
-      '`--config.FIELD=VALUE`. A kind "or None" may be None; "required": no default, the '
-      'config sets it.', '',
-      '## `config`', '', head,
-      *(f.row(k) for k, f in FIELDS.items() if isinstance(f, Field))]
-  for key, group in FIELDS.items():
-    if isinstance(group, Group):
-      lines += ['', f'## `config.{key}`', '', group.doc, '', head,
-                *(f.row(f'{key}.{k}') for k, f in group.fields.items())]
-  lines += ['', '## A phase of `config.schedule.phases`', '', head,
-            *(f.row(f'schedule.phases[i].{k}') for k, f in PHASE_FIELDS.items())]
-  lines += ['', '## On a resume', '',
-            'A run resumed in its workdir is the same run: every field keeps the value its '
-            '`config.json` records, but for these, which do not change what it trains: '
-            + ', '.join(f'`{k}`' for k in MAY_CHANGE_ON_RESUME) + '. `schedule.phases` may '
-            'grow (phases added after the recorded ones: a finished run trained further); a '
-            'new `total_steps` is refused, as it would recompute the schedule.']
-  lines += ['', '## `config.evals`', '',
-            'Named evaluators: `config.evals.NAME` is a `type` and that type\'s fields; '
-            'a recipe writes what differs from the type\'s defaults (`config.evals.fewshot = '
-            'dict(type=\'fewshot\', datasets=(\'digits\',))`) and `config.evals.NAME = None` '
-            'removes an entry. On the command line, `--config.evals.NAME.type=TYPE` adds an '
-            'entry of that type (or changes an entry\'s type, keeping the fields both types '
-            'have) and `--config.evals.NAME=None` removes one.', '',
-            '### Every evaluator', '', head,
-            *(f.row(f'evals.NAME.{k}') for k, f in EVAL_COMMON.items())]
-  for name, group in EVAL_TYPES.items():
-    lines += ['', f'### `{name}`', '', group.doc, '', head,
-              *(f.row(f'evals.NAME.{k}') for k, f in group.fields.items())]
-  return '\n'.join(lines) + '\n'
+def eval_fields(eval_type: Any, where: str = 'config.evals.NAME') -> dict[str, Field]:
+  """The fields of an evaluator of ``eval_type``, or a ConfigError naming ``where`` (the
+  entry, config.evals.NAME) for a type that is not one of ``EVAL_TYPES``."""
+  if not isinstance(eval_type, str) or eval_type not in EVAL_TYPES:
+    raise errors.ConfigError(f'{where}.type={eval_type!r} is not an evaluator type: one of '
+                             f'{", ".join(map(repr, EVAL_TYPES))}.')
+  return {**EVAL_COMMON, **EVAL_TYPES[eval_type].fields}
