@@ -1,13 +1,12 @@
 r"""The one base config: every field a run reads, declared once: kind, default, range, meaning.
 
-``FIELDS`` is the table (a line is a ``vit_jax.config.field.Field``), and this module only the
-table: ``vit_jax.config.defaults`` builds the config from it (``get_config``, ``complete``),
-``vit_jax.config.rules`` checks one by it and by the rules that join fields,
-``vit_jax.config.cli`` types the command line by it, and ``python -m vit_jax.config``
-(``vit_jax.config.reference``) prints it as docs/config.md. A recipe in ``configs/`` overrides
-only what it changes (big_vision's habit); a field that is not here does not exist.
-``config.evals`` holds named evaluators, each entry's ``type`` (``EVAL_TYPES``) selecting its
-fields, e.g. ``config.evals.v2 = dict(type='classification', dataset='imagenet_v2', split='test')``.
+This module is the table, ``FIELDS`` (each line a ``field.Field``); the package's modules read
+it: ``defaults`` builds the config (``get_config``, ``complete``), ``rules`` checks one by it and
+by the rules that join fields, ``cli`` types the command line, and ``reference`` prints it as
+docs/config.md (``python -m vit_jax.config``). A recipe in ``configs/`` overrides only what it
+changes (big_vision's habit); a field that is not here does not exist. ``config.evals`` holds
+named evaluators, each entry's ``type`` (``EVAL_TYPES``) selecting its fields, e.g.
+``config.evals.v2 = dict(type='classification', dataset='imagenet_v2', split='test')``.
 """
 
 from __future__ import annotations

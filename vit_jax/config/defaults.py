@@ -1,10 +1,6 @@
-"""The config made from the declarations (``vit_jax.config``): the defaults, and a recipe's or
-a config.json's values laid over them.
-
-A recipe starts from ``get_config()`` and sets what it changes; ``complete`` fills in what a
-config leaves out (each evaluator from its type's defaults) and refuses a field that is not
-declared. Whether the values are right is ``vit_jax.config.rules``'s.
-"""
+"""The config made from the declarations (``vit_jax.config``): the defaults a recipe starts
+from (``get_config``), and a recipe's or a config.json's values laid over them (``complete``);
+whether the values are right is ``vit_jax.config.rules``'s."""
 
 from __future__ import annotations
 
@@ -85,8 +81,7 @@ def _configdict(fields: dict[str, Field | Group], user: dict[str, Any], where: s
       raise unknown_field(where, key, list(fields))
     field = fields[key]
     if (isinstance(field, Group) or field.kind == 'evals') and not isinstance(value, dict):
-      default = ({k: f.default for k, f in field.fields.items()} if isinstance(field, Group)
-                 else field.default)
+      default = _defaults(field.fields) if isinstance(field, Group) else field.default
       raise errors.ConfigError(f'{where}.{key} must be a group of fields, like the '
                                f'default {default}; got {value!r}.')
   config = ml_collections.ConfigDict()
@@ -110,8 +105,7 @@ def _configdict(fields: dict[str, Field | Group], user: dict[str, Any], where: s
 
 
 def model_options(model: Any) -> tuple[str, dict[str, Any]]:
-  """``config.model`` as (name, options), the options left unset (None: the model's own
-  default) dropped."""
+  """``config.model`` as (name, options), the options left unset (None) dropped."""
   options = {k: v for k, v in dict(model).items() if v is not None}
   if 'name' not in options:
     raise errors.ConfigError('config.model.name is missing (e.g. "ti16", "b16").')

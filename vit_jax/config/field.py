@@ -1,10 +1,6 @@
-"""How a config field is declared (``F(kind, default, allowed, meaning)``, a ``Field``), and a
-value checked against its declaration: its kind, None or not, its range.
-
-``vit_jax/config/__init__.py`` declares every field with ``F`` (and each group of fields with
-``Group``); the config, its checks, the command line's typing and docs/config.md are all read
-from those declarations, so nothing is written twice.
-"""
+"""How a config field is declared (``F(kind, default, allowed, meaning)``: a ``Field``; each
+group of them a ``Group``), and a value checked against its declaration: kind, None, range.
+``vit_jax/config/__init__.py`` declares every field so."""
 
 from __future__ import annotations
 
@@ -23,8 +19,8 @@ KINDS = {  # kind -> (the Python type the ConfigDict holds, the words for it)
     'tuple': (tuple, 'a tuple'), 'ints': (tuple, 'a tuple of ints'),
     'strs': (tuple, 'a tuple of strings'), 'evals': (dict, 'named evaluators'),
 }
-_CHECKS = {'int': int, 'float': (int, float), 'str': str, 'path': str, 'bool': bool,
-           'tuple': (tuple, list), 'ints': (tuple, list), 'strs': (tuple, list)}
+# The types a value may have: a float field takes an int, a tuple field a list (JSON's) too.
+_CHECKS = {k: {float: (int, float), tuple: (tuple, list)}.get(t, t) for k, (t, _) in KINDS.items()}
 _ITEMS = {'ints': ('int', 'ints'), 'strs': ('str', 'strings')}  # A tuple kind's items.
 _INTERVAL = re.compile(r'^([\[(])(-?[\d.e+-]+), (-?[\d.e+-]+)([\])])$')
 _BOUND = re.compile(r'^(>=|>|<=|<) (-?[\d.e+-]+)$')
@@ -60,8 +56,7 @@ class Field:
   def __post_init__(self):
     assert self.base in KINDS, f'unknown kind {self.kind!r}'
     assert self.doc, 'every field says what it means'
-    low = high = None
-    low_in = high_in = False
+    low, low_in, high, high_in = None, False, None, False
     if isinstance(self.allowed, str) and self.allowed:
       if m := _INTERVAL.match(self.allowed):
         low, high = float(m[2]), float(m[3])
@@ -138,8 +133,7 @@ class Group:
 
 
 def is_kind(kind: str, value: Any) -> bool:
-  """Whether ``value`` has the type of ``kind`` (any but 'size', which ``Field.problem``
-  reads); a bool is no int or float."""
+  """Whether ``value`` has the type of ``kind`` (a bool is no int; a 'size' is checked apart)."""
   return isinstance(value, _CHECKS[kind]) and (kind == 'bool' or not isinstance(value, bool))
 
 

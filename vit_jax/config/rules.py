@@ -1,7 +1,6 @@
-"""A complete config checked before anything compiles: each field against its declaration
-(``vit_jax.config``: type, None, range; each evaluator by its type's), then the rules that join
-fields. Checks that need the data or the model are ``vit_jax.training.plan.validate``'s.
-"""
+"""A complete config checked before anything compiles (``check``): each field against its
+declaration (``vit_jax.config``), then the rules that join fields. Checks that need the data or
+the model are ``vit_jax.training.plan.validate``'s."""
 
 from __future__ import annotations
 
