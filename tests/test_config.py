@@ -92,6 +92,8 @@ def test_a_partial_evaluator_is_completed_from_its_type():
      r"^config.evals.v2 has no type: set config.evals.v2.type to one of 'classification', "),
     (dict(evals=dict(v2=dict(type='imagenet'))), r"^config.evals.v2.type='imagenet' is not an "
                                                  r"evaluator type: one of 'classification', "),
+    (dict(evals=dict(v2=dict(type=['real']))), r"^config.evals.v2.type=\['real'\] is not an "
+                                               r'evaluator type'),  # Unhashable: no TypeError.
     (dict(evals=dict(fs=dict(type='fewshot', datasets=('digits',), split='test'))),
      r"^config.evals.fs.split is not a field of 'fewshot' evaluators .* The fields of "
      r'config.evals.fs: datasets, every_steps, l2_reg, pp, seeds, shots, type '),
