@@ -26,9 +26,8 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from vit_jax import config as config_lib
 from vit_jax.base import console, errors, paths
-from vit_jax.config import defaults
+from vit_jax.config import defaults, flatten
 
 IGNORED = ('seed',)  # Fields that do not make another setting.
 
@@ -80,7 +79,7 @@ def read_run(path: Any) -> Run:
     last = max(last, int(row['step']))
     if row['step'] == total and f'eval/{metric}' in row:
       accuracy = float(row[f'eval/{metric}'])
-  return Run(str(path), config_lib.flatten(config), total, accuracy, metric, last)
+  return Run(str(path), flatten(config), total, accuracy, metric, last)
 
 
 def find_runs(directory: Any) -> list[Run]:

@@ -45,8 +45,7 @@ def reference() -> str:
 
 
 def _table(title: str, doc: str, fields: dict[str, Field], prefix: str = '') -> list[str]:
-  """A section's lines: its title, what it is (``doc``, where there is one) and a row per
-  field, named ``prefix`` + its key."""
+  """A section: its title, what it is (``doc``, if any), a row per field (``prefix`` + key)."""
   return ['', title, '', *([doc, ''] if doc else []),
           '| field | kind | default | allowed | meaning |', '| --- | --- | --- | --- | --- |',
           *(row(prefix + k, f) for k, f in fields.items())]
