@@ -30,18 +30,18 @@ def main(argv: list[str]) -> None:
   import orbax.checkpoint as ocp
 
   from benchmarks import results
+  from vit_jax import config as config_lib
   from vit_jax.base import sharding
   from vit_jax.base.cpu import host_cpu
   from vit_jax.checkpoints.run import checksum
   from vit_jax.checkpoints.run import manager as manager_lib
-  from vit_jax.config import defaults
   from vit_jax.models import get_model
   from vit_jax.training import optim
   from vit_jax.training import step as train_step
 
   load = os.getloadavg()
   model = get_model(_MODEL.value, num_classes=1000)
-  config = defaults.get_config()  # Adam, as the paper's pre-training.
+  config = config_lib.get_config()  # Adam, as the paper's pre-training.
   tx = optim.make_optimizer(config.optimizer, optim.make_schedule(config.schedule, 100, 10))
   state, shardings = train_step.create_train_state(model, tx, 0, sharding.make_mesh())
   abstract = manager_lib.abstract_like(state, shardings)

@@ -69,9 +69,9 @@ def cell_config(setting: Any, model: str, batch: int, image_size: int = 224,
   """A cell's config: ``setting``'s precision, optimizer and mesh; the cell's model, image
   size (the position embedding's grid follows it, as when fine-tuning a release file) and
   batch; softmax cross-entropy, no dropout, no pre-logits layer, 1000 classes."""
-  from vit_jax.config import defaults
+  from vit_jax import config as config_lib
 
-  return defaults.complete({
+  return config_lib.complete({
       'model': {'name': model, 'image_size': image_size, 'num_layers': depth,
                 **{k: setting.model[k] for k in SETTING_MODEL_KEYS}},
       'dataset': {'name': 'imagenet2012', 'num_classes': 1000},
@@ -84,9 +84,9 @@ def big_vision_model(path: str, config: Any) -> Any:
   """big_vision's ViT (``benchmarks.big_vision``) of the cell's model, image size,
   depth, scan and remat."""
   from benchmarks import big_vision
-  from vit_jax.config import defaults
+  from vit_jax import config as config_lib
 
-  name, options = defaults.model_options(config.model)
+  name, options = config_lib.model_options(config.model)
   return big_vision.vit(path, name, options.get('image_size') or 224, options.get('num_layers'),
                         scan=bool(options.get('scan')),
                         remat_policy=options.get('remat_policy') or 'none')

@@ -13,11 +13,11 @@ code). Reported there: 79.8% (ImageNet validation); not run here.
         --config.dataset.data_dir=gs://BUCKET/tensorflow_datasets
 """
 
-from vit_jax.config import defaults
+from vit_jax import config as config_lib
 
 
 def get_config():
-  config = defaults.get_config()
+  config = config_lib.get_config()
   config.model.update(name='s16', pool='token', stochastic_depth=0.1, matmul_dtype='bfloat16',
                       scan=True)
   config.dataset.update(

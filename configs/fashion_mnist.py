@@ -7,11 +7,11 @@ decay, 30 epochs.
     python -m vit_jax.main --config=configs/fashion_mnist.py --workdir=/tmp/fmnist
 """
 
-from vit_jax.config import defaults
+from vit_jax import config as config_lib
 
 
 def get_config():
-  config = defaults.get_config()
+  config = config_lib.get_config()
   config.model.update(name='ti16', image_size=28, patch_size=7, hidden_size=128, mlp_dim=256,
                       num_heads=4, num_layers=6, pool='gap')
   config.dataset.update(

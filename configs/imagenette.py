@@ -20,7 +20,7 @@ prediction (``vit_jax.models.mpp``; the labels are not read), with the same Adam
 from its workdir with ``:pretrain`` or ``:finetune_SIZE`` (docs/self_supervised.md).
 """
 
-from vit_jax.config import defaults
+from vit_jax import config as config_lib
 
 PRETRAIN_SIZE = 64
 
@@ -35,7 +35,7 @@ def get_config(arg: str = 'pretrain'):
                      '(e.g. finetune_128).')
   if size % 8:
     raise ValueError(f'{arg!r}: the size must be a multiple of the 8 px patches.')
-  config = defaults.get_config()
+  config = config_lib.get_config()
   config.model.update(name='ti16', image_size=size, patch_size=8, hidden_size=128, mlp_dim=384,
                       num_heads=4, num_layers=6, pool='token')
   resize = int(size * 1.14)  # Eval: resize the short side, then a central crop.

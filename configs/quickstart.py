@@ -6,11 +6,11 @@ patches (16 tokens), with random translations as augmentation.
     python -m vit_jax.main --config=configs/quickstart.py --workdir=/tmp/q
 """
 
-from vit_jax.config import defaults
+from vit_jax import config as config_lib
 
 
 def get_config():
-  config = defaults.get_config()
+  config = config_lib.get_config()
   config.model.update(name='ti16', image_size=16, patch_size=4, hidden_size=64, mlp_dim=128,
                       num_heads=4, num_layers=4, pool='gap')
   config.dataset.update(

@@ -23,11 +23,11 @@ decay for the reciprocal-square-root decay with a 30k-step cool-down, and weight
         --config.dataset.data_dir=gs://BUCKET/jft_like
 """
 
-from vit_jax.config import defaults
+from vit_jax import config as config_lib
 
 
 def get_config():
-  config = defaults.get_config()
+  config = config_lib.get_config()
   config.model.update(name='22b14', pool='map', head_bias_init=-10.0, dtype='bfloat16',
                       scan=True, remat_policy='full')
   config.dataset.update(name='jft_like', num_classes=29_593, eval_split='validation')

@@ -21,11 +21,11 @@ cool-down, and weight decay 0.03 on the head too (the paper: 3.0 on the head).
         --config.dataset.data_dir=gs://BUCKET/jft_like
 """
 
-from vit_jax.config import defaults
+from vit_jax import config as config_lib
 
 
 def get_config():
-  config = defaults.get_config()
+  config = config_lib.get_config()
   config.model.update(name='G14', pool='map', head_bias_init=-10.0, dtype='bfloat16',
                       scan=True, remat_policy='full')
   config.dataset.update(name='jft_like', num_classes=29_593, eval_split='validation')

@@ -16,7 +16,7 @@ does that choice, then trains on the whole split. 0.03 is the default here.
         --minival=2 --seeds=3 --grid=schedule.base_lr=0.001,0.003,0.01,0.03
 """
 
-from vit_jax.config import defaults
+from vit_jax import config as config_lib
 
 # dataset: (classes, steps, warm-up, train split, eval split)
 PRESETS = {
@@ -39,7 +39,7 @@ def get_config(dataset: str = 'cifar10'):
   if dataset not in PRESETS:
     raise ValueError(f'{dataset!r} is not a choice: pick one of {", ".join(PRESETS)}.')
   classes, steps, warmup, train_split, eval_split = PRESETS[dataset]
-  config = defaults.get_config()
+  config = config_lib.get_config()
   config.model.update(name='b16', image_size=384, dtype='bfloat16', scan=True)
   config.dataset.update(
       name=dataset, num_classes=classes, train_split=train_split, eval_split=eval_split,

@@ -17,11 +17,11 @@ a manual directory and prepare it once (``--config.dataset.prepare=True
         --config.dataset.data_dir=gs://BUCKET/tensorflow_datasets
 """
 
-from vit_jax.config import defaults
+from vit_jax import config as config_lib
 
 
 def get_config():
-  config = defaults.get_config()
+  config = config_lib.get_config()
   config.model.update(name='b16', representation_size=768, dropout_rate=0.1, dtype='bfloat16',
                       scan=False)
   config.dataset.update(name='imagenet2012', num_classes=1000, train_split='train[:99%]',

@@ -25,7 +25,7 @@ pre-training.
         --num_train_examples=303000000
 """
 
-from vit_jax.config import defaults
+from vit_jax import config as config_lib
 
 DATA = ('i1k', 'jft_like')
 
@@ -33,7 +33,7 @@ DATA = ('i1k', 'jft_like')
 def get_config(data: str = 'jft_like'):
   if data not in DATA:
     raise ValueError(f'{data!r} is not a choice: pick one of {", ".join(DATA)}.')
-  config = defaults.get_config()
+  config = config_lib.get_config()
   config.objective = 'mpp'
   config.evals.eval = dict(type='mpp')  # The colours of held-out images' patches.
   config.mpp.update(target='mean_color', corrupt_rate=0.5, mask_rate=0.8, random_rate=0.1)

@@ -16,7 +16,7 @@ the recipe big_vision's; not run here.
         --config.dataset.data_dir=gs://BUCKET/tensorflow_datasets
 """
 
-from vit_jax.config import defaults
+from vit_jax import config as config_lib
 
 # model: (width, RandAugment magnitude or None, mixup alpha), big_vision's table.
 PRESETS = {'ti16': (192, 0, 0.0), 's32': (384, 15, 0.2), 's16': (384, 15, 0.5),
@@ -27,7 +27,7 @@ def get_config(model: str = 'b16'):
   if model not in PRESETS:
     raise ValueError(f'{model!r} is not a choice: pick one of {", ".join(PRESETS)}.')
   width, magnitude, mixup = PRESETS[model]
-  config = defaults.get_config()
+  config = config_lib.get_config()
   config.model.update(name=model, pool='token', posemb='learn', representation_size=width,
                       head_bias_init=-6.9, matmul_dtype='bfloat16', scan=True)
   config.dataset.update(

@@ -19,7 +19,7 @@ the step time and the cost (JFT-300M's 303M images; README):
         --config.dataset.data_dir=/data/jft_like
 """
 
-from vit_jax.config import defaults
+from vit_jax import config as config_lib
 
 # model: (base learning rate, epochs), the paper's.
 PRESETS = {'b16': (8e-4, 7), 'l16': (4e-4, 14), 'h14': (3e-4, 14)}
@@ -29,7 +29,7 @@ def get_config(model: str = 'b16'):
   if model not in PRESETS:
     raise ValueError(f'{model!r} is not a choice: pick one of {", ".join(PRESETS)}.')
   base_lr, epochs = PRESETS[model]
-  config = defaults.get_config()
+  config = config_lib.get_config()
   width = {'b16': 768, 'l16': 1024, 'h14': 1280}[model]
   config.model.update(name=model, representation_size=width, head_bias_init=-10.0,
                       dtype='bfloat16', scan=False)

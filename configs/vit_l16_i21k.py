@@ -18,11 +18,11 @@ converted from the release's tar files (``python -m vit_jax.data.convert --kind=
         --config.dataset.data_dir=/data/i21k
 """
 
-from vit_jax.config import defaults
+from vit_jax import config as config_lib
 
 
 def get_config():
-  config = defaults.get_config()
+  config = config_lib.get_config()
   config.model.update(name='l16', representation_size=1024, head_bias_init=-10.0,
                       dropout_rate=0.1, dtype='bfloat16', scan=False)
   config.dataset.update(name='imagenet21k', num_classes=21843, eval_split='validation')

@@ -13,11 +13,11 @@ validation): 76.5% after 90 epochs (its default), about 80% after 300; not run h
         --config.dataset.data_dir=gs://BUCKET/tensorflow_datasets [--config.num_epochs=90]
 """
 
-from vit_jax.config import defaults
+from vit_jax import config as config_lib
 
 
 def get_config():
-  config = defaults.get_config()
+  config = config_lib.get_config()
   config.model.update(name='s16', pool='gap', posemb='sincos2d', representation_size=384,
                       matmul_dtype='bfloat16', scan=True)
   config.dataset.update(

@@ -14,8 +14,8 @@ import pytest
 from vit_jax import config as config_lib
 from vit_jax.base import errors
 from vit_jax.checkpoints.run import workdir
-from vit_jax.config import defaults, reference, rules
 from vit_jax.config.field import KINDS, REQUIRED, Field
+from vit_jax.config.markdown import row
 from vit_jax.models import VisionTransformer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -35,20 +35,20 @@ def test_every_field_has_a_kind_a_doc_and_a_default_that_passes():
       assert name.rsplit('.', 1)[1] in ('type', 'datasets'), name
     else:
       assert field.problem(field.default) == '', name
-  rules.check(defaults.get_config())
+  config_lib.check(config_lib.get_config())
 
 
 def test_every_model_option_is_a_field():
   fields = {f.name for f in dataclasses.fields(VisionTransformer)}
   # Set by the run, not the user (mpp_outputs: by config.objective and config.mpp.target).
   fields -= {'parent', 'name', 'num_classes', 'model_name', 'mpp_outputs'}
-  assert set(defaults.get_config().model) - {'name'} == fields
+  assert set(config_lib.get_config().model) - {'name'} == fields
 
 
 def test_get_config_round_trips_through_complete_and_json():
-  config = defaults.get_config()
-  chex.assert_trees_all_equal(defaults.complete(config).to_dict(), config.to_dict())
-  from_json = defaults.complete(json.loads(config.to_json_best_effort()))
+  config = config_lib.get_config()
+  chex.assert_trees_all_equal(config_lib.complete(config).to_dict(), config.to_dict())
+  from_json = config_lib.complete(json.loads(config.to_json_best_effort()))
   chex.assert_trees_all_equal(from_json.to_dict(), config.to_dict())
   assert config.evals.to_dict() == {'eval': dict(type='classification', every_steps=0,
                                                  dataset='', split='', data_dir='', pp='')}
@@ -56,23 +56,23 @@ def test_get_config_round_trips_through_complete_and_json():
 
 
 def test_complete_fills_in_the_defaults_and_the_declared_types():
-  config = defaults.complete(dict(model=dict(name='s16'), batch_size=64,
+  config = config_lib.complete(dict(model=dict(name='s16'), batch_size=64,
                                      schedule=dict(base_lr=0.5), profile_steps=[2, 3]))
   assert (config.model.name, config.model.pool, config.batch_size) == ('s16', None, 64)
   assert (config.schedule.base_lr, config.schedule.warmup_steps) == (0.5, 10_000)
   assert config.mesh.to_dict() == dict(data=-1, fsdp=1, tensor=1, shard_state=None)
   assert config.profile_steps == (2, 3)  # config.json's lists: tuples again.
-  assert defaults.model_options(config.model) == ('s16', {})
+  assert config_lib.model_options(config.model) == ('s16', {})
   config.model.image_size = (16, 24)  # An int-or-pair field, unset: still takes a pair.
   with pytest.raises(TypeError):
     config.batch_size = 'big'
 
 
 def test_a_partial_evaluator_is_completed_from_its_type():
-  recipe = defaults.get_config()
+  recipe = config_lib.get_config()
   recipe.evals.fewshot = dict(type='fewshot', datasets=('digits',))
   recipe.evals.eval = None  # Removed.
-  evals = defaults.complete(recipe).evals
+  evals = config_lib.complete(recipe).evals
   assert list(evals) == ['fewshot']
   assert evals.fewshot.to_dict() == dict(type='fewshot', every_steps=0, datasets=('digits',),
                                          shots=(1, 5, 10, 25), seeds=3, l2_reg=2.0**10, pp='')
@@ -105,16 +105,16 @@ def test_a_partial_evaluator_is_completed_from_its_type():
 ])
 def test_unknown_fields_and_bad_evaluators_are_named(config, message):
   with pytest.raises(errors.ConfigError, match=message):
-    defaults.complete(ml_collections.ConfigDict(config))
+    config_lib.complete(ml_collections.ConfigDict(config))
 
 
 def test_changing_an_evaluators_type_in_a_recipe_says_to_replace_it():
-  recipe = defaults.get_config()
+  recipe = config_lib.get_config()
   recipe.evals.eval.type = 'mpp'
   with pytest.raises(errors.ConfigError, match=r"config.evals.eval.data_dir is not a field of "
                      r"'mpp' evaluators \(to change an evaluator's type, replace it: "
                      r'config.evals.eval = dict\(type=...\)\)'):
-    defaults.complete(recipe)
+    config_lib.complete(recipe)
 
 
 @pytest.mark.parametrize('overrides, message', [
@@ -167,13 +167,13 @@ def test_changing_an_evaluators_type_in_a_recipe_says_to_replace_it():
                                                         r'None'),
 ])
 def test_check_refuses_values_outside_their_declarations(overrides, message):
-  config = defaults.complete(overrides)
+  config = config_lib.complete(overrides)
   with pytest.raises(errors.ConfigError, match=message):
-    rules.check(config)
+    config_lib.check(config)
 
 
 def test_the_values_at_the_edges_of_each_range_pass():
-  rules.check(defaults.complete(dict(
+  config_lib.check(config_lib.complete(dict(
       eval_every_steps=0, keep_checkpoints=1, label_smoothing=0.0, grad_accum_steps=1,
       schedule=dict(base_lr=0.1, end_lr=0.1, warmup_steps=0), mixup_switch_prob=1.0,
       optimizer=dict(layer_decay=1.0), mesh=dict(data=-1), profile_steps=(3, 3),
@@ -208,17 +208,17 @@ def test_an_older_runs_config_json_still_loads(tmp_path):
   # Few-shot off (no datasets), ReaL and v2 off: the plain evaluation only.
   off = {'fewshot': {**OLD_EVALS['fewshot'], 'datasets': []}, 'real': False, 'v2': False,
          'data_dir': ''}
-  assert list(defaults.convert_old_evals({'evals': off})['evals']) == ['eval']
-  new = defaults.get_config().to_dict()  # A config of today: as it is.
-  assert defaults.convert_old_evals(new) is new
+  assert list(config_lib.convert_old_evals({'evals': off})['evals']) == ['eval']
+  new = config_lib.get_config().to_dict()  # A config of today: as it is.
+  assert config_lib.convert_old_evals(new) is new
 
 
 @pytest.mark.slow
 def test_docs_config_md_is_the_declarations_reference():
   text = (ROOT / 'docs' / 'config.md').read_text()
-  assert text == reference.reference(), 'run: python -m vit_jax.config > docs/config.md'
+  assert text == config_lib.reference(), 'run: python -m vit_jax.config > docs/config.md'
   for name, field in every_field():  # Each its own row: name, kind, default, range, doc.
-    assert reference.row(name, field) in text.splitlines(), name
+    assert row(name, field) in text.splitlines(), name
   printed = subprocess.run([sys.executable, '-m', 'vit_jax.config'], capture_output=True,
                            text=True, check=True, cwd=ROOT).stdout
   assert printed == text

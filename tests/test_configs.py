@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import ml_collections
 import pytest
 
-from vit_jax.config import defaults
+from vit_jax import config as config_lib
 from vit_jax.models import get_model
 
 CONFIGS = sorted((pathlib.Path(__file__).resolve().parents[1] / 'configs').glob('*.py'))
@@ -84,7 +84,7 @@ def test_the_parameter_formula_gives_the_readme_model_table():
   rows = readme_models()
   assert {'ti16', 'b16', 'l16', 'h14', 'g14', 'G14', 'e14', '22b14'} <= set(rows)
   for name, row in rows.items():
-    options = defaults.model_options(ml_collections.ConfigDict({'name': name}))[1]
+    options = config_lib.model_options(ml_collections.ConfigDict({'name': name}))[1]
     model = get_model(name, num_classes=1000, **options)
     arch = dict(layers=model.num_layers, width=model.hidden_size, mlp=model.mlp_dim,
                 heads=model.num_heads, patch=model.patch_size[0])
@@ -101,7 +101,7 @@ def test_config_builds_the_zoo_model(path, arg):
   unchanged, and the parameter count of the formula above (checked against the zoo's
   table) for its image size, classes, pooling and heads."""
   config = load(path, arg)
-  name, options = defaults.model_options(config.model)
+  name, options = config_lib.model_options(config.model)
   classes = config.dataset.num_classes
   model = get_model(name, num_classes=classes, **options)
   params = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, *model.image_size, 3)))
@@ -188,8 +188,8 @@ def test_giant_recipes_divide_evenly_on_their_slices(name, chips):
   """The slice a giant recipe names (TPU v4-N: N/2 chips) fits its mesh, model and batch."""
   path = CONFIGS[[p.stem for p in CONFIGS].index(name)]
   assert f'v4-{2 * chips} slice' in path.read_text()
-  config = defaults.complete(load(path))
-  model_name, options = defaults.model_options(config.model)
+  config = config_lib.complete(load(path))
+  model_name, options = config_lib.model_options(config.model)
   model = get_model(model_name, num_classes=config.dataset.num_classes, **options)
   fsdp, tensor = config.mesh.fsdp, config.mesh.tensor
   batch_devices = chips // tensor  # data x fsdp (data=-1: what fsdp and tensor leave).

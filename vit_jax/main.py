@@ -17,9 +17,9 @@ from typing import Any
 
 from absl import app, flags, logging
 
+from vit_jax import config as config_lib
 from vit_jax.base import console, errors, paths
 from vit_jax.config import cli as config_cli
-from vit_jax.config import defaults, rules
 
 
 def prepare(config: Any) -> tuple[Any, list[Any]]:
@@ -79,7 +79,7 @@ def _auto_distributed() -> bool:
 
 def main(argv: list[str], flags_: dict[str, Any]) -> None:
   config = flags_['config'].value  # Its errors first, before anything starts.
-  rules.check(defaults.complete(config))  # Types, None, ranges (the plan's).
+  config_lib.check(config_lib.complete(config))  # Types, None, ranges (the plan's).
   workdir = flags_['workdir'].value
   paths.output_dir(workdir)  # Then the workdir's, before jax and TensorFlow start.
   if config.get('init_from') and not config.init_from.startswith('hf-hub:'):

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 from etils import epath
 
+from vit_jax import config as config_lib
 from vit_jax.base import console, errors, paths
-from vit_jax.config import defaults, flatten
 
 IGNORED = ('seed',)  # Fields that do not make another setting.
 
@@ -54,7 +54,7 @@ def total_steps(config: Any) -> int:
   from vit_jax.data import sources
   from vit_jax.training import optim
 
-  config = defaults.complete(config)
+  config = config_lib.complete(config)
   if config.total_steps:
     return max([int(config.total_steps)] + [p['total_steps'] for p in config.schedule.phases])
   source = sources.get_source(config.dataset, config.dataset.train_split)
@@ -64,7 +64,7 @@ def total_steps(config: Any) -> int:
 def read_run(path: Any) -> Run:
   """The run in workdir ``path`` (``config.json`` and ``metrics.jsonl``)."""
   path = epath.Path(path)
-  config = defaults.convert_old_evals(json.loads((path / 'config.json').read_text()))
+  config = config_lib.convert_old_evals(json.loads((path / 'config.json').read_text()))
   total = total_steps(config)
   from vit_jax.evals import classification
 
@@ -79,7 +79,7 @@ def read_run(path: Any) -> Run:
     last = max(last, int(row['step']))
     if row['step'] == total and f'eval/{metric}' in row:
       accuracy = float(row[f'eval/{metric}'])
-  return Run(str(path), flatten(config), total, accuracy, metric, last)
+  return Run(str(path), config_lib.flatten(config), total, accuracy, metric, last)
 
 
 def find_runs(directory: Any) -> list[Run]:

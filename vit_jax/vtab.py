@@ -73,9 +73,9 @@ def task_config(task: Task, model: dict[str, Any], settings: dict[str, Any],
   init_from, data_dir, lr, steps, warmup_steps, batch_size, image_size, momentum, seed,
   train_split, eval_split.
   """
-  from vit_jax.config import defaults
+  from vit_jax import config as config_lib
 
-  config = defaults.get_config() if base is None else base
+  config = config_lib.get_config() if base is None else base
   config.model.update(model)
   size = int(settings['image_size'])
   config.model.image_size = size
@@ -248,7 +248,7 @@ def _define_flags() -> dict[str, Any]:
       eval_split=f.DEFINE_enum('eval_split', 'test', list(SPLIT_KEYS), 'Reported split.'),
       cpu_devices=f.DEFINE_integer('cpu_devices', 0, 'As vit_jax.main\'s --cpu_devices.'),
       config=config_cli.DEFINE_config('config', 'Optional base config (default: '
-                                      'vit_jax/config/__init__.py\'s); the protocol\'s settings '
+                                      'vit_jax/config/table.py\'s); the protocol\'s settings '
                                       'are laid over it.'),
   )
 

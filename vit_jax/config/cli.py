@@ -23,9 +23,8 @@ from typing import Any
 import ml_collections
 from absl import flags
 
-from vit_jax import config as config_lib
 from vit_jax.base import errors, paths
-from vit_jax.config import defaults
+from vit_jax.config import defaults, table
 from vit_jax.config.field import Field, did_you_mean, is_kind, unknown_field
 
 # --NAME.a.b=VALUE, --NAME.a.b (True) or --noNAME.a.b (False).
@@ -38,7 +37,7 @@ class ConfigFlag:
   def __init__(self, name: str, help_string: str):
     self.name = name
     self.file = paths.DEFINE_path(name, None, help_string + ' Fields are overridden with '
-                                    f'--{name}.FIELD=VALUE (vit_jax/config/__init__.py).')
+                                    f'--{name}.FIELD=VALUE (vit_jax/config/table.py).')
     self.overrides: list[tuple[str, str | None]] = []  # (field path, text), set by parse_flags.
 
   @property
@@ -119,7 +118,7 @@ def apply_overrides(config: ml_collections.ConfigDict,
                     overrides: Sequence[tuple[str, str | None]], *,
                     flag: str = 'config') -> ml_collections.ConfigDict:
   """``config`` (complete) with ``overrides`` (field path, command-line text) set, each typed
-  by its declaration (``vit_jax.config``); then locked. The overrides that add, remove or
+  by its declaration (``table``); then locked. The overrides that add, remove or
   retype an evaluator (``evals.NAME=None``, ``evals.NAME.type=TYPE``) go first, so that
   its fields can be set in any order."""
   with config.unlocked():  # Evaluators are added and removed (load's config is locked).
@@ -166,7 +165,7 @@ def _set(node: ml_collections.ConfigDict, key: str, text: Any, where: str, flag:
     for k, v in value.items():
       _set(current, str(k), v, field, flag, fields)
     return
-  kind = (config_lib.DECLARED[field.partition('.')[2]] if fields is None else fields[key]).base
+  kind = (table.DECLARED[field.partition('.')[2]] if fields is None else fields[key]).base
   if text is None:
     if kind != 'bool':
       raise errors.ConfigError(f'--{field} needs a value: --{field}=VALUE.')
@@ -197,14 +196,14 @@ def _set_eval(evals: ml_collections.ConfigDict, parts: list[str], text: Any, fla
                              'value, not a group of fields.')
   if key == 'type':
     kind = _coerce('str', text, f'{where}.type')
-    fields = config_lib.eval_fields(kind, where)
+    fields = table.eval_fields(kind, where)
     entry = evals[name].to_dict() if name in evals else {}
     if entry.get('type') != kind:  # Added, or retyped: the fields both types have kept.
       evals[name] = defaults.eval_defaults(kind) | {
           k: v for k, v in entry.items() if k in fields and k != 'type'}
     return
   entry = _entry(evals, name, where, flag)
-  fields = config_lib.eval_fields(entry.type)
+  fields = table.eval_fields(entry.type)
   if key not in fields:
     raise unknown_field(where, key, list(fields), what=f'a field of {entry.type!r} evaluators')
   if key not in entry:  # A required field, not set yet.
@@ -220,7 +219,7 @@ def _entry(evals: ml_collections.ConfigDict, name: str, where: str,
         f'{where} is not an evaluator of this config.'
         f'{did_you_mean(f"{flag}.evals", name, list(evals))} Its evaluators: '
         f'{", ".join(evals) or "none"}; add one with --{where}.type=TYPE '
-        f'({", ".join(config_lib.EVAL_TYPES)}).')
+        f'({", ".join(table.EVAL_TYPES)}).')
   return evals[name]
 
 

@@ -1,4 +1,4 @@
-"""The config made from the declarations (``vit_jax.config``): the defaults a recipe starts
+"""The config made from the declarations (``table``): the defaults a recipe starts
 from (``get_config``), and a recipe's or a config.json's values laid over them (``complete``);
 whether the values are right is ``vit_jax.config.rules``'s."""
 
@@ -9,8 +9,8 @@ from typing import Any
 import ml_collections
 
 from vit_jax.base import errors
-from vit_jax.config import EVAL_TYPES, FIELDS, PHASE_FIELDS, eval_fields
 from vit_jax.config.field import REQUIRED, Field, Group, unknown_field
+from vit_jax.config.table import EVAL_TYPES, FIELDS, PHASE_FIELDS, eval_fields
 
 
 def get_config() -> ml_collections.ConfigDict:

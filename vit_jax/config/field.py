@@ -1,6 +1,6 @@
 """How a config field is declared (``F(kind, default, allowed, meaning)``: a ``Field``; each
 group of them a ``Group``), and a value checked against its declaration: kind, None, range.
-``vit_jax/config/__init__.py`` declares every field so."""
+``table`` declares every field so."""
 
 from __future__ import annotations
 
@@ -148,4 +148,4 @@ def unknown_field(where: str, key: str, fields: list[str], what: str = 'a config
   """The error for ``where.key`` that is not one of ``fields``: the closest ones named."""
   return errors.ConfigError(f'{where}.{key} is not {what}.{did_you_mean(where, key, fields)} '
                             f'The fields of {where}: {", ".join(sorted(fields))} '
-                            '(vit_jax/config/__init__.py).')
+                            '(vit_jax/config/table.py).')

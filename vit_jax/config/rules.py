@@ -1,5 +1,5 @@
 """A complete config checked before anything compiles (``check``): each field against its
-declaration (``vit_jax.config``), then the rules that join fields. Checks that need the data or
+declaration (``table``), then the rules that join fields. Checks that need the data or
 the model are ``vit_jax.training.plan.validate``'s."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 import ml_collections
 
 from vit_jax.base import errors
-from vit_jax.config import DECLARED, PHASE_FIELDS, eval_fields, flatten
 from vit_jax.config.defaults import complete_eval
 from vit_jax.config.field import REQUIRED, unknown_field
+from vit_jax.config.table import DECLARED, PHASE_FIELDS, eval_fields, flatten
 
 
 def check(config: ml_collections.ConfigDict) -> None:

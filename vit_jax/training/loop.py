@@ -24,11 +24,11 @@ import numpy as np
 from absl import logging
 from etils import epath
 
+from vit_jax import config as config_lib
 from vit_jax.base import console, cpu, errors, sharding
 from vit_jax.checkpoints import release
 from vit_jax.checkpoints.run import manager as manager_lib
 from vit_jax.checkpoints.run import workdir as workdir_lib
-from vit_jax.config import defaults
 from vit_jax.data import loader
 from vit_jax.training import divergence, mfu
 from vit_jax.training.metrics import MetricsLog
@@ -66,7 +66,7 @@ def train_and_evaluate(plan: Plan, workdir: str, evaluators: Sequence[Any] = ()
     if start_step == 0:
       _parameter_overview(model, state.params, workdir)
       log.write_hparams({k: str(v) for k, v in config.items()})
-  for phase in defaults.phases(config):
+  for phase in config_lib.phases(config):
     logging.info("Schedule phase '%s': to step %d, %s from %.3g to %.3g after %d warm-up "
                  'steps.', phase['name'], phase['total_steps'], phase['decay'],
                  phase['base_lr'], phase['end_lr'], phase['warmup_steps'])

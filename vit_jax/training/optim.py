@@ -70,7 +70,7 @@ def make_schedule(schedule: Any, total_steps: int, warmup_steps: int) -> optax.S
 def with_phases(schedule: optax.Schedule, total_steps: int,
                 phases: list[dict[str, Any]]) -> tuple[optax.Schedule, int]:
   """``schedule`` (steps 0 to ``total_steps``) followed by each of ``phases``
-  (``vit_jax.config.defaults.phases``: a schedule of its own from the step the one before ended,
+  (``vit_jax.config.phases``: a schedule of its own from the step the one before ended,
   never a recomputed one), and the step the last ends at."""
   schedules, boundaries, end = [schedule], [], total_steps
   for phase in phases:

@@ -16,10 +16,10 @@ import jax
 import ml_collections
 import optax
 
+from vit_jax import config as config_lib
 from vit_jax.base import cpu, errors, paths, sharding
 from vit_jax.checkpoints import formats
 from vit_jax.checkpoints.run import workdir as workdir_lib
-from vit_jax.config import defaults, rules
 from vit_jax.data import preprocess, sources
 from vit_jax.models import canonical_name, get_model, mpp
 from vit_jax.models.vit import pair
@@ -72,9 +72,9 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
   ``num_train_examples`` no data or file is opened (planning ahead of time): the plan has
   no sources, and ``dataset.num_classes`` must be set.
   """
-  config = defaults.complete(config)
-  rules.check(config)  # Types, None, ranges: the declarations of vit_jax.config.
-  name, options = defaults.model_options(config.model)
+  config = config_lib.complete(config)
+  config_lib.check(config)  # Types, None, ranges: the declarations of vit_jax.config.
+  name, options = config_lib.model_options(config.model)
   try:
     canonical_name(name)
   except ValueError as e:
@@ -134,7 +134,7 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
                               f'config.dataset.{field}', f'the first {split!r} example')
   total, warmup = optim.resolve_steps(config, num_train_examples)
   schedule, total = optim.with_phases(optim.make_schedule(config.schedule, total, warmup),
-                                      total, defaults.phases(config))
+                                      total, config_lib.phases(config))
   tx = optim.make_optimizer(config.optimizer, schedule)
   return Plan(config, model, train_source, eval_source, num_classes, total, warmup, mesh,
               pipelines['pp_train'], pipelines['pp_eval'], schedule, tx)

@@ -24,7 +24,6 @@ from vit_jax import config as config_lib
 from vit_jax.base import errors, paths
 from vit_jax.checkpoints import big_vision, formats, release
 from vit_jax.checkpoints.run import manager as manager_lib
-from vit_jax.config import defaults
 from vit_jax.models import VisionTransformer, get_model, mpp
 from vit_jax.models.vit import pair
 
@@ -94,7 +93,7 @@ def check_resume(workdir: str | os.PathLike, config: ml_collections.ConfigDict) 
   if not steps(workdir) or not path.exists():
     return
   recorded = config_lib.flatten(load_config(workdir).to_dict())
-  given = config_lib.flatten(defaults.complete(config).to_dict())
+  given = config_lib.flatten(config_lib.complete(config).to_dict())
   free = config_lib.MAY_CHANGE_ON_RESUME
   differ = [k for k in config_lib.DECLARED if k not in free and k != 'schedule.phases'
             and recorded.get(k) != given.get(k)
@@ -128,7 +127,7 @@ def load_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
     raise errors.MissingFileError(f'{path} does not exist: {workdir} is not the workdir of a '
                                   'vit_jax.main run.')
   # An older run's config.json: its evals fields as named evaluators.
-  return defaults.complete(defaults.convert_old_evals(json.loads(path.read_text())))
+  return config_lib.complete(config_lib.convert_old_evals(json.loads(path.read_text())))
 
 
 def load_class_names(workdir: str | os.PathLike) -> tuple[str, ...]:
@@ -144,7 +143,7 @@ def model_from_config(config: ml_collections.ConfigDict,
   A masked-patch-prediction run's (``config.objective='mpp'``): no classifier, its mask
   embedding and prediction head.
   """
-  name, options = defaults.model_options(config.model)
+  name, options = config_lib.model_options(config.model)
   if mpp.is_on(config):
     return mpp.pretraining_model(config, get_model(name, num_classes=0, **options))
   if num_classes is None:

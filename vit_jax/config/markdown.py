@@ -1,10 +1,10 @@
-"""docs/config.md, written from the declarations (``vit_jax.config``) by ``python -m
+"""docs/config.md, written from the declarations (``table``) by ``python -m
 vit_jax.config > docs/config.md``: a Markdown table of each group of fields."""
 
 from __future__ import annotations
 
-from vit_jax.config import EVAL_COMMON, EVAL_TYPES, FIELDS, MAY_CHANGE_ON_RESUME, PHASE_FIELDS
 from vit_jax.config.field import REQUIRED, Field, Group
+from vit_jax.config.table import EVAL_COMMON, EVAL_TYPES, FIELDS, MAY_CHANGE_ON_RESUME, PHASE_FIELDS
 
 _KIND = {'size': 'int or (h, w)', 'ints': 'tuple of ints', 'strs': 'tuple of str',
          'evals': 'evaluators', 'path': 'path (~, $VAR expanded)'}
@@ -15,7 +15,7 @@ def reference() -> str:
   lines = [
       '# Config fields', '',
       'Every field of a run\'s `config`, written by `python -m vit_jax.config > docs/config.md` '
-      'from the declarations in `vit_jax/config/__init__.py` (a test keeps the two equal). A '
+      'from the declarations in `vit_jax/config/table.py` (a test keeps the two equal). A '
       'recipe in `configs/` sets what it changes; the command line sets any field with '
       '`--config.FIELD=VALUE`. A kind "or None" may be None; "required": no default, the '
       'config sets it.',
