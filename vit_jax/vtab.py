@@ -248,7 +248,7 @@ def _define_flags() -> dict[str, Any]:
       eval_split=f.DEFINE_enum('eval_split', 'test', list(SPLIT_KEYS), 'Reported split.'),
       cpu_devices=f.DEFINE_integer('cpu_devices', 0, 'As vit_jax.main\'s --cpu_devices.'),
       config=config_cli.DEFINE_config('config', 'Optional base config (default: '
-                                      'vit_jax/config/__init__.py\'s); the protocol\'s settings '
+                                      'vit_jax/config/table.py\'s); the protocol\'s settings '
                                       'are laid over it.'),
   )
 
