@@ -24,6 +24,7 @@ what is accepted. Written formats: ``npz`` (the release layout), ``timm`` and
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -144,7 +145,13 @@ def load_folder(folder: str | os.PathLike, origin: str | None = None) -> Loaded:
   params = adapt(flat, init['params'], model, keep_head=True, source_grid=model.grid,
                  origin=origin, source_model=model)
   names = tuple(class_names) if len(class_names) == (num_classes or 0) else ()
-  return Loaded(model, params, names, f'{origin} ({kind})')
+  if kind == TIMM:
+    spec = timm.preprocessing(config)
+  else:
+    processor = paths.path(folder) / hub.PREPROCESSOR
+    spec = transformers.preprocessing(hub.read_json(processor) if paths.is_file(processor)
+                                      else None)
+  return Loaded(model, params, names, f'{origin} ({kind})', preprocessing=spec)
 
 
 def resized(loaded: Loaded, image_size: int | tuple[int, int]) -> Loaded:
@@ -157,7 +164,7 @@ def resized(loaded: Loaded, image_size: int | tuple[int, int]) -> Loaded:
                         jax.ShapeDtypeStruct((1, *pair(image_size), 3), np.float32))['params']
   params = adapt(flatten(to_release(loaded.params)), init, new, keep_head=True,
                  source_grid=model.grid, origin=loaded.source, source_model=model)
-  return Loaded(new, params, loaded.class_names, loaded.source, loaded.config)
+  return dataclasses.replace(loaded, model=new, params=params)
 
 
 def export(model: VisionTransformer, params: Mapping[str, Any], out: str | os.PathLike,

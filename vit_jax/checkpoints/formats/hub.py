@@ -32,7 +32,8 @@ CONFIG = 'config.json'
 WEIGHTS = 'model.safetensors'
 WEIGHTS_INDEX = 'model.safetensors.index.json'
 PICKLES = ('pytorch_model.bin', 'open_clip_pytorch_model.bin')
-_HUB_FILES = [CONFIG, '*.safetensors', WEIGHTS_INDEX, 'preprocessor_config.json']
+PREPROCESSOR = 'preprocessor_config.json'  # transformers' image processor.
+_HUB_FILES = [CONFIG, '*.safetensors', WEIGHTS_INDEX, PREPROCESSOR]
 _REPO_ID = re.compile(r'^[\w.-]+/[\w.-]+$')
 # vit_jax's pipelines scale pixels to [-1, 1]: mean and std 0.5 in timm's and transformers' terms.
 MEAN_STD = [0.5, 0.5, 0.5]

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from vit_jax.base import errors
+from vit_jax.data.preprocess import EvalSpec
 from vit_jax.models import VisionTransformer
 
 # Masked patch prediction's parameters (vit_jax.models.mpp): the learnable [mask] embedding and
@@ -109,6 +110,9 @@ class Loaded:
   class_names: tuple[str, ...]
   source: str  # 'DIR (step N)' or the .npz path.
   config: Any = None  # The run's config (a ConfigDict), for a workdir.
+  # The evaluation preprocessing the checkpoint says it was trained with (timm's pretrained_cfg,
+  # transformers' image processor); a .npz file says none: the releases' [-1, 1].
+  preprocessing: EvalSpec = EvalSpec()
 
 
 def check_finite(flat: Mapping[str, Any], origin: Any) -> None:

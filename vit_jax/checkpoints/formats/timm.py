@@ -21,6 +21,7 @@ from vit_jax.checkpoints.formats import hub
 from vit_jax.checkpoints.formats.hub import CONV, HEADS_BIAS, HEADS_IN, HEADS_OUT, LINEAR, SAME
 from vit_jax.checkpoints.formats.layout import POSEMB_KEY, flatten, to_host, to_release
 from vit_jax.checkpoints.formats.timm_architectures import ARCHITECTURES
+from vit_jax.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, EvalSpec
 from vit_jax.models import VisionTransformer
 from vit_jax.models.vit import LN_EPSILON, pair
 
@@ -218,6 +219,19 @@ def _grid(args: Mapping[str, Any], rows: int, patch: tuple[int, int], prefix: in
   raise errors.CheckpointMismatchError(
       f'{origin}: pos_embed has {rows} rows, which fit neither img_size {size[0]}x{size[1]} '
       f'({n} patches, {prefix} prefix tokens) nor a square grid.')
+
+
+def preprocessing(config: Mapping[str, Any]) -> EvalSpec:
+  """The evaluation preprocessing of a timm config.json's ``pretrained_cfg``, with timm's
+  defaults where it is silent (``transforms_imagenet_eval``: crop_pct 0.875, bicubic, ImageNet's
+  mean and std)."""
+  cfg = config.get('pretrained_cfg') or {}
+  mode = cfg.get('crop_mode') or 'center'
+  return EvalSpec(resize={'center': 'shorter'}.get(mode, mode),
+                  crop_pct=float(cfg.get('crop_pct') or 0.875),
+                  method=f'pil_{cfg.get("interpolation") or "bicubic"}',
+                  mean=tuple(cfg.get('mean') or IMAGENET_MEAN),
+                  std=tuple(cfg.get('std') or IMAGENET_STD), crop_offset='round')
 
 
 def write(model: VisionTransformer, params: Mapping[str, Any],

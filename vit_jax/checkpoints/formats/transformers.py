@@ -13,6 +13,7 @@ from vit_jax.base import errors
 from vit_jax.checkpoints.formats import hub
 from vit_jax.checkpoints.formats.hub import CONV, HEADS_BIAS, HEADS_IN, HEADS_OUT, LINEAR, SAME
 from vit_jax.checkpoints.formats.layout import POSEMB_KEY, flatten, to_host, to_release
+from vit_jax.data.preprocess import EvalSpec
 from vit_jax.models import VisionTransformer
 from vit_jax.models.vit import pair
 
@@ -106,6 +107,29 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
   return kwargs, flat, [str(n) for n in names]
 
 
+# PIL's resampling filters by the number transformers' image processors store.
+_RESAMPLE = {0: 'pil_nearest', 1: 'pil_lanczos', 2: 'pil_bilinear', 3: 'pil_bicubic',
+             4: 'pil_box', 5: 'pil_hamming'}
+
+
+def preprocessing(processor: Mapping[str, Any] | None) -> EvalSpec:
+  """The evaluation preprocessing of a preprocessor_config.json (ViTImageProcessor's defaults
+  without one: a bilinear resize to the input size, mean and std 0.5)."""
+  p = {'size': {'height': 224, 'width': 224}, 'resample': 2, **(processor or {})}
+  size = p['size'] if isinstance(p['size'], Mapping) else {'shortest_edge': p['size']}
+  crop = p.get('crop_size') if p.get('do_center_crop') else None
+  crop = crop if isinstance(crop, Mapping) or crop is None else {'height': crop}
+  if 'shortest_edge' in size:
+    resize, edge = 'shorter', size['shortest_edge']
+  else:
+    resize, edge = 'exact', size['height']
+  normalize = p.get('do_normalize', True)
+  return EvalSpec(resize=resize, crop_pct=crop['height'] / edge if crop else 1.,
+                  method=_RESAMPLE.get(p['resample'], f'resample={p["resample"]}'),
+                  mean=tuple(p.get('image_mean', (0.5,) * 3)) if normalize else (0.,) * 3,
+                  std=tuple(p.get('image_std', (0.5,) * 3)) if normalize else (1.,) * 3)
+
+
 def write(model: VisionTransformer, params: Mapping[str, Any], class_names: Sequence[str] = ()
           ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
   """(state dict, config.json) of ``model`` for transformers' ViTForImageClassification (a
@@ -166,4 +190,4 @@ def export(model: VisionTransformer, params: Mapping[str, Any], folder: Any,
   """Writes ``model`` into ``folder`` as ``save_pretrained`` does, with its image processor's
   preprocessor_config.json."""
   sd, config = write(model, params, class_names)
-  hub.write_folder(folder, sd, config, {'preprocessor_config.json': preprocessor_config(model)})
+  hub.write_folder(folder, sd, config, {hub.PREPROCESSOR: preprocessor_config(model)})
