@@ -447,3 +447,40 @@ def test_local_launcher_kills_hung_processes_at_a_second_sigterm(tmp_path):
   _, stderr = launcher.communicate(timeout=20)
   assert launcher.returncode == 128 + signal.SIGKILL, stderr
   assert 'killing every process' in stderr
+
+
+def failing_python(tmp_path, status: int, times: int) -> pathlib.Path:
+  """Stands in for python under local.sh: process 1 fails with ``status`` (137: kill -9 of
+  itself) at its first ``times`` starts, process 0 then waits for SIGTERM and exits 69 (as
+  a survivor does); at a later start both finish."""
+  python = tmp_path / 'python'
+  python.write_text(
+      '#!/bin/sh\nfor a; do case $a in --process_id=*) id=${a#*=};; esac; done\n'
+      f'f={tmp_path}/starts_$id; n=$(cat $f 2>/dev/null || echo 0); echo $((n + 1)) > $f\n'
+      f'if [ "$n" -ge {times} ]; then echo "process $id finished"; exit 0; fi\n'
+      'if [ "$id" = 1 ]; then sleep 0.2; '
+      + ('kill -9 $$' if status == 137 else f'exit {status}') + '; fi\n'
+      "trap 'exit 69' TERM\nwhile :; do sleep 0.05; done\n")
+  python.chmod(0o755)
+  return python
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('status, times, restarts, code', [
+    (137, 1, 1, 0),  # Killed: restarted once, and the run finishes.
+    (69, 2, 1, 69),  # A peer lost twice, one restart allowed: the second failure stands.
+    (2, 1, 3, 2),  # A user error comes again: not restarted.
+])
+def test_local_launcher_restarts_what_a_restart_can_mend(tmp_path, status, times, restarts,
+                                                         code):
+  done = script('local.sh', f'--workdir={tmp_path}', f'--restarts={restarts}', '--port=1',
+                f'--python={failing_python(tmp_path, status, times)}', home=tmp_path)
+  assert done.returncode == code, done.stderr
+  lines = [line for line in done.stderr.splitlines() if line.startswith('local.sh: restart')]
+  assert lines == [f'local.sh: restart {i + 1} of {restarts}: process 1 exited with status '
+                   f'{status}; every process starts again from the newest good checkpoint'
+                   for i in range(min(times, restarts) if status != 2 else 0)]
+  assert ('process 1 exited with status' in done.stderr.replace(lines[-1] if lines else '', '')
+          ) == (code != 0)  # The failure that stands is shown with its log.
+  starts = min(times, restarts) + 1 if status != 2 else 1
+  assert (tmp_path / 'starts_0').read_text() == f'{starts}\n'
