@@ -187,6 +187,9 @@ def test_tpu_worker_commands_check_the_install_start_once_and_stop(tmp_path):
                     '--config=configs/vit_l16_i21k.py', '--', *TRICKY, home=tmp_path, **TPU)
   (logs,) = commands('tpu_vm.sh', 'logs', home=tmp_path, **TPU)[1:]
   (stop,) = commands('tpu_vm.sh', 'stop', home=tmp_path, **TPU)
+  # What up --restarts=N asks every worker every 60 s: its run's exit status, or 'running'.
+  states = commands('tpu_vm.sh', 'up', '--accelerator-type=v4-8', '--workdir=gs://b/w',
+                    '--config=c.py', '--restarts=1', home=tmp_path, **TPU)[-1]
   home = tmp_path / 'worker'
   (home / 'vit_jax').mkdir(parents=True)
   python = home / 'vit_jax_venv' / 'bin' / 'python'
@@ -219,6 +222,7 @@ def test_tpu_worker_commands_check_the_install_start_once_and_stop(tmp_path):
         '--config=configs/vit_l16_i21k.py', '--workdir=gs://bucket/run', *TRICKY]
     again = on_worker(run)
     assert again.returncode == 1 and f'a run is going (pid {pid})' in again.stderr
+    assert on_worker(states).stdout == 'running\n'
 
     stopped = on_worker(stop)
     assert stopped.returncode == 0 and 'SIGTERM sent' in stopped.stdout
@@ -226,6 +230,7 @@ def test_tpu_worker_commands_check_the_install_start_once_and_stop(tmp_path):
     log = on_worker(logs).stdout.splitlines()
     assert log[0].startswith('=== ') and log[1:] == ['training', 'got SIGTERM']
     wait_for(lambda: 'no run going' in on_worker(stop).stdout)
+    wait_for(lambda: on_worker(states).stdout == '0\n')  # Its exit status, kept.
   finally:
     with contextlib.suppress(ProcessLookupError):
       os.kill(pid, signal.SIGKILL)
@@ -484,3 +489,21 @@ def test_local_launcher_restarts_what_a_restart_can_mend(tmp_path, status, times
           ) == (code != 0)  # The failure that stands is shown with its log.
   starts = min(times, restarts) + 1 if status != 2 else 1
   assert (tmp_path / 'starts_0').read_text() == f'{starts}\n'
+
+
+@pytest.mark.slow
+def test_slurm_restarts_a_failed_srun_in_the_same_allocation(tmp_path):
+  """A stand-in srun killed at its first start: run again once, one line."""
+  bin_dir = tmp_path / 'bin'
+  bin_dir.mkdir()
+  srun = bin_dir / 'srun'
+  srun.write_text(f'#!/bin/sh\nn=$(cat {tmp_path}/n 2>/dev/null || echo 0)\n'
+                  f'echo $((n + 1)) > {tmp_path}/n\n[ "$n" -ge 1 ] || exit 137\n')
+  srun.chmod(0o755)
+  done = script('slurm.sbatch', f'--workdir={tmp_path}', '--config=c.py', '--restarts=3',
+                home=tmp_path, SLURM_JOB_ID='42', PATH=f'{bin_dir}:{os.environ["PATH"]}')
+  assert done.returncode == 0, done.stderr
+  assert [line for line in done.stderr.splitlines() if line.startswith('slurm.sbatch: r')] == [
+      'slurm.sbatch: restart 1 of 3: srun exited with status 137; every process starts again '
+      'from the newest good checkpoint']
+  assert (tmp_path / 'n').read_text() == '2\n'
