@@ -13,7 +13,7 @@
 # launcher exits with the failed process's status; with --restarts=N it starts
 # every process again instead (they resume from the newest good checkpoint), up
 # to N times, one line each, unless the failure would come again (a user error,
-# a divergence, a failed save: docs/multihost.md). Ctrl-C (or SIGTERM) is passed
+# a divergence, a failed save: docs/scale.md). Ctrl-C (or SIGTERM) is passed
 # on as SIGTERM: the run saves a checkpoint and exits; run again to resume. A
 # second Ctrl-C kills the processes.
 #
@@ -105,7 +105,7 @@ stopping=0
 trap stop INT TERM
 
 # Starts every process; returns when all have exited: STATUS is the first failure's
-# (0 if none), FAILED its process.
+# (0 if none), FAILED its process, OTHERS the other processes' statuses ('process 0: 69').
 start_all() {
   free_port
   pids=()
@@ -163,6 +163,10 @@ start_all() {
     # (A Ctrl-C also ends the sleep; the trap has passed it on.)
     ((${#finished[@]} < ${#pids[@]})) && { sleep 0.5 || true; }
   done
+  OTHERS=()
+  for i in "${!pids[@]}"; do
+    [[ $i == "${FAILED:-}" ]] || OTHERS+=("process $i: ${finished[$i]}")
+  done
   return 0
 }
 
@@ -180,8 +184,9 @@ if [[ $DRY_RUN == 1 ]]; then
 fi
 while ((STATUS != 0)) && restarting; do
   restarts=$((restarts + 1))
-  printf '%s: restart %d of %d: process %d exited with status %d; every process starts again from the newest good checkpoint\n' \
-    "$(basename "$0")" "$restarts" "$RESTARTS" "$FAILED" "$STATUS" >&2
+  others=$(IFS=,; echo "${OTHERS[*]}")
+  printf '%s: restart %d of %d: process %d exited with status %d (%s); every process starts again from the newest good checkpoint\n' \
+    "$(basename "$0")" "$restarts" "$RESTARTS" "$FAILED" "$STATUS" "${others//,/, }" >&2
   start_all
 done
 status=$STATUS

@@ -15,7 +15,7 @@
 #           stays to watch the run (every 60 s): when a worker's run fails (killed,
 #           a host that stopped answering) or the TPU is preempted, it stops the
 #           rest, brings the slice up again as above and restarts the run from the
-#           newest good checkpoint, up to N times, one line each (docs/multihost.md)
+#           newest good checkpoint, up to N times, one line each (docs/scale.md)
 #   create  create the TPU VM or pod slice (through a queued resource with
 #           --queued, waiting until it is ACTIVE)
 #   setup   copy this checkout to every worker; make ~/vit_jax_venv there

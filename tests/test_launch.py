@@ -470,6 +470,16 @@ def failing_python(tmp_path, status: int, times: int) -> pathlib.Path:
   return python
 
 
+def test_the_launchers_restart_every_failure_but_those_that_come_again():
+  """common.sh's statuses that --restarts leaves alone are vit_jax/base/errors.py's."""
+  from vit_jax.base import errors
+
+  listed = re.search(r'^NOT_RESTARTED=\(([\d ]+)\)$', (LAUNCH / 'common.sh').read_text(), re.M)
+  assert set(map(int, listed.group(1).split())) == {
+      0, 1, errors.EXIT_STATUS, errors.DIVERGED_STATUS, errors.SAVE_FAILED_STATUS}
+  assert errors.PEER_LOST_STATUS not in {0, 1, 2, 65, 74}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('status, times, restarts, code', [
     (137, 1, 1, 0),  # Killed: restarted once, and the run finishes.
@@ -483,7 +493,8 @@ def test_local_launcher_restarts_what_a_restart_can_mend(tmp_path, status, times
   assert done.returncode == code, done.stderr
   lines = [line for line in done.stderr.splitlines() if line.startswith('local.sh: restart')]
   assert lines == [f'local.sh: restart {i + 1} of {restarts}: process 1 exited with status '
-                   f'{status}; every process starts again from the newest good checkpoint'
+                   f'{status} (process 0: 69); every process starts again from the newest '
+                   'good checkpoint'
                    for i in range(min(times, restarts) if status != 2 else 0)]
   assert ('process 1 exited with status' in done.stderr.replace(lines[-1] if lines else '', '')
           ) == (code != 0)  # The failure that stands is shown with its log.
