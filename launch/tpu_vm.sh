@@ -12,10 +12,11 @@
 #           deleting it first if it was preempted), then run. Again after a
 #           preemption, it resumes from the last checkpoint in WORKDIR. A TPU that
 #           is up keeps its installation: `setup` updates it. With --restarts=N it
-#           stays to watch the run (every 60 s): when a worker's run fails (killed,
-#           a host that stopped answering) or the TPU is preempted, it stops the
-#           rest, brings the slice up again as above and restarts the run from the
-#           newest good checkpoint, up to N times, one line each (docs/scale.md)
+#           stays to watch the run (every WATCH_EVERY s): when a worker's run
+#           fails (killed, a host that stopped answering) or the TPU is preempted,
+#           it stops the rest, brings the slice up again as above and restarts the
+#           run from the newest good checkpoint, up to N times, one line each
+#           (docs/scale.md)
 #   create  create the TPU VM or pod slice (through a queued resource with
 #           --queued, waiting until it is ACTIVE)
 #   setup   copy this checkout to every worker; make ~/vit_jax_venv there
@@ -44,6 +45,7 @@
 #   --lines=N                 LINES             logs: default 200
 #   --worker=I                WORKER            tail: default 0
 #   --restarts=N              RESTARTS          up: restarts after a failure; default: 0
+#   --watch-every=SECONDS     WATCH_EVERY       up --restarts: default 60
 #   -n, --dry-run             print the commands, run nothing
 #   -h, --help                this text
 #
@@ -57,7 +59,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 declare -A OPTIONS=([--project]=PROJECT [--zone]=ZONE [--accelerator-type]=ACCELERATOR_TYPE
   [--workdir]=WORKDIR [--config]=CONFIG [--name]=TPU_NAME [--capacity]=CAPACITY
   [--valid-until]=VALID_UNTIL [--version]=RUNTIME_VERSION [--logdir]=LOGDIR [--lines]=LINES
-  [--worker]=WORKER [--restarts]=RESTARTS) SWITCHES=([--queued]=QUEUED)
+  [--worker]=WORKER [--restarts]=RESTARTS
+  [--watch-every]=WATCH_EVERY) SWITCHES=([--queued]=QUEUED)
 parse_args "$@"
 ((${#POSITIONAL[@]} == 1)) || die "give one command (up, create, setup, run, logs, tail, stop, status, delete); see --help"
 COMMAND=${POSITIONAL[0]}
@@ -67,6 +70,8 @@ QUEUED=${QUEUED:-0}
 LOGDIR=${LOGDIR:-$HOME/vit_jax_logs/$TPU_NAME}
 RESTARTS=${RESTARTS:-0}
 [[ $RESTARTS =~ ^[0-9]+$ ]] || die "RESTARTS must be a number >= 0, not '$RESTARTS'"
+WATCH_EVERY=${WATCH_EVERY:-60}
+[[ $WATCH_EVERY =~ ^[1-9][0-9]*$ ]] || die "WATCH_EVERY must be a number of seconds >= 1, not '$WATCH_EVERY'"
 
 # Paths on the workers (relative to the home directory there).
 REMOTE_REPO=vit_jax
@@ -251,19 +256,20 @@ elif [ -f ~/$REMOTE_PID ] && kill -0 \$(cat ~/$REMOTE_PID) 2>/dev/null; then ech
 else echo gone; fi"
 }
 
-# up, then watches the run every 60 s: a worker's failure that a restart can mend, or the
-# TPU preempted, stops the run on every worker and brings it up again, up to RESTARTS times.
+# up, then watches the run every WATCH_EVERY seconds: a worker's failure that a restart can
+# mend, or the TPU preempted, stops the run on every worker and brings it up again, up to
+# RESTARTS times.
 up_and_watch() {
   up
   if [[ $DRY_RUN == 1 ]]; then
-    note "(then every 60 s, the run on every worker until it ends; after a failure, the"
+    note "(then every $WATCH_EVERY s, the run on every worker until it ends; after a failure, the"
     note " run stopped on every worker and up again, up to $RESTARTS times)"
     run_states
     return
   fi
   local restarts=0 state states failure
   while :; do
-    sleep 60
+    sleep "$WATCH_EVERY"
     failure=
     state=$(tpu_state)
     if [[ $state != READY && $state != ACTIVE ]]; then

@@ -518,3 +518,34 @@ def test_slurm_restarts_a_failed_srun_in_the_same_allocation(tmp_path):
       'slurm.sbatch: restart 1 of 3: srun exited with status 137; every process starts again '
       'from the newest good checkpoint']
   assert (tmp_path / 'n').read_text() == '2\n'
+
+
+@pytest.mark.slow
+def test_tpu_up_with_restarts_starts_a_failed_run_again(tmp_path):
+  """tpu_vm.sh up --restarts=2 with a stand-in gcloud whose TPU is READY and whose one worker
+  runs the commands in a local shell: the run fails once (69, a peer lost), is started
+  again, and ends."""
+  home = tmp_path / 'worker'
+  (home / 'vit_jax').mkdir(parents=True)
+  python = home / 'vit_jax_venv' / 'bin' / 'python'
+  python.parent.mkdir(parents=True)
+  python.write_text('#!/bin/sh\nn=$(cat "$HOME/starts" 2>/dev/null || echo 0)\n'
+                    'echo $((n + 1)) > "$HOME/starts"\n[ "$n" -ge 1 ] || exit 69\n')
+  python.chmod(0o755)
+  bin_dir = tmp_path / 'bin'
+  bin_dir.mkdir()
+  gcloud = bin_dir / 'gcloud'
+  gcloud.write_text(
+      '#!/bin/bash\nfor a; do case $a in --command=*) command=${a#--command=};; esac; done\n'
+      'case " $* " in\n  *" describe "*) echo READY ;;\n'
+      '  *" ssh "*) HOME=$WORKER_HOME bash -c "$command" ;;\nesac\n')
+  gcloud.chmod(0o755)
+  done = script('tpu_vm.sh', 'up', '--accelerator-type=v4-8', '--workdir=gs://b/w',
+                '--config=c.py', '--restarts=2', '--watch-every=1', home=tmp_path,
+                PATH=f'{bin_dir}:{os.environ["PATH"]}', WORKER_HOME=str(home), **TPU)
+  assert done.returncode == 0, done.stderr
+  assert [line for line in done.stderr.splitlines() if line.startswith('tpu_vm.sh: r')] == [
+      "tpu_vm.sh: restart 1 of 2: a worker's run exited with status 69; every worker starts "
+      'again from the newest good checkpoint']
+  assert 'the run ended on every worker' in done.stderr
+  assert (home / 'starts').read_text() == '2\n'

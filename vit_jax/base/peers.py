@@ -45,9 +45,10 @@ def start(coordinator: str | None, num_processes: int | None, process_id: int | 
   # jax's own timeout well after ours: its verdict is the C++ abort.
   jax.distributed.initialize(coordinator, num_processes, process_id,
                              heartbeat_timeout_seconds=int(max(100, 3 * timeout_s)))
-  _watchdog = _Watchdog(distributed.global_state.client, jax.process_index(),
-                        jax.process_count(), timeout_s, resumes_from)
-  _watchdog.start()
+  if jax.process_count() > 1:
+    _watchdog = _Watchdog(distributed.global_state.client, jax.process_index(),
+                          jax.process_count(), timeout_s, resumes_from)
+    _watchdog.start()
 
 
 def finish() -> None:
