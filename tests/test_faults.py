@@ -262,6 +262,7 @@ def test_sigterm_before_the_first_step_and_kill_9_during_a_save(tiny_run, refere
     ('--config.log_every_steps=0', 'error: config.log_every_steps=0 must be >= 1'),
     ('--cpu_devices=-1', 'error: --cpu_devices=-1 must be a number of devices >= 1'),
     ('--cpu_devices=0', 'error: --cpu_devices=0 must be a number of devices >= 1'),
+    ('--peer_timeout=0', 'error: --peer_timeout=0.0 must be a number of seconds > 0'),
 ])
 def test_a_bad_flag_is_one_line_without_a_traceback(tmp_path, flag, message):
   done = subprocess.run(
