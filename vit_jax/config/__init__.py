@@ -16,7 +16,7 @@ from typing import Any
 
 import ml_collections
 
-from vit_jax.base import errors
+from vit_jax.base import errors, paths
 from vit_jax.config.fields import REQUIRED, F, Field, Group
 
 _ONE_OR_MORE = ' (a number of steps; 0 would divide by zero)'
@@ -392,7 +392,7 @@ def _merge(fields: dict[str, Field | Group], user: dict[str, Any], where: str
       out[key] = {name: complete_eval(entry, f'{where}.{key}.{name}')
                   for name, entry in user.get(key, field.default).items() if entry is not None}
     else:
-      out[key] = _tuple(user.get(key, field.default))
+      out[key] = _value(field, user.get(key, field.default))
   return out
 
 
@@ -417,7 +417,13 @@ def complete_eval(entry: Any, where: str) -> dict[str, Any]:
   for key, field in fields.items():
     if field.default is REQUIRED and key not in entry:
       raise errors.ConfigError(f'{where}.{key} is required by {kind!r} evaluators: {field.doc}')
-  return {k: _tuple(v) for k, v in (eval_defaults(entry['type']) | entry).items()}
+  return {k: _value(fields[k], v) for k, v in (eval_defaults(entry['type']) | entry).items()}
+
+
+def _value(field: Field, value: Any) -> Any:
+  """A field's value as the config holds it: a path ``paths.expand``-ed (absolute, as on the
+  command line: config.json then names the same file from any folder), a list a tuple."""
+  return paths.expand(value) if field.base == 'path' else _tuple(value)
 
 
 def _tuple(value: Any) -> Any:

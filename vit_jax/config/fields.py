@@ -14,7 +14,7 @@ from typing import Any
 # The kinds of value; a trailing '?' (e.g. 'int?') lets the field be None too.
 KINDS = {  # kind -> (the Python type the ConfigDict holds, the words for it)
     'int': (int, 'an int'), 'float': (float, 'a number'), 'str': (str, 'a string'),
-    'path': (str, 'a path'),  # A string whose ~ and $VAR the command line expands.
+    'path': (str, 'a path'),  # A string: ~ and $VAR expanded, made absolute (config.complete).
     'bool': (bool, 'True or False'), 'size': (object, 'an int or a (height, width) pair'),
     'tuple': (tuple, 'a tuple'), 'ints': (tuple, 'a tuple of ints'),
     'strs': (tuple, 'a tuple of strings'), 'evals': (dict, 'named evaluators'),
@@ -124,7 +124,8 @@ class Field:
   def row(self, name: str) -> str:
     """This field's line of a Markdown table: name, kind, default, allowed, meaning."""
     kind = {'size': 'int or (h, w)', 'ints': 'tuple of ints', 'strs': 'tuple of str',
-            'evals': 'evaluators', 'path': 'path (~, $VAR expanded)'}.get(self.base, self.base)
+            'evals': 'evaluators', 'path': 'path (~, $VAR expanded; from the current folder)'
+            }.get(self.base, self.base)
     kind += ' or None' if self.none else ''
     default = 'required' if self.default is REQUIRED else f'`{self.default!r}`'
     allowed = (', '.join(f'`{c!r}`' for c in self.allowed) if isinstance(self.allowed, tuple)
