@@ -189,13 +189,12 @@ def test_another_models_checkpoint_stops_the_run_and_moves_nothing(tiny_run, tmp
 def test_a_run_named_relatively_is_read_resumed_and_saved_where_it_is(
     tiny_run, reference, tmp_path, monkeypatch):
   """The tiny run, saved under an absolute path, named `run` from its folder: what
-  `evaluate` reads (workdir.restore_params), `export`, checkpoints.load (as `predict`:
-  tests/test_inspect.py names its run relatively) and a resume read it whole, and a save goes
+  checkpoints.load (what `evaluate` and `predict` read too: tests/test_inspect.py names its
+  run relatively), `export` and a resume read it whole, and a save goes
   next to the others. Nothing is moved to bad/."""
   copy_run(tiny_run, tmp_path)
   monkeypatch.chdir(tmp_path)
   chex.assert_trees_all_equal(checkpoints.load('run').params, reference['step10'].params)
-  chex.assert_trees_all_equal(workdir.restore_params('run', 5)[0], reference['step5'].params)
   assert export.export('run', 'model.npz') == 10 and (tmp_path / 'model.npz').is_file()
   manager = manager_lib.make_manager('run', every_steps=5, keep=5)
   try:
