@@ -8,7 +8,7 @@ from typing import Any
 
 import ml_collections
 
-from vit_jax.base import errors
+from vit_jax.base import errors, paths
 from vit_jax.config.field import REQUIRED, Field, Group, unknown_field
 from vit_jax.config.table import EVAL_TYPES, FIELDS, PHASE_FIELDS, eval_fields
 
@@ -49,7 +49,7 @@ def complete_eval(entry: Any, where: str) -> dict[str, Any]:
   for key, field in fields.items():
     if field.default is REQUIRED and key not in entry:
       raise errors.ConfigError(f'{where}.{key} is required by {kind!r} evaluators: {field.doc}')
-  return {k: _tuple(v) for k, v in (eval_defaults(kind) | entry).items()}
+  return {k: _value(fields[k], v) for k, v in (eval_defaults(kind) | entry).items()}
 
 
 def eval_defaults(eval_type: str) -> dict[str, Any]:
@@ -64,6 +64,12 @@ def phases(config: Any) -> list[dict[str, Any]]:
 
 def _defaults(fields: dict[str, Field]) -> dict[str, Any]:
   return {k: f.default for k, f in fields.items() if f.default is not REQUIRED}
+
+
+def _value(field: Field, value: Any) -> Any:
+  """A field's value as the config holds it: a path ``paths.expand``-ed (absolute, as on the
+  command line: config.json then names the same file from any folder), a list a tuple."""
+  return paths.expand(value) if field.base == 'path' else _tuple(value)
 
 
 def _tuple(value: Any) -> Any:
@@ -89,7 +95,7 @@ def _configdict(fields: dict[str, Field | Group], user: dict[str, Any], where: s
     if isinstance(field, Group):
       config[key] = _configdict(field.fields, user.get(key, {}), f'{where}.{key}')
       continue
-    value = _tuple(user.get(key, field.default))
+    value = _value(field, user.get(key, field.default))
     if field.kind == 'evals':
       entries = {name: complete_eval(entry, f'{where}.{key}.{name}')
                  for name, entry in value.items() if entry is not None}

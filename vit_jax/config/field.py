@@ -14,7 +14,7 @@ from vit_jax.base import errors
 # The kinds of value; a trailing '?' (e.g. 'int?') lets the field be None too.
 KINDS = {  # kind -> (the Python type the ConfigDict holds, the words for it)
     'int': (int, 'an int'), 'float': (float, 'a number'), 'str': (str, 'a string'),
-    'path': (str, 'a path'),  # A string whose ~ and $VAR the command line expands.
+    'path': (str, 'a path'),  # A string: ~ and $VAR expanded, made absolute (complete).
     'bool': (bool, 'True or False'), 'size': (object, 'an int or a (height, width) pair'),
     'tuple': (tuple, 'a tuple'), 'ints': (tuple, 'a tuple of ints'),
     'strs': (tuple, 'a tuple of strings'), 'evals': (dict, 'named evaluators'),

@@ -7,7 +7,7 @@ from vit_jax.config.field import REQUIRED, Field, Group
 from vit_jax.config.table import EVAL_COMMON, EVAL_TYPES, FIELDS, MAY_CHANGE_ON_RESUME, PHASE_FIELDS
 
 _KIND = {'size': 'int or (h, w)', 'ints': 'tuple of ints', 'strs': 'tuple of str',
-         'evals': 'evaluators', 'path': 'path (~, $VAR expanded)'}
+         'evals': 'evaluators', 'path': 'path (~, $VAR expanded; from the current folder)'}
 
 
 def reference() -> str:
