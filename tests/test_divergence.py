@@ -7,6 +7,7 @@ import json
 import math
 
 import jax.numpy as jnp
+import optax
 import pytest
 
 from vit_jax.base import errors
@@ -23,11 +24,13 @@ def step_metrics(loss: float, grad_norm: float) -> dict[str, jnp.ndarray]:
 
 
 def test_a_non_finite_gradient_norm_is_a_spike_though_the_loss_is_finite():
-  """A gradient norm overflows (a sum of squares past float32's range) while the loss is
-  still finite: caught at its step, as a non-finite loss is."""
+  """Gradients of 1e20, finite, whose norm (the step's optax.tree.norm) overflows float32,
+  under a finite loss: caught at their step, as a non-finite loss is (or a NaN norm)."""
+  overflowing = float(optax.tree.norm({'w': jnp.full(4, 1e20, jnp.float32)}))
+  assert overflowing == math.inf
   host = divergence.check([(1, step_metrics(2.3, 1.5)), (2, step_metrics(2.2, 1e30))])
   assert [float(m['loss']) for m in host] == pytest.approx([2.3, 2.2])
-  for grad_norm in (math.inf, math.nan):
+  for grad_norm in (overflowing, math.nan):
     with pytest.raises(divergence.Spike) as e:
       divergence.check([(1, step_metrics(2.3, 1.5)), (2, step_metrics(2.2, grad_norm)),
                         (3, step_metrics(math.nan, math.nan))])
