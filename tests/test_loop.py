@@ -49,7 +49,8 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, caplog):
   # Each set of numbers is its own weights': the step-20 checkpoint's weights and their
   # average, evaluated here, give what the run logged.
   state = restore_state(tmp_path / 'a', config)
-  (evaluator,) = evals.from_config(plan_lib.validate(config))
+  plan = plan_lib.validate(config)
+  (evaluator,) = evals.from_config(plan)
   for prefix, params in (('', state.params), ('ema/', state.ema_params)):
     metrics = evaluator.run(params)
     assert {k: result[f'eval/{prefix}{k}'] for k in metrics} == pytest.approx(metrics, rel=1e-6)
@@ -73,7 +74,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, caplog):
   peak, how = mfu.device_peak('float32')
   assert 'float32 matmul peak of 8 cpu devices' in how
   assert a[0]['train/mfu'] == pytest.approx(
-      3 * plan_lib.validate(config).model.forward_flops() * a[0]['train/images_per_s'] / peak)
+      3 * plan.model.forward_flops() * a[0]['train/images_per_s'] / peak)
 
   # A second run that had the step-10 checkpoint when it was restarted, and the log
   # lines of the steps after it (the first run stopped after logging them); it logs
