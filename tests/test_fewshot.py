@@ -117,19 +117,22 @@ def _short_class_digits(short_class=3, keep=4):
 
 def test_a_shot_count_a_class_cannot_supply_is_skipped_and_the_others_computed(caplog):
   """One class of 4 examples: 5- and 25-shot are skipped for that dataset with one warning
-  naming the class and its count; 1-shot is computed, as if it were asked alone (the same
-  draws), and by lstsq's ridge solution; the headline metric is the largest computed."""
+  naming the class and its count; 1- and 4-shot (all that class has: a count a class supplies
+  exactly) are computed, as if asked alone (the same draws), and by lstsq's ridge solution;
+  the headline metric is the largest computed."""
   rng = np.random.default_rng(0)
   labels = np.repeat(np.arange(3), [30, 30, 4])
   x, x_test = rng.normal(size=(64, 6)) + labels[:, None], rng.normal(size=(30, 6))
   y_test = np.arange(30) % 3
-  per_shot = fewshot.accuracies((x, labels), (x_test, y_test), 3, (1, 3, 5, 25), 2)
-  assert set(per_shot) == {1, 3}
-  assert per_shot == fewshot.accuracies((x, labels), (x_test, y_test), 3, (1, 3), 2)
-  index = fewshot.fewshot_indices(labels, 3, 3, 1)
-  assert per_shot[3][1] == np.mean(ridge_by_lstsq(x[index], labels[index], x_test, 3, 2.0**10)
+  per_shot = fewshot.accuracies((x, labels), (x_test, y_test), 3, (1, 4, 5, 25), 2)
+  assert set(per_shot) == {1, 4}
+  assert per_shot == fewshot.accuracies((x, labels), (x_test, y_test), 3, (1, 4), 2)
+  index = fewshot.fewshot_indices(labels, 3, 4, 1)
+  assert sorted(index[8:]) == [60, 61, 62, 63]  # Every example of the class of 4.
+  assert per_shot[4][1] == np.mean(ridge_by_lstsq(x[index], labels[index], x_test, 3, 2.0**10)
                                    == y_test)
-  assert fewshot.shot_counts(labels, 3, (1, 3, 5, 25)) == ((1, 3), (2, 4))
+  assert fewshot.shot_counts(labels, 3, (1, 4, 5, 25)) == ((1, 4), (2, 4))
+  assert fewshot.shot_counts(labels, 3, (1, 4)) == ((1, 4), None)
 
   from vit_jax.models import get_model
 
@@ -140,17 +143,18 @@ def test_a_shot_count_a_class_cannot_supply_is_skipped_and_the_others_computed(c
   mesh = sharding.make_mesh()
   pp = preprocess.parse('to_rgb|value_range(-1, 1)')
   with caplog.at_level('WARNING'):
-    kept = [fewshot.check_shots(dataset, (1, 5, 25))]
-    evaluator = fewshot.Evaluator('fewshot', 0, model, mesh, [dataset], pp, (1, 5, 25), 2,
+    kept = [fewshot.check_shots(dataset, (1, 4, 5, 25))]
+    evaluator = fewshot.Evaluator('fewshot', 0, model, mesh, [dataset], pp, (1, 4, 5, 25), 2,
                                   2.0**10, 64)
     evaluator.known_shots(kept)
     metrics = evaluator.run(params)
     evaluator.run(params)
   warnings = [r.getMessage() for r in caplog.records if 'few-shot dataset' in r.getMessage()]
   assert warnings == ["few-shot dataset 'digits': class 3 has 4 training examples, too few "
-                      'for 5-shot, 25-shot: skipped (1-shot computed).']
-  assert set(metrics) == {'digits_1shot'} and evaluator.metric == 'digits_1shot'
-  assert 0 <= metrics['digits_1shot'] <= 1
+                      'for 5-shot, 25-shot: skipped (1-shot, 4-shot computed).']
+  assert set(metrics) == {'digits_1shot', 'digits_4shot'}
+  assert evaluator.metric == 'digits_4shot'
+  assert 0 <= metrics['digits_1shot'] <= 1 and 0 <= metrics['digits_4shot'] <= 1
   # Shots no class can supply at all: nothing to evaluate, refused.
   with pytest.raises(errors.ConfigError, match=r"--shots=\(5, 25\): no class of few-shot "
                      "dataset 'digits'"):

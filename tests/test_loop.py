@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import scipy.ndimage
 
-from vit_jax import main
+from vit_jax import evals, main
 from vit_jax.base import errors
 from vit_jax.base.cpu import host_cpu
 from vit_jax.checkpoints.run import manager as manager_lib
@@ -46,6 +46,14 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, caplog):
   result = main.train_and_evaluate(config, str(tmp_path / 'a'))
   assert result['eval/examples'] == 359  # Every held-out example, once (6 padded batches).
   assert result['eval/ema/loss'] != result['eval/loss']
+  # Each set of numbers is its own weights': the step-20 checkpoint's weights and their
+  # average, evaluated here, give what the run logged.
+  state = restore_state(tmp_path / 'a', config)
+  plan = plan_lib.validate(config)
+  (evaluator,) = evals.from_config(plan)
+  for prefix, params in (('', state.params), ('ema/', state.ema_params)):
+    metrics = evaluator.run(params)
+    assert {k: result[f'eval/{prefix}{k}'] for k in metrics} == pytest.approx(metrics, rel=1e-6)
   steps = sorted(int(p.name) for p in (tmp_path / 'a' / 'checkpoints').iterdir())
   assert steps == [10, 20]
   # The closing summary: steps, time, the evaluations, where everything is.
@@ -66,7 +74,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, caplog):
   peak, how = mfu.device_peak('float32')
   assert 'float32 matmul peak of 8 cpu devices' in how
   assert a[0]['train/mfu'] == pytest.approx(
-      3 * plan_lib.validate(config).model.forward_flops() * a[0]['train/images_per_s'] / peak)
+      3 * plan.model.forward_flops() * a[0]['train/images_per_s'] / peak)
 
   # A second run that had the step-10 checkpoint when it was restarted, and the log
   # lines of the steps after it (the first run stopped after logging them); it logs
@@ -86,8 +94,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, caplog):
   assert len(set(losses)) == 10
   assert a[2]['train/loss'] == pytest.approx(np.mean(losses[:5]), rel=1e-6)
   assert a[3]['train/loss'] == pytest.approx(np.mean(losses[5:]), rel=1e-6)
-  chex.assert_trees_all_equal(restore_state(tmp_path / 'a', config),
-                              restore_state(tmp_path / 'b', config))
+  chex.assert_trees_all_equal(state, restore_state(tmp_path / 'b', config))
   assert resumed == result
   # A finished run, started again: nothing to train, the same evaluation, no new row.
   assert main.train_and_evaluate(config, str(tmp_path / 'a')) == result

@@ -194,14 +194,20 @@ def test_a_missing_remote_init_from_is_one_error_line(tmp_path):
 
 @pytest.fixture(scope='module')
 def ema_run(tiny_run, tmp_path_factory):
-  """tiny_run fine-tuned 5 steps at a small rate, its head kept, with a weight EMA."""
+  """tiny_run fine-tuned 5 steps at a small rate, its head kept, with a weight EMA; saved
+  every 3 steps (5 is not a multiple)."""
   directory = tmp_path_factory.mktemp('ema_run')
   config = tiny_config(**{**TINY_RUN, 'init_from': str(tiny_run), 'init_keep_head': True,
                           'optimizer.ema_decay': 0.9, 'schedule.base_lr': 1e-4,
                           'schedule.warmup_steps': 1, 'total_steps': 5,
-                          'checkpoint_every_steps': 5})
+                          'checkpoint_every_steps': 3})
   main.train_and_evaluate(config, str(directory))
   return directory
+
+
+@pytest.mark.slow
+def test_the_last_step_is_saved_where_the_interval_does_not_divide_it(ema_run):
+  assert workdir.steps(ema_run) == [3, 5]
 
 
 @pytest.mark.slow
