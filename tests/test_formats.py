@@ -12,6 +12,7 @@ import chex
 import jax
 import numpy as np
 import pytest
+import scipy.ndimage
 
 from vit_jax import checkpoints
 from vit_jax.base import errors
@@ -92,8 +93,16 @@ def test_a_hub_folder_at_another_size_has_its_position_embeddings_resized():
   bigger = checkpoints.load(str(HUB / 'timm_deit3'), image_size=48)
   assert bigger.model.grid == (12, 12) and not bigger.model.prefix_posemb
   posemb = lambda p: p['Transformer']['posembed_input']['pos_embedding']
-  expected = fit.resize_posemb(posemb(loaded.params), (12, 12), (8, 8), 0)
-  chex.assert_trees_all_close(posemb(bigger.params), expected, rtol=1e-6, atol=1e-6)
+  # The releases' resize, computed apart: scipy.ndimage.zoom, order 1 (corners aligned), of
+  # the 8x8 grid (deit3: no class-token row).
+  grid = np.asarray(posemb(loaded.params))[0].reshape(8, 8, -1).astype(np.float64)
+  expected = scipy.ndimage.zoom(grid, (1.5, 1.5, 1), order=1).reshape(1, 144, -1)
+  chex.assert_trees_all_close(posemb(bigger.params), expected.astype(np.float32), rtol=1e-6,
+                              atol=1e-6)
+  # By hand: a 2x2 grid [[a, b], [c, d]] to 3x3 puts the means between the corners.
+  x = np.array([1., 2., 4., 8.]).reshape(1, 4, 1)
+  chex.assert_trees_all_close(fit.resize_posemb(x, (3, 3), (2, 2), 0).ravel(),
+                              np.array([1, 1.5, 2, 2.5, 3.75, 5, 4, 6, 8]))
   chex.assert_trees_all_equal(bigger.params['cls'], loaded.params['cls'])
 
 
