@@ -346,6 +346,23 @@ def test_a_run_names_every_missing_task_in_one_line_before_anything_starts(tiny_
     vtab_prepare.check(vtab_tasks.TASKS, str(tmp_path / 'nowhere'), 'all')
 
 
+def test_a_damaged_dataset_info_is_refused_by_the_check_in_one_line(tiny_tfds, tmp_path):
+  """Garbage in a prepared folder's dataset_info.json (a crash mid-write, a damaged disk),
+  which TFDS would crash on in protobuf: the check before a run names it and the fix."""
+  import shutil
+
+  shutil.copytree(f'{tiny_tfds}/smallnorb', tmp_path / 'smallnorb')
+  info = tmp_path / 'smallnorb' / '2.0.0' / 'dataset_info.json'
+  for garbage in [bytes(range(256)) * 4, info.read_bytes()[:100], b'[]']:
+    info.write_bytes(garbage)
+    with pytest.raises(errors.MissingFileError) as raised:
+      vtab_prepare.check(vtab_tasks.select('smallnorb_azi'), str(tmp_path))
+    assert str(raised.value).startswith(
+        f'VTAB data: wrong data for smallnorb_azi ({info} is damaged, not TFDS\'s JSON: remove '
+        f'{info.parent} and prepare it again).')
+    assert '\n' not in str(raised.value)
+
+
 def _resisc45_stand_in(folder, classes=('airplane', 'beach'), per_class=3):
   """The extracted NWPU-RESISC45 archive's layout, a few 256x256 JPEGs a class."""
   from PIL import Image

@@ -115,14 +115,14 @@ def problem(task: Task, data_dir: str) -> str | None:
   found = prepared_dir(data_dir, task.tfds_name)
   if found is None:
     return 'missing'
-  if task.layout == 'share':
-    try:
-      train = split_sizes(found).get('train')
-    except (OSError, ValueError, KeyError):
-      return f'{found}/dataset_info.json unreadable'
-    if train != task.train_examples:
-      return (f'{train} training examples, not the {task.train_examples:,} of '
-              'task_adaptation\'s version')
+  try:  # Read for every task: TFDS would crash in protobuf on a damaged one.
+    train = split_sizes(found).get('train')
+  except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    return (f'{found}/dataset_info.json is damaged, not TFDS\'s JSON: remove {found} and '
+            'prepare it again')
+  if task.layout == 'share' and train != task.train_examples:
+    return (f'{train} training examples, not the {task.train_examples:,} of '
+            'task_adaptation\'s version')
   return None
 
 
