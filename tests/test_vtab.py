@@ -2,11 +2,13 @@
 tiny TFDS datasets written here under the real datasets' names and versions."""
 
 import json
+import pathlib
 import shutil
 import subprocess
 import sys
 
 import chex
+import jax
 import numpy as np
 import pytest
 
@@ -16,6 +18,8 @@ from vit_jax.data import vtab as vtab_tasks
 from vit_jax.data import vtab_prepare
 
 from runs import env
+
+HUB = pathlib.Path(__file__).parent / 'data' / 'hub'
 
 
 def test_the_table_has_the_19_tasks_in_their_groups():
@@ -323,6 +327,31 @@ def test_every_tasks_config_is_validated_before_the_first_task_trains(tiny_run, 
     vtab.run(vtab_tasks.select('smallnorb_azi,smallnorb_elev'), str(tmp_path / 'vtab'),
              settings)
   assert not (tmp_path / 'vtab' / 'smallnorb_azi').exists()
+
+
+def test_init_from_takes_any_source_a_timm_folder(tiny_tfds, tmp_path):
+  """--init_from of a timm folder, as config.init_from takes it: the task's model is the
+  folder's architecture (its config.json), validated as the run validates it, and its
+  weights load into that model."""
+  from vit_jax import main
+  from vit_jax.checkpoints import formats, release
+  from vit_jax.checkpoints.run import workdir as workdir_lib
+
+  timm = str(HUB / 'timm_augreg')
+  settings = dict(init_from=timm, data_dir=tiny_tfds, lr=0.03, steps=6, warmup_steps=1,
+                  batch_size=16, image_size=16, momentum=0.9, seed=0,
+                  train_split='train800val200', eval_split='test')
+  config = vtab.validate(vtab.task_config(vtab_tasks.select('smallnorb_azi')[0],
+                                          vtab.model_fields(timm), settings),
+                         str(tmp_path / 'smallnorb_azi'))
+  plan, _ = main.prepare(config)
+  source = formats.load(timm).model
+  assert release.model_options(plan.model) == release.model_options(
+      source.clone(image_size=16, num_classes=18))
+  init = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), jax.eval_shape(
+      plan.model.init, jax.random.key(0), np.zeros((1, 16, 16, 3), np.float32))['params'])
+  params = workdir_lib.init_params_from(timm, init, plan.model)
+  chex.assert_trees_all_equal_shapes(params, init)
 
 
 # ---------------------------------------------------------------------------
