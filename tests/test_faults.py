@@ -775,6 +775,25 @@ def test_a_lock_holding_garbage_is_taken_over_only_where_its_flock_says_no_run_h
     assert path.read_text() == ''
 
 
+def test_check_free_refuses_a_held_workdir_before_jax_and_writes_nothing(tmp_path):
+  """What vit_jax.main asks before it starts jax: a held lock (flock), or a live holder by its
+  record (another host), refused as ``hold`` refuses them; nothing created or written."""
+  lock.check_free(tmp_path / 'new')
+  assert not (tmp_path / 'new').exists()
+  path = tmp_path / lock.LOCK_FILE
+  with lock.hold(tmp_path):
+    record = path.read_bytes()
+    with pytest.raises(errors.WorkdirInUseError, match=f'^{tmp_path} is in use by another run '
+                       f'\\(PID {os.getpid()} on .*; it is locked\\)'):
+      lock.check_free(tmp_path)
+    assert path.read_bytes() == record
+  lock.check_free(tmp_path)  # Released.
+  path.write_text(json.dumps({'host': 'elsewhere', 'pid': 4242, 'started': time.time(),
+                              'heartbeat': time.time()}))
+  with pytest.raises(errors.WorkdirInUseError, match='elsewhere.*; running, by its record'):
+    lock.check_free(tmp_path)
+
+
 # ---------------------------------------------------------------------------
 # A resume is the same run.
 

@@ -93,18 +93,23 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   if cpu_devices is not None and cpu_devices < 1:
     raise errors.ConfigError(f'--cpu_devices={cpu_devices} must be a number of devices '
                              '>= 1 (or left out: jax\'s default).')
-  malloc = console.start(cpu_devices)  # May re-execute this process once (XLA:CPU).
-  import jax
+  from vit_jax.checkpoints.run import lock, record
+  from vit_jax.data import sources
 
+  sources.check_name(config.dataset)  # What needs no data, before jax: nothing written yet.
   coordinator = flags_['coordinator_address'].value
   distributed = flags_['distributed'].value
   if distributed is None:
     distributed = coordinator is not None or _auto_distributed()
+  if not distributed:  # A job's process 0 may hold the lock already: it is taken below.
+    lock.check_free(workdir)
+  record.check_resume(workdir, config)
+  malloc = console.start(cpu_devices)  # May re-execute this process once (XLA:CPU).
+  import jax
+
   if distributed:
     jax.distributed.initialize(coordinator, flags_['num_processes'].value,
                                flags_['process_id'].value)
-  from vit_jax.checkpoints.run import lock
-
   with lock.hold(workdir):  # Before anything is written there: one run per workdir.
     log_file = console.log_file(workdir, jax.process_index())
     if malloc:

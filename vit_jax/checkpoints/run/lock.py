@@ -210,6 +210,32 @@ class WorkdirLock:
         self._write()
 
 
+def check_free(workdir: str | os.PathLike) -> None:
+  """Refuses (``errors.WorkdirInUseError``) a workdir that another run holds, as ``hold``
+  would, creating and writing nothing: a command's answer before it starts jax (``hold``
+  still takes the lock after). Single-process only: on a job's other hosts, process 0 may
+  hold it already."""
+  lock = WorkdirLock(workdir)
+  if not lock.path.exists():
+    return
+  if lock.local:
+    lock.fd = os.open(lock.path, os.O_RDONLY)
+    try:
+      fcntl.flock(lock.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      lock._refuse(lock._wait_for_record(), 'it is locked')
+    except OSError:  # A filesystem without flock: the record decides.
+      pass
+  try:
+    previous = lock._wait_for_record(0.0)
+  finally:
+    if lock.fd is not None:
+      os.close(lock.fd)  # Drops the flock.
+      lock.fd = None
+  if isinstance(previous, Holder) and not previous.gone():
+    lock._refuse(previous, 'running, by its record')
+
+
 @contextlib.contextmanager
 def hold(workdir: str | os.PathLike) -> Iterator[None]:
   """Holds ``workdir``'s lock for the block (re-entrant within a process). Multi-process:
