@@ -4,6 +4,7 @@ import logging
 import re
 
 import orbax.checkpoint
+import pytest
 from absl import logging as absl_logging
 
 from vit_jax.base import console
@@ -43,11 +44,8 @@ def test_working_says_what_runs_while_one_long_call_holds_the_thread():
   assert 3 <= lines.count('aot: compiling the train step: 0h00m00s so far') <= 6, lines
   assert lines[-1] == 'aot: compiling the train step: done in 0h00m00s'
   lines.clear()
-  try:
-    with console.working('x', every=10, write=lines.append):
-      raise ValueError('out of memory')
-  except ValueError:
-    pass
+  with pytest.raises(ValueError), console.working('x', every=10, write=lines.append):
+    raise ValueError('out of memory')
   assert lines == ['x ...']
 
 
