@@ -26,12 +26,14 @@ from typing import Any
 import numpy as np
 from absl import flags
 
+from vit_jax.base import paths
+
 _RUNS = flags.DEFINE_integer('runs', 10, 'How many times the run is killed.')
 _STEPS = flags.DEFINE_integer('steps', 200, 'Steps of the run.')
 _CHECKPOINT_EVERY = flags.DEFINE_integer('checkpoint_every', 20, 'Steps between checkpoints.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the steps at which it is killed.')
-_WORK_DIR = flags.DEFINE_string('work_dir', '/tmp/vit_jax_faults', 'Where the runs go.')
-_OUT = flags.DEFINE_string('out', '', 'JSON file for the results.')
+_WORK_DIR = paths.DEFINE_path('work_dir', '/tmp/vit_jax_faults', 'Where the runs go.')
+_OUT = paths.DEFINE_path('out', '', 'JSON file for the results.')
 _SET = flags.DEFINE_multi_string(
     'set', [], 'More config overrides, FIELD=VALUE (e.g. model.num_layers=2): a smaller run '
     'for a quick check, as the tests do.')

@@ -23,14 +23,16 @@ import numpy as np
 from absl import flags
 from etils import epath
 
-_DATA = flags.DEFINE_string('data', '../shared/data/imagenette_224', 'An image folder.')
+from vit_jax.base import paths
+
+_DATA = paths.DEFINE_path('data', '../shared/data/imagenette_224', 'An image folder.')
 _SPLIT = flags.DEFINE_string('split', 'train', 'Split of the folder to read.')
-_WORK_DIR = flags.DEFINE_string('work_dir', '/tmp/vit_jax_input_benchmark',
-                                'Where the converted copy goes.')
+_WORK_DIR = paths.DEFINE_path('work_dir', '/tmp/vit_jax_input_benchmark',
+                              'Where the converted copy goes.')
 _IMAGES = flags.DEFINE_integer('images', 4096, 'Images per measurement.')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Measurements per cell; the median is reported.')
 _BATCH = flags.DEFINE_integer('batch_size', 128, 'Batch size.')
-_OUT = flags.DEFINE_string('out', '', 'JSON file for the results.')
+_OUT = paths.DEFINE_path('out', '', 'JSON file for the results.')
 _PIPELINES = flags.DEFINE_list('pipelines', ['train', 'eval'], 'Pipelines to measure.')
 _RECIPES = flags.DEFINE_list(
     'recipes', [], "Measure these configs' training pipelines instead (config files as "

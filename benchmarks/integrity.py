@@ -18,10 +18,12 @@ import time
 import numpy as np
 from absl import flags
 
+from vit_jax.base import paths
+
 _MODEL = flags.DEFINE_string('model', 'b16', 'A model of the zoo (vit_jax.models).')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Measurements per cell; the median is reported.')
-_WORK_DIR = flags.DEFINE_string('work_dir', '/tmp/vit_jax_integrity', 'Where checkpoints go.')
-_OUT = flags.DEFINE_string('out', '', 'JSON file for the results.')
+_WORK_DIR = paths.DEFINE_path('work_dir', '/tmp/vit_jax_integrity', 'Where checkpoints go.')
+_OUT = paths.DEFINE_path('out', '', 'JSON file for the results.')
 
 
 def main(argv: list[str]) -> None:

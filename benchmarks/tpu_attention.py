@@ -18,6 +18,8 @@ from typing import Any
 
 from absl import flags
 
+from vit_jax.base import paths
+
 IMPLS = ('einsum', 'flash', 'splash')
 BLOCK = 128  # The Pallas kernels' sequence block.
 
@@ -30,7 +32,7 @@ def _define_flags() -> None:
   flags.DEFINE_integer('tokens', 577, 'Sequence length (577: B/16 at 384 px).')
   flags.DEFINE_integer('head_dim', 64, 'Features per head.')
   flags.DEFINE_list('impls', list(IMPLS), 'einsum, flash, splash.')
-  flags.DEFINE_string('json', None, 'Write the results here.')
+  paths.DEFINE_path('json', None, 'Write the results here.')
 
 
 def attention(impl: str, tokens: int) -> Any:

@@ -19,6 +19,8 @@ from typing import Any
 
 from absl import flags
 
+from vit_jax.base import paths
+
 _TOPOLOGY = flags.DEFINE_string('topology', 'v3-8', 'A Cloud TPU slice (vit_jax.tools.aot).')
 _CELLS = flags.DEFINE_list('cells', ['b16:1024', 'l16:256', 'h14:256'],
                            'MODEL:GLOBAL_BATCH[:IMAGE_SIZE] cells (224 px unless given).')
@@ -32,8 +34,8 @@ _DEPTHS = flags.DEFINE_list('depths', None, 'A,B: compile every model at A and B
                             'extrapolate to its depth (affine in the depth).')
 _SWEEP = flags.DEFINE_multi_string('sweep', [], 'KEY=A,B: more vit_jax cells, e.g. '
                                    'model.remat_policy=none,dots.')
-_BIG_VISION = flags.DEFINE_string('big_vision', None, 'A big_vision checkout, for its ViT.')
-_JSON = flags.DEFINE_string('json', None, 'Write the results here.')
+_BIG_VISION = paths.DEFINE_path('big_vision', None, 'A big_vision checkout, for its ViT.')
+_JSON = paths.DEFINE_path('json', None, 'Write the results here.')
 
 # What a cell takes from the setting: how the model computes, not what it is.
 SETTING_MODEL_KEYS = ('dtype', 'param_dtype', 'matmul_dtype', 'scan', 'remat_policy',

@@ -27,6 +27,7 @@ from typing import Any
 from absl import app, flags
 
 from benchmarks import results, timm_step
+from vit_jax.base import paths
 from vit_jax.base.cpu import host_cpu, host_memory
 from vit_jax.training import mfu
 
@@ -62,15 +63,15 @@ _SWEEP = flags.DEFINE_multi_string(
     'sweep', [], 'KEY=V1,V2,...: run every combination of these values (keys: dtype, '
     'matmul_dtype, attention, remat, scan, batch_size, cpu_devices, step_impl, xla_flags, '
     'malloc).')
-_BIG_VISION = flags.DEFINE_string('big_vision', '', 'A big_vision checkout: adds its ViT '
-                                   '(dtype_mm=bfloat16) in the same step as a cell.')
+_BIG_VISION = paths.DEFINE_path('big_vision', '', 'A big_vision checkout: adds its ViT '
+                                 '(dtype_mm=bfloat16) in the same step as a cell.')
 _TIMM_PYTHON = flags.DEFINE_string(
     'timm_python', '', 'A Python with torch, torchvision and timm: adds timm\'s train step '
     'of the same model to the run (benchmarks.timm_step), one cell per '
     '--timm_autocast, and a "vs timm" column.')
 _TIMM_AUTOCAST = flags.DEFINE_list('timm_autocast', ['none'],
                                    'timm cells: none (float32) and/or bfloat16 autocast.')
-_OUT = flags.DEFINE_string('out', '', 'JSON file for the results.')
+_OUT = paths.DEFINE_path('out', '', 'JSON file for the results.')
 _CELL = flags.DEFINE_string('cell', '', 'Internal: one cell as JSON, measured in this process.')
 
 

@@ -69,6 +69,18 @@ note() {
   fi
 }
 
+# restartable STATUS: whether a run that exited with STATUS is started again by --restarts:
+# not after 0, nor after what the same command meets again (vit_jax/base/errors.py: 1 a bug,
+# 2 a user error, 65 a divergence, 74 a failed save); after 69 (a process stopped answering),
+# 75 (preempted), 134 (jaxlib's abort when process 0 is gone), a signal's 128+N (killed), yes.
+NOT_RESTARTED=(0 1 2 65 74)
+restartable() {
+  local status
+  for status in "${NOT_RESTARTED[@]}"; do
+    (($1 != status)) || return 1
+  done
+}
+
 # parse_args "$@" with two associative arrays declared by the caller:
 #   OPTIONS  (--flag -> VARIABLE) for options that take a value,
 #   SWITCHES (--flag -> VARIABLE) for options that set VARIABLE=1.

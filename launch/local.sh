@@ -10,7 +10,10 @@
 #
 # Process 0's output is shown here and, like every process's, added to
 # LOGDIR/process_I.log. When one process fails the others are stopped, and the
-# launcher exits with the failed process's status. Ctrl-C (or SIGTERM) is passed
+# launcher exits with the failed process's status; with --restarts=N it starts
+# every process again instead (they resume from the newest good checkpoint), up
+# to N times, one line each, unless the failure would come again (a user error,
+# a divergence, a failed save: docs/scale.md). Ctrl-C (or SIGTERM) is passed
 # on as SIGTERM: the run saves a checkpoint and exits; run again to resume. A
 # second Ctrl-C kills the processes.
 #
@@ -21,6 +24,7 @@
 #   --cpu-devices=K        CPU_DEVICES    CPU devices per process; default: 4
 #   --port=PORT            COORDINATOR_PORT  default: a free port
 #   --logdir=DIR           LOGDIR         default: WORKDIR/logs
+#   --restarts=N           RESTARTS       restarts after a failure; default: 0
 #   --python=PYTHON        PYTHON         default: python3
 #   -n, --dry-run          print the commands, run nothing
 #   -h, --help             this text
@@ -31,7 +35,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 # shellcheck disable=SC2034  # OPTIONS and SWITCHES are read by parse_args.
 declare -A OPTIONS=([--workdir]=WORKDIR [--config]=CONFIG [--num-processes]=NUM_PROCESSES
-  [--cpu-devices]=CPU_DEVICES [--port]=COORDINATOR_PORT [--logdir]=LOGDIR [--python]=PYTHON) SWITCHES=()
+  [--cpu-devices]=CPU_DEVICES [--port]=COORDINATOR_PORT [--logdir]=LOGDIR [--python]=PYTHON
+  [--restarts]=RESTARTS) SWITCHES=()
 parse_args "$@"
 ((${#POSITIONAL[@]} == 0)) || die "unexpected argument '${POSITIONAL[0]}' (vit_jax.main flags go after --)"
 
@@ -41,14 +46,19 @@ NUM_PROCESSES=${NUM_PROCESSES:-2}
 CPU_DEVICES=${CPU_DEVICES:-4}
 LOGDIR=${LOGDIR:-$WORKDIR/logs}
 PYTHON=${PYTHON:-python3}
+RESTARTS=${RESTARTS:-0}
+[[ $RESTARTS =~ ^[0-9]+$ ]] || die "RESTARTS must be a number >= 0, not '$RESTARTS'"
 [[ $NUM_PROCESSES =~ ^[1-9][0-9]*$ ]] || die "NUM_PROCESSES must be a positive integer, not '$NUM_PROCESSES'"
 [[ $CPU_DEVICES =~ ^[1-9][0-9]*$ ]] || die "CPU_DEVICES must be a positive integer, not '$CPU_DEVICES'"
-if [[ -z ${COORDINATOR_PORT:-} ]]; then
-  COORDINATOR_PORT=$("$PYTHON" -c 'import socket
+PORT=${COORDINATOR_PORT:-}
+# A free port for each start (a restart's coordinator needs one too), unless one was given.
+free_port() {
+  [[ -z ${COORDINATOR_PORT:-} ]] || return 0
+  PORT=$("$PYTHON" -c 'import socket
 with socket.socket() as s:
   s.bind(("127.0.0.1", 0))
   print(s.getsockname()[1])') || die "could not find a free port with PYTHON=$PYTHON"
-fi
+}
 
 # XLA_FLAGS as given, without any device count of its own, plus ours.
 xla_flags=()
@@ -94,58 +104,92 @@ stop() {
 stopping=0
 trap stop INT TERM
 
-for ((i = 0; i < NUM_PROCESSES && !stopping; i++)); do
-  command=(env JAX_PLATFORMS=cpu "XLA_FLAGS=${xla_flags[*]}" JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo
-    "$PYTHON" -m vit_jax.main "--config=$CONFIG" "--workdir=$WORKDIR"
-    "--coordinator_address=127.0.0.1:$COORDINATOR_PORT" "--num_processes=$NUM_PROCESSES"
-    "--process_id=$i" ${PASS[@]+"${PASS[@]}"})
-  logs[i]=$LOGDIR/process_$i.log
-  if [[ $DRY_RUN == 1 ]]; then
+# Starts every process; returns when all have exited: STATUS is the first failure's
+# (0 if none), FAILED its process, OTHERS the other processes' statuses ('process 0: 69').
+start_all() {
+  free_port
+  pids=()
+  for ((i = 0; i < NUM_PROCESSES && !stopping; i++)); do
+    command=(env JAX_PLATFORMS=cpu "XLA_FLAGS=${xla_flags[*]}" JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo
+      "$PYTHON" -m vit_jax.main "--config=$CONFIG" "--workdir=$WORKDIR"
+      "--coordinator_address=127.0.0.1:$PORT" "--num_processes=$NUM_PROCESSES"
+      "--process_id=$i" ${PASS[@]+"${PASS[@]}"})
+    logs[i]=$LOGDIR/process_$i.log
+    if [[ $DRY_RUN == 1 ]]; then
+      if ((i == 0)); then
+        printf '%s 2>&1 | tee -a %s &\n' "$(quote "${command[@]}")" "$(quote "${logs[i]}")"
+      else
+        printf '%s >> %s 2>&1 &\n' "$(quote "${command[@]}")" "$(quote "${logs[i]}")"
+      fi
+      continue
+    fi
+    printf '+ %s\n' "$(quote "${command[@]}")" >&2
     if ((i == 0)); then
-      printf '%s 2>&1 | tee -a %s &\n' "$(quote "${command[@]}")" "$(quote "${logs[i]}")"
+      "${command[@]}" >&"$tee_fd" 2>&1 {tee_fd}>&- &
     else
-      printf '%s >> %s 2>&1 &\n' "$(quote "${command[@]}")" "$(quote "${logs[i]}")"
+      "${command[@]}" >>"${logs[i]}" 2>&1 {tee_fd}>&- &
     fi
-    continue
-  fi
-  printf '+ %s\n' "$(quote "${command[@]}")" >&2
-  if ((i == 0)); then
-    "${command[@]}" >&"$tee_fd" 2>&1 {tee_fd}>&- &
-  else
-    "${command[@]}" >>"${logs[i]}" 2>&1 {tee_fd}>&- &
-  fi
-  pids[i]=$!
-done
-[[ $DRY_RUN == 1 ]] && exit 0
-
-# Waits for all processes; after the first failure, stops the rest (SIGKILL after 60 s).
-status=0
-kill_at=
-declare -A finished=()
-while ((${#finished[@]} < ${#pids[@]})); do
-  for i in "${!pids[@]}"; do
-    [[ -z ${finished[$i]:-} ]] || continue
-    kill -0 "${pids[i]}" 2>/dev/null && continue
-    rc=0
-    wait "${pids[i]}" || rc=$?
-    finished[$i]=$rc
-    if ((rc != 0 && status == 0)); then
-      status=$rc
-      printf '%s: process %d exited with status %d; the end of %s:\n' \
-        "$(basename "$0")" "$i" "$rc" "${logs[i]}" >&2
-      tail -n 30 "${logs[i]}" >&2
-      terminate
-      kill_at=$((SECONDS + 60))
-    fi
+    pids[i]=$!
   done
-  if [[ -n $kill_at ]] && ((SECONDS > kill_at)); then
+  [[ $DRY_RUN == 1 ]] && return
+
+  # Waits for all processes; after the first failure, stops the rest (SIGKILL after 60 s).
+  STATUS=0
+  local kill_at='' rc
+  declare -A finished=()
+  while ((${#finished[@]} < ${#pids[@]})); do
     for i in "${!pids[@]}"; do
-      [[ -n ${finished[$i]:-} ]] || kill -KILL "${pids[i]}" 2>/dev/null || true
+      [[ -z ${finished[$i]:-} ]] || continue
+      kill -0 "${pids[i]}" 2>/dev/null && continue
+      rc=0
+      wait "${pids[i]}" || rc=$?
+      finished[$i]=$rc
+      if ((rc != 0 && STATUS == 0)); then
+        STATUS=$rc FAILED=$i
+        if ! restarting; then
+          printf '%s: process %d exited with status %d; the end of %s:\n' \
+            "$(basename "$0")" "$i" "$rc" "${logs[i]}" >&2
+          tail -n 30 "${logs[i]}" >&2
+        fi
+        terminate
+        kill_at=$((SECONDS + 60))
+      fi
     done
-  fi
-  # (A Ctrl-C also ends the sleep; the trap has passed it on.)
-  ((${#finished[@]} < ${#pids[@]})) && { sleep 0.5 || true; }
+    if [[ -n $kill_at ]] && ((SECONDS > kill_at)); then
+      for i in "${!pids[@]}"; do
+        [[ -n ${finished[$i]:-} ]] || kill -KILL "${pids[i]}" 2>/dev/null || true
+      done
+    fi
+    # (A Ctrl-C also ends the sleep; the trap has passed it on.)
+    ((${#finished[@]} < ${#pids[@]})) && { sleep 0.5 || true; }
+  done
+  OTHERS=()
+  for i in "${!pids[@]}"; do
+    [[ $i == "${FAILED:-}" ]] || OTHERS+=("process $i: ${finished[$i]}")
+  done
+  return 0
+}
+
+# Whether the failure in STATUS is restarted: restarts left, not stopped by the user, and
+# not a failure that the same command meets again.
+restarting() {
+  ((restarts < RESTARTS && !stopping)) && restartable "$STATUS"
+}
+
+restarts=0
+start_all
+if [[ $DRY_RUN == 1 ]]; then
+  ((RESTARTS == 0)) || note "after a failure, the commands above run again, up to $RESTARTS times"
+  exit 0
+fi
+while ((STATUS != 0)) && restarting; do
+  restarts=$((restarts + 1))
+  others=$(IFS=,; echo "${OTHERS[*]}")
+  printf '%s: restart %d of %d: process %d exited with status %d (%s); every process starts again from the newest good checkpoint\n' \
+    "$(basename "$0")" "$restarts" "$RESTARTS" "$FAILED" "$STATUS" "${others//,/, }" >&2
+  start_all
 done
+status=$STATUS
 exec {tee_fd}>&-
 wait "$tee_pid" || true
 note "logs: $LOGDIR/process_{0..$((NUM_PROCESSES - 1))}.log"

@@ -11,7 +11,12 @@
 #   up      start or resume: create the TPU and install (if it is missing, or
 #           deleting it first if it was preempted), then run. Again after a
 #           preemption, it resumes from the last checkpoint in WORKDIR. A TPU that
-#           is up keeps its installation: `setup` updates it.
+#           is up keeps its installation: `setup` updates it. With --restarts=N it
+#           stays to watch the run (every WATCH_EVERY s): when a worker's run
+#           fails (killed, a host that stopped answering) or the TPU is preempted,
+#           it stops the rest, brings the slice up again as above and restarts the
+#           run from the newest good checkpoint, up to N times, one line each
+#           (docs/scale.md)
 #   create  create the TPU VM or pod slice (through a queued resource with
 #           --queued, waiting until it is ACTIVE)
 #   setup   copy this checkout to every worker; make ~/vit_jax_venv there
@@ -39,6 +44,8 @@
 #   --logdir=DIR              LOGDIR            default: ~/vit_jax_logs/NAME
 #   --lines=N                 LINES             logs: default 200
 #   --worker=I                WORKER            tail: default 0
+#   --restarts=N              RESTARTS          up: restarts after a failure; default: 0
+#   --watch-every=SECONDS     WATCH_EVERY       up --restarts: default 60
 #   -n, --dry-run             print the commands, run nothing
 #   -h, --help                this text
 #
@@ -52,7 +59,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 declare -A OPTIONS=([--project]=PROJECT [--zone]=ZONE [--accelerator-type]=ACCELERATOR_TYPE
   [--workdir]=WORKDIR [--config]=CONFIG [--name]=TPU_NAME [--capacity]=CAPACITY
   [--valid-until]=VALID_UNTIL [--version]=RUNTIME_VERSION [--logdir]=LOGDIR [--lines]=LINES
-  [--worker]=WORKER) SWITCHES=([--queued]=QUEUED)
+  [--worker]=WORKER [--restarts]=RESTARTS
+  [--watch-every]=WATCH_EVERY) SWITCHES=([--queued]=QUEUED)
 parse_args "$@"
 ((${#POSITIONAL[@]} == 1)) || die "give one command (up, create, setup, run, logs, tail, stop, status, delete); see --help"
 COMMAND=${POSITIONAL[0]}
@@ -60,12 +68,17 @@ TPU_NAME=${TPU_NAME:-vit-jax}
 CAPACITY=${CAPACITY:-on-demand}
 QUEUED=${QUEUED:-0}
 LOGDIR=${LOGDIR:-$HOME/vit_jax_logs/$TPU_NAME}
+RESTARTS=${RESTARTS:-0}
+[[ $RESTARTS =~ ^[0-9]+$ ]] || die "RESTARTS must be a number >= 0, not '$RESTARTS'"
+WATCH_EVERY=${WATCH_EVERY:-60}
+[[ $WATCH_EVERY =~ ^[1-9][0-9]*$ ]] || die "WATCH_EVERY must be a number of seconds >= 1, not '$WATCH_EVERY'"
 
 # Paths on the workers (relative to the home directory there).
 REMOTE_REPO=vit_jax
 REMOTE_VENV=vit_jax_venv
 REMOTE_LOG=vit_jax_logs/run.log
 REMOTE_PID=vit_jax_logs/run.pid
+REMOTE_STATUS=vit_jax_logs/run.status  # The run's exit status, once it has ended.
 
 require PROJECT --project ZONE --zone
 where=("--project=$PROJECT" "--zone=$ZONE")
@@ -169,8 +182,10 @@ echo \"\$(hostname): vit_jax is not installed here: run $(basename "$0") setup\"
 cd ~/$REMOTE_REPO && mkdir -p ~/vit_jax_logs || exit 1; \
 if [ -f ~/$REMOTE_PID ] && kill -0 \$(cat ~/$REMOTE_PID) 2>/dev/null; then \
 echo \"\$(hostname): a run is going (pid \$(cat ~/$REMOTE_PID)); stop it first\" >&2; exit 1; fi; \
-echo \"=== \$(date -u '+%F %T') \$(hostname)\" >> ~/$REMOTE_LOG; \
-nohup $main >> ~/$REMOTE_LOG 2>&1 < /dev/null & echo \$! > ~/$REMOTE_PID"
+echo \"=== \$(date -u '+%F %T') \$(hostname)\" >> ~/$REMOTE_LOG; rm -f ~/$REMOTE_PID ~/$REMOTE_STATUS; \
+nohup sh -c '\"\$@\" & echo \$! > ~/$REMOTE_PID; wait \$!; echo \$? > ~/$REMOTE_STATUS' sh $main \
+>> ~/$REMOTE_LOG 2>&1 < /dev/null & \
+while [ ! -s ~/$REMOTE_PID ]; do sleep 0.1; done"
   note "started on every worker; follow with: $(quote "$0" tail "${where[@]}" "--name=$TPU_NAME")"
 }
 
@@ -233,8 +248,62 @@ up() {
   start
 }
 
+# The run on every worker, a line each: its exit status once it has ended, 'running', or
+# 'gone' (no status: the worker restarted).
+run_states() {
+  on_workers all "if [ -f ~/$REMOTE_STATUS ]; then cat ~/$REMOTE_STATUS; \
+elif [ -f ~/$REMOTE_PID ] && kill -0 \$(cat ~/$REMOTE_PID) 2>/dev/null; then echo running; \
+else echo gone; fi"
+}
+
+# up, then watches the run every WATCH_EVERY seconds: a worker's failure that a restart can
+# mend, or the TPU preempted, stops the run on every worker and brings it up again, up to
+# RESTARTS times.
+up_and_watch() {
+  up
+  if [[ $DRY_RUN == 1 ]]; then
+    note "(then every $WATCH_EVERY s, the run on every worker until it ends; after a failure, the"
+    note " run stopped on every worker and up again, up to $RESTARTS times)"
+    run_states
+    return
+  fi
+  local restarts=0 state states failure
+  while :; do
+    sleep "$WATCH_EVERY"
+    failure=
+    state=$(tpu_state)
+    if [[ $state != READY && $state != ACTIVE ]]; then
+      failure="the TPU is $state"
+    else
+      states=$(run_states 2>/dev/null) || states=gone
+      if ! grep -qvx 0 <<<"$states"; then
+        note "the run ended on every worker"
+        return 0
+      fi
+      failure=$(grep -vx running <<<"$states" | grep -vx 0 | head -n 1) || continue
+      if [[ $failure =~ ^[0-9]+$ ]] && ! restartable "$failure"; then
+        note "a worker's run exited with status $failure: not restarted (its log says why)"
+        exit "$failure"
+      fi
+      failure="a worker's run exited with status $failure"
+    fi
+    if ((restarts == RESTARTS)); then
+      note "$failure; no restart left (--restarts=$RESTARTS)"
+      exit 1
+    fi
+    restarts=$((restarts + 1))
+    printf '%s: restart %d of %d: %s; every worker starts again from the newest good checkpoint\n' \
+      "$(basename "$0")" "$restarts" "$RESTARTS" "$failure" >&2
+    # SIGTERM to the runs still going, SIGKILL to those still there after 60 s.
+    [[ $state != READY && $state != ACTIVE ]] || on_workers all "p=\$(cat ~/$REMOTE_PID) || exit 0; \
+kill -TERM \$p 2>/dev/null; for i in \$(seq 60); do kill -0 \$p 2>/dev/null || exit 0; sleep 1; done; \
+kill -KILL \$p 2>/dev/null; true" || true
+    up
+  done
+}
+
 case $COMMAND in
-  up) up ;;
+  up) if ((RESTARTS)); then up_and_watch; else up; fi ;;
   create) create ;;
   setup) setup ;;
   run) start ;;

@@ -14,7 +14,8 @@ import pytest
 from vit_jax import config as config_lib
 from vit_jax.base import errors
 from vit_jax.checkpoints.run import workdir
-from vit_jax.config.fields import KINDS, REQUIRED, Field
+from vit_jax.config.field import KINDS, REQUIRED, Field
+from vit_jax.config.markdown import row
 from vit_jax.models import VisionTransformer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -91,6 +92,8 @@ def test_a_partial_evaluator_is_completed_from_its_type():
      r"^config.evals.v2 has no type: set config.evals.v2.type to one of 'classification', "),
     (dict(evals=dict(v2=dict(type='imagenet'))), r"^config.evals.v2.type='imagenet' is not an "
                                                  r"evaluator type: one of 'classification', "),
+    (dict(evals=dict(v2=dict(type=['real']))), r"^config.evals.v2.type=\['real'\] is not an "
+                                               r'evaluator type'),  # Unhashable: no TypeError.
     (dict(evals=dict(fs=dict(type='fewshot', datasets=('digits',), split='test'))),
      r"^config.evals.fs.split is not a field of 'fewshot' evaluators .* The fields of "
      r'config.evals.fs: datasets, every_steps, l2_reg, pp, seeds, shots, type '),
@@ -218,7 +221,7 @@ def test_docs_config_md_is_the_declarations_reference():
   text = (ROOT / 'docs' / 'config.md').read_text()
   assert text == config_lib.reference(), 'run: python -m vit_jax.config > docs/config.md'
   for name, field in every_field():  # Each its own row: name, kind, default, range, doc.
-    assert field.row(name) in text.splitlines(), name
+    assert row(name, field) in text.splitlines(), name
   printed = subprocess.run([sys.executable, '-m', 'vit_jax.config'], capture_output=True,
                            text=True, check=True, cwd=ROOT).stdout
   assert printed == text

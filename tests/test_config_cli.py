@@ -33,7 +33,7 @@ def test_overrides_take_the_types_of_their_fields():
 
 @pytest.mark.parametrize('override, message', [
     ('no_such_key=3', r'^config.no_such_key is not a config field. The fields of config: '
-                      r'batch_size, .* \(vit_jax/config/__init__.py\).$'),
+                      r'batch_size, .* \(vit_jax/config/table.py\).$'),
     ('model.image_sise=18', r'^config.model.image_sise is not a config field. Did you mean '
                             r'config.model.image_size\?'),
     ('schedule.warmup.steps=3', r'config.schedule.warmup is not a config field. Did you mean '

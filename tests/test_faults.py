@@ -27,10 +27,12 @@ from pathlib import Path
 import chex
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
+from etils import epath
 
+from vit_jax import checkpoints, main
 from vit_jax import fewshot as fewshot_command
-from vit_jax import main
 from vit_jax.base import errors
 from vit_jax.checkpoints.run import lock, workdir
 from vit_jax.checkpoints.run import manager as manager_lib
@@ -180,9 +182,61 @@ def test_another_models_checkpoint_stops_the_run_and_moves_nothing(tiny_run, tmp
   assert workdir.steps(run) == [5, 10] and not (run / 'checkpoints' / 'bad').exists()
 
 
+# ---------------------------------------------------------------------------
+# A run named by a relative path, from the folder it is in: read, resumed and saved where it
+# is (Orbax refuses relative paths), and a refusal of Orbax's never taken for damage.
+
+
+def test_a_run_named_relatively_is_read_resumed_and_saved_where_it_is(
+    tiny_run, reference, tmp_path, monkeypatch):
+  """The tiny run, saved under an absolute path, named `run` from its folder: what
+  checkpoints.load (what `evaluate` and `predict` read too: tests/test_inspect.py names its
+  run relatively), `export` and a resume read it whole, and a save goes
+  next to the others. Nothing is moved to bad/."""
+  copy_run(tiny_run, tmp_path)
+  monkeypatch.chdir(tmp_path)
+  chex.assert_trees_all_equal(checkpoints.load('run').params, reference['step10'].params)
+  assert export.export('run', 'model.npz') == 10 and (tmp_path / 'model.npz').is_file()
+  manager = manager_lib.make_manager('run', every_steps=5, keep=5)
+  try:
+    state = manager_lib.resume(manager, reference['abstract'])
+    assert manager_lib.save(manager, 11, state, force=True)
+    manager.wait_until_finished()
+  finally:
+    manager.close()
+  chex.assert_trees_all_equal(jax.device_get(state), reference['step10'])
+  assert workdir.steps('run') == [5, 10, 11] and not (tmp_path / 'run/checkpoints/bad').exists()
+  chex.assert_trees_all_equal(workdir.restore_params('run', 11)[0], reference['step10'].params)
+
+
+def test_a_refusal_of_orbaxs_at_restore_is_one_error_and_moves_nothing(
+    tiny_run, reference, tmp_path, monkeypatch):
+  """Orbax refuses a manager made with a relative folder (make_manager makes it absolute):
+  a refusal that says nothing of the files, so every checkpoint stays where it is."""
+  copy_run(tiny_run, tmp_path)
+  monkeypatch.chdir(tmp_path)
+  manager = manager_lib.Manager(epath.Path('run/checkpoints'),
+                                item_handlers=ocp.StandardCheckpointHandler())
+  try:
+    with pytest.raises(errors.CheckpointError) as raised:
+      manager_lib.resume(manager, reference['abstract'])
+  finally:
+    manager.close()
+  message = str(raised.value)
+  assert message.startswith('The checkpoint at step 10 in run/checkpoints cannot be restored: '
+                            'ValueError: Checkpoint path should be absolute.'), message
+  assert message.endswith('so it is left where it is: the error is the checkpoint library\'s '
+                          '(Orbax). Fix what it names, then run the command again.'), message
+  assert '\n' not in message and len(message) < 600
+  assert workdir.steps('run') == [5, 10] and not (tmp_path / 'run/checkpoints/bad').exists()
+
+
 def run_main(workdir, overrides=TINY_RUN, devices=8):
-  return subprocess.run(main_command(workdir, **overrides), cwd=ROOT, env=env(devices),
-                        capture_output=True, text=True, timeout=600)
+  """`python -m vit_jax.main` on ``workdir``, named relatively from its parent folder as a
+  user there would (vit_jax imported from this checkout, whatever the folder)."""
+  return subprocess.run(main_command(workdir.name, **overrides), cwd=workdir.parent,
+                        env={**env(devices), 'PYTHONPATH': str(ROOT)}, capture_output=True,
+                        text=True, timeout=600)
 
 
 @pytest.mark.slow
@@ -263,6 +317,7 @@ def test_sigterm_before_the_first_step_and_kill_9_during_a_save(tiny_run, refere
     ('--config.log_every_steps=0', 'error: config.log_every_steps=0 must be >= 1'),
     ('--cpu_devices=-1', 'error: --cpu_devices=-1 must be a number of devices >= 1'),
     ('--cpu_devices=0', 'error: --cpu_devices=0 must be a number of devices >= 1'),
+    ('--peer_timeout=0', 'error: --peer_timeout=0.0 must be a number of seconds > 0'),
 ])
 def test_a_bad_flag_is_one_line_without_a_traceback(tmp_path, flag, message):
   done = subprocess.run(

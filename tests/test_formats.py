@@ -2,6 +2,7 @@
 every checkpoint, recognised by what is there; the hf-hub: path through huggingface_hub's
 own cache, offline."""
 
+import json
 import pathlib
 import shutil
 import subprocess
@@ -14,7 +15,9 @@ import pytest
 
 from vit_jax import checkpoints
 from vit_jax.base import errors
-from vit_jax.checkpoints import formats, hub, release
+from vit_jax.checkpoints import formats
+from vit_jax.checkpoints.formats import fit, hub, layout, release
+from vit_jax.data import preprocess
 from vit_jax.models import get_model
 
 from runs import ROOT, env, hub_cache
@@ -68,8 +71,8 @@ def test_anything_else_is_one_line_naming_what_is_accepted(sources, kind, error,
 def test_one_load_for_every_source(sources):
   """checkpoints.load: the model and parameters, whatever the source."""
   npz = checkpoints.load(sources['npz'])
-  chex.assert_trees_all_equal(release.flatten(npz.params),
-                              release.flatten(release.load_npz(sources['npz'])))
+  chex.assert_trees_all_equal(layout.flatten(npz.params),
+                              layout.flatten(release.load_npz(sources['npz'])))
   timm = checkpoints.load(sources['timm'])
   assert timm.model.layer_scale == 1e-6 and timm.source.endswith('(timm)')
   bv = checkpoints.load(sources['big_vision'], image_size=(16, 24), source_grid=(4, 6))
@@ -89,7 +92,7 @@ def test_a_hub_folder_at_another_size_has_its_position_embeddings_resized():
   bigger = checkpoints.load(str(HUB / 'timm_deit3'), image_size=48)
   assert bigger.model.grid == (12, 12) and not bigger.model.prefix_posemb
   posemb = lambda p: p['Transformer']['posembed_input']['pos_embedding']
-  expected = release.resize_posemb(posemb(loaded.params), (12, 12), (8, 8), 0)
+  expected = fit.resize_posemb(posemb(loaded.params), (12, 12), (8, 8), 0)
   chex.assert_trees_all_close(posemb(bigger.params), expected, rtol=1e-6, atol=1e-6)
   chex.assert_trees_all_equal(bigger.params['cls'], loaded.params['cls'])
 
@@ -123,7 +126,9 @@ def test_predict_takes_an_hf_hub_source_from_the_environment(tmp_path):
   result = subprocess.run(command, env=run_env, capture_output=True, text=True, timeout=300,
                           cwd=ROOT)
   assert result.returncode == 0, result.stderr[-3000:]
-  assert 'from hf-hub:test-org/tiny-vit (transformers); 32x32 input' in result.stdout
+  # No preprocessor_config.json: ViTImageProcessor's defaults, PIL's bilinear resize.
+  assert ('from hf-hub:test-org/tiny-vit (transformers); 32x32 input ("decode|resize(32, '
+          "'pil_bilinear')|value_range(-1, 1)\")") in result.stdout
   labels = {'tench', 'goldfish', 'great white shark', 'tiger shark', 'hammerhead'}
   ranked = [line.split('%  ')[1] for line in result.stdout.splitlines() if '%  ' in line]
   assert len(ranked) == 2 and set(ranked) <= labels  # config.json's id2label.
@@ -134,6 +139,29 @@ def test_predict_takes_an_hf_hub_source_from_the_environment(tmp_path):
   lines = result.stderr.strip().splitlines()
   assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
   assert lines[0].startswith('error: ') and 'qk_norm with biases' in lines[0]
+
+
+def test_a_hub_checkpoint_brings_its_own_preprocessing(tmp_path):
+  """timm's pretrained_cfg (here AugReg's: crop 0.9, bicubic, [-1, 1]) and transformers'
+  preprocessor_config.json travel with the weights, also to another input size."""
+  loaded = checkpoints.load(str(HUB / 'timm_augreg'))
+  want = preprocess.EvalSpec('shorter', 0.9, 'pil_bicubic', (0.5,) * 3, (0.5,) * 3, 'round')
+  assert loaded.preprocessing == want
+  assert checkpoints.load(str(HUB / 'timm_augreg'), image_size=48).preprocessing == want
+  assert want.spec((32, 32)) == ("decode|resize_small(35, 'pil_bicubic')|central_crop(32, "
+                                 "'round')|value_range(-1, 1)")
+  folder = tmp_path / 'hf'
+  shutil.copytree(HUB / 'hf_vit_cls', folder)
+  (folder / 'preprocessor_config.json').write_text(json.dumps(dict(
+      size=dict(shortest_edge=36), crop_size=dict(height=32, width=32), do_center_crop=True,
+      resample=3, image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])))
+  assert checkpoints.load(str(folder)).preprocessing == preprocess.EvalSpec(
+      'shorter', 32 / 36, 'pil_bicubic', (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+  model = get_model('ti16', num_classes=3, image_size=32, patch_size=8)
+  params = jax.eval_shape(model.init, jax.random.key(0), np.zeros((1, 32, 32, 3)))['params']
+  checkpoints.export(model, jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), params),
+                     tmp_path / 'm.npz')
+  assert checkpoints.load(str(tmp_path / 'm.npz')).preprocessing == preprocess.EvalSpec()
 
 
 def test_export_formats_and_refusals(tmp_path):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from vit_jax.base import errors, paths
-from vit_jax.checkpoints import release
+from vit_jax.checkpoints.formats import release
 from vit_jax.checkpoints.run import workdir
 from vit_jax.data import preprocess, sources
 from vit_jax.models import get_model
@@ -92,10 +92,11 @@ def _expected_top5(model, params, inputs, names):
           for idx, val in zip(indices, values, strict=True)]
 
 
-def test_predict_on_a_workdir_gives_the_models_top5(run_dir, digit_files, capsys):
+def test_predict_on_a_workdir_gives_the_models_top5(run_dir, digit_files, capsys, monkeypatch):
   paths, arrays = digit_files
+  monkeypatch.chdir(run_dir.parent)  # The workdir named as from its folder: relative.
   # Batches of 2: the last one is padded; the order must survive.
-  assert predict.main(['--workdir', str(run_dir), '--batch_size=2', *paths]) == 0
+  assert predict.main(['--workdir', run_dir.name, '--batch_size=2', *paths]) == 0
   results = _parse(capsys.readouterr().out)
   assert list(results) == paths
 

@@ -187,6 +187,9 @@ def test_tpu_worker_commands_check_the_install_start_once_and_stop(tmp_path):
                     '--config=configs/vit_l16_i21k.py', '--', *TRICKY, home=tmp_path, **TPU)
   (logs,) = commands('tpu_vm.sh', 'logs', home=tmp_path, **TPU)[1:]
   (stop,) = commands('tpu_vm.sh', 'stop', home=tmp_path, **TPU)
+  # What up --restarts=N asks every worker every 60 s: its run's exit status, or 'running'.
+  states = commands('tpu_vm.sh', 'up', '--accelerator-type=v4-8', '--workdir=gs://b/w',
+                    '--config=c.py', '--restarts=1', home=tmp_path, **TPU)[-1]
   home = tmp_path / 'worker'
   (home / 'vit_jax').mkdir(parents=True)
   python = home / 'vit_jax_venv' / 'bin' / 'python'
@@ -219,6 +222,7 @@ def test_tpu_worker_commands_check_the_install_start_once_and_stop(tmp_path):
         '--config=configs/vit_l16_i21k.py', '--workdir=gs://bucket/run', *TRICKY]
     again = on_worker(run)
     assert again.returncode == 1 and f'a run is going (pid {pid})' in again.stderr
+    assert on_worker(states).stdout == 'running\n'
 
     stopped = on_worker(stop)
     assert stopped.returncode == 0 and 'SIGTERM sent' in stopped.stdout
@@ -226,6 +230,7 @@ def test_tpu_worker_commands_check_the_install_start_once_and_stop(tmp_path):
     log = on_worker(logs).stdout.splitlines()
     assert log[0].startswith('=== ') and log[1:] == ['training', 'got SIGTERM']
     wait_for(lambda: 'no run going' in on_worker(stop).stdout)
+    wait_for(lambda: on_worker(states).stdout == '0\n')  # Its exit status, kept.
   finally:
     with contextlib.suppress(ProcessLookupError):
       os.kill(pid, signal.SIGKILL)
@@ -447,3 +452,100 @@ def test_local_launcher_kills_hung_processes_at_a_second_sigterm(tmp_path):
   _, stderr = launcher.communicate(timeout=20)
   assert launcher.returncode == 128 + signal.SIGKILL, stderr
   assert 'killing every process' in stderr
+
+
+def failing_python(tmp_path, status: int, times: int) -> pathlib.Path:
+  """Stands in for python under local.sh: process 1 fails with ``status`` (137: kill -9 of
+  itself) at its first ``times`` starts, process 0 then waits for SIGTERM and exits 69 (as
+  a survivor does); at a later start both finish."""
+  python = tmp_path / 'python'
+  python.write_text(
+      '#!/bin/sh\nfor a; do case $a in --process_id=*) id=${a#*=};; esac; done\n'
+      f'f={tmp_path}/starts_$id; n=$(cat $f 2>/dev/null || echo 0); echo $((n + 1)) > $f\n'
+      f'if [ "$n" -ge {times} ]; then echo "process $id finished"; exit 0; fi\n'
+      'if [ "$id" = 1 ]; then sleep 0.2; '
+      + ('kill -9 $$' if status == 137 else f'exit {status}') + '; fi\n'
+      "trap 'exit 69' TERM\nwhile :; do sleep 0.05; done\n")
+  python.chmod(0o755)
+  return python
+
+
+def test_the_launchers_restart_every_failure_but_those_that_come_again():
+  """common.sh's statuses that --restarts leaves alone are vit_jax/base/errors.py's."""
+  from vit_jax.base import errors
+
+  listed = re.search(r'^NOT_RESTARTED=\(([\d ]+)\)$', (LAUNCH / 'common.sh').read_text(), re.M)
+  assert set(map(int, listed.group(1).split())) == {
+      0, 1, errors.EXIT_STATUS, errors.DIVERGED_STATUS, errors.SAVE_FAILED_STATUS}
+  assert errors.PEER_LOST_STATUS not in {0, 1, 2, 65, 74}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('status, times, restarts, code', [
+    (137, 1, 1, 0),  # Killed: restarted once, and the run finishes.
+    (69, 2, 1, 69),  # A peer lost twice, one restart allowed: the second failure stands.
+    (2, 1, 3, 2),  # A user error comes again: not restarted.
+])
+def test_local_launcher_restarts_what_a_restart_can_mend(tmp_path, status, times, restarts,
+                                                         code):
+  done = script('local.sh', f'--workdir={tmp_path}', f'--restarts={restarts}', '--port=1',
+                f'--python={failing_python(tmp_path, status, times)}', home=tmp_path)
+  assert done.returncode == code, done.stderr
+  lines = [line for line in done.stderr.splitlines() if line.startswith('local.sh: restart')]
+  assert lines == [f'local.sh: restart {i + 1} of {restarts}: process 1 exited with status '
+                   f'{status} (process 0: 69); every process starts again from the newest '
+                   'good checkpoint'
+                   for i in range(min(times, restarts) if status != 2 else 0)]
+  assert ('process 1 exited with status' in done.stderr.replace(lines[-1] if lines else '', '')
+          ) == (code != 0)  # The failure that stands is shown with its log.
+  starts = min(times, restarts) + 1 if status != 2 else 1
+  assert (tmp_path / 'starts_0').read_text() == f'{starts}\n'
+
+
+@pytest.mark.slow
+def test_slurm_restarts_a_failed_srun_in_the_same_allocation(tmp_path):
+  """A stand-in srun killed at its first start: run again once, one line."""
+  bin_dir = tmp_path / 'bin'
+  bin_dir.mkdir()
+  srun = bin_dir / 'srun'
+  srun.write_text(f'#!/bin/sh\nn=$(cat {tmp_path}/n 2>/dev/null || echo 0)\n'
+                  f'echo $((n + 1)) > {tmp_path}/n\n[ "$n" -ge 1 ] || exit 137\n')
+  srun.chmod(0o755)
+  done = script('slurm.sbatch', f'--workdir={tmp_path}', '--config=c.py', '--restarts=3',
+                home=tmp_path, SLURM_JOB_ID='42', PATH=f'{bin_dir}:{os.environ["PATH"]}')
+  assert done.returncode == 0, done.stderr
+  assert [line for line in done.stderr.splitlines() if line.startswith('slurm.sbatch: r')] == [
+      'slurm.sbatch: restart 1 of 3: srun exited with status 137; every process starts again '
+      'from the newest good checkpoint']
+  assert (tmp_path / 'n').read_text() == '2\n'
+
+
+@pytest.mark.slow
+def test_tpu_up_with_restarts_starts_a_failed_run_again(tmp_path):
+  """tpu_vm.sh up --restarts=2 with a stand-in gcloud whose TPU is READY and whose one worker
+  runs the commands in a local shell: the run fails once (69, a peer lost), is started
+  again, and ends."""
+  home = tmp_path / 'worker'
+  (home / 'vit_jax').mkdir(parents=True)
+  python = home / 'vit_jax_venv' / 'bin' / 'python'
+  python.parent.mkdir(parents=True)
+  python.write_text('#!/bin/sh\nn=$(cat "$HOME/starts" 2>/dev/null || echo 0)\n'
+                    'echo $((n + 1)) > "$HOME/starts"\n[ "$n" -ge 1 ] || exit 69\n')
+  python.chmod(0o755)
+  bin_dir = tmp_path / 'bin'
+  bin_dir.mkdir()
+  gcloud = bin_dir / 'gcloud'
+  gcloud.write_text(
+      '#!/bin/bash\nfor a; do case $a in --command=*) command=${a#--command=};; esac; done\n'
+      'case " $* " in\n  *" describe "*) echo READY ;;\n'
+      '  *" ssh "*) HOME=$WORKER_HOME bash -c "$command" ;;\nesac\n')
+  gcloud.chmod(0o755)
+  done = script('tpu_vm.sh', 'up', '--accelerator-type=v4-8', '--workdir=gs://b/w',
+                '--config=c.py', '--restarts=2', '--watch-every=1', home=tmp_path,
+                PATH=f'{bin_dir}:{os.environ["PATH"]}', WORKER_HOME=str(home), **TPU)
+  assert done.returncode == 0, done.stderr
+  assert [line for line in done.stderr.splitlines() if line.startswith('tpu_vm.sh: r')] == [
+      "tpu_vm.sh: restart 1 of 2: a worker's run exited with status 69; every worker starts "
+      'again from the newest good checkpoint']
+  assert 'the run ended on every worker' in done.stderr
+  assert (home / 'starts').read_text() == '2\n'

@@ -1,6 +1,8 @@
 """The entry point as users run it: real processes, killed, preempted, and on two hosts."""
 
 import json
+import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -90,18 +92,28 @@ def test_kill_9_and_sigterm_then_resume_equal_an_uninterrupted_run(tmp_path):
   assert all(reference[s] == loss for s, loss in resumed.items() if s not in partial)
 
 
-@pytest.mark.slow
-def test_two_processes_of_four_devices_match_one_of_eight(tmp_path):
-  """launch/local.sh's 2 processes x 4 CPU devices train as 1 process x 8 devices, on a
-  (data, fsdp, tensor) = (2, 2, 2) mesh: data across the processes, fsdp and tensor in each."""
-  overrides = {'total_steps': 20, 'eval_every_steps': 10, 'mesh.fsdp': 2, 'mesh.tensor': 2}
-  config = tiny_config(**overrides)
-  one = main.train_and_evaluate(config, str(tmp_path / 'one'))
+# launch/local.sh's 2 processes x 4 CPU devices, on a (data, fsdp, tensor) = (2, 2, 2) mesh:
+# data across the processes, fsdp and tensor in each.
+TWO_PROCESSES = {'total_steps': 20, 'eval_every_steps': 10, 'mesh.fsdp': 2, 'mesh.tensor': 2}
 
-  workdir = tmp_path / 'two'
-  launch = subprocess.run(local_launch_command(workdir, **overrides), cwd=ROOT, env=env(),
+
+@pytest.fixture(scope='module')
+def two_processes(tmp_path_factory):
+  """The workdir of an uninterrupted launch/local.sh run of TWO_PROCESSES."""
+  workdir = tmp_path_factory.mktemp('two_processes')
+  launch = subprocess.run(local_launch_command(workdir, **TWO_PROCESSES), cwd=ROOT, env=env(),
                           capture_output=True, text=True, timeout=1200)
   assert launch.returncode == 0, launch.stderr[-3000:]
+  return workdir
+
+
+@pytest.mark.slow
+def test_two_processes_of_four_devices_match_one_of_eight(two_processes, tmp_path):
+  """launch/local.sh's 2 processes x 4 CPU devices train as 1 process x 8 devices."""
+  config = tiny_config(**TWO_PROCESSES)
+  one = main.train_and_evaluate(config, str(tmp_path / 'one'))
+
+  workdir = two_processes
   assert 'Process 1 of 2; 4 local / 8 global devices' in (
       workdir / 'logs' / 'process_1.log').read_text()
 
@@ -119,6 +131,61 @@ def test_two_processes_of_four_devices_match_one_of_eight(tmp_path):
   chex.assert_trees_all_close(jax.device_get(restore_state(tmp_path / 'one', config).params),
                               jax.device_get(restore_state(workdir, config).params),
                               atol=1e-4, rtol=1e-3)
+
+
+def child_pid(parent: int, argument: str) -> int:
+  """The PID of the child of ``parent`` whose command line holds ``argument``."""
+  for stat in pathlib.Path('/proc').glob('[0-9]*/stat'):
+    try:
+      ppid = int(stat.read_text().rsplit(')', 1)[1].split()[1])
+      argv = (stat.parent / 'cmdline').read_bytes().split(b'\0')
+    except (OSError, ValueError, IndexError):
+      continue
+    if ppid == parent and argument.encode() in argv:
+      return int(stat.parent.name)
+  raise AssertionError(f'no child of {parent} runs with {argument}')
+
+
+@pytest.mark.slow
+def test_a_killed_process_is_restarted_and_the_run_ends_as_if_uninterrupted(two_processes,
+                                                                             tmp_path):
+  """kill -9 of process 1 mid-run: process 0 ends with one line naming it and the step the
+  run resumes from, launch/local.sh --restarts=1 starts both again, and the run ends bitwise
+  where the uninterrupted one did."""
+  workdir = tmp_path / 'killed'
+  command = local_launch_command(workdir, **TWO_PROCESSES)
+  split = command.index('--')
+  command = [*command[:split], '--restarts=1', '--', '--peer_timeout=5', *command[split + 1:]]
+  launcher = subprocess.Popen(command, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+  wait_for_checkpoint(launcher, workdir, 10)
+  os.kill(child_pid(launcher.pid, '--process_id=1'), signal.SIGKILL)
+  _, stderr = launcher.communicate(timeout=900)
+  assert launcher.returncode == 0, stderr[-3000:]
+  restarts = [line for line in stderr.splitlines() if line.startswith('local.sh: restart')]
+  assert restarts == ['local.sh: restart 1 of 1: process 1 exited with status 137 (process 0: '
+                      f'{errors.PEER_LOST_STATUS}); every process starts again from the newest '
+                      'good checkpoint'], stderr[-3000:]
+  log = (workdir / 'logs' / 'process_0.log').read_text()
+  lines = [line for line in log.splitlines() if line.startswith('error:')]
+  assert len(lines) == 1 and lines[0].startswith('error: process 1 of 2 (host '), log[-3000:]
+  assert 'resumes from step 10, its newest checkpoint' in lines[0]
+  assert 'Check failure' not in log and 'Traceback' not in log
+  assert f'Resumed from {workdir / "checkpoints"} at step 10.' in log
+
+  config = tiny_config(**TWO_PROCESSES)
+  chex.assert_trees_all_equal(restore_state(two_processes, config),
+                              restore_state(workdir, config))
+  # Every row, those logged before the kill and again after it too, as the uninterrupted
+  # run's (less the speeds).
+  reference = {}
+  for m in read_metrics(two_processes):
+    reference.setdefault(m['step'], {}).update(m)
+  rows = read_metrics(workdir)
+  assert {m['step'] for m in rows} == reference.keys()
+  for m in rows:
+    assert {k: v for k, v in m.items() if 'per_s' not in k and 'mfu' not in k} == {
+        k: reference[m['step']][k] for k in m if 'per_s' not in k and 'mfu' not in k}
 
 
 ABSL_PREFIX = re.compile(r'^[DIWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w.]+:\d+\]')

@@ -159,3 +159,35 @@ def test_path_flags_and_fields_expand_home_and_variables(monkeypatch, tmp_path):
   assert (config.dataset.data_dir, config.init_from) == (f'{tmp_path}/d',
                                                           f'{tmp_path}/data/r.npz')
   assert config.dataset.name == '~not_a_path'
+
+
+def test_paths_typed_anywhere_are_made_absolute_from_the_current_folder(monkeypatch, tmp_path):
+  """A relative path names the same file wherever it is read later (Orbax refuses relative
+  paths; config.json is read by commands run from elsewhere): the path flags, the argparse
+  tools' paths and every path field of a config (overridden or from the recipe, an
+  evaluator's too) are made absolute once, from the folder the command runs in. URIs stay."""
+  from absl import flags
+
+  from vit_jax import config as config_lib
+  from vit_jax.config import cli as config_cli
+
+  monkeypatch.chdir(tmp_path)
+  assert paths.expand('runs/q') == paths.expand('./runs/q/') == f'{tmp_path}/runs/q'
+  for uri in ('hf-hub:timm/vit_tiny', 'gs://b/runs/q', 'ram://x', 'file:///data/x'):
+    assert paths.expand(uri) == uri
+  assert os.fspath(paths.absolute('runs/q')) == f'{tmp_path}/runs/q'
+  assert paths.absolute('gs://b/q') == epath.Path('gs://b/q')
+  values = flags.FlagValues()
+  flag = paths.DEFINE_path('workdir', None, 'A folder.', flag_values=values)
+  values(['prog', '--workdir=runs/q'])
+  assert flag.value == f'{tmp_path}/runs/q'
+  (tmp_path / 'configs').mkdir()
+  (tmp_path / 'configs' / 'recipe.py').write_text(
+      'def get_config():\n'
+      "  return {'dataset': {'data_dir': 'data'}, 'evals': {'real': {'type': 'real', "
+      "'data_dir': 'real'}}}\n")
+  config = config_cli.load('configs/recipe.py', [('init_from', 'pre/run')])
+  assert (config.dataset.data_dir, config.evals.real.data_dir, config.init_from) == (
+      f'{tmp_path}/data', f'{tmp_path}/real', f'{tmp_path}/pre/run')
+  assert config_lib.complete({'init_from': 'hf-hub:timm/vit_tiny'}).init_from == \
+      'hf-hub:timm/vit_tiny'

@@ -1,14 +1,19 @@
 """Tests of vit_jax.data.preprocess against exact expected pixels.
 
 Each op is checked on small images whose every pixel is known, so that an op that
-shifts, scales or skips its work by one pixel or one step fails here.
+shifts, scales or skips its work by one pixel or one step fails here; a checkpoint's own
+preprocessing (``EvalSpec``) against what timm and transformers make of real PNGs.
 """
+
+import json
+import pathlib
 
 import chex
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from vit_jax.base import errors
 from vit_jax.data import preprocess
 
 
@@ -80,3 +85,41 @@ def test_resize_small_keeps_the_aspect_ratio_and_resize_matches_opencv_bilinear(
   assert out.shape == (4, 6, 3)
   # Half-pixel centres: output column j samples input column 2j + 0.5, between 2j and 2j + 1.
   np.testing.assert_array_equal(out[0, :, 0], [10, 50, 90, 130, 170, 210])
+
+
+PP = pathlib.Path(__file__).resolve().parent / 'data' / 'preprocess'
+# Cases of tests/data/preprocess/reference.npz: what timm's and transformers' own eval
+# transforms make of the PNGs beside it (make_fixtures.py wrote them).
+PP_CASES = ('timm_imagenet', 'timm_clip', 'timm_augreg', 'timm_squash', 'hf_vit', 'hf_clip',
+            'hf_dinov2')
+
+
+@pytest.mark.parametrize('case', PP_CASES)
+def test_a_checkpoints_preprocessing_is_its_librarys_own(case):
+  """timm's pipelines pixel for pixel; transformers' within one intensity level (it resizes
+  through its own conversions)."""
+  from vit_jax.checkpoints.formats import timm, transformers
+
+  reference = np.load(PP / 'reference.npz')
+  settings = json.loads(str(reference[f'{case}/settings']))
+  spec = (timm.preprocessing({'pretrained_cfg': settings}) if case.startswith('timm')
+          else transformers.preprocessing(settings))
+  pipeline = preprocess.parse(spec.spec((32, 32)))
+  for image in ('wide', 'tall', 'square', 'grey'):
+    got = pipeline((PP / 'images' / f'{image}.png').read_bytes(), None).transpose(2, 0, 1)
+    want = reference[f'{case}/{image}']
+    chex.assert_shape(got, want.shape)
+    levels = np.abs(got - want) * np.asarray(spec.std)[:, None, None] * 255
+    assert levels.max() <= (1e-3 if case.startswith('timm') else 1.01), (image, levels.max())
+    # On the devices as on the host: the trailing normalisation is the same affine map.
+    on_device = np.asarray(pipeline.on_device(pipeline.host(
+        (PP / 'images' / f'{image}.png').read_bytes(), None)[None]))[0].transpose(2, 0, 1)
+    chex.assert_trees_all_close(on_device, got, atol=1e-5)
+
+
+def test_the_release_preprocessing_is_unchanged_and_unknown_settings_are_one_line():
+  assert preprocess.EvalSpec().spec((224, 224)) == 'decode|resize(224)|value_range(-1, 1)'
+  assert preprocess.EvalSpec().spec((24, 32)) == 'decode|resize((24, 32))|value_range(-1, 1)'
+  for spec in (preprocess.EvalSpec(resize='border'), preprocess.EvalSpec(method='pil_random')):
+    with pytest.raises(errors.ConfigError, match="checkpoint's preprocessing .* give the "):
+      spec.spec((32, 32))

@@ -334,7 +334,8 @@ def test_init_from_takes_any_source_a_timm_folder(tiny_tfds, tmp_path):
   folder's architecture (its config.json), validated as the run validates it, and its
   weights load into that model."""
   from vit_jax import main
-  from vit_jax.checkpoints import formats, release
+  from vit_jax.checkpoints import formats
+  from vit_jax.checkpoints.formats import fit
   from vit_jax.checkpoints.run import workdir as workdir_lib
 
   timm = str(HUB / 'timm_augreg')
@@ -346,7 +347,7 @@ def test_init_from_takes_any_source_a_timm_folder(tiny_tfds, tmp_path):
                          str(tmp_path / 'smallnorb_azi'))
   plan, _ = main.prepare(config)
   source = formats.load(timm).model
-  assert release.model_options(plan.model) == release.model_options(
+  assert fit.model_options(plan.model) == fit.model_options(
       source.clone(image_size=16, num_classes=18))
   init = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), jax.eval_shape(
       plan.model.init, jax.random.key(0), np.zeros((1, 16, 16, 3), np.float32))['params'])

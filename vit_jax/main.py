@@ -6,7 +6,9 @@ config, a missing file, a checkpoint that does not fit) ends the run with one li
 ``error: ...``, and exit status 2 (``vit_jax.base.errors``). ``--verbosity=0`` (absl's flag)
 adds the INFO lines of Orbax, jax, clu and TensorFlow to vit_jax's own. On Cloud TPU and
 SLURM, ``jax.distributed`` finds the other processes by itself; elsewhere pass
-``--coordinator_address``, ``--num_processes`` and ``--process_id`` to every process.
+``--coordinator_address``, ``--num_processes`` and ``--process_id`` to every process. When
+one process of such a run stops answering, the others end with one line naming it and the step
+the run resumes from, exit status 69 (``vit_jax.base.peers``; the launch scripts' ``--restarts``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from absl import app, flags, logging
 
 from vit_jax import config as config_lib
-from vit_jax.base import console, errors, paths
+from vit_jax.base import console, errors, paths, peers
 from vit_jax.config import cli as config_cli
 
 
@@ -62,6 +64,9 @@ def _define_flags() -> dict[str, Any]:
       distributed=f.DEFINE_bool(
           'distributed', None, 'Call jax.distributed.initialize() (default: when the flags '
           'above are given, or on a Cloud TPU VM / SLURM job).'),
+      peer_timeout=f.DEFINE_float(
+          'peer_timeout', peers.TIMEOUT_S, 'Multi-process: seconds without a heartbeat after '
+          'which another process is taken as gone, and this one exits with status 69.'),
       cpu_devices=f.DEFINE_integer(
           'cpu_devices', None, 'Split a CPU host into this many devices (data-parallel, one '
           'per core is fastest on a CPU-only machine: results/RESULTS.md; 2 or more also keep '
@@ -93,6 +98,9 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   if cpu_devices is not None and cpu_devices < 1:
     raise errors.ConfigError(f'--cpu_devices={cpu_devices} must be a number of devices '
                              '>= 1 (or left out: jax\'s default).')
+  if flags_['peer_timeout'].value <= 0:
+    raise errors.ConfigError(f'--peer_timeout={flags_["peer_timeout"].value} must be a number '
+                             'of seconds > 0.')
   from vit_jax.checkpoints.run import lock, record
   from vit_jax.data import sources
 
@@ -108,8 +116,8 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   import jax
 
   if distributed:
-    jax.distributed.initialize(coordinator, flags_['num_processes'].value,
-                               flags_['process_id'].value)
+    peers.start(coordinator, flags_['num_processes'].value, flags_['process_id'].value,
+                timeout_s=flags_['peer_timeout'].value, resumes_from=lambda: _resumes_from(workdir))
   with lock.hold(workdir):  # Before anything is written there: one run per workdir.
     log_file = console.log_file(workdir, jax.process_index())
     if malloc:
@@ -119,7 +127,26 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
                  jax.process_count(), jax.local_device_count(), jax.device_count(),
                  jax.devices()[0].platform)
     logging.info('Log with timestamps and third-party lines: %s', log_file)
-    train_and_evaluate(config, workdir)
+    try:
+      train_and_evaluate(config, workdir)
+    except Exception as e:
+      if isinstance(e, _PEER_FAILURES) or not isinstance(e, (errors.UserError, errors.Preempted)):
+        peers.verdict()  # A collective that failed for a peer that is gone: one line, exit 69.
+      raise
+    finally:
+      peers.finish()
+
+
+# Errors that a peer gone may cause (a save's barrier fails): the watchdog's verdict first.
+_PEER_FAILURES = (errors.CheckpointSaveError, errors.MetricsWriteError)
+
+
+def _resumes_from(workdir: str) -> str:
+  """Where a restart of the run in ``workdir`` starts: its newest complete checkpoint."""
+  from vit_jax.checkpoints.run import workdir as workdir_lib
+
+  steps = workdir_lib.steps(workdir)
+  return f'step {steps[-1]}, its newest checkpoint' if steps else 'step 0 (no checkpoint yet)'
 
 
 if __name__ == '__main__':

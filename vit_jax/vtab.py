@@ -100,7 +100,8 @@ def model_fields(init_from: str) -> dict[str, Any]:
   """The config.model fields of a checkpoint: a run's config, or any other SOURCE's own
   architecture (a .npz file's shapes, a timm or transformers folder's config.json, ...), as
   ``vit_jax.main``'s ``config.init_from`` takes it."""
-  from vit_jax.checkpoints import formats, release
+  from vit_jax.checkpoints import formats
+  from vit_jax.checkpoints.formats import fit
   from vit_jax.checkpoints.run import workdir as workdir_lib
 
   if workdir_lib.is_workdir(init_from):
@@ -108,7 +109,7 @@ def model_fields(init_from: str) -> dict[str, Any]:
     fields.pop('image_size', None)
     return {k: v for k, v in fields.items() if v is not None}
   try:
-    fields = release.model_options(formats.load(init_from).model)
+    fields = fit.model_options(formats.load(init_from).model)
   except errors.UserError as e:
     raise type(e)(f'--init_from: {e}') from None
   fields.pop('image_size')
@@ -250,7 +251,7 @@ def _define_flags() -> dict[str, Any]:
       eval_split=f.DEFINE_enum('eval_split', 'test', list(SPLIT_KEYS), 'Reported split.'),
       cpu_devices=f.DEFINE_integer('cpu_devices', 0, 'As vit_jax.main\'s --cpu_devices.'),
       config=config_cli.DEFINE_config('config', 'Optional base config (default: '
-                                      'vit_jax/config/__init__.py\'s); the protocol\'s settings '
+                                      'vit_jax/config/table.py\'s); the protocol\'s settings '
                                       'are laid over it.'),
   )
 

@@ -6,7 +6,9 @@ with status 2 (``EXIT_STATUS``); any other exception is a bug and keeps its trac
 A job wrapper can also act on 65 (``DIVERGED_STATUS``: the training went non-finite; nothing
 non-finite was saved, and the same command would diverge again), 74 (``SAVE_FAILED_STATUS``: a
 checkpoint or the metrics could not be written; the earlier checkpoints are intact) and 75
-(``PREEMPTED_STATUS``: stopped by SIGTERM after saving; run the same command again to resume);
+(``PREEMPTED_STATUS``: stopped by SIGTERM after saving; run the same command again to resume)
+and 69 (``PEER_LOST_STATUS``: another process of a multi-process run stopped answering; run
+the same command again to resume, as the launch scripts' ``--restarts=N`` do);
 docs/reliability.md. Each class is also the built-in exception callers expect (``ConfigError``
 is a ``ValueError``, ``MissingFileError`` a ``FileNotFoundError``).
 """
@@ -23,6 +25,7 @@ EXIT_STATUS = 2
 DIVERGED_STATUS = 65  # sysexits' EX_DATAERR: rerunning the same command fails the same way.
 SAVE_FAILED_STATUS = 74
 PREEMPTED_STATUS = 75
+PEER_LOST_STATUS = 69  # sysexits' EX_UNAVAILABLE: a peer is gone; restart the run.
 
 
 class UserError(Exception):
@@ -89,6 +92,13 @@ class Preempted(Exception):  # noqa: N818 (not an error: the run saved and stopp
   (the log says which step was saved)."""
 
   exit_status = PREEMPTED_STATUS
+
+
+class PeerLost(Exception):  # noqa: N818 (not the user's: a restart is the remedy)
+  """Another process of a multi-process run stopped answering (``vit_jax.base.peers``): exit
+  status 69 after one ``error:`` line naming it and the step the run resumes from."""
+
+  exit_status = PEER_LOST_STATUS
 
 
 class UsageError(UserError):

@@ -14,6 +14,7 @@ start.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 from typing import Any
@@ -27,6 +28,8 @@ from vit_jax.base import errors
 
 RAM = 'ram://'
 FILE = 'file://'
+# What starts a URI (gs://, file://, hf-hub:ORG/NAME) rather than a local path.
+_SCHEME = re.compile(r'^[A-Za-z][A-Za-z0-9+-]*:')
 
 
 def _ram_parts(parts: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -69,18 +72,28 @@ def path(p: str | os.PathLike) -> epath.Path:
 
 
 def expand(p: Any) -> Any:
-  """``p`` with ``$VAR`` / ``${VAR}`` and a leading ``~`` expanded, as a shell expands a word of
-  its own but not the value in ``--flag=~/x``; anything but a non-empty string as it is."""
+  """``p`` as a path a user typed, naming the same file wherever it is read: ``$VAR`` /
+  ``${VAR}`` and a leading ``~`` expanded (a shell leaves them in ``--flag=~/x``), and a local
+  path made absolute against the current folder (Orbax refuses a relative one, and config.json
+  keeps it for commands run from elsewhere). A URI (``gs://``, ``file://``, ``hf-hub:``), and
+  anything but a non-empty string, as it is."""
   if not isinstance(p, str) or not p:
     return p
   p = os.path.expandvars(p)
-  return p if is_remote(p) else os.path.expanduser(p)
+  return p if _SCHEME.match(p) else os.path.abspath(os.path.expanduser(p))
+
+
+def absolute(p: str | os.PathLike) -> epath.Path:
+  """``p`` as an epath path, absolute where it is local: what Orbax needs (it refuses a
+  relative path, which a caller of the Python API may give)."""
+  p = path(p)
+  return p if is_remote(p) else epath.Path(os.path.abspath(p))
 
 
 class _PathParser(flags.ArgumentParser):
   """absl's string flag, its value ``expand``-ed."""
 
-  syntactic_help = 'a path (~ and $VAR are expanded)'
+  syntactic_help = 'a path (~ and $VAR are expanded; relative to the current folder)'
 
   def parse(self, argument: Any) -> Any:
     return expand(argument)
@@ -91,7 +104,8 @@ class _PathParser(flags.ArgumentParser):
 
 def DEFINE_path(name: str, default: str | None, help_string: str,  # noqa: N802
                 **kwargs: Any) -> flags.FlagHolder:
-  """An absl string flag for a file or folder: ``~`` and ``$VAR`` in its value are expanded."""
+  """An absl string flag for a file or folder: its value ``expand``-ed (``~``, ``$VAR``,
+  made absolute)."""
   return flags.DEFINE(_PathParser(), name, default, help_string,
                       serializer=flags.ArgumentSerializer(), **kwargs)
 

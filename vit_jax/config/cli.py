@@ -14,7 +14,6 @@ its ``main`` and ends with ``cli.run(main)``.
 from __future__ import annotations
 
 import ast
-import difflib
 import importlib.util
 import inspect
 import re
@@ -24,8 +23,9 @@ from typing import Any
 import ml_collections
 from absl import flags
 
-from vit_jax import config as config_lib
 from vit_jax.base import errors, paths
+from vit_jax.config import defaults, table
+from vit_jax.config.field import Field, did_you_mean, is_kind, unknown_field
 
 # --NAME.a.b=VALUE, --NAME.a.b (True) or --noNAME.a.b (False).
 _OVERRIDE = re.compile(r'^--?(no)?([A-Za-z_]\w*)\.([\w.]+)(?:=(.*))?$', re.DOTALL)
@@ -37,7 +37,7 @@ class ConfigFlag:
   def __init__(self, name: str, help_string: str):
     self.name = name
     self.file = paths.DEFINE_path(name, None, help_string + ' Fields are overridden with '
-                                    f'--{name}.FIELD=VALUE (vit_jax/config/__init__.py).')
+                                    f'--{name}.FIELD=VALUE (vit_jax/config/table.py).')
     self.overrides: list[tuple[str, str | None]] = []  # (field path, text), set by parse_flags.
 
   @property
@@ -111,14 +111,14 @@ def load(path: str | None, overrides: Sequence[tuple[str, str | None]] = (), *,
     raise errors.ConfigError(f'--{flag}={path}{colon}{argument}: {e}') from None
   # Completed first (each evaluator from its type's defaults), so that an override reaches
   # every field, a recipe's partial evaluators' too.
-  return apply_overrides(config_lib.complete(config), overrides, flag=flag)
+  return apply_overrides(defaults.complete(config), overrides, flag=flag)
 
 
 def apply_overrides(config: ml_collections.ConfigDict,
                     overrides: Sequence[tuple[str, str | None]], *,
                     flag: str = 'config') -> ml_collections.ConfigDict:
   """``config`` (complete) with ``overrides`` (field path, command-line text) set, each typed
-  by its declaration (``vit_jax.config``); then locked. The overrides that add, remove or
+  by its declaration (``table``); then locked. The overrides that add, remove or
   retype an evaluator (``evals.NAME=None``, ``evals.NAME.type=TYPE``) go first, so that
   its fields can be set in any order."""
   with config.unlocked():  # Evaluators are added and removed (load's config is locked).
@@ -144,11 +144,11 @@ _EVAL_ENTRY = re.compile(r'^evals\.[^.]+(\.type)?$')
 
 def _check_field(node: ml_collections.ConfigDict, key: str, where: str) -> None:
   if key not in node:
-    raise config_lib.unknown_field(where, key, list(node))
+    raise unknown_field(where, key, list(node))
 
 
 def _set(node: ml_collections.ConfigDict, key: str, text: Any, where: str, flag: str,
-         fields: dict[str, config_lib.Field] | None = None) -> None:
+         fields: dict[str, Field] | None = None) -> None:
   """Sets ``node[key]`` from ``text`` (a command-line string, or a value in a dict literal),
   typed by its declaration in ``fields`` (default: the base config's)."""
   field = f'{where}.{key}'
@@ -165,7 +165,7 @@ def _set(node: ml_collections.ConfigDict, key: str, text: Any, where: str, flag:
     for k, v in value.items():
       _set(current, str(k), v, field, flag, fields)
     return
-  kind = (config_lib.DECLARED[field.partition('.')[2]] if fields is None else fields[key]).base
+  kind = (table.DECLARED[field.partition('.')[2]] if fields is None else fields[key]).base
   if text is None:
     if kind != 'bool':
       raise errors.ConfigError(f'--{field} needs a value: --{field}=VALUE.')
@@ -184,7 +184,7 @@ def _set_eval(evals: ml_collections.ConfigDict, parts: list[str], text: Any, fla
       _entry(evals, name, where, flag)
       del evals[name]
     elif isinstance(value, dict):
-      evals[name] = config_lib.complete_eval(value, where)
+      evals[name] = defaults.complete_eval(value, where)
     else:
       raise errors.ConfigError(f'{where} is an evaluator: set its fields one by one '
                                f'(--{where}.FIELD=...), add one with --{where}.type=TYPE, or '
@@ -196,20 +196,16 @@ def _set_eval(evals: ml_collections.ConfigDict, parts: list[str], text: Any, fla
                              'value, not a group of fields.')
   if key == 'type':
     kind = _coerce('str', text, f'{where}.type')
-    if kind not in config_lib.EVAL_TYPES:
-      raise errors.ConfigError(f'{where}.type={kind!r} is not an evaluator type: one of '
-                               f'{", ".join(map(repr, config_lib.EVAL_TYPES))}.')
+    fields = table.eval_fields(kind, where)
     entry = evals[name].to_dict() if name in evals else {}
     if entry.get('type') != kind:  # Added, or retyped: the fields both types have kept.
-      fields = config_lib.eval_fields(kind)
-      evals[name] = config_lib.eval_defaults(kind) | {
+      evals[name] = defaults.eval_defaults(kind) | {
           k: v for k, v in entry.items() if k in fields and k != 'type'}
     return
   entry = _entry(evals, name, where, flag)
-  fields = config_lib.eval_fields(entry.type)
+  fields = table.eval_fields(entry.type)
   if key not in fields:
-    raise config_lib.unknown_field(where, key, list(fields),
-                                   what=f'a field of {entry.type!r} evaluators')
+    raise unknown_field(where, key, list(fields), what=f'a field of {entry.type!r} evaluators')
   if key not in entry:  # A required field, not set yet.
     entry[key] = None
   _set(entry, key, text, where, flag, fields)
@@ -219,12 +215,11 @@ def _entry(evals: ml_collections.ConfigDict, name: str, where: str,
            flag: str) -> ml_collections.ConfigDict:
   """The evaluator ``name``, or a ConfigError naming the config's evaluators."""
   if name not in evals:
-    close = difflib.get_close_matches(name, list(evals), n=3, cutoff=0.6)
-    hint = f' Did you mean {", ".join(f"{flag}.evals.{c}" for c in close)}?' if close else ''
     raise errors.ConfigError(
-        f'{where} is not an evaluator of this config.{hint} Its evaluators: '
+        f'{where} is not an evaluator of this config.'
+        f'{did_you_mean(f"{flag}.evals", name, list(evals))} Its evaluators: '
         f'{", ".join(evals) or "none"}; add one with --{where}.type=TYPE '
-        f'({", ".join(config_lib.EVAL_TYPES)}).')
+        f'({", ".join(table.EVAL_TYPES)}).')
   return evals[name]
 
 
@@ -237,18 +232,14 @@ def _literal(text: Any) -> Any:
     return text  # A bare string: --config.model.name=b16.
 
 
-_KIND_WORDS = {'int': 'an int', 'float': 'a number', 'bool': 'true or false', 'tuple': 'a tuple',
-          'ints': 'a tuple', 'strs': 'a tuple'}
-_EXAMPLES = {'int': '8', 'float': '0.001', 'bool': 'true', 'tuple': '(16, 24)', 'ints': '(1, 5)',
-             'strs': "\"('cifar100',)\""}
-_OK = {'bool': lambda v: isinstance(v, bool),
-       'int': lambda v: isinstance(v, int) and not isinstance(v, bool),
-       'float': lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-       'tuple': lambda v: isinstance(v, (tuple, list))}
+_EXPECTED = {  # The kinds whose type the text must have: in words, and an example.
+    'int': ('an int', '8'), 'float': ('a number', '0.001'), 'bool': ('true or false', 'true'),
+    'tuple': ('a tuple', '(16, 24)'), 'ints': ('a tuple', '(1, 5)'),
+    'strs': ('a tuple', "\"('cifar100',)\"")}
 
 
 def _coerce(kind: str, text: Any, field: str) -> Any:
-  """``text`` as a value of the declared ``kind`` (``vit_jax.config.fields``), or a
+  """``text`` as a value of the declared ``kind`` (``vit_jax.config.field.KINDS``), or a
   ConfigError naming the field: ``None`` unsets a field, ``(16, 24)`` or ``[16, 24]`` is a
   tuple (or an int-or-pair size), ``true`` / ``false`` a bool (as ``--config.F`` /
   ``--noconfig.F``), and a string field takes the text as it is."""
@@ -261,10 +252,9 @@ def _coerce(kind: str, text: Any, field: str) -> Any:
     return paths.expand(text if isinstance(text, str) else str(value))
   if kind == 'bool' and isinstance(value, str) and value.lower() in ('true', 'false'):
     value = value.lower() == 'true'
-  ok = _OK.get('tuple' if kind in ('ints', 'strs') else kind)
-  if ok and not ok(value):
-    raise errors.ConfigError(f'{field}={text!r} is not {_KIND_WORDS[kind]}: e.g. '
-                             f'--{field}={_EXAMPLES[kind]}.')
+  if kind in _EXPECTED and not is_kind(kind, value):
+    words, example = _EXPECTED[kind]
+    raise errors.ConfigError(f'{field}={text!r} is not {words}: e.g. --{field}={example}.')
   if kind == 'float':
     return float(value)
   return tuple(value) if isinstance(value, list) else value

@@ -1,27 +1,33 @@
 """Per-example preprocessing ops, composed from a config string.
 
 A pipeline is written as ``'decode|inception_crop(224)|flip_lr|value_range(-1, 1)'``. Each op
-maps (image, numpy Generator) to an image: HWC uint8 arrays (OpenCV's kernels) until
-``value_range`` makes float32; inputs are encoded bytes (``decode`` first) or arrays. Random ops
-draw from the generator the loader seeds per example, so pipelines are deterministic. The loader
-runs a trailing ``value_range`` on the devices (``Pipeline.host``, then ``Pipeline.on_device``):
-batches go over as uint8, a quarter of the bytes.
+maps (image, numpy Generator) to an image: HWC uint8 arrays (OpenCV's kernels, or PIL's where a
+resize names one, as torchvision and transformers resize) until ``value_range`` or ``normalize``
+makes float32; inputs are encoded bytes (``decode`` first) or arrays. Random ops draw from the
+generator the loader seeds per example, so pipelines are deterministic. The loader runs a
+trailing ``value_range`` or ``normalize`` on the devices (``Pipeline.host``, then
+``Pipeline.on_device``): batches go over as uint8, a quarter of the bytes. ``EvalSpec`` is a
+checkpoint's own evaluation preprocessing, written as such a pipeline for any input size.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
+import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import cv2
 import numpy as np
+from PIL import Image
 
 from vit_jax.base import errors
 from vit_jax.data import randaugment
 
 Op = Callable[[Any, np.random.Generator], Any]
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 cv2.setNumThreads(1)  # The loader parallelises over examples.
 
@@ -56,36 +62,63 @@ def to_rgb() -> Op:
   return op
 
 
-def _resize_to(image: np.ndarray, h: int, w: int) -> np.ndarray:
-  """Bilinear resize (as tf.image.resize: no antialiasing)."""
-  return as_array(cv2.resize(image, (w, h), interpolation=cv2.INTER_LINEAR))
+# Resize methods: 'bilinear' is OpenCV's (as tf.image.resize: no antialiasing, big_vision's and
+# the releases'); 'pil_*' are PIL's filters, antialiased, as torchvision and transformers resize.
+_PIL_FILTERS = {'pil_nearest': Image.NEAREST, 'pil_bilinear': Image.BILINEAR,
+                'pil_bicubic': Image.BICUBIC, 'pil_box': Image.BOX,
+                'pil_hamming': Image.HAMMING, 'pil_lanczos': Image.LANCZOS}
+METHODS = ('bilinear', *_PIL_FILTERS)
 
 
-def resize(size: int | tuple[int, int]) -> Op:
-  """Bilinear resize to (size, size) or (height, width)."""
+def _resizer(method: str) -> Callable[[np.ndarray, int, int], np.ndarray]:
+  if method == 'bilinear':
+    return lambda image, h, w: as_array(cv2.resize(image, (w, h), interpolation=cv2.INTER_LINEAR))
+  if method not in _PIL_FILTERS:
+    raise ValueError(f'Unknown resize method {method!r}: one of {", ".join(METHODS)}.')
+
+  def resize_pil(image: np.ndarray, h: int, w: int) -> np.ndarray:
+    grey = image.shape[-1] == 1
+    out = Image.fromarray(image[..., 0] if grey else image).resize((w, h), _PIL_FILTERS[method])
+    return as_array(np.asarray(out))
+  return resize_pil
+
+
+def resize(size: int | tuple[int, int], method: str = 'bilinear') -> Op:
+  """Resize to (size, size) or (height, width)."""
   h, w = (size, size) if isinstance(size, int) else size
-  return lambda image, rng: _resize_to(as_array(image), h, w)
+  resize_to = _resizer(method)
+  return lambda image, rng: resize_to(as_array(image), h, w)
 
 
-def resize_small(size: int) -> Op:
+def resize_small(size: int, method: str = 'bilinear') -> Op:
   """Resizes so that the shorter side is ``size``, keeping the aspect ratio."""
+  resize_to = _resizer(method)
+
+  # The longer side: rounded (big_vision's), or truncated as torchvision and transformers do.
+  longer = round if method == 'bilinear' else int
+
   def op(image: Any, rng: np.random.Generator) -> np.ndarray:
     image = as_array(image)
     h, w = image.shape[:2]
     scale = size / min(h, w)
-    return _resize_to(image, max(size, round(h * scale)), max(size, round(w * scale)))
+    return resize_to(image, max(size, longer(h * scale)), max(size, longer(w * scale)))
   return op
 
 
-def central_crop(size: int) -> Op:
-  """The central ``size`` x ``size`` crop."""
+def central_crop(size: int | tuple[int, int], offset: str = 'floor') -> Op:
+  """The central ``size`` x ``size`` (or (height, width)) crop. An odd margin puts the extra
+  pixel after the crop (``'floor'``: big_vision's, transformers') or, ``'round'``, wherever
+  Python's round of half the margin says (torchvision's ``CenterCrop``, so timm's)."""
+  ch, cw = (size, size) if isinstance(size, int) else size
+  start = {'floor': lambda margin: margin // 2, 'round': lambda margin: round(margin / 2)}[offset]
+
   def op(image: Any, rng: np.random.Generator) -> np.ndarray:
     image = as_array(image)
     h, w = image.shape[:2]
-    if h < size or w < size:
+    if h < ch or w < cw:
       raise ValueError(f'central_crop({size}) of a {h}x{w} image: resize it first.')
-    top, left = (h - size) // 2, (w - size) // 2
-    return image[top:top + size, left:left + size]
+    top, left = start(h - ch), start(w - cw)
+    return image[top:top + ch, left:left + cw]
   return op
 
 
@@ -95,6 +128,8 @@ def inception_crop(size: int, area_min: float = 0.05, area_max: float = 1.0) -> 
   The "Inception" crop of the paper's training pipelines (area 5%-100% in the
   releases); after 10 failed draws it takes the central square.
   """
+  resize_to = _resizer('bilinear')
+
   def op(image: Any, rng: np.random.Generator) -> np.ndarray:
     image = as_array(image)
     h, w = image.shape[:2]
@@ -104,10 +139,10 @@ def inception_crop(size: int, area_min: float = 0.05, area_max: float = 1.0) -> 
       ch, cw = round(np.sqrt(area / aspect)), round(np.sqrt(area * aspect))
       if 0 < ch <= h and 0 < cw <= w:
         top, left = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
-        return _resize_to(image[top:top + ch, left:left + cw], size, size)
+        return resize_to(image[top:top + ch, left:left + cw], size, size)
     side = min(h, w)
     top, left = (h - side) // 2, (w - side) // 2
-    return _resize_to(image[top:top + side, left:left + side], size, size)
+    return resize_to(image[top:top + side, left:left + side], size, size)
   return op
 
 
@@ -174,6 +209,22 @@ def value_range(lo: float = -1., hi: float = 1.) -> Op:
   return op
 
 
+def _normalize_affine(mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD
+                      ) -> tuple[np.ndarray, np.ndarray]:
+  mean, std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
+  return 1. / (255. * std), -mean / std
+
+
+def normalize(mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD) -> Op:
+  """uint8 [0, 255] -> float32 (x / 255 - mean) / std per channel (timm's and transformers'
+  normalisation; mean = std = 0.5 is ``value_range(-1, 1)``)."""
+  scale, offset = _normalize_affine(mean, std)
+
+  def op(image: Any, rng: np.random.Generator) -> np.ndarray:
+    return as_array(image).astype(np.float32) * scale + offset
+  return op
+
+
 def randaug(num_layers: int = 2, magnitude: float = 10.) -> Op:
   """big_vision's RandAugment: ``num_layers`` of its 16 TF ops at ``magnitude``
   (``randaugment.BigVision``)."""
@@ -192,10 +243,11 @@ def rand_augment(config_str: str = 'rand-m9-mstd0.5-inc1',
 OPS: dict[str, Callable[..., Op]] = {
     'decode': decode, 'to_rgb': to_rgb, 'resize': resize, 'resize_small': resize_small,
     'central_crop': central_crop, 'inception_crop': inception_crop, 'pad_crop': pad_crop,
-    'flip_lr': flip_lr, 'value_range': value_range, 'randaug': randaug,
+    'flip_lr': flip_lr, 'value_range': value_range, 'normalize': normalize, 'randaug': randaug,
     'rand_augment': rand_augment, 'random_erase': random_erase,
 }
 _CALL = re.compile(r'^\s*(\w+)\s*(?:\((.*)\))?\s*$')
+_SCALINGS = {'value_range': _affine, 'normalize': _normalize_affine}  # uint8 -> float32
 
 
 def _run(ops: list[Op], image: Any, rng: np.random.Generator) -> np.ndarray:
@@ -207,8 +259,8 @@ def _run(ops: list[Op], image: Any, rng: np.random.Generator) -> np.ndarray:
 class Pipeline:
   """The composed ops of a pipeline string; calling it runs them all on the host.
 
-  ``affine`` is the (scale, offset) of a trailing ``value_range`` (else None): then
-  ``host`` runs the ops before it and ``on_device`` the scaling, in jax.
+  ``affine`` is the (scale, offset) of a trailing ``value_range`` or ``normalize`` (else None):
+  then ``host`` runs the ops before it and ``on_device`` the scaling, in jax.
   """
 
   def __init__(self, spec: str, ops: list[Op], affine: tuple[float, float] | None):
@@ -218,14 +270,14 @@ class Pipeline:
     return _run(self.ops, image, rng)
 
   def host(self, image: Any, rng: np.random.Generator) -> np.ndarray:
-    """Every op but a trailing ``value_range``: uint8 images where there is one."""
+    """Every op but a trailing scaling: uint8 images where there is one."""
     return _run(self.ops[:-1] if self.affine else self.ops, image, rng)
 
   def on_device(self, images: Any) -> Any:
-    """The trailing ``value_range`` of a batch of ``host`` outputs, as float32."""
+    """The trailing scaling of a batch of ``host`` outputs, as float32."""
     import jax.numpy as jnp
 
-    scale, offset = self.affine  # Only for pipelines that end with value_range.
+    scale, offset = self.affine  # Only for pipelines that end with a scaling.
     return images.astype(jnp.float32) * scale + offset
 
 
@@ -241,10 +293,10 @@ def parse(spec: str) -> Pipeline:
       raise ValueError(f'random_erase in {spec!r} comes before value_range: it fills N(0, 1) '
                        "in the model's units (timm's 'pixel' mode), so put it after "
                        "value_range, e.g. '...|value_range(-1, 1)|random_erase(0.25)'.")
-    scaled = scaled or m.group(1) == 'value_range'
+    scaled = scaled or m.group(1) in _SCALINGS
     args = ast.literal_eval(f'({m.group(2)},)') if m.group(2) else ()
     ops.append(OPS[m.group(1)](*args))
-    affine = _affine(*args) if m.group(1) == 'value_range' else None
+    affine = _SCALINGS[m.group(1)](*args) if m.group(1) in _SCALINGS else None
   return Pipeline(spec, ops, affine)
 
 
@@ -266,3 +318,41 @@ def check_output(pipeline: Pipeline, image: Any, size: tuple[int, int], where: s
         f'{size[0]}x{size[1]}x3 (config.model.image_size). End the pipeline with '
         f'resize({resize}) or a crop to it, or change the image size'
         f'{" (and add to_rgb)" if len(shape) != 3 or shape[-1] != 3 else ""}.')
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSpec:
+  """A checkpoint's own evaluation preprocessing, for any input size (timm's ``pretrained_cfg``,
+  transformers' image processor): resize (``'exact'`` to the size / ``crop_pct``, ``'shorter'``
+  side to it, or ``'squash'`` both sides to it), take the central crop of the input size, scale
+  by ``mean`` and ``std``. The default is the releases': a resize to the input, [-1, 1]."""
+
+  resize: str = 'exact'
+  crop_pct: float = 1.
+  method: str = 'bilinear'
+  mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+  std: tuple[float, ...] = (0.5, 0.5, 0.5)
+  crop_offset: str = 'floor'  # 'round': torchvision's (timm's), see ``central_crop``.
+
+  def spec(self, size: tuple[int, int]) -> str:
+    """The pipeline string for (height, width) inputs."""
+    if self.resize not in ('exact', 'shorter', 'squash') or self.method not in METHODS:
+      raise errors.ConfigError(
+          f"The checkpoint's preprocessing (resize {self.resize!r}, {self.method!r}) is not one "
+          "vit_jax's ops have: give the preprocessing (--pp, or config.dataset.pp_eval).")
+    h, w = size
+    scaled = (math.floor(h / self.crop_pct), math.floor(w / self.crop_pct))
+    method = '' if self.method == 'bilinear' else f', {self.method!r}'
+    shorter = self.resize == 'shorter' and h == w  # timm squashes to a non-square size.
+    offset = '' if self.crop_offset == 'floor' else f', {self.crop_offset!r}'
+    crop = (f'|central_crop({(h, w) if h != w else h}{offset})'
+            if shorter or scaled != (h, w) else '')
+    if shorter:
+      ops = [f'resize_small({scaled[0]}{method}){crop}']
+    else:
+      ops = [f'resize({scaled if scaled[0] != scaled[1] else scaled[0]}{method}){crop}']
+    if self.mean == (0.5,) * 3 and self.std == (0.5,) * 3:
+      ops.append('value_range(-1, 1)')
+    else:
+      ops.append(f'normalize({list(self.mean)}, {list(self.std)})')
+    return '|'.join(['decode', *ops])

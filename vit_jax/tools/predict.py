@@ -10,7 +10,9 @@ average), the class names and the eval preprocessing. A .npz file's architecture
 shapes (or ``--model``), its images resized to ``--image_size`` and scaled to [-1, 1] as in the
 releases (or ``--pp``). ``--source`` takes any checkpoint (docs/checkpoints.md): a timm or
 transformers folder or ``hf-hub:ORG/NAME`` brings its architecture and class names in its
-config.json. Runs on the default JAX device, ``--batch_size`` images at a time.
+config.json, and its preprocessing (timm's ``pretrained_cfg``, transformers'
+preprocessor_config.json: resize, crop, mean and std). Runs on the default JAX device,
+``--batch_size`` images at a time.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from vit_jax.base import errors, paths
 if TYPE_CHECKING:  # jax, flax and the checkpoints load after the command line is checked.
   import jax
 
-  from vit_jax.checkpoints import release
+  from vit_jax.checkpoints.formats import layout
   from vit_jax.models import VisionTransformer
 
 NPZ_PP = 'decode|resize({size})|value_range(-1, 1)'
@@ -45,7 +47,7 @@ IMAGENET_NOTE = ('ImageNet class names are not available offline; showing the Wo
 class Source:
   """A model ready to predict, with what its inputs and outputs mean."""
 
-  loaded: release.Loaded
+  loaded: layout.Loaded
   pp_spec: str
   activation: str  # 'softmax' or 'sigmoid'
   class_names: tuple[str, ...]
@@ -97,8 +99,9 @@ def add_source_flags(parser: argparse.ArgumentParser) -> None:
                       help="npz: input size in pixels (default: the file's own, 224 for "
                            'the pre-training releases)')
   parser.add_argument('--pp', default=None,
-                      help='preprocessing pipeline (default: the run\'s dataset.pp_eval; for '
-                           f'npz "{NPZ_PP.format(size="SIZE")}")')
+                      help='preprocessing pipeline (default: the run\'s dataset.pp_eval; the '
+                           'checkpoint\'s own for timm and transformers; for npz '
+                           f'"{NPZ_PP.format(size="SIZE")}")')
   parser.add_argument('--class_names', default=None, type=paths.expand,
                       help='a JSON list or a text file with one class name per line')
   parser.add_argument('--activation', choices=('auto', 'softmax', 'sigmoid'), default='auto',
@@ -132,7 +135,7 @@ def pair(size: Any) -> tuple[int, int]:
   return (int(h), int(w))
 
 
-def _workdir_class_names(loaded: release.Loaded) -> tuple[str, ...]:
+def _workdir_class_names(loaded: layout.Loaded) -> tuple[str, ...]:
   """classes.json, or the class names of the run's dataset when it can be opened."""
   if loaded.class_names:
     return loaded.class_names
@@ -168,7 +171,8 @@ def check_source_paths(args: argparse.Namespace) -> None:
 def load_source(args: argparse.Namespace) -> Source:
   """The model, preprocessing and class names that ``--workdir`` / ``--npz`` / ``--source``
   select."""
-  from vit_jax.checkpoints import formats, release
+  from vit_jax.checkpoints import formats
+  from vit_jax.checkpoints.formats import release
   from vit_jax.checkpoints.run import workdir
 
   notes = []
@@ -199,8 +203,7 @@ def load_source(args: argparse.Namespace) -> Source:
     else:
       loaded = formats.load(source, model_name=args.model, image_size=args.image_size,
                             pool=args.pool, step=args.step)
-    h, w = pair(loaded.model.image_size)
-    pp_spec = args.pp or NPZ_PP.format(size=h if h == w else (h, w))
+    pp_spec = args.pp or loaded.preprocessing.spec(pair(loaded.model.image_size))
     activation = 'softmax'
     num_classes = loaded.model.num_classes
     names = loaded.class_names

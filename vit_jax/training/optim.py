@@ -21,7 +21,7 @@ import optax
 
 from vit_jax import config as config_lib
 from vit_jax.base import errors
-from vit_jax.checkpoints.release import flatten, unflatten
+from vit_jax.checkpoints.formats.layout import flatten, unflatten
 
 _MU_DTYPES = {None: None, 'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 

@@ -5,17 +5,21 @@ loader's position is the step, so restoring the state resumes the run exactly. O
 checkpoint into place when complete, so a crash while saving never damages the latest one.
 Damage after that is found at restore: each save records every array's dtype, shape and
 checksum (``describe``, ``checksum``), and ``resume`` moves a damaged step to
-``checkpoints/bad/STEP`` and restores the one before (all processes agree). A checkpoint of
-another model is not damage: it stops the run (``CheckpointMismatchError``). The record also
-says whether each array is finite: ``save`` refuses a non-finite state (a diverged run's) unless
-asked, the newest good checkpoint is never rotated out, and ``resume`` moves a non-finite one to
-``checkpoints/nonfinite/STEP`` and restores the one before.
+``checkpoints/bad/STEP`` and restores the one before (all processes agree). Only the files tell
+damage (``damaged``: one missing or unreadable, TensorStore finding one cut short or failing its
+checksum, the checksums differing): a checkpoint of another model stops the run
+(``CheckpointMismatchError``), and any other refusal of Orbax's is a plain error, the
+checkpoint left where it is. Orbax is given absolute paths (it refuses relative ones).
+The record also says whether each array is finite: ``save`` refuses a non-finite state (a
+diverged run's) unless asked, the newest good checkpoint is never rotated out, and ``resume``
+moves a non-finite one to ``checkpoints/nonfinite/STEP`` and restores the one before.
 """
 
 from __future__ import annotations
 
 import json
 import logging as std_logging
+import os
 import re
 import sys
 import threading
@@ -30,18 +34,25 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from vit_jax.base import errors, sharding
+from vit_jax.base import errors, paths, sharding
 from vit_jax.checkpoints.run import checksum
 
 ARRAYS = 'vit_jax_arrays'  # Key of ``describe``'s record in the step's custom metadata.
 STEP_METADATA = '_CHECKPOINT_METADATA'  # Orbax's per-step metadata file.
 BAD = 'bad'  # checkpoints/bad/STEP: the damaged checkpoints, moved aside.
 NONFINITE = 'nonfinite'  # checkpoints/nonfinite/STEP: a diverged state's, moved aside.
-# What a restore may raise that is not damage: another model's state (the config changed)
-# and a host out of memory. Anything else a restore raises counts as damage: Orbax 0.12.8
-# wraps TensorStore's ValueErrors (OUT_OF_RANGE: a data file cut short or emptied) in a
-# plain Exception.
+# What a restore may raise that is not damage, raised as it is: another model's state (the
+# config changed) and a host out of memory. Other errors are damage only where ``damaged``
+# says so; the rest are Orbax's refusals, each a plain CheckpointError.
 NOT_DAMAGE = (errors.CheckpointMismatchError, MemoryError)
+# The statuses of TensorStore's errors (ValueErrors; Orbax 0.12.8 wraps those of an array's
+# chunks in a plain Exception) about the files: one cut short or emptied (OUT_OF_RANGE),
+# failing its checksum (DATA_LOSS), missing (NOT_FOUND; FAILED_PRECONDITION: a data file the
+# OCDBT tree names).
+_FILE_STATUS = re.compile(r'^(OUT_OF_RANGE|DATA_LOSS|NOT_FOUND|FAILED_PRECONDITION): ')
+# The files of a step every restore needs (besides STEP_METADATA, which ``recorded`` reads):
+# Orbax's errors where they are missing say nothing of files (a KeyError, a pytree mismatch).
+_NEEDED = ('default', os.path.join('default', '_METADATA'))
 
 
 class Manager(ocp.CheckpointManager):
@@ -110,10 +121,7 @@ class Manager(ocp.CheckpointManager):
     warnings.filterwarnings('ignore', message=r"coroutine '.*' was never awaited",
                             category=RuntimeWarning)
     release_abandoned_threads()
-    inner = e
-    while inner.__cause__ is not None or inner.__context__ is not None:
-      inner = inner.__cause__ or inner.__context__
-    cause, fix = write_failure(inner)
+    cause, fix = write_failure(causes(e)[-1])
     kept = [s for s in self.all_steps() if s != step]
     before = (f'The checkpoints before it are intact (steps {", ".join(map(str, kept))}): '
               if kept else 'No checkpoint was written before it: ')
@@ -205,7 +213,7 @@ def make_manager(workdir: str, *, every_steps: int, keep: int,
   silence_abandoned_reads()
   policy = _KeepNewestGood(keep)
   manager = Manager(
-      epath.Path(workdir) / 'checkpoints',
+      paths.absolute(workdir) / 'checkpoints',
       options=ocp.CheckpointManagerOptions(
           save_interval_steps=every_steps, preservation_policy=policy, create=True,
           enable_async_checkpointing=asynchronous,
@@ -387,9 +395,7 @@ def read_problem(e: BaseException, step_dir: epath.Path) -> str:
   Orbax wraps TensorStore's error (which names the array chunk) in an exception whose
   text is a dump of the TensorStore spec: the innermost error is the one that says.
   """
-  inner = e
-  while inner.__cause__ is not None or inner.__context__ is not None:
-    inner = inner.__cause__ or inner.__context__
+  inner = causes(e)[-1]
   problem = short(inner)
   match = re.search(r'Error reading "([^"]+)" in OCDBT database at local file "([^"]+)"',
                     str(inner))
@@ -398,6 +404,26 @@ def read_problem(e: BaseException, step_dir: epath.Path) -> str:
     if where:
       problem += f' (the chunk is in {where})'
   return problem
+
+
+def causes(e: BaseException) -> list[BaseException]:
+  """``e`` and the errors it was raised from (or while handling), innermost last."""
+  chain = [e]
+  while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+    chain.append(chain[-1].__cause__ or chain[-1].__context__)
+  return chain
+
+
+def damaged(e: BaseException, step_dir: epath.Path) -> bool:
+  """Whether the failure ``e`` to read the checkpoint in ``step_dir`` is its files' fault: a
+  file every restore needs is missing, one could not be read (an OSError), a metadata file
+  does not parse, or TensorStore found one cut short, missing or failing its checksum. Only
+  then is a checkpoint moved aside: any other error (Orbax refusing what it was asked) says
+  nothing about the files."""
+  if not all((step_dir / name).exists() for name in _NEEDED):
+    return True
+  return any(isinstance(c, (OSError, json.JSONDecodeError, UnicodeDecodeError))
+             or (isinstance(c, ValueError) and _FILE_STATUS.match(str(c))) for c in causes(e))
 
 
 def _chunk_file(database: epath.Path, key: str) -> str:
@@ -440,6 +466,7 @@ def _ema_index(opt_state: Any) -> int | None:
 
 def has_ema(step_dir: epath.Path) -> bool:
   """Whether the checkpoint in ``step_dir`` keeps the weights' moving average."""
+  step_dir = paths.absolute(step_dir)
   try:
     tree = ocp.PyTreeCheckpointHandler().metadata(step_dir / 'default').tree
   except Exception:  # Unreadable metadata: no average to be had.
@@ -457,6 +484,7 @@ def restore_params(step_dir: epath.Path, mesh: jax.sharding.Mesh | None = None, 
   on it, sharded by ``vit_jax.base.sharding``'s rules whatever mesh they were saved from;
   without, as numpy arrays on the host.
   """
+  step_dir = paths.absolute(step_dir)
 
   def wrap(tree: Any, index: int | None) -> dict[str, Any]:
     """The path of the arrays in the train state, as their checksums are recorded."""
@@ -501,7 +529,8 @@ def _read_verified(step_dir: epath.Path, read: Callable[[dict[str, dict[str, Any
   ``step_dir``, then every array read is checked against the checksums recorded when it was
   written. (tree, '', the paths read that are not finite) or (None, the problem, []), the
   same on every process."""
-  tree, arrays, problem = None, None, ''
+  tree, arrays, problem, refused = None, None, '', ''
+  cannot = f'The checkpoint at step {step_dir.name} in {step_dir.parent} cannot be restored'
   silence_abandoned_reads()
   try:
     arrays = recorded(step_dir)
@@ -510,16 +539,22 @@ def _read_verified(step_dir: epath.Path, read: Callable[[dict[str, dict[str, Any
     raise  # Another model's state (the config changed), or no memory: nothing is damaged.
   except errors.CheckpointError as e:
     problem = str(e)
-  except Exception as e:  # Any other failure to read it is damage.
+  except Exception as e:
     problem = read_problem(e, step_dir)
-    if arrays is None and (step_dir / STEP_METADATA).exists():
+    if not damaged(e, step_dir):
+      refused = (f'{cannot}: {problem}. Nothing says its files are damaged (none is missing or '
+                 'unreadable), so it is left where it is: the error is the checkpoint '
+                 'library\'s (Orbax). Fix what it names, then run the command again.')
+    elif arrays is None and (step_dir / STEP_METADATA).exists():
       # No record to tell damage from another model's state: leave it where it is.
-      raise errors.CheckpointError(
-          f'The checkpoint at step {step_dir.name} in {step_dir.parent} cannot be restored: '
-          f'{problem}. It was written by an older vit_jax (no checksums), so it is left where '
-          'it is: resume with the config it was trained with, or move it away to fall back '
-          'to the one before.') from None
-  if _anywhere(bool(problem)) and not problem:
+      refused = (f'{cannot}: {problem}. It was written by an older vit_jax (no checksums), so '
+                 'it is left where it is: resume with the config it was trained with, or move '
+                 'it away to fall back to the one before.')
+  failed = _most(2 if refused else 1 if problem else 0)  # The same answer on every process.
+  if failed == 2:
+    raise errors.CheckpointError(refused or f'{cannot} by another process (see its log); it is '
+                                 'left where it is.')
+  if failed and not problem:
     problem = 'another process could not read it (see its log)'
   bad = []
   if not problem:  # Collective, so only once every process holds the state.
@@ -590,11 +625,11 @@ def _check_fits(arrays: dict[str, dict[str, Any]] | None, abstract_state: Any,
         'the config it was trained with (config.json in the workdir) or train in a new workdir.')
 
 
-def _anywhere(flag: bool) -> bool:
-  """True on every process if ``flag`` is True on any."""
+def _most(value: int) -> int:
+  """The largest of every process's ``value``, on every process."""
   if jax.process_count() == 1:
-    return flag
-  return bool(np.any(multihost_utils.process_allgather(np.int32(flag))))
+    return value
+  return int(np.max(multihost_utils.process_allgather(np.int32(value))))
 
 
 def _move_aside(manager: ocp.CheckpointManager, step: int, folder: str = BAD) -> epath.Path:

@@ -1,27 +1,27 @@
-"""How a config field is declared: its kind, default, allowed values and meaning in one call.
-
-``vit_jax/config/__init__.py`` declares every field with ``F`` (and each group of fields with
-``Group``); the config, its checks, the command line's typing and docs/config.md are all read
-from those declarations, so nothing is written twice.
-"""
+"""How a config field is declared (``F(kind, default, allowed, meaning)``: a ``Field``; each
+group of them a ``Group``), and a value checked against its declaration: kind, None, range.
+``table`` declares every field so."""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 from typing import Any
+
+from vit_jax.base import errors
 
 # The kinds of value; a trailing '?' (e.g. 'int?') lets the field be None too.
 KINDS = {  # kind -> (the Python type the ConfigDict holds, the words for it)
     'int': (int, 'an int'), 'float': (float, 'a number'), 'str': (str, 'a string'),
-    'path': (str, 'a path'),  # A string whose ~ and $VAR the command line expands.
+    'path': (str, 'a path'),  # A string: ~ and $VAR expanded, made absolute (complete).
     'bool': (bool, 'True or False'), 'size': (object, 'an int or a (height, width) pair'),
     'tuple': (tuple, 'a tuple'), 'ints': (tuple, 'a tuple of ints'),
     'strs': (tuple, 'a tuple of strings'), 'evals': (dict, 'named evaluators'),
 }
-_CHECKS = {'int': int, 'float': (int, float), 'str': str, 'path': str, 'bool': bool,
-           'tuple': (tuple, list), 'ints': (tuple, list), 'strs': (tuple, list)}
-_ITEMS = {'ints': (int, 'ints'), 'strs': (str, 'strings')}  # A tuple kind's items.
+# The types a value may have: a float field takes an int, a tuple field a list (JSON's) too.
+_CHECKS = {k: {float: (int, float), tuple: (tuple, list)}.get(t, t) for k, (t, _) in KINDS.items()}
+_ITEMS = {'ints': ('int', 'ints'), 'strs': ('str', 'strings')}  # A tuple kind's items.
 _INTERVAL = re.compile(r'^([\[(])(-?[\d.e+-]+), (-?[\d.e+-]+)([\])])$')
 _BOUND = re.compile(r'^(>=|>|<=|<) (-?[\d.e+-]+)$')
 
@@ -56,8 +56,7 @@ class Field:
   def __post_init__(self):
     assert self.base in KINDS, f'unknown kind {self.kind!r}'
     assert self.doc, 'every field says what it means'
-    low = high = None
-    low_in = high_in = False
+    low, low_in, high, high_in = None, False, None, False
     if isinstance(self.allowed, str) and self.allowed:
       if m := _INTERVAL.match(self.allowed):
         low, high = float(m[2]), float(m[3])
@@ -93,17 +92,17 @@ class Field:
     kind = self.base
     if kind == 'size':
       sides = value if isinstance(value, (tuple, list)) and len(value) == 2 else (value,)
-      if all(_is_int(v) and v > 0 for v in sides):
+      if all(is_kind('int', v) and v > 0 for v in sides):
         return ''
       return 'is not a positive int or a (height, width) pair of them'
-    if not isinstance(value, _CHECKS[kind]) or (isinstance(value, bool) and kind != 'bool'):
+    if not is_kind(kind, value):
       return f'must be {KINDS[kind][1]}, not {type(value).__name__}'
     if kind in _ITEMS:
-      item_type, words = _ITEMS[kind]
+      item_kind, words = _ITEMS[kind]
       if self.nonempty and not value:
         return f'must hold at least one item{self.why}'
       for item in value:
-        if not isinstance(item, item_type) or isinstance(item, bool):
+        if not is_kind(item_kind, item):
           return f'must be a tuple of {words}: {item!r} is not one'
         if problem := self._range(item):
           return f'holds {item!r}: each item {problem}'
@@ -121,19 +120,6 @@ class Field:
       return f'must be {"<=" if high_in else "<"} {high:g}{self.why}'
     return ''
 
-  def row(self, name: str) -> str:
-    """This field's line of a Markdown table: name, kind, default, allowed, meaning."""
-    kind = {'size': 'int or (h, w)', 'ints': 'tuple of ints', 'strs': 'tuple of str',
-            'evals': 'evaluators', 'path': 'path (~, $VAR expanded)'}.get(self.base, self.base)
-    kind += ' or None' if self.none else ''
-    default = 'required' if self.default is REQUIRED else f'`{self.default!r}`'
-    allowed = (', '.join(f'`{c!r}`' for c in self.allowed) if isinstance(self.allowed, tuple)
-               else self.allowed)
-    if self.nonempty:
-      allowed = 'non-empty' + (f'; each {allowed}' if allowed else '')
-    cells = (f'`{name}`', kind, default, allowed, self.doc)
-    return '| ' + ' | '.join(c.replace('|', '\\|') for c in cells) + ' |'
-
 
 F = Field  # The tables' short name.
 
@@ -146,5 +132,20 @@ class Group:
   fields: dict[str, Field]
 
 
-def _is_int(value: Any) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
+def is_kind(kind: str, value: Any) -> bool:
+  """Whether ``value`` has the type of ``kind`` (a bool is no int; a 'size' is checked apart)."""
+  return isinstance(value, _CHECKS[kind]) and (kind == 'bool' or not isinstance(value, bool))
+
+
+def did_you_mean(where: str, key: str, names: list[str]) -> str:
+  """' Did you mean WHERE.NAME, ...?' for the ``names`` closest to ``key`` ('' if none)."""
+  close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)
+  return f' Did you mean {", ".join(f"{where}.{c}" for c in close)}?' if close else ''
+
+
+def unknown_field(where: str, key: str, fields: list[str], what: str = 'a config field'
+                  ) -> errors.ConfigError:
+  """The error for ``where.key`` that is not one of ``fields``: the closest ones named."""
+  return errors.ConfigError(f'{where}.{key} is not {what}.{did_you_mean(where, key, fields)} '
+                            f'The fields of {where}: {", ".join(sorted(fields))} '
+                            '(vit_jax/config/table.py).')
