@@ -172,9 +172,17 @@ def test_command_line_writes_the_json(tmp_path):
   out = tmp_path / 'plan.json'
   run = subprocess.run(
       [sys.executable, '-m', 'vit_jax.tools.aot', f'--config={QUICKSTART}', '--topology=cpu',
-       f'--json={out}', '--config.model.num_layers=1'],
+       f'--json={out}', '--config.model.num_layers=1', '--progress_every=0.02'],
       env=env(2), capture_output=True, text=True, timeout=600)
   assert run.returncode == 0, run.stderr[-2000:]
+  # What is compiled, a line while it compiles (the compile holds no Python), and its time.
+  lines = [ln for ln in run.stderr.splitlines() if ln.startswith('aot: ')]
+  assert lines[0] == 'aot: tracing the steps of ti16 for 2 x cpu ...', run.stderr[-2000:]
+  for step, batch in (('train', 128), ('eval', 128)):
+    what = f'aot: compiling the {step} step of ti16, batch {batch}, for 2 x cpu'
+    assert f'{what} ...' in lines and any(re.fullmatch(f'{what}: 0h00m0\\ds so far', ln)
+                                          for ln in lines), lines
+    assert any(re.fullmatch(f'{what}: done in 0h00m\\d\\ds', ln) for ln in lines), lines
   assert 'on this host (2 x cpu)' in run.stdout and 'memory per device' in run.stdout
   r = json.loads(out.read_text())
   for key in ('topology', 'devices', 'hbm_bytes_per_device', 'hbm_capacity_bytes', 'fits',

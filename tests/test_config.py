@@ -149,6 +149,9 @@ def test_changing_an_evaluators_type_in_a_recipe_says_to_replace_it():
                                                    r'would climb'),
     (dict(mesh=dict(data=0)), r'config.mesh.data=0 must be -1'),
     (dict(profile_steps=(5, 2)), r'config.profile_steps=\(5, 2\) must be \(\) or \(first, '),
+    (dict(total_steps=10, schedule=dict(warmup_steps=10)),
+     r'^config.schedule: the warm-up \(10 steps\) is not shorter than the run \(10 steps\). '
+     r'Shorten the warm-up or train longer.$'),
     # Each evaluator by its type.
     (dict(evals=dict(fs=dict(type='fewshot', datasets=()))),
      r'config.evals.fs.datasets=\(\) must hold at least one item \(to turn few-shot off, '

@@ -4,6 +4,7 @@ import logging
 import re
 
 import orbax.checkpoint
+import pytest
 from absl import logging as absl_logging
 
 from vit_jax.base import console
@@ -29,6 +30,23 @@ def test_progress_lines_rate_and_eta(monkeypatch):
   now[0] += 20.
   unknown.update(40, fraction=0.25)
   assert lines[-1] == 'convert: 40 images (25%), 2/s, ETA 0h01m00s'
+
+
+def test_working_says_what_runs_while_one_long_call_holds_the_thread():
+  """A call that blocks (aot's compile; here a sleep) still gets its lines, from a thread:
+  what, how long so far, done in; a failure ends the lines without a 'done'."""
+  import time
+
+  lines = []
+  with console.working('aot: compiling the train step', every=0.05, write=lines.append):
+    time.sleep(0.3)
+  assert lines[0] == 'aot: compiling the train step ...'
+  assert 3 <= lines.count('aot: compiling the train step: 0h00m00s so far') <= 6, lines
+  assert lines[-1] == 'aot: compiling the train step: done in 0h00m00s'
+  lines.clear()
+  with pytest.raises(ValueError), console.working('x', every=10, write=lines.append):
+    raise ValueError('out of memory')
+  assert lines == ['x ...']
 
 
 def test_third_party_info_is_dropped_ours_and_warnings_kept():

@@ -128,7 +128,8 @@ def test_bad_images_are_skipped_and_reported(tmp_path):
   skipped = {s['key']: s['reason'] for s in metadata['skipped']}
   assert set(skipped) == {'train/a/truncated.JPEG', 'train/b/notes.txt'}
   assert 'truncated' in skipped['train/a/truncated.JPEG']
-  assert 'cannot identify image' in skipped['train/b/notes.txt']
+  assert skipped['train/b/notes.txt'] == ("not an image file Pillow can decode (it starts "
+                                          "b'not an image')")
   assert local.read_metadata(tmp_path / 'out')['skipped'] == metadata['skipped']
 
 
@@ -304,6 +305,23 @@ def test_the_converter_refuses_loops_and_files_as_class_folders(tmp_path):
   (root / 'notes.txt').write_text('not a class')
   with pytest.raises(errors.DataError, match=r'train/notes.txt is not a folder: .* Move it out'):
     convert.convert(str(tmp_path / 'folder'), str(tmp_path / 'out'))
+
+
+def test_class_folders_without_images_are_refused_and_nothing_is_written(tmp_path):
+  """Empty class folders (a copy that has not run yet), or ones holding no image that can be
+  read: one error, no dataset of 0 examples, nothing left in --out."""
+  root = tmp_path / 'folder'
+  for name in ('train/cat', 'train/dog', 'val/cat', 'val/dog'):
+    (root / name).mkdir(parents=True)
+  with pytest.raises(errors.DataError, match=f'^{root} holds no images: its class folders '
+                     r'\(train/cat, train/dog, val/cat, ...\) are empty. Put the images in'):
+    convert.convert(str(root), str(tmp_path / 'out'))
+  (root / 'train' / 'cat' / 'notes.txt').write_text('not an image')
+  with pytest.raises(errors.DataError, match=f'^{root} holds no image that can be read: the 1 '
+                     'files were skipped, e.g. train/cat/notes.txt: not an image file Pillow can '
+                     "decode \\(it starts b'not an image'\\).$"):
+    convert.convert(str(root), str(tmp_path / 'out'), workers=1)
+  assert os.listdir(tmp_path) == ['folder']
 
 
 def test_images_above_the_pixel_limit_are_skipped_and_listed_not_decoded(tmp_path):

@@ -6,6 +6,7 @@ import io
 import math
 import os
 import pathlib
+import re
 import threading
 import time
 import types
@@ -19,7 +20,7 @@ import pytest
 from PIL import Image
 
 from vit_jax import main
-from vit_jax.base import sharding
+from vit_jax.base import errors, sharding
 from vit_jax.data import loader, preprocess, sources, tfrecord
 
 from conftest import SHARED_DATA
@@ -312,6 +313,27 @@ def test_unprepared_tfds_dataset_is_explained(tmp_path):
   config = ml_collections.ConfigDict(dict(name='cifar10', data_dir=str(tmp_path)))
   with pytest.raises(FileNotFoundError, match="TFDS dataset 'cifar10' is not prepared in"):
     sources.get_source(config, 'train')
+
+
+def test_a_dataset_name_that_names_nothing_is_refused_without_reading_data(tmp_path):
+  """``check_name``, which a command runs before jax: a name that is not prepared, bundled,
+  local or a VTAB task is refused; one TFDS will prepare, or one prepared, passes."""
+  def dataset(name, **fields):
+    return ml_collections.ConfigDict({'name': name, 'data_dir': str(tmp_path),
+                                      'prepare': False, **fields})
+
+  for name in ('cifar10', 'imagenet9', 'cifar10:3.*.*'):
+    with pytest.raises(errors.ConfigError, match=f"^config.dataset.name='{re.escape(name)}': "
+                       f'no dataset of that name is prepared in {tmp_path} '):
+      sources.check_name(dataset(name))
+  with pytest.raises(errors.ConfigError, match="^config.dataset.name='vtab/dtdd' is not a VTAB "
+                                               'task: vtab/ and one of caltech101, '):
+    sources.check_name(dataset('vtab/dtdd'))
+  (tmp_path / 'cifar10' / '3.0.2').mkdir(parents=True)
+  (tmp_path / 'cifar10' / '3.0.2' / 'dataset_info.json').write_text('{"splits": []}')
+  for ok in (dataset('cifar10'), dataset('cifar10:3.*.*'), dataset('imagenet9', prepare=True),
+             dataset('digits'), dataset('vtab/dtd'), dataset('fashion_mnist')):
+    sources.check_name(ok)
 
 
 def test_tfds_tfrecord_dataset_reads_as_its_array_record_twin(local_tfds, local_tfds_tfrecord,

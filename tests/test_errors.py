@@ -1,6 +1,7 @@
 """Every entry point: a user's mistake is one ``error:`` line and exit status 2, found before
 the heavy start-up (no jax import where the entry point's module does not import it)."""
 
+import contextlib
 import os
 import pathlib
 import subprocess
@@ -147,6 +148,43 @@ def test_a_mistake_is_one_error_line_and_exit_2(places, module, args, message, b
   if before_jax:
     assert 'jax imported: False' in p.stdout
   assert not os.path.exists(os.path.join(places['dir'], 'w'))  # Nothing created.
+
+
+@pytest.mark.slow
+def test_a_refused_run_answers_before_jax_and_leaves_nothing_behind(tmp_path):
+  """Mistakes whose answer needs no data, answered by vit_jax.main before jax starts (they
+  came after it, 8-9 s in, leaving log.txt and run.lock): an unknown dataset, a warm-up as
+  long as the run, a workdir another run holds (its lock held here, for real), a resume with
+  another batch size (a run's config.json and checkpoint). Nothing is created or written."""
+  from vit_jax.checkpoints.run import lock, workdir
+  from vit_jax.config import cli
+
+  run = tmp_path / 'run'
+  (run / workdir.CHECKPOINTS / '10').mkdir(parents=True)
+  workdir.write_run_info(run, cli.load(QUICKSTART), 10, ())
+  cases = [
+      (['--config.dataset.name=imagenet9'], "config.dataset.name='imagenet9': no dataset of "
+       'that name is prepared in '),
+      (['--config.total_steps=10', '--config.schedule.warmup_steps=10'],
+       'config.schedule: the warm-up (10 steps) is not shorter than the run (10 steps).'),
+      ([], f'{run} is in use by another run (PID {os.getpid()} on '),
+      (['--config.batch_size=32'], 'A resume is the same run, but config.batch_size=32 (128)'),
+  ]
+  with lock.hold(run):  # A run that ended: its lock emptied, left.
+    pass
+  before = sorted(p.name for p in run.iterdir())
+  for i, (args, message) in enumerate(cases):
+    held = lock.hold(run) if 'in use' in message else contextlib.nullcontext()
+    with held:
+      p = subprocess.run([sys.executable, '-c', _RUN, 'vit_jax.main', f'--config={QUICKSTART}',
+                          f'--workdir={run if i > 1 else tmp_path / "new"}', *args],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120,
+                         env={**os.environ, 'PYTHONPATH': str(ROOT)})
+    lines = p.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f'error: {message}'), p.stderr
+    assert p.returncode == 2 and 'jax imported: False' in p.stdout
+    assert sorted(p.name for p in run.iterdir()) == before and not (tmp_path / 'new').exists()
+    assert (run / lock.LOCK_FILE).read_text() == ''
 
 
 # A misspelled flag on every command (absl's suggestion, or argparse's refusal).

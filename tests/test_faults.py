@@ -10,6 +10,7 @@ each bad converter input in tests/test_convert.py.
 """
 
 import argparse
+import fcntl
 import json
 import logging
 import os
@@ -794,6 +795,58 @@ def test_a_lock_from_another_host_is_kept_while_its_heartbeat_is_fresh(tmp_path,
   record(host=socket.gethostname(), pid=finished.pid)
   with lock.hold(tmp_path):
     assert f'PID {finished.pid} is not running on this host' in caplog.text
+
+
+def test_a_lock_holding_garbage_is_taken_over_only_where_its_flock_says_no_run_holds_it(
+    tmp_path, caplog):
+  """Garbage in run.lock (random bytes: a damaged disk; NULs or a record cut short: a crash
+  mid-write; a record of the wrong types) is no proof of a holder. Its flock free: taken over
+  with a warning. Its flock held: refused in one line. No flock to ask (an object store):
+  refused in one line naming the file to remove."""
+  path = tmp_path / lock.LOCK_FILE
+  damaged = bytes(range(256)) * 4
+  path.write_bytes(damaged)
+  other = os.open(path, os.O_RDONLY)  # Another run's hold on the file.
+  fcntl.flock(other, fcntl.LOCK_EX)
+  with pytest.raises(errors.WorkdirInUseError,
+                     match=f'in use by another run \\(a process whose record in {path} is '
+                           'unreadable; it is locked\\)'):
+    lock.WorkdirLock(tmp_path).acquire()
+  os.close(other)
+  unasked = lock.WorkdirLock(tmp_path)
+  unasked.local = False  # As for gs://: the record alone decides.
+  with pytest.raises(errors.WorkdirInUseError,
+                     match=f'{path} holds no readable record \\(1024 bytes: a crash mid-write '
+                           f'or a damaged disk\\).* remove {path}; else use another'):
+    unasked.acquire()
+  assert path.read_bytes() == damaged  # Refused: left as it was.
+  for garbage in [damaged, b'\0' * 1024, b'{"host": "h", "pid": 42, "sta',
+                  b'{"host": 1, "pid": "x", "started": 0, "heartbeat": 0}']:
+    path.write_bytes(garbage)
+    with lock.hold(tmp_path):
+      assert json.loads(path.read_text())['pid'] == os.getpid()
+      assert (f'{path} holds no readable record ({len(garbage)} bytes: a crash mid-write or a '
+              'damaged disk) and no run holds its flock: taking it over.') in caplog.text
+    assert path.read_text() == ''
+
+
+def test_check_free_refuses_a_held_workdir_before_jax_and_writes_nothing(tmp_path):
+  """What vit_jax.main asks before it starts jax: a held lock (flock), or a live holder by its
+  record (another host), refused as ``hold`` refuses them; nothing created or written."""
+  lock.check_free(tmp_path / 'new')
+  assert not (tmp_path / 'new').exists()
+  path = tmp_path / lock.LOCK_FILE
+  with lock.hold(tmp_path):
+    record = path.read_bytes()
+    with pytest.raises(errors.WorkdirInUseError, match=f'^{tmp_path} is in use by another run '
+                       f'\\(PID {os.getpid()} on .*; it is locked\\)'):
+      lock.check_free(tmp_path)
+    assert path.read_bytes() == record
+  lock.check_free(tmp_path)  # Released.
+  path.write_text(json.dumps({'host': 'elsewhere', 'pid': 4242, 'started': time.time(),
+                              'heartbeat': time.time()}))
+  with pytest.raises(errors.WorkdirInUseError, match='elsewhere.*; running, by its record'):
+    lock.check_free(tmp_path)
 
 
 # ---------------------------------------------------------------------------

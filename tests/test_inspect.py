@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax.base import paths
+from vit_jax.base import errors, paths
 from vit_jax.checkpoints.formats import release
 from vit_jax.checkpoints.run import workdir
 from vit_jax.data import preprocess, sources
@@ -138,9 +138,11 @@ def test_predict_names_an_unreadable_image_and_goes_on(npz_file, photo_files, tm
   code = predict.main(['--npz', str(npz_file[0]), '--batch_size=2', str(bad), photo_files[0],
                        str(missing)])
   captured = capsys.readouterr()
-  assert code == 1
-  assert f'cannot read image {bad}: not an image file' in captured.err
-  assert f'cannot read image {missing}: no such file' in captured.err
+  assert code == errors.EXIT_STATUS
+  assert captured.err.splitlines()[1:] == [  # After the note on ImageNet's names.
+      f"error: cannot read image {bad}: not an image file OpenCV or Pillow can decode (20 "
+      "bytes; it starts b'these are not pi').",
+      f'error: cannot read image {missing}: no such file.']
   assert list(_parse(captured.out)) == [photo_files[0]]
 
 

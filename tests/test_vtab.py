@@ -2,11 +2,13 @@
 tiny TFDS datasets written here under the real datasets' names and versions."""
 
 import json
+import pathlib
 import shutil
 import subprocess
 import sys
 
 import chex
+import jax
 import numpy as np
 import pytest
 
@@ -16,6 +18,8 @@ from vit_jax.data import vtab as vtab_tasks
 from vit_jax.data import vtab_prepare
 
 from runs import env
+
+HUB = pathlib.Path(__file__).parent / 'data' / 'hub'
 
 
 def test_the_table_has_the_19_tasks_in_their_groups():
@@ -325,6 +329,32 @@ def test_every_tasks_config_is_validated_before_the_first_task_trains(tiny_run, 
   assert not (tmp_path / 'vtab' / 'smallnorb_azi').exists()
 
 
+def test_init_from_takes_any_source_a_timm_folder(tiny_tfds, tmp_path):
+  """--init_from of a timm folder, as config.init_from takes it: the task's model is the
+  folder's architecture (its config.json), validated as the run validates it, and its
+  weights load into that model."""
+  from vit_jax import main
+  from vit_jax.checkpoints import formats
+  from vit_jax.checkpoints.formats import fit
+  from vit_jax.checkpoints.run import workdir as workdir_lib
+
+  timm = str(HUB / 'timm_augreg')
+  settings = dict(init_from=timm, data_dir=tiny_tfds, lr=0.03, steps=6, warmup_steps=1,
+                  batch_size=16, image_size=16, momentum=0.9, seed=0,
+                  train_split='train800val200', eval_split='test')
+  config = vtab.validate(vtab.task_config(vtab_tasks.select('smallnorb_azi')[0],
+                                          vtab.model_fields(timm), settings),
+                         str(tmp_path / 'smallnorb_azi'))
+  plan, _ = main.prepare(config)
+  source = formats.load(timm).model
+  assert fit.model_options(plan.model) == fit.model_options(
+      source.clone(image_size=16, num_classes=18))
+  init = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), jax.eval_shape(
+      plan.model.init, jax.random.key(0), np.zeros((1, 16, 16, 3), np.float32))['params'])
+  params = workdir_lib.init_params_from(timm, init, plan.model)
+  chex.assert_trees_all_equal_shapes(params, init)
+
+
 # ---------------------------------------------------------------------------
 # Preparing the data: TFDS's own builders, the network and the manual downloads stood in for.
 
@@ -346,6 +376,23 @@ def test_a_run_names_every_missing_task_in_one_line_before_anything_starts(tiny_
     vtab_prepare.check(vtab_tasks.TASKS, str(tmp_path / 'nowhere'), 'all')
 
 
+def test_a_damaged_dataset_info_is_refused_by_the_check_in_one_line(tiny_tfds, tmp_path):
+  """Garbage in a prepared folder's dataset_info.json (a crash mid-write, a damaged disk),
+  which TFDS would crash on in protobuf: the check before a run names it and the fix."""
+  import shutil
+
+  shutil.copytree(f'{tiny_tfds}/smallnorb', tmp_path / 'smallnorb')
+  info = tmp_path / 'smallnorb' / '2.0.0' / 'dataset_info.json'
+  for garbage in [bytes(range(256)) * 4, info.read_bytes()[:100], b'[]']:
+    info.write_bytes(garbage)
+    with pytest.raises(errors.MissingFileError) as raised:
+      vtab_prepare.check(vtab_tasks.select('smallnorb_azi'), str(tmp_path))
+    assert str(raised.value).startswith(
+        f'VTAB data: wrong data for smallnorb_azi ({info} is damaged, not TFDS\'s JSON: remove '
+        f'{info.parent} and prepare it again).')
+    assert '\n' not in str(raised.value)
+
+
 def _resisc45_stand_in(folder, classes=('airplane', 'beach'), per_class=3):
   """The extracted NWPU-RESISC45 archive's layout, a few 256x256 JPEGs a class."""
   from PIL import Image
@@ -357,26 +404,36 @@ def _resisc45_stand_in(folder, classes=('airplane', 'beach'), per_class=3):
           folder / 'NWPU-RESISC45' / name / f'{name}_{i + 1:03d}.jpg')
 
 
+@pytest.fixture
+def no_network(monkeypatch):
+  """Downloads through a proxy at a closed port of this machine: refused at once, as on a
+  machine without network (nothing leaves it)."""
+  import socket
+
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    port = s.getsockname()[1]
+  for name in ('HTTPS_PROXY', 'HTTP_PROXY', 'https_proxy', 'http_proxy'):
+    monkeypatch.setenv(name, f'http://127.0.0.1:{port}')
+  for name in ('NO_PROXY', 'no_proxy'):
+    monkeypatch.delenv(name, raising=False)
+
+
 def test_prepare_builds_what_it_can_and_names_the_manual_downloads(tiny_tfds, tmp_path,
-                                                                   monkeypatch):
-  """resisc45 from its manual download (placed here) by TFDS's own builder; dSprites' download
-  fails at the network (stood in for); diabetic_retinopathy and oxford_iiit_pet 3.x are
-  named with what to place where; smallNORB, prepared earlier, is kept."""
+                                                                   no_network):
+  """resisc45 from its manual download (placed here) by TFDS's own builder; dSprites' file
+  placed by hand is not the right one (its checksum); diabetic_retinopathy and
+  oxford_iiit_pet 3.x are named with what to place where; smallNORB, prepared earlier, is
+  kept."""
   import io
   import shutil
-
-  from tensorflow_datasets.core.download import downloader
 
   data_dir = tmp_path / 'tfds'
   shutil.copytree(f'{tiny_tfds}/smallnorb', data_dir / 'smallnorb')
   manual = data_dir / 'downloads' / 'manual'
   _resisc45_stand_in(manual / 'resisc45')
-  asked = []
-
-  def no_network(url, **kwargs):
-    asked.append(url)
-    raise ConnectionError(f'no network here: {url}')
-  monkeypatch.setattr(downloader, '_open_url', no_network)
+  (manual / 'dsprites').mkdir()
+  (manual / 'dsprites' / 'dsprites_ndarray_co1sh3sc6or40x32y32_64x64.hdf5').write_text('no')
   out = io.StringIO()
   tasks = vtab_tasks.select('resisc45,diabetic_retinopathy,oxford_iiit_pet,dsprites_loc,'
                             'smallnorb_azi,smallnorb_elev')
@@ -395,9 +452,9 @@ def test_prepare_builds_what_it_can_and_names_the_manual_downloads(tiny_tfds, tm
   labels = sorted(int(e['label']) for e in built.as_data_source(split='train'))
   names = built.info.features['label'].names
   assert [names[i] for i in labels] == ['airplane'] * 3 + ['beach'] * 3
-  # dSprites: its real URL asked for, the failure named, the others went on.
-  assert rows['dsprites:2.*.*'][2] == 'failed' and any('dsprites' in u for u in asked)
-  assert 'no network here' in text
+  # dSprites: the file placed by hand checked, the failure named, the others went on.
+  assert rows['dsprites:2.*.*'][2] == 'failed'
+  assert 'dsprites: failed in ' not in text and 'NonMatchingChecksumError' in text
   # The manual ones: exactly what to place where.
   assert rows['diabetic_retinopathy_detection/btgraham-300:3.*.*'][2] == 'manual'
   dr = manual / 'diabetic_retinopathy_detection'
@@ -417,6 +474,35 @@ def test_prepare_builds_what_it_can_and_names_the_manual_downloads(tiny_tfds, tm
                'dsprites_loc (failed)'):
     assert name in message
   assert 'smallnorb' not in message
+
+
+def test_prepare_without_network_says_so_at_once_and_names_the_files_to_place(tmp_path,
+                                                                             no_network):
+  """No network: said on the first dataset to download, in seconds (TFDS's retries took 206 s
+  for dSprites alone), with the folder and the file names to place by hand; the other
+  datasets are not tried either."""
+  import io
+  import time
+
+  out = io.StringIO()
+  start = time.monotonic()
+  with pytest.raises(errors.UserError, match=r'svhn \(no network\), dsprites_loc \(no network'):
+    vtab_prepare.prepare(vtab_tasks.select('dsprites_loc,svhn'), str(tmp_path), out=out)
+  assert time.monotonic() - start < 30
+  text = out.getvalue()
+  manual = tmp_path / 'downloads' / 'manual'
+  assert text.startswith(
+      'svhn_cropped:3.*.* (svhn): ...\n'
+      'No network (ufldl.stanford.edu cannot be reached: ProxyError: [Errno 111] Connection '
+      f'refused): the downloads are not tried. Place each dataset\'s files in {manual}/NAME '
+      '(named below), or run this where there is network.\n'
+      'svhn_cropped:3.*.*: no network in 0 s: place extra_32x32.mat (from http://ufldl.stanford'
+      '.edu/housenumbers/extra_32x32.mat); test_32x32.mat (from ')
+  assert f'train_32x32.mat) in {manual}/svhn_cropped\n' in text
+  assert ('dsprites:2.*.*: no network in 0 s: place dsprites_ndarray_co1sh3sc6or40x32y32_64x64'
+          f'.hdf5 (from https://github.com/deepmind/dsprites-dataset/blob/master/dsprites_ndarray'
+          f'_co1sh3sc6or40x32y32_64x64.hdf5?raw=true) in {manual}/dsprites\n') in text
+  assert text.count('No network') == 1
 
 
 def test_an_install_without_tfds_is_told_which_extra_to_add(monkeypatch):

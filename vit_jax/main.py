@@ -101,18 +101,23 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   if flags_['peer_timeout'].value <= 0:
     raise errors.ConfigError(f'--peer_timeout={flags_["peer_timeout"].value} must be a number '
                              'of seconds > 0.')
-  malloc = console.start(cpu_devices)  # May re-execute this process once (XLA:CPU).
-  import jax
+  from vit_jax.checkpoints.run import lock, record
+  from vit_jax.data import sources
 
+  sources.check_name(config.dataset)  # What needs no data, before jax: nothing written yet.
   coordinator = flags_['coordinator_address'].value
   distributed = flags_['distributed'].value
   if distributed is None:
     distributed = coordinator is not None or _auto_distributed()
+  if not distributed:  # A job's process 0 may hold the lock already: it is taken below.
+    lock.check_free(workdir)
+  record.check_resume(workdir, config)
+  malloc = console.start(cpu_devices)  # May re-execute this process once (XLA:CPU).
+  import jax
+
   if distributed:
     peers.start(coordinator, flags_['num_processes'].value, flags_['process_id'].value,
                 timeout_s=flags_['peer_timeout'].value, resumes_from=lambda: _resumes_from(workdir))
-  from vit_jax.checkpoints.run import lock
-
   with lock.hold(workdir):  # Before anything is written there: one run per workdir.
     log_file = console.log_file(workdir, jax.process_index())
     if malloc:

@@ -97,20 +97,23 @@ def task_config(task: Task, model: dict[str, Any], settings: dict[str, Any],
 
 
 def model_fields(init_from: str) -> dict[str, Any]:
-  """The config.model fields of a checkpoint: a run's config, or a release file's shapes."""
-  from vit_jax.checkpoints.formats import fit, layout, release
+  """The config.model fields of a checkpoint: a run's config, or any other SOURCE's own
+  architecture (a .npz file's shapes, a timm or transformers folder's config.json, ...), as
+  ``vit_jax.main``'s ``config.init_from`` takes it."""
+  from vit_jax.checkpoints import formats
+  from vit_jax.checkpoints.formats import fit
   from vit_jax.checkpoints.run import workdir as workdir_lib
 
   if workdir_lib.is_workdir(init_from):
     fields = dict(workdir_lib.load_config(init_from).model)
     fields.pop('image_size', None)
     return {k: v for k, v in fields.items() if v is not None}
-  if not paths.is_file(init_from):
-    raise errors.MissingFileError(f'--init_from={init_from} is neither a release .npz file nor '
-                                  'the workdir of a run (a directory with checkpoints/).')
-  arch = fit.npz_architecture(layout.flatten(release.load_npz(init_from)))
-  arch.pop('image_size')
-  return {'name': 'b16', **{k: v for k, v in arch.items() if v is not None}}
+  try:
+    fields = fit.model_options(formats.load(init_from).model)
+  except errors.UserError as e:
+    raise type(e)(f'--init_from: {e}') from None
+  fields.pop('image_size')
+  return fields
 
 
 RESULT_FILE = 'vtab_result.json'

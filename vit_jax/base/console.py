@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -244,3 +245,27 @@ class Progress:
 
   def finish(self, done: int) -> None:
     self.write(self.line(done, final=True))
+
+
+@contextlib.contextmanager
+def working(what: str, every: float = 30., write: Callable[[str], None] | None = None
+            ) -> Iterator[None]:
+  """'{what} ...' as the block starts, '{what}: 0h01m30s so far' every ``every`` seconds
+  while it runs (from a thread: one long call that releases the GIL, an XLA compile), and
+  '{what}: done in 0h04m24s' when it ends: minutes in one call are not silent."""
+  write = write or (lambda line: print(line, file=sys.stderr, flush=True))
+  start, done = time.perf_counter(), threading.Event()
+
+  def tick() -> None:
+    while not done.wait(every):
+      write(f'{what}: {duration(time.perf_counter() - start)} so far')
+
+  write(f'{what} ...')
+  thread = threading.Thread(target=tick, daemon=True, name='vit_jax progress')
+  thread.start()
+  try:
+    yield
+  finally:
+    done.set()
+    thread.join()
+  write(f'{what}: done in {duration(time.perf_counter() - start)}')

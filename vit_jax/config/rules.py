@@ -46,7 +46,18 @@ def _rules(flat: dict[str, Any]) -> str:
                   or profile[0] > profile[1]):
     return (f'config.profile_steps={profile!r} must be () or (first, last) steps, '
             '1 <= first <= last.')
+  if flat['total_steps'] and not flat['schedule.warmup_epochs'] and (
+      problem := warmup_problem(flat['schedule.warmup_steps'], flat['total_steps'])):
+    return problem  # In epochs: checked where the data's size is known (training.optim).
   return _phases_problem(flat['schedule.phases'], flat['total_steps'])
+
+
+def warmup_problem(warmup: int, total: int) -> str:
+  """What is wrong with a warm-up of ``warmup`` steps in a run of ``total`` ('' if nothing)."""
+  if warmup < total:
+    return ''
+  return (f'config.schedule: the warm-up ({warmup} steps) is not shorter than the run ({total} '
+          'steps). Shorten the warm-up or train longer.')
 
 
 def _phases_problem(given: Any, total_steps: int | None) -> str:

@@ -126,6 +126,11 @@ def scan_folder(source: epath.Path, val_fraction: float = 0.02,
   classes = sorted({c.name for cs in folders.values() for c in cs})
   index = {name: i for i, name in enumerate(classes)}
   total = sum(1 for cs in folders.values() for c in cs for _ in c.iterdir())
+  if not total:
+    empty = [f'{s.name}/{c.name}' for s, cs in folders.items() for c in cs]
+    raise errors.DataError(f'{source} holds no images: its class folders ({", ".join(empty[:3])}'
+                           f'{", ..." if len(empty) > 3 else ""}) are empty. Put the images in '
+                           'SPLIT/CLASS/ folders.')
 
   def items() -> Iterator[Item]:
     for split in splits:
@@ -235,6 +240,9 @@ def check(item: Item,
             f'{max_pixels:,} (--max_pixels); downscale it, or raise the limit')
       image.load()  # Decodes everything: truncated files fail here.
     return split, key, labels, data, ''
+  except Image.UnidentifiedImageError:  # Its message names a BytesIO: say what the file holds.
+    return split, key, labels, None, ('not an image file Pillow can decode (it starts '
+                                      f'{data[:16]!r})')
   except Exception as e:  # noqa: BLE001 (any failure to read an image means: skip it)
     return split, key, labels, None, f'{type(e).__name__}: {e}'
 
@@ -311,6 +319,11 @@ def convert(source: str, out: str, *, shards: int = 16, kind: str = 'auto',
         writers[split].write(local.encode_record(data, labels, key))
         multi_label |= bool(classes) and len(labels) != 1
       progress.update(done, None if total else labels[0] / len(classes))
+  if not writers:  # Nothing to train on: no dataset, and nothing left behind.
+    shutil.rmtree(tmp)
+    raise errors.DataError(f'{source} holds no image that can be read: '
+                           + (f'the {done} files were skipped, e.g. {skipped[0]["key"]}: '
+                              f'{skipped[0]["reason"]}.' if skipped else 'it holds no files.'))
   metadata = {
       'format_version': local.FORMAT_VERSION, 'name': name or source_path.name,
       'source': str(source), 'kind': kind, 'num_classes': len(classes),

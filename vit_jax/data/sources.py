@@ -219,6 +219,31 @@ def _sliced(split: str, read: Any) -> Any:
   return Subset(source, np.arange(len(source))[part])
 
 
+def check_name(dataset: Any) -> None:
+  """Refuses a ``dataset.name`` that ``get_source`` would not find, reading no data: not a
+  VTAB task, a bundled or local dataset, nor a TFDS dataset prepared in ``data_dir`` (one to
+  be prepared, or in a bucket, TFDS judges later). A command asks before it starts jax."""
+  from vit_jax.data import vtab_prepare
+
+  name, data_dir = dataset.name, dataset.get('data_dir') or ''
+  if name.startswith('vtab/'):
+    if name[len('vtab/'):] not in vtab.BY_NAME:
+      raise errors.ConfigError(f'config.dataset.name={name!r} is not a VTAB task: vtab/ and '
+                               f'one of {", ".join(vtab.BY_NAME)}.')
+    return
+  if (name == 'digits' or (data_dir and (name in ('mnist', 'fashion_mnist') or '://' in data_dir
+                                         or (epath.Path(data_dir) / local.METADATA).exists()))
+      or dataset.get('prepare')):
+    return
+  where = data_dir or vtab_prepare.default_data_dir()
+  if vtab_prepare.prepared_dir(where, name) is None:
+    raise errors.ConfigError(
+        f'config.dataset.name={name!r}: no dataset of that name is prepared in {where} (nor is '
+        'it digits, vtab/TASK or a converted dataset\'s data_dir). A TFDS dataset: set '
+        'config.dataset.data_dir to where it is prepared, or prepare it once with '
+        'config.dataset.prepare=True (docs/data.md).')
+
+
 def get_source(dataset: Any, split: str) -> ArraySource | TFDSSource | local.LocalSource:
   """The source of ``split`` for ``config.dataset``.
 

@@ -115,14 +115,14 @@ def problem(task: Task, data_dir: str) -> str | None:
   found = prepared_dir(data_dir, task.tfds_name)
   if found is None:
     return 'missing'
-  if task.layout == 'share':
-    try:
-      train = split_sizes(found).get('train')
-    except (OSError, ValueError, KeyError):
-      return f'{found}/dataset_info.json unreadable'
-    if train != task.train_examples:
-      return (f'{train} training examples, not the {task.train_examples:,} of '
-              'task_adaptation\'s version')
+  try:  # Read for every task: TFDS would crash in protobuf on a damaged one.
+    train = split_sizes(found).get('train')
+  except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    return (f'{found}/dataset_info.json is damaged, not TFDS\'s JSON: remove {found} and '
+            'prepare it again')
+  if task.layout == 'share' and train != task.train_examples:
+    return (f'{train} training examples, not the {task.train_examples:,} of '
+            'task_adaptation\'s version')
   return None
 
 
@@ -182,31 +182,62 @@ class Outcome:
 
   tfds_name: str
   tasks: list[str]
-  status: str  # 'prepared', 'prepared earlier', 'manual', 'failed'
+  status: str  # 'prepared', 'prepared earlier', 'manual', 'no network', 'failed'
   detail: str = ''
   download_bytes: int | None = None  # From TFDS's registered checksums; None: by hand.
   prepared_bytes: int | None = None  # Measured on disk.
 
 
-def _download_bytes(builder: Any) -> int | None:
+def _url_infos(builder: Any) -> dict[str, Any]:
+  """{URL: TFDS's UrlInfo (size, file name)} of what ``builder`` downloads (its registered
+  checksums); {} where unknown."""
   try:
     infos = builder.url_infos or {}
   except Exception:  # noqa: BLE001 (a builder without registered checksums: unknown)
-    return None
+    return {}
   url = getattr(builder.builder_config, 'download_url', None)  # EuroSAT: one config's file.
-  if url in infos:
-    return int(infos[url].size)
-  return sum(int(i.size) for i in infos.values()) or None
+  return {url: infos[url]} if url in infos else dict(infos)
+
+
+def _download_bytes(builder: Any) -> int | None:
+  return sum(int(i.size) for i in _url_infos(builder).values()) or None
 
 
 def _manual_missing(name: str, folder: str) -> bool:
   return any(not os.path.exists(os.path.join(folder, m)) for m in MANUAL_MARKS.get(name, ()))
 
 
+def _download_files(builder: Any) -> dict[str, str]:
+  """{URL: file name} of what ``builder`` downloads; TFDS takes a file of that name from its
+  manual_dir instead of downloading it."""
+  return {u: i.filename or os.path.basename(u.split('?')[0])
+          for u, i in _url_infos(builder).items()}
+
+
+def unreachable(url: str, timeout: float = 10.0) -> str:
+  """Why ``url``'s host cannot be reached ('' where it answers, with any status): one try
+  through the proxies TFDS's downloads take (HTTPS_PROXY, ...), so that a machine without
+  network is told at once, not after TFDS's retries (minutes for each dataset)."""
+  import re
+  from urllib.parse import urlparse
+
+  import requests
+
+  try:
+    requests.head(url, timeout=timeout, allow_redirects=False).close()
+  except requests.RequestException as e:
+    causes = re.findall(r'\[Errno -?\d+\] [^\'"()]+', str(e))
+    return (f'{urlparse(url).hostname} cannot be reached: {type(e).__name__}'
+            f'{": " + causes[-1].strip() if causes else ""}')
+  return ''
+
+
 def prepare_one(tfds_name: str, tasks: list[str], data_dir: str, manual_dir: str,
-                file_format: str = 'array_record') -> Outcome:
+                file_format: str = 'array_record', network: dict[str, str] | None = None
+                ) -> Outcome:
   """Builds ``tfds_name`` in ``data_dir`` with TFDS's builder (its download, or the files
-  placed in ``manual_dir/NAME``); a failure is an ``Outcome``, never raised."""
+  placed in ``manual_dir/NAME``); a failure is an ``Outcome``, never raised. ``network``:
+  {'unreachable': why} once known (asked once for all the datasets of a ``prepare``)."""
   import tensorflow_datasets as tfds
 
   name = parts(tfds_name)[0]
@@ -226,7 +257,15 @@ def prepare_one(tfds_name: str, tasks: list[str], data_dir: str, manual_dir: str
   download = None if name in MANUAL else _download_bytes(builder)
   if name in MANUAL and _manual_missing(name, folder):
     return Outcome(tfds_name, tasks, 'manual', MANUAL[name].format(dir=folder))
-  config = tfds.download.DownloadConfig(manual_dir=folder if name in MANUAL else None)
+  files = {} if name in MANUAL else _download_files(builder)
+  if any(not os.path.exists(os.path.join(folder, f)) for f in files.values()):
+    network = {} if network is None else network
+    if 'unreachable' not in network:
+      network['unreachable'] = unreachable(next(iter(files)))
+    if network['unreachable']:
+      placed = '; '.join(f'{f} (from {u})' for u, f in files.items())
+      return Outcome(tfds_name, tasks, 'no network', f'place {placed} in {folder}', download)
+  config = tfds.download.DownloadConfig(manual_dir=folder)  # Files placed there are taken.
   try:
     builder.download_and_prepare(download_config=config, file_format=file_format)
   except Exception as e:  # noqa: BLE001 (network, a damaged download: named, and the rest go on)
@@ -258,15 +297,20 @@ def prepare(tasks: Sequence[Task], data_dir: str, manual_dir: str = '',
   cannot run (after the table), so a script sees a non-zero status."""
   out = out or sys.stdout
   manual_dir = manual_dir or manual_root(data_dir)
-  outcomes = []
+  outcomes: list[Outcome] = []
+  network: dict[str, str] = {}
   for tfds_name, names in datasets_of(tasks).items():
     start = time.monotonic()
     print(f'{tfds_name} ({", ".join(names)}): ...', file=out, flush=True)
-    outcome = prepare_one(tfds_name, names, data_dir, manual_dir)
+    outcome = prepare_one(tfds_name, names, data_dir, manual_dir, network=network)
+    if outcome.status == 'no network' and all(o.status != 'no network' for o in outcomes):
+      print(f'No network ({network["unreachable"]}): the downloads are not tried. Place '
+            f'each dataset\'s files in {manual_dir}/NAME (named below), or run this where '
+            'there is network.', file=out, flush=True)
     outcomes.append(outcome)
     print(f'{tfds_name}: {outcome.status} in {time.monotonic() - start:.0f} s'
-          f'{": " + outcome.detail if outcome.status == "failed" else ""}', file=out,
-          flush=True)
+          f'{": " + outcome.detail if outcome.status in ("failed", "no network") else ""}',
+          file=out, flush=True)
   print(table(outcomes), file=out)
   manual = [o for o in outcomes if o.status == 'manual']
   if manual:
@@ -281,7 +325,7 @@ def prepare(tasks: Sequence[Task], data_dir: str, manual_dir: str = '',
           f'in {downloads}) are no longer needed once prepared; the runs read only the '
           'prepared folders.', file=out)
   out.flush()
-  left = {o.tfds_name: o for o in outcomes if o.status in ('manual', 'failed')}
+  left = {o.tfds_name: o for o in outcomes if o.status in ('manual', 'no network', 'failed')}
   names = [f'{n} ({o.status})' for o in left.values() for n in o.tasks]
   names += [f'{t.name} ({p})' for t in tasks
             if t.tfds_name not in left and (p := problem(t, data_dir))]

@@ -25,7 +25,7 @@ from typing import Any
 
 from absl import app, flags
 
-from vit_jax.base import errors, paths
+from vit_jax.base import console, errors, paths
 from vit_jax.tools import feeding
 
 
@@ -54,6 +54,9 @@ def _define_flags() -> types.SimpleNamespace:
       suggest=flags.DEFINE_bool(
           'suggest', True, 'For a plan that does not fit, find and compile what would '
           '(--nosuggest: only the verdict).'),
+      progress_every=flags.DEFINE_float(
+          'progress_every', 30., 'Seconds between the lines that say what is being compiled '
+          'and for how long.'),
       examples=flags.DEFINE_integer(
           'num_train_examples', None, 'Training examples per epoch, for schedules in epochs '
           '(default: the dataset\'s, where it is known here: TRAIN_EXAMPLES).'))
@@ -71,6 +74,7 @@ TRAIN_EXAMPLES = {
     'cifar10': 50_000, 'cifar100': 50_000, 'oxford_iiit_pet': 3_680, 'oxford_flowers102': 1_020,
 }
 DAY = 86_400.
+progress_every = 30.  # Seconds between the progress lines of a trace or compile (the flag's).
 # The exit status of a plan that does not fit (after the report and the suggestions): not a
 # user error (2), not a bug (1).
 DOES_NOT_FIT_STATUS = 3
@@ -208,7 +212,10 @@ def compile_steps(config: Any, devices: list, num_train_examples: int,
   ``compiled``: figures of steps already compiled for this config (``{'train': ...}``, as
   ``--max_batch`` keeps its answer's), taken as they are instead of compiling them again.
   """
-  facts, lowered = lower_steps(config, devices, num_train_examples, model)
+  target = f'{len(devices)} x {devices[0].device_kind}'
+  with console.working(f'aot: tracing the steps of {config.model.name} for {target}',
+                       progress_every):
+    facts, lowered = lower_steps(config, devices, num_train_examples, model)
   for name in ('train',) if only_train else ('train', 'eval'):
     if compiled and name in compiled:
       facts[name] = compiled[name]
@@ -216,7 +223,11 @@ def compile_steps(config: Any, devices: list, num_train_examples: int,
     start = time.perf_counter()
     try:
       loops = facts['scan'] or (name == 'train' and facts['grad_accum_steps'] > 1)
-      figures = compiled_figures(lowered[name].compile(), loops)
+      with console.working(f'aot: compiling the {name} step of {config.model.name}, batch '
+                           f'{facts["batch_size" if name == "train" else "eval_batch_size"]}, '
+                           f'for {target}', progress_every):
+        program = lowered[name].compile()
+      figures = compiled_figures(program, loops)
     except Exception as e:  # noqa: BLE001 - the compiler's out-of-memory is an answer.
       if (figures := _oom(e)) is None:
         raise
@@ -683,6 +694,11 @@ def main(argv: list[str]) -> None:
   limit, max_compiles = _FLAGS.memory_per_device.value, _FLAGS.max_compiles.value
   examples, json_path = _FLAGS.examples.value, _FLAGS.json.value
   check_flags(topology, limit, _FLAGS.max_batch.value, max_compiles, examples, json_path)
+  global progress_every
+  progress_every = _FLAGS.progress_every.value
+  if not progress_every > 0:
+    raise errors.UserError(f'--progress_every={progress_every} must be a positive number of '
+                           'seconds.')
   feeding.check_flags(_FLAGS.feeding)
   if topology != 'cpu':
     os.environ.setdefault('JAX_PLATFORMS', 'cpu')  # Never this host's TPU: only libtpu's compiler.

@@ -249,8 +249,10 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
     with Image.open(io.BytesIO(data)) as image:
       return np.asarray(image.convert('RGB'))
   except (UnidentifiedImageError, OSError, ValueError) as e:
+    why = (f'it starts {data[:16]!r}' if isinstance(e, UnidentifiedImageError)  # Not its repr
+           else str(e))  # of a BytesIO: what the file holds.
     raise ImageError(f'cannot read image {path}: not an image file OpenCV or Pillow can '
-                     f'decode ({len(data)} bytes; {e}).') from None
+                     f'decode ({len(data)} bytes; {why}).') from None
 
 
 def load_file(path: str, prep: Callable[[Any], np.ndarray]) -> np.ndarray:
@@ -392,7 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f'  {rank}. {100 * p:6.2f}%  {label}')
   except (errors.UserError, FileNotFoundError, ValueError) as e:
     return errors.report(e)  # One line, exit status 2, as every entry point.
-  return 1 if failed else 0
+  return errors.EXIT_STATUS if failed else 0  # A file that is not an image: the user's.
 
 
 if __name__ == '__main__':

@@ -19,6 +19,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from vit_jax import config as config_lib
 from vit_jax.base import errors
 from vit_jax.checkpoints.formats.layout import flatten, unflatten
 
@@ -39,9 +40,8 @@ def resolve_steps(config: Any, num_train_examples: int) -> tuple[int, int]:
     warmup = math.ceil(schedule.warmup_epochs * steps_per_epoch)
   else:
     warmup = int(schedule.get('warmup_steps', 0))
-  if warmup >= total:
-    raise errors.ConfigError(f'config.schedule: the warm-up ({warmup} steps) is not shorter '
-                             f'than the run ({total} steps). Shorten the warm-up or train longer.')
+  if problem := config_lib.warmup_problem(warmup, total):
+    raise errors.ConfigError(problem)
   return total, warmup
 
 

@@ -7,8 +7,12 @@ it dies: a second run finds it taken and stops with one line naming the holder; 
 with ``kill -9`` leaves the file, and the next run takes it over with a warning. A lock whose
 PID is gone on this host (or is another process now), or, from another host, whose heartbeat is
 older than ``STALE_S`` (filesystems without ``flock``, object stores), is taken over the same
-way. The file is emptied, never removed, at the end (removing it would let a run lock a file
-no one else sees). A multi-process run takes it once, in process 0, for the job.
+way. A record that cannot be read (a crash mid-write, a damaged disk) is no proof of a
+holder: where the file's ``flock`` is free it is taken over with a warning (the kernel would hold
+it for a live run); where there is no ``flock`` to ask, it is refused in one line naming the file
+to remove, as two runs in one workdir would spoil each other's checkpoints. The file is emptied,
+never removed, at the end (removing it would let a run lock a file no one else sees). A
+multi-process run takes it once, in process 0, for the job.
 """
 
 from __future__ import annotations
@@ -85,11 +89,21 @@ def _process_start(pid: int) -> str:
   return stat.rsplit(')', 1)[-1].split()[19]  # Field 22; the name may hold spaces.
 
 
-def _read(text: str) -> Holder | None:
-  try:
-    return Holder(**json.loads(text))
-  except (ValueError, TypeError):  # Empty (released) or being written.
+_TYPES = {'host': str, 'pid': int, 'started': (int, float), 'heartbeat': (int, float),
+          'process_start': str}
+
+
+def _read(data: bytes) -> Holder | None:
+  """The holder recorded in ``data``; None where it is empty (released). ``ValueError`` where
+  it is not a record: being written, or garbage (a crash mid-write, a damaged disk)."""
+  text = data.decode('utf-8', 'replace').strip(' \n')
+  if not text:
     return None
+  fields = json.loads(text)
+  if (not isinstance(fields, dict) or not {'host', 'pid', 'started', 'heartbeat'} <= set(fields)
+      or any(k not in _TYPES or not isinstance(v, _TYPES[k]) for k, v in fields.items())):
+    raise ValueError(f'not a lock record: {text[:40]!r}')
+  return Holder(**fields)
 
 
 class WorkdirLock:
@@ -112,12 +126,21 @@ class WorkdirLock:
         fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         flocked = True
       except BlockingIOError:
-        self._refuse(self._wait_for_record(), 'it is locked')
+        self._refuse(self._wait_for_record(), 'it is locked')  # Unreadable: still its flock.
       except OSError as e:  # A filesystem without flock: the record decides.
         if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
           raise
     previous = self._wait_for_record(0.0 if flocked else 1.0)
-    if previous is not None:
+    if isinstance(previous, bytes) and flocked:
+      logging.warning('%s holds no readable record (%d bytes: a crash mid-write or a damaged '
+                      'disk) and no run holds its flock: taking it over.', self.path,
+                      len(previous))
+    elif isinstance(previous, bytes):
+      raise errors.WorkdirInUseError(
+          f'{self.path} holds no readable record ({len(previous)} bytes: a crash mid-write or a '
+          'damaged disk), and this filesystem cannot tell whether a run holds it: if no run '
+          f'uses {self.path.parent}, remove {self.path}; else use another --workdir.')
+    elif previous is not None:
       if why := previous.gone():
         logging.warning('%s was left by a run that is gone (%s; %s): taking it over.',
                         self.path, previous.describe(), why)
@@ -143,25 +166,31 @@ class WorkdirLock:
       os.close(self.fd)  # Drops the flock.
       self.fd = None
 
-  def _wait_for_record(self, patience: float = 2.0) -> Holder | None:
-    """The record in the file; a holder that has just created it is given ``patience``
-    seconds to write it."""
+  def _wait_for_record(self, patience: float = 2.0) -> Holder | bytes | None:
+    """The record in the file (None: empty); a holder that has just created it is given
+    ``patience`` seconds to write it. Its bytes where they are still not a record then."""
     deadline = time.time() + patience
     while True:
       try:
-        text = (os.pread(self.fd, _SIZE, 0).decode() if self.fd is not None
-                else self.path.read_text() if self.path.exists() else '')
+        data = (os.pread(self.fd, _SIZE, 0) if self.fd is not None
+                else self.path.read_bytes() if self.path.exists() else b'')
       except OSError:
-        text = ''
-      if (holder := _read(text)) is not None or time.time() >= deadline:
-        return holder
+        data = b''
+      try:
+        if (holder := _read(data)) is not None or time.time() >= deadline:
+          return holder
+      except ValueError:
+        if time.time() >= deadline:
+          return data
       time.sleep(0.05)
 
-  def _refuse(self, holder: Holder | None, how: str) -> None:
+  def _refuse(self, holder: Holder | bytes | None, how: str) -> None:
     if self.fd is not None:
       os.close(self.fd)
       self.fd = None
-    who = holder.describe() if holder else f'a process that has not written {self.path} yet'
+    who = (holder.describe() if isinstance(holder, Holder)
+           else f'a process whose record in {self.path} is unreadable' if holder
+           else f'a process that has not written {self.path} yet')
     raise errors.WorkdirInUseError(
         f'{self.path.parent} is in use by another run ({who}; {how}): one run per workdir. '
         'Wait for it to end or stop it, or use another --workdir; if that run is gone, '
@@ -179,6 +208,32 @@ class WorkdirLock:
       self.holder = dataclasses.replace(self.holder, heartbeat=time.time())
       with contextlib.suppress(OSError):  # A full disk: the next save says so.
         self._write()
+
+
+def check_free(workdir: str | os.PathLike) -> None:
+  """Refuses (``errors.WorkdirInUseError``) a workdir that another run holds, as ``hold``
+  would, creating and writing nothing: a command's answer before it starts jax (``hold``
+  still takes the lock after). Single-process only: on a job's other hosts, process 0 may
+  hold it already."""
+  lock = WorkdirLock(workdir)
+  if not lock.path.exists():
+    return
+  if lock.local:
+    lock.fd = os.open(lock.path, os.O_RDONLY)
+    try:
+      fcntl.flock(lock.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      lock._refuse(lock._wait_for_record(), 'it is locked')
+    except OSError:  # A filesystem without flock: the record decides.
+      pass
+  try:
+    previous = lock._wait_for_record(0.0)
+  finally:
+    if lock.fd is not None:
+      os.close(lock.fd)  # Drops the flock.
+      lock.fd = None
+  if isinstance(previous, Holder) and not previous.gone():
+    lock._refuse(previous, 'running, by its record')
 
 
 @contextlib.contextmanager
