@@ -155,7 +155,8 @@ def test_a_refused_run_answers_before_jax_and_leaves_nothing_behind(tmp_path):
   """Mistakes whose answer needs no data, answered by vit_jax.main before jax starts (they
   came after it, 8-9 s in, leaving log.txt and run.lock): an unknown dataset, a warm-up as
   long as the run, a workdir another run holds (its lock held here, for real), a resume with
-  another batch size (a run's config.json and checkpoint). Nothing is created or written."""
+  another batch size (a run's config.json and checkpoint), an uncached hf-hub: id offline.
+  Nothing is created or written."""
   from vit_jax.checkpoints.run import lock, workdir
   from vit_jax.config import cli
 
@@ -169,6 +170,8 @@ def test_a_refused_run_answers_before_jax_and_leaves_nothing_behind(tmp_path):
        'config.schedule: the warm-up (10 steps) is not shorter than the run (10 steps).'),
       ([], f'{run} is in use by another run (PID {os.getpid()} on '),
       (['--config.batch_size=32'], 'A resume is the same run, but config.batch_size=32 (128)'),
+      (['--config.init_from=hf-hub:test-org/absent'], 'hf-hub:test-org/absent is not in the '
+       'Hugging Face cache'),
   ]
   with lock.hold(run):  # A run that ended: its lock emptied, left.
     pass
@@ -179,7 +182,8 @@ def test_a_refused_run_answers_before_jax_and_leaves_nothing_behind(tmp_path):
       p = subprocess.run([sys.executable, '-c', _RUN, 'vit_jax.main', f'--config={QUICKSTART}',
                           f'--workdir={run if i > 1 else tmp_path / "new"}', *args],
                          capture_output=True, text=True, cwd=ROOT, timeout=120,
-                         env={**os.environ, 'PYTHONPATH': str(ROOT)})
+                         env={**os.environ, 'PYTHONPATH': str(ROOT), 'HF_HUB_OFFLINE': '1',
+                              'HF_HOME': str(tmp_path / 'hf_home')})
     lines = p.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f'error: {message}'), p.stderr
     assert p.returncode == 2 and 'jax imported: False' in p.stdout

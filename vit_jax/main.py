@@ -101,9 +101,12 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   if flags_['peer_timeout'].value <= 0:
     raise errors.ConfigError(f'--peer_timeout={flags_["peer_timeout"].value} must be a number '
                              'of seconds > 0.')
+  from vit_jax.checkpoints import hf_hub
   from vit_jax.checkpoints.run import lock, record
   from vit_jax.data import sources
 
+  if hf_hub.is_hub_id(config.init_from):  # Fetched, or found in the cache, before jax.
+    hf_hub.resolve(config.init_from)
   sources.check_name(config.dataset)  # What needs no data, before jax: nothing written yet.
   coordinator = flags_['coordinator_address'].value
   distributed = flags_['distributed'].value

@@ -11,7 +11,8 @@ A SOURCE is one of:
 * a timm folder (``config.json`` with an ``architecture``, and ``model.safetensors``) or a
   transformers one (``config.json`` with a ``model_type`` or ``architectures``) (``timm``,
   ``transformers``);
-* ``hf-hub:ORG/NAME[@REVISION]``: such a folder on the Hugging Face Hub (``hub.resolve``);
+* ``hf-hub:ORG/NAME[@REVISION]``: such a folder on the Hugging Face Hub
+  (``vit_jax.checkpoints.hf_hub``);
 * a big_vision tensorstore checkpoint: a workdir with ``checkpoint.bv-LAST``, its
   ``checkpoint.bv`` prefix or a step folder (``big_vision``);
 * a vit_jax run's workdir (a folder with ``checkpoints/``), which ``vit_jax.checkpoints.load``
@@ -33,6 +34,7 @@ import jax
 import numpy as np
 
 from vit_jax.base import errors, paths
+from vit_jax.checkpoints import hf_hub
 from vit_jax.checkpoints.formats import big_vision, hub, release, timm, transformers
 from vit_jax.checkpoints.formats.fit import adapt, model_of
 from vit_jax.checkpoints.formats.layout import Loaded, check_finite, flatten, to_release
@@ -58,7 +60,7 @@ def origin(source: str) -> str:
   """What ``source`` names: ``NPZ``, ``TIMM``, ``TRANSFORMERS``, ``HF_HUB``, ``BIG_VISION`` or
   ``WORKDIR``; a ``UserError`` naming what is accepted where it is none or several of them."""
   source = str(source)
-  if hub.is_hub_id(source):
+  if hf_hub.is_hub_id(source):
     return HF_HUB
   if not source:
     raise errors.ConfigError(f'No checkpoint named: give {ACCEPTED}.')
@@ -88,7 +90,7 @@ def origin(source: str) -> str:
 
 def local_folder(source: str) -> str:
   """The folder of a timm or transformers SOURCE: itself, or its Hub snapshot (cached)."""
-  return hub.resolve(source) if hub.is_hub_id(source) else source
+  return hf_hub.resolve(source) if hf_hub.is_hub_id(source) else source
 
 
 def load(source: str, *, model_name: str | None = None,
@@ -133,9 +135,9 @@ def load_folder(folder: str | os.PathLike, origin: str | None = None) -> Loaded:
   origin = origin or str(folder)
   kind = hub.folder_format(folder)
   if kind is None:
-    raise errors.CheckpointError(f'{origin} has no {hub.CONFIG} of timm ("architecture") or '
+    raise errors.CheckpointError(f'{origin} has no {hf_hub.CONFIG} of timm ("architecture") or '
                                  'transformers ("model_type"): not a Hub checkpoint folder.')
-  config = hub.read_json(paths.path(folder) / hub.CONFIG)
+  config = hub.read_json(paths.path(folder) / hf_hub.CONFIG)
   kwargs, flat, class_names = _READERS[kind](config, hub.read_weights(folder), origin)
   check_finite(flat, origin)
   num_classes = kwargs.pop('num_classes')
@@ -148,7 +150,7 @@ def load_folder(folder: str | os.PathLike, origin: str | None = None) -> Loaded:
   if kind == TIMM:
     spec = timm.preprocessing(config)
   else:
-    processor = paths.path(folder) / hub.PREPROCESSOR
+    processor = paths.path(folder) / hf_hub.PREPROCESSOR
     spec = transformers.preprocessing(hub.read_json(processor) if paths.is_file(processor)
                                       else None)
   return Loaded(model, params, names, f'{origin} ({kind})', preprocessing=spec)

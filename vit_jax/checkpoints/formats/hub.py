@@ -3,7 +3,8 @@
 timm and transformers both write a folder of ``config.json`` and ``model.safetensors`` (timm's
 ``save_for_hf`` / ``push_to_hf_hub``, transformers' ``save_pretrained``); ``hf-hub:ORG/NAME`` is
 such a folder on the Hub, fetched into (or found in, with ``HF_HUB_OFFLINE=1``) the
-``huggingface_hub`` cache. The tensors are read with the ``safetensors`` package, without torch.
+``huggingface_hub`` cache (``vit_jax.checkpoints.hf_hub``). The tensors are read with the
+``safetensors`` package, without torch.
 
 Each library's module (``timm``, ``transformers``) names its tensors in ONE table of rules
 ``(release key, library key, layout)``, read one way to load and the other to export
@@ -23,18 +24,12 @@ from typing import Any
 import numpy as np
 
 from vit_jax.base import errors, paths
+from vit_jax.checkpoints.hf_hub import CONFIG, WEIGHTS, WEIGHTS_INDEX
 from vit_jax.models import VisionTransformer
 
 TIMM = 'timm'
 TRANSFORMERS = 'transformers'
-HUB_PREFIX = 'hf-hub:'
-CONFIG = 'config.json'
-WEIGHTS = 'model.safetensors'
-WEIGHTS_INDEX = 'model.safetensors.index.json'
 PICKLES = ('pytorch_model.bin', 'open_clip_pytorch_model.bin')
-PREPROCESSOR = 'preprocessor_config.json'  # transformers' image processor.
-_HUB_FILES = [CONFIG, '*.safetensors', WEIGHTS_INDEX, PREPROCESSOR]
-_REPO_ID = re.compile(r'^[\w.-]+/[\w.-]+$')
 # vit_jax's pipelines scale pixels to [-1, 1]: mean and std 0.5 in timm's and transformers' terms.
 MEAN_STD = [0.5, 0.5, 0.5]
 
@@ -129,40 +124,6 @@ def write_folder(folder: str | os.PathLike, tensors: Mapping[str, np.ndarray],
   (root / WEIGHTS).write_bytes(safetensors.numpy.save(arrays))
   for name, content in {CONFIG: config, **(extra or {})}.items():
     (root / name).write_text(json.dumps(content, indent=2) + '\n')
-
-
-def is_hub_id(source: str) -> bool:
-  return str(source).startswith(HUB_PREFIX)
-
-
-def resolve(source: str) -> str:
-  """The local folder of ``hf-hub:ORG/NAME[@REVISION]`` in the ``huggingface_hub`` cache,
-  downloaded there first unless it is cached and ``HF_HUB_OFFLINE=1`` (or no network): the
-  client's own cache, ``HF_HOME`` / ``HF_HUB_CACHE`` and token apply."""
-  repo, _, revision = str(source)[len(HUB_PREFIX):].partition('@')
-  if not _REPO_ID.match(repo):
-    raise errors.ConfigError(f'{source} is not a Hub id: write hf-hub:ORG/NAME (e.g. '
-                             'hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k), '
-                             'optionally @REVISION.')
-  import huggingface_hub
-  from huggingface_hub import errors as hub_errors
-
-  try:
-    return huggingface_hub.snapshot_download(repo, revision=revision or None,
-                                             allow_patterns=_HUB_FILES)
-  except hub_errors.LocalEntryNotFoundError:
-    from huggingface_hub import constants
-
-    raise errors.MissingFileError(
-        f'{source} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and cannot be '
-        'downloaded (offline: HF_HUB_OFFLINE=1 or no network). Download it where there is a '
-        'network (hf download ' + repo + '), or set HF_HOME to its cache.'
-    ) from None
-  except (hub_errors.RepositoryNotFoundError, hub_errors.RevisionNotFoundError,
-          hub_errors.GatedRepoError) as e:
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    raise errors.MissingFileError(f'{source}: {first} (a private or gated repository needs a '
-                                  'token: hf auth login, or HF_TOKEN).') from None
 
 
 # ---------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from vit_jax.base import errors
+from vit_jax.checkpoints import hf_hub
 from vit_jax.checkpoints.formats import hub
 from vit_jax.checkpoints.formats.hub import CONV, HEADS_BIAS, HEADS_IN, HEADS_OUT, LINEAR, SAME
 from vit_jax.checkpoints.formats.layout import POSEMB_KEY, flatten, to_host, to_release
@@ -190,4 +191,4 @@ def export(model: VisionTransformer, params: Mapping[str, Any], folder: Any,
   """Writes ``model`` into ``folder`` as ``save_pretrained`` does, with its image processor's
   preprocessor_config.json."""
   sd, config = write(model, params, class_names)
-  hub.write_folder(folder, sd, config, {hub.PREPROCESSOR: preprocessor_config(model)})
+  hub.write_folder(folder, sd, config, {hf_hub.PREPROCESSOR: preprocessor_config(model)})
