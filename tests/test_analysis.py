@@ -57,12 +57,12 @@ def test_capture_leaves_the_logits_unchanged(captured):
 
 def test_capture_of_a_scanned_fused_attention_model(captured):
   """scan=True stacks the weights by layer; 'xla' attention is swapped for einsum to record."""
-  from vit_jax.checkpoints import release
+  from vit_jax.checkpoints.formats import layout
 
   model, params, plain, _, weights = captured
   scanned = model.clone(scan=True, attention_impl='xla')
   logits, scanned_weights = jax.jit(lambda p, x: analysis.attention_weights(scanned, p, x))(
-      release.to_model_layout(params, scanned=True), _images())
+      layout.to_model_layout(params, scanned=True), _images())
   chex.assert_trees_all_close(logits, plain, atol=1e-5, rtol=1e-5)
   chex.assert_trees_all_close(scanned_weights, weights, atol=1e-5)
 

@@ -1,5 +1,5 @@
-"""vit_jax.checkpoints.big_vision: tensorstore checkpoints written by big_vision's own trainer
-code (tests/data/hub/make_big_vision_fixture.py), read back with big_vision's logits."""
+"""vit_jax.checkpoints.formats.big_vision: tensorstore checkpoints written by big_vision's own
+trainer code (tests/data/hub/make_big_vision_fixture.py), read back with big_vision's logits."""
 
 import pathlib
 import shutil
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from vit_jax.base import errors
-from vit_jax.checkpoints import big_vision, formats, release
+from vit_jax.checkpoints import formats
+from vit_jax.checkpoints.formats import big_vision, layout
 
 HUB = pathlib.Path(__file__).resolve().parent / 'data' / 'hub'
 
@@ -35,10 +36,10 @@ def test_only_the_parameters_are_read_in_the_release_layout():
   assert all(not k.startswith(('opt/', 'chrono/', 'params/')) for k in flat)
   # The scanned blocks unstacked; big_vision's posemb without a class row (no class token).
   chex.assert_shape(flat['Transformer/encoderblock_1/MlpBlock_3/Dense_0/kernel'], (16, 32))
-  chex.assert_shape(flat[release.POSEMB_KEY], (1, 24, 16))
+  chex.assert_shape(flat[layout.POSEMB_KEY], (1, 24, 16))
   tok = big_vision.read_params(HUB / 'bv_tok')
-  chex.assert_shape(tok[release.POSEMB_KEY], (1, 25, 16))  # A zero row for the class token.
-  chex.assert_trees_all_equal(tok[release.POSEMB_KEY][0, 0], np.zeros(16, np.float32))
+  chex.assert_shape(tok[layout.POSEMB_KEY], (1, 25, 16))  # A zero row for the class token.
+  chex.assert_trees_all_equal(tok[layout.POSEMB_KEY][0, 0], np.zeros(16, np.float32))
 
 
 def test_workdir_prefix_and_step_folder_name_the_same_checkpoint(tmp_path):

@@ -14,7 +14,8 @@ import pytest
 
 from vit_jax import checkpoints
 from vit_jax.base import errors
-from vit_jax.checkpoints import formats, hub, release
+from vit_jax.checkpoints import formats
+from vit_jax.checkpoints.formats import fit, hub, layout, release
 from vit_jax.models import get_model
 
 from runs import ROOT, env, hub_cache
@@ -68,8 +69,8 @@ def test_anything_else_is_one_line_naming_what_is_accepted(sources, kind, error,
 def test_one_load_for_every_source(sources):
   """checkpoints.load: the model and parameters, whatever the source."""
   npz = checkpoints.load(sources['npz'])
-  chex.assert_trees_all_equal(release.flatten(npz.params),
-                              release.flatten(release.load_npz(sources['npz'])))
+  chex.assert_trees_all_equal(layout.flatten(npz.params),
+                              layout.flatten(release.load_npz(sources['npz'])))
   timm = checkpoints.load(sources['timm'])
   assert timm.model.layer_scale == 1e-6 and timm.source.endswith('(timm)')
   bv = checkpoints.load(sources['big_vision'], image_size=(16, 24), source_grid=(4, 6))
@@ -89,7 +90,7 @@ def test_a_hub_folder_at_another_size_has_its_position_embeddings_resized():
   bigger = checkpoints.load(str(HUB / 'timm_deit3'), image_size=48)
   assert bigger.model.grid == (12, 12) and not bigger.model.prefix_posemb
   posemb = lambda p: p['Transformer']['posembed_input']['pos_embedding']
-  expected = release.resize_posemb(posemb(loaded.params), (12, 12), (8, 8), 0)
+  expected = fit.resize_posemb(posemb(loaded.params), (12, 12), (8, 8), 0)
   chex.assert_trees_all_close(posemb(bigger.params), expected, rtol=1e-6, atol=1e-6)
   chex.assert_trees_all_equal(bigger.params['cls'], loaded.params['cls'])
 

@@ -1,4 +1,4 @@
-"""vit_jax.checkpoints.hub: timm's and transformers' folders, read and written, against the
+"""vit_jax.checkpoints.formats.hub: timm's and transformers' folders, read and written, against the
 fixtures those libraries wrote (tests/data/hub: README.md, make_fixtures.py)."""
 
 import json
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from vit_jax.base import errors
-from vit_jax.checkpoints import hub, release
+from vit_jax.checkpoints import formats
+from vit_jax.checkpoints.formats import hub, layout, timm
 from vit_jax.models import get_model
 
 HUB = pathlib.Path(__file__).resolve().parent / 'data' / 'hub'
@@ -55,7 +56,7 @@ def outputs(loaded, images, pre_logits=False):
 
 @pytest.mark.parametrize('name', TIMM + TRANSFORMERS)
 def test_fixtures_give_their_library_outputs(name, reference):
-  loaded = hub.load_folder(HUB / name)
+  loaded = formats.load_folder(HUB / name)
   for key, value in OPTIONS[name].items():
     got = getattr(loaded.model, key)
     assert got == (value if key not in ('patch_size', 'image_size') else tuple(value)), key
@@ -73,7 +74,7 @@ def test_fixtures_give_their_library_outputs(name, reference):
 def test_timm_qk_norm_with_biases_is_refused_naming_the_option():
   with pytest.raises(errors.CheckpointMismatchError,
                      match=r'qk_norm with biases \(blocks.0.attn.k_norm.bias is not zero\)'):
-    hub.load_folder(HUB / 'timm_qknorm')
+    formats.load_folder(HUB / 'timm_qknorm')
 
 
 def test_timm_qk_norm_without_biases_is_vit_jax_qk_norm(tmp_path):
@@ -81,7 +82,7 @@ def test_timm_qk_norm_without_biases_is_vit_jax_qk_norm(tmp_path):
   tensors = {k: np.zeros_like(v) if k.endswith(('q_norm.bias', 'k_norm.bias')) else v
              for k, v in tensors.items()}
   hub.write_folder(tmp_path, tensors, hub.read_json(HUB / 'timm_qknorm' / 'config.json'))
-  loaded = hub.load_folder(tmp_path)
+  loaded = formats.load_folder(tmp_path)
   assert loaded.model.qk_norm
   scale = loaded.params['Transformer']['encoderblock_1']['MultiHeadDotProductAttention_1'][
       'query_ln']['scale']
@@ -109,7 +110,7 @@ def test_timm_options_without_a_counterpart_are_one_line(tmp_path, change, messa
   for key, value in change.items():
     config[key] = {**config[key], **value} if key == 'model_args' and value else value
   with pytest.raises(errors.CheckpointError) as e:
-    hub.load_folder(rewritten(tmp_path, 'timm_augreg', config=config))
+    formats.load_folder(rewritten(tmp_path, 'timm_augreg', config=config))
   assert message in str(e.value) and '\n' not in str(e.value)
 
 
@@ -117,22 +118,52 @@ def test_tensors_without_a_counterpart_are_named(tmp_path):
   tensors = {**hub.read_weights(HUB / 'timm_augreg'),
              'norm_pre.weight': np.ones(32, np.float32)}
   with pytest.raises(errors.CheckpointMismatchError, match='norm_pre.weight have no counterpart'):
-    hub.load_folder(rewritten(tmp_path, 'timm_augreg', tensors=tensors))
+    formats.load_folder(rewritten(tmp_path, 'timm_augreg', tensors=tensors))
+
+
+@pytest.mark.parametrize('extra', ['blocks.2.norm1.weight', 'blocks.7.mlp.fc3.weight',
+                                   'blocks.0.attn.extra'])
+def test_a_stray_tensor_is_named_not_taken_for_another_model(tmp_path, extra):
+  """One tensor more than the model has, in or beyond its blocks: named, the blocks kept."""
+  tensors = {**hub.read_weights(HUB / 'timm_augreg'), extra: np.ones(32, np.float32)}
+  with pytest.raises(errors.CheckpointMismatchError) as e:
+    formats.load_folder(rewritten(tmp_path, 'timm_augreg', tensors=tensors))
+  assert f'{extra} ha' in str(e.value) and 'no counterpart' in str(e.value)
+  assert '\n' not in str(e.value)
+
+
+def test_a_block_missing_from_the_sequence_is_named(tmp_path):
+  tensors = {k.replace('blocks.0.', 'blocks.2.'): v
+             for k, v in hub.read_weights(HUB / 'timm_augreg').items()}
+  with pytest.raises(errors.CheckpointMismatchError,
+                     match=r'blocks.0 is missing, but block 2 is there'):
+    formats.load_folder(rewritten(tmp_path, 'timm_augreg', tensors=tensors))
+
+
+@pytest.mark.parametrize('name', ['timm_augreg', 'hf_vit_cls'])
+def test_weights_holding_nan_are_refused_in_one_line(tmp_path, name):
+  tensors = hub.read_weights(HUB / name)
+  key = sorted(tensors)[3]
+  tensors[key] = np.where(np.arange(tensors[key].size).reshape(tensors[key].shape) == 1, np.nan,
+                          tensors[key]).astype(np.float32)
+  with pytest.raises(errors.NonFiniteCheckpointError) as e:
+    formats.load_folder(rewritten(tmp_path, name, tensors=tensors))
+  assert 'hold NaN or Inf' in str(e.value) and '\n' not in str(e.value)
 
 
 def test_transformers_refusals_and_torch_pickles(tmp_path):
   config = {**hub.read_json(HUB / 'hf_vit_cls' / 'config.json'), 'model_type': 'deit'}
   with pytest.raises(errors.CheckpointMismatchError, match="model_type 'deit'"):
-    hub.load_folder(rewritten(tmp_path, 'hf_vit_cls', config=config))
+    formats.load_folder(rewritten(tmp_path, 'hf_vit_cls', config=config))
   config = {**hub.read_json(HUB / 'hf_vit_cls' / 'config.json'), 'hidden_act': 'relu'}
   with pytest.raises(errors.CheckpointMismatchError, match="hidden_act='relu'"):
-    hub.load_folder(rewritten(tmp_path, 'hf_vit_cls', config=config))
+    formats.load_folder(rewritten(tmp_path, 'hf_vit_cls', config=config))
   pickled = tmp_path / 'pickled'
   pickled.mkdir()
   shutil.copy(HUB / 'hf_vit_cls' / 'config.json', pickled)
   (pickled / 'pytorch_model.bin').write_bytes(b'not read')
   with pytest.raises(errors.CheckpointError, match='pytorch_model.bin .* reads safetensors only'):
-    hub.load_folder(pickled)
+    formats.load_folder(pickled)
 
 
 def test_bfloat16_and_sharded_weights_load(tmp_path):
@@ -159,7 +190,7 @@ def test_bfloat16_and_sharded_weights_load(tmp_path):
       {'weight_map': {k: file for file, keys in halves.items() for k in keys}}))
   read = hub.read_weights(folder)
   assert set(read) == set(tensors) and read['classifier.bias'].dtype == ml_dtypes.bfloat16
-  loaded = hub.load_folder(folder)
+  loaded = formats.load_folder(folder)
   want = tensors['classifier.weight'].astype(ml_dtypes.bfloat16).astype(np.float32).T
   chex.assert_trees_all_equal(loaded.params['head']['kernel'], want)
 
@@ -169,8 +200,8 @@ def test_export_writes_what_the_library_wrote(name, tmp_path):
   """Written back in its own library's format, a fixture's tensors are the library's own, bit
   for bit, and its config.json holds every field the library needs to rebuild it."""
   library = 'timm' if name.startswith('timm') else 'transformers'
-  loaded = hub.load_folder(HUB / name)
-  hub.export(loaded.model, loaded.params, tmp_path, library, loaded.class_names)
+  loaded = formats.load_folder(HUB / name)
+  formats.export(loaded.model, loaded.params, tmp_path, library, loaded.class_names)
   theirs, ours = hub.read_weights(HUB / name), hub.read_weights(tmp_path)
   assert {k: (v.shape, v.dtype) for k, v in ours.items()} == {
       k: (v.shape, v.dtype) for k, v in theirs.items()}
@@ -181,14 +212,14 @@ def test_export_writes_what_the_library_wrote(name, tmp_path):
     for key in ('num_classes', 'num_features', 'global_pool', 'label_names'):
       assert written[key] == config[key], key
     # What timm builds: the named architecture's defaults under model_args, as the fixture's.
-    assert hub.timm_arguments(written, 'ours') == {**hub.timm_arguments(config, 'theirs'),
+    assert timm.arguments(written, 'ours') == {**timm.arguments(config, 'theirs'),
                                                    **written['model_args']}
   else:
     for key, value in config.items():
       if key not in ('transformers_version', 'encoder_stride'):
         assert written[key] == value, key
     assert (tmp_path / 'preprocessor_config.json').exists()
-  again = hub.load_folder(tmp_path)
+  again = formats.load_folder(tmp_path)
   assert again.model == loaded.model.clone(model_name=again.model.model_name)
   assert again.class_names == loaded.class_names
 
@@ -214,10 +245,10 @@ def tiny(name='ti16', seed=0, **kw):
 ])
 def test_vit_jax_models_export_and_read_back_alike(name, options, library, config, tmp_path):
   model, params = tiny(name, **options)
-  hub.export(model, params, tmp_path, library)
+  formats.export(model, params, tmp_path, library)
   written = hub.read_json(tmp_path / 'config.json')
   assert (written.get('model_args') or written).items() >= config.items()
-  again = hub.load_folder(tmp_path)
+  again = formats.load_folder(tmp_path)
   images = np.random.default_rng(0).uniform(-1, 1, (2, *model.image_size, 3)).astype(np.float32)
   want = model.apply({'params': params}, images)
   chex.assert_trees_all_close(again.model.apply({'params': again.params}, images), want,
@@ -238,21 +269,21 @@ def test_vit_jax_models_export_and_read_back_alike(name, options, library, confi
 def test_what_a_library_cannot_hold_is_refused_in_one_line(options, library, message, tmp_path):
   model, params = tiny(**options)
   with pytest.raises(errors.CheckpointError) as e:
-    hub.export(model, params, tmp_path, library)
+    formats.export(model, params, tmp_path, library)
   assert message in str(e.value) and '\n' not in str(e.value)
   assert not (tmp_path / 'model.safetensors').exists()
 
 
 def test_timm_architecture_names():
-  assert hub.timm_architecture(get_model('b16', num_classes=10)) == 'vit_base_patch16_224'
-  assert hub.timm_architecture(get_model('b16', num_classes=10, image_size=384)) == (
+  assert timm.architecture(get_model('b16', num_classes=10)) == 'vit_base_patch16_224'
+  assert timm.architecture(get_model('b16', num_classes=10, image_size=384)) == (
       'vit_base_patch16_384')
-  assert hub.timm_architecture(get_model('deit3_s16', num_classes=10)) == (
+  assert timm.architecture(get_model('deit3_s16', num_classes=10)) == (
       'deit3_small_patch16_224')
-  assert hub.timm_architecture(get_model('b16_reg4_gap', num_classes=10, image_size=256)) == (
+  assert timm.architecture(get_model('b16_reg4_gap', num_classes=10, image_size=256)) == (
       'vit_base_patch16_reg4_gap_256')
   # No such timm name: the family's base name, its model_args give the sizes.
-  assert hub.timm_architecture(get_model('s16', num_classes=10, image_size=96)) == (
+  assert timm.architecture(get_model('s16', num_classes=10, image_size=96)) == (
       'vit_base_patch16_224')
 
 
@@ -263,7 +294,7 @@ def test_timm_loads_an_export_with_the_same_logits(tmp_path):
   import torch
 
   model, params = tiny('deit3_s16', patch_size=4)
-  hub.export(model, params, tmp_path, 'timm')
+  formats.export(model, params, tmp_path, 'timm')
   images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
   theirs = timm.create_model(f'local-dir:{tmp_path}', pretrained=True).eval()
   with torch.no_grad():
@@ -274,7 +305,7 @@ def test_timm_loads_an_export_with_the_same_logits(tmp_path):
 def test_release_layout_names_are_kept():
   """The new options add parameters beside the release's, never rename them."""
   model, params = tiny('deit3_s16')
-  flat = release.flatten(params)
+  flat = layout.flatten(params)
   assert {'Transformer/encoderblock_0/ls1', 'Transformer/encoderblock_0/ls2', 'cls',
           'Transformer/posembed_input/pos_embedding'} <= set(flat)
   chex.assert_shape(flat['Transformer/posembed_input/pos_embedding'], (1, 16, 32))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from vit_jax.base import paths
-from vit_jax.checkpoints import release
+from vit_jax.checkpoints.formats import release
 from vit_jax.checkpoints.run import workdir
 from vit_jax.data import preprocess, sources
 from vit_jax.models import get_model

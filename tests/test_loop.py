@@ -117,7 +117,7 @@ def test_a_state_that_turns_non_finite_after_finite_metrics_is_never_saved(tmp_p
 
 @pytest.mark.slow
 def test_fine_tune_starts_from_a_release_file(tmp_path):
-  from vit_jax.checkpoints import release
+  from vit_jax.checkpoints.formats import release
 
   # A "pre-trained" 16 px model with 7 classes and a pre-logits layer...
   source = get_model(num_classes=7, **{**TINY_MODEL, 'representation_size': 32})

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax.checkpoints import release
+from vit_jax.checkpoints.formats import layout, release
 from vit_jax.models import canonical_name, get_model, list_models, release_name
 
 import numpy_bit
@@ -53,7 +53,7 @@ def encoder_parameters(name, pool='gap', kernels_only=False):
   """Parameters of a model without classifier (and so without class token for 'gap')."""
   model = get_model(name, num_classes=0, pool=pool, scan=True)  # Scanned: traces fast.
   shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 224, 224, 3)))
-  return sum(math.prod(x.shape) for path, x in release.flatten(shapes['params']).items()
+  return sum(math.prod(x.shape) for path, x in layout.flatten(shapes['params']).items()
              if not kernels_only or ('encoderblock' in path and path.endswith('/kernel')))
 
 
@@ -82,7 +82,7 @@ def test_vit22b_block_matches_an_independent_implementation():
   flat = numpy_vit.random_release_params(np.random.default_rng(0), width=32, depth=2, heads=4,
                                          mlp=64, patch=8, grid=(4, 4), classes=6, vit22b=True)
   model = get_model('ti16', num_classes=6, **SMALL, **VIT22B_BLOCK)
-  params = release.unflatten(flat)
+  params = layout.unflatten(flat)
   x = images_for(model)
   chex.assert_trees_all_equal_shapes(  # The same names and shapes.
       params, jax.eval_shape(model.init, jax.random.key(0), x)['params'])
@@ -90,7 +90,7 @@ def test_vit22b_block_matches_an_independent_implementation():
   chex.assert_trees_all_close(logits, numpy_vit.forward(flat, np.asarray(x)).astype(np.float32),
                               atol=1e-4, rtol=1e-4)
   scanned = get_model('ti16', num_classes=6, scan=True, **SMALL, **VIT22B_BLOCK)
-  stacked = release.to_model_layout(params, scanned=True)
+  stacked = layout.to_model_layout(params, scanned=True)
   chex.assert_trees_all_close(jax.jit(scanned.apply)({'params': stacked}, x), logits,
                               atol=1e-5, rtol=1e-5)
 
@@ -263,7 +263,7 @@ def test_scanned_and_unrolled_give_the_same_logits(remat_policy):
   scanned = get_model('ti16', num_classes=6, scan=True, remat_policy=remat_policy, **SMALL)
   params = init(unrolled)
   params['head']['kernel'] = jax.random.normal(jax.random.key(2), (32, 6))
-  stacked = release.to_model_layout(params, scanned=True)
+  stacked = layout.to_model_layout(params, scanned=True)
   chex.assert_trees_all_equal_shapes(stacked, init(scanned))
   chex.assert_shape(stacked['Transformer']['encoderblock']['MlpBlock_3']['Dense_0']['kernel'],
                     (2, 32, 64))
@@ -274,7 +274,7 @@ def test_scanned_and_unrolled_give_the_same_logits(remat_policy):
   loss = lambda m, p: jnp.sum(m.apply({'params': p}, x) ** 2)
   g_unrolled = jax.grad(lambda p: loss(unrolled, p))(params)
   g_scanned = jax.grad(lambda p: loss(scanned, p))(stacked)
-  chex.assert_trees_all_close(release.to_model_layout(g_unrolled, scanned=True), g_scanned,
+  chex.assert_trees_all_close(layout.to_model_layout(g_unrolled, scanned=True), g_scanned,
                               atol=1e-3, rtol=1e-4)  # Gradients reach ~1e2: float32 rounding.
 
 

@@ -339,7 +339,7 @@ def test_the_objective_adds_only_the_mask_embedding_and_the_prediction_head():
 
 
 def test_pre_training_can_start_from_a_classifier():
-  from vit_jax.checkpoints import release
+  from vit_jax.checkpoints.formats import fit, layout
 
   options = dict(image_size=16, patch_size=4, hidden_size=32, mlp_dim=64, num_heads=4,
                  num_layers=2)
@@ -348,7 +348,7 @@ def test_pre_training_can_start_from_a_classifier():
   init = lambda model, seed: jax.tree.map(np.asarray, model.init(
       jax.random.key(seed), jnp.zeros((1, 16, 16, 3)))['params'])
   source, fresh = init(classifier, 0), init(pretraining, 1)
-  params = release.adapt(release.flatten(release.to_release(source)), fresh, pretraining)
+  params = fit.adapt(layout.flatten(layout.to_release(source)), fresh, pretraining)
   for key in ('embedding', 'cls', 'Transformer'):
     chex.assert_trees_all_equal(params[key], source[key])
   for key in ('mask_token', 'mpp_head'):  # The model's own, freshly initialised.

@@ -101,7 +101,7 @@ def test_bad_optimizer_config():
 
 @pytest.mark.slow
 def test_layer_wise_lr_decay_scales_each_block_by_its_depth():
-  from vit_jax.checkpoints import release
+  from vit_jax.checkpoints.formats import layout
   from vit_jax.models import get_model
 
   decay, depth = 0.5, 3
@@ -109,7 +109,7 @@ def test_layer_wise_lr_decay_scales_each_block_by_its_depth():
             num_layers=depth, pool='map')
   params = {scan: jax.eval_shape(get_model('ti16', scan=scan, **kw).init, jax.random.key(0),
                                  jnp.zeros((1, 16, 16, 3)))['params'] for scan in (False, True)}
-  scales = release.flatten(optim.layer_scales(params[False], decay))
+  scales = layout.flatten(optim.layer_scales(params[False], decay))
   for key, scale in scales.items():
     if key.startswith('Transformer/encoderblock_'):  # Block i (from 0) of 3: 0.5^(3 - i).
       assert scale == decay ** (depth - int(key.split('/')[1].split('_')[1])), key
@@ -127,11 +127,11 @@ def test_layer_wise_lr_decay_scales_each_block_by_its_depth():
     tx = optim.make_optimizer(config, optax.constant_schedule(1.))
     p = jax.tree.map(lambda s: jnp.ones(s.shape), shapes)
     steps[scan], _ = jax.jit(tx.update)(jax.tree.map(jnp.ones_like, p), tx.init(p), p)
-  chex.assert_trees_all_close(release.flatten(steps[False]),
+  chex.assert_trees_all_close(layout.flatten(steps[False]),
                               {k: -np.full(np.shape(v), s) for k, v, s in zip(
-                                  scales, release.flatten(steps[False]).values(),
+                                  scales, layout.flatten(steps[False]).values(),
                                   scales.values(), strict=True)})
-  chex.assert_trees_all_close(release.to_release(steps[True]), steps[False])
+  chex.assert_trees_all_close(layout.to_release(steps[True]), steps[False])
   with pytest.raises(ValueError, match='config.optimizer.layer_decay=1.5 is not in'):
     optim.make_optimizer(cfg(name='adam', layer_decay=1.5), optax.constant_schedule(1.))
 

@@ -1,4 +1,5 @@
-"""Tests of vit_jax.checkpoints.release: the release .npz layout, both ways, and adaptation."""
+"""Tests of vit_jax.checkpoints.formats.release (the release .npz layout, both ways), layout and
+fit (adaptation to a model)."""
 
 import logging
 import os
@@ -15,7 +16,7 @@ import pytest
 import scipy.ndimage
 
 from vit_jax.base import errors, paths
-from vit_jax.checkpoints import release
+from vit_jax.checkpoints.formats import fit, layout, release
 from vit_jax.models import get_model
 
 import numpy_vit
@@ -58,7 +59,7 @@ def bilinear_reference(posemb, old_grid, new_grid, prefix):
 def test_release_layout_of_b16():
   model = get_model('b16', num_classes=1000, representation_size=768)
   x = jax.ShapeDtypeStruct((1, 224, 224, 3), jnp.float32)
-  flat = release.flatten(jax.eval_shape(model.init, jax.random.key(0), x)['params'])
+  flat = layout.flatten(jax.eval_shape(model.init, jax.random.key(0), x)['params'])
   shapes = {k: v.shape for k, v in flat.items()}
   expected = {
       'embedding/kernel': (16, 16, 3, 768), 'embedding/bias': (768,), 'cls': (1, 1, 768),
@@ -85,7 +86,7 @@ def test_release_layout_of_b16():
 def test_hybrid_release_names():
   model = get_model('r50_b16', num_classes=10)
   x = jax.ShapeDtypeStruct((1, 224, 224, 3), jnp.float32)
-  flat = release.flatten(jax.eval_shape(model.init, jax.random.key(0), x)['params'])
+  flat = layout.flatten(jax.eval_shape(model.init, jax.random.key(0), x)['params'])
   for key, shape in [('conv_root/kernel', (7, 7, 3, 64)), ('gn_root/scale', (64,)),
                      ('block1/unit1/conv_proj/kernel', (1, 1, 64, 256)),
                      ('block1/unit1/gn_proj/bias', (256,)),
@@ -106,7 +107,7 @@ def test_save_then_load_is_exact(tmp_path, scan):
   release.save_npz(path, {'params': params})
   loaded = release.load_npz(path)
   assert 'encoderblock_1' in loaded['Transformer']  # Always the release layout on disk.
-  chex.assert_trees_all_equal(release.to_model_layout(loaded, scanned=scan),
+  chex.assert_trees_all_equal(layout.to_model_layout(loaded, scanned=scan),
                               jax.tree.map(np.asarray, params))
   # Plain numpy reads the file with the release's flat keys.
   with np.load(path) as f:
@@ -164,7 +165,7 @@ def test_file_from_independent_implementation_gives_its_logits(tmp_path):
                               atol=1e-4, rtol=1e-4)
   scanned = small(num_classes=6, representation_size=24, scan=True)
   chex.assert_trees_all_close(
-      scanned.apply({'params': release.to_model_layout(params, scanned=True)}, x), ours,
+      scanned.apply({'params': layout.to_model_layout(params, scanned=True)}, x), ours,
       atol=1e-5, rtol=1e-5)
 
 
@@ -210,7 +211,7 @@ def test_big_vision_checkpoints_give_big_vision_logits(name):
   released = release.load_npz(path)
   for scan in (False, True):
     model = big_vision_model(scan=scan, **BIG_VISION_FILES[name])
-    params = release.to_model_layout(released, scanned=scan)
+    params = layout.to_model_layout(released, scanned=scan)
     chex.assert_trees_all_close(jax.jit(model.apply)({'params': params}, expected['images']),
                                 expected[name], atol=1e-5, rtol=1e-5)
     pool = 'gap' if BIG_VISION_FILES[name]['pool'] == 'gap' else None  # Its arrays don't say.
@@ -267,8 +268,8 @@ def test_load_pretrained_resizes_position_embeddings(tmp_path, pool, target_size
   # New zero head for 3 classes; everything else bit-identical to the source.
   chex.assert_trees_all_equal(params['head'], jax.tree.map(np.asarray, init_params['head']))
   chex.assert_trees_all_equal(params['head']['kernel'], np.zeros((32, 3), np.float32))
-  rest = lambda p: {k: v for k, v in release.flatten(p).items()
-                    if k.split('/')[0] != 'head' and k != release.POSEMB_KEY}
+  rest = lambda p: {k: v for k, v in layout.flatten(p).items()
+                    if k.split('/')[0] != 'head' and k != layout.POSEMB_KEY}
   chex.assert_trees_all_equal(rest(params), jax.tree.map(np.asarray, rest(source_params)))
   chex.assert_shape(target.apply({'params': params}, images(target)), (2, 3))
 
@@ -323,7 +324,7 @@ def test_pre_logits_kept_or_dropped_as_configured(tmp_path, scan):
       'scan': scan, **SMALL})
   chex.assert_trees_all_equal(params['pre_logits'],
                               jax.tree.map(np.asarray, source_params['pre_logits']))
-  assert release.is_scanned(params) == scan
+  assert layout.is_scanned(params) == scan
 
   drop = small(num_classes=3, scan=scan)
   params = release.load_pretrained(tmp_path / 'i21k.npz', init(drop), drop)
@@ -345,7 +346,7 @@ def test_keep_head(tmp_path):
 def test_b16_into_s16_fails_listing_the_keys(tmp_path):
   x = jax.ShapeDtypeStruct((1, 224, 224, 3), jnp.float32)
   b16 = get_model('b16', num_classes=10)
-  shapes = release.flatten(jax.eval_shape(b16.init, jax.random.key(0), x)['params'])
+  shapes = layout.flatten(jax.eval_shape(b16.init, jax.random.key(0), x)['params'])
   np.savez(tmp_path / 'ViT-B_16.npz', **{k: np.zeros(v.shape, np.float32)
                                           for k, v in shapes.items()})
   s16 = get_model('s16', num_classes=10)
@@ -394,6 +395,37 @@ def test_bad_files_get_clear_errors(tmp_path):
     release.load_npz(tmp_path / 'truncated.npz')
 
 
+def test_a_release_file_holding_inf_is_refused_in_one_line(tmp_path):
+  params = layout.flatten(init(small()))
+  params['head/bias'] = np.full(params['head/bias'].shape, np.inf, np.float32)
+  release.save_npz(tmp_path / 'inf.npz', layout.unflatten(params))
+  with pytest.raises(errors.NonFiniteCheckpointError, match='inf.npz: head/bias hold NaN or Inf'):
+    release.load_npz(tmp_path / 'inf.npz')
+
+
+@pytest.mark.parametrize('damage', ['garbage', 'truncated', 'flipped', 'objects'])
+def test_a_damaged_npz_file_is_one_line_that_says_what_is_wrong(tmp_path, damage):
+  """Real damaged files: each a ``CheckpointError`` (one ``error:`` line), none quoting numpy's
+  advice to load the file with pickles allowed."""
+  good = tmp_path / 'good.npz'
+  release.save_npz(good, init(small()))
+  data = good.read_bytes()
+  bad = tmp_path / 'bad.npz'
+  if damage == 'garbage':
+    bad.write_bytes(np.random.RandomState(0).bytes(4096))
+  elif damage == 'truncated':
+    bad.write_bytes(data[:len(data) // 2])
+  elif damage == 'flipped':  # A byte inside the first array's compressed-free data.
+    bad.write_bytes(data[:200] + bytes([data[200] ^ 0xFF]) + data[201:])
+  else:
+    np.savez(bad, cls=np.array([{'a': 1}], dtype=object))
+  with pytest.raises(errors.CheckpointError) as e:
+    release.load_npz(bad)
+  message = str(e.value)
+  assert '\n' not in message and 'allow_pickle' not in message, message
+  assert message.startswith(f'{bad} is not a'), message
+
+
 def test_scanned_layout_of_a_deep_release_file_gives_the_independent_logits(tmp_path):
   """Guards the order in which release blocks are stacked for ``scan=True``.
 
@@ -409,7 +441,7 @@ def test_scanned_layout_of_a_deep_release_file_gives_the_independent_logits(tmp_
   np.savez(tmp_path / 'deep.npz', **flat)
   model = get_model('ti16', num_classes=4, image_size=16, hidden_size=16, mlp_dim=32,
                     num_heads=2, num_layers=depth, patch_size=8, scan=True)
-  stacked = release.to_model_layout(release.load_npz(tmp_path / 'deep.npz'), scanned=True)
+  stacked = layout.to_model_layout(release.load_npz(tmp_path / 'deep.npz'), scanned=True)
   for i in range(depth):  # Block i of the file is slice i of the stack.
     np.testing.assert_array_equal(
         stacked['Transformer']['encoderblock']['MlpBlock_3']['Dense_0']['kernel'][i],
@@ -488,7 +520,7 @@ def test_big_vision_pool_types_the_arrays_do_not_tell(caplog):
       load(keep_head=True, source_pool=pool)
   with pytest.raises(errors.ConfigError, match="'avg' is not one of big_vision's"):
     load(keep_head=True, source_pool='avg')
-  expected = release.to_model_layout(release.load_npz(path), scanned=False)
+  expected = layout.to_model_layout(release.load_npz(path), scanned=False)
   chex.assert_trees_all_equal(load(keep_head=True, source_pool='gap'), expected)
   # A new head: only the encoder is taken, whatever the source pooled with.
   for pool in (None, '0', 'none'):
@@ -557,7 +589,7 @@ def test_adapt_gives_prefix_rows_where_the_model_has_them():
   source = jax.tree.map(lambda x: rng.normal(0, 0.1, x.shape).astype(np.float32),
                         shapes(deit3))
   plain = small()
-  adapted = release.adapt(release.flatten(source), shapes(plain), plain, keep_head=True,
+  adapted = fit.adapt(layout.flatten(source), shapes(plain), plain, keep_head=True,
                           source_model=deit3)
   pe = adapted['Transformer']['posembed_input']['pos_embedding']
   chex.assert_trees_all_equal(pe[:, 0], np.zeros((1, 32), np.float32))
@@ -569,7 +601,7 @@ def test_a_mismatch_with_a_known_source_names_its_model_options():
   registers = small(num_registers=4, pool='gap', class_token=False, fc_norm=True)
   with pytest.raises(errors.CheckpointMismatchError) as e:
     source = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), shapes(registers))
-    release.adapt(release.flatten(source), shapes(small()), small(), source_model=registers)
+    fit.adapt(layout.flatten(source), shapes(small()), small(), source_model=registers)
   assert "config.model: name='b16', image_size=32, patch_size=8, hidden_size=32" in str(e.value)
   assert "pool='gap'" in str(e.value) and 'num_registers=4' in str(e.value)
   assert 'fc_norm=True' in str(e.value) and "activation" not in str(e.value)
@@ -592,7 +624,7 @@ def test_registers_keep_their_position_rows_at_another_grid():
   params = jax.tree.map(lambda x: rng.normal(0, 0.1, x.shape).astype(np.float32),
                         shapes(source))
   bigger = small(48, num_registers=2)
-  adapted = release.adapt(release.flatten(params), shapes(bigger), bigger, keep_head=True,
+  adapted = fit.adapt(layout.flatten(params), shapes(bigger), bigger, keep_head=True,
                           source_model=source)
   pe = np.asarray(params['Transformer']['posembed_input']['pos_embedding'])
   chex.assert_trees_all_close(adapted['Transformer']['posembed_input']['pos_embedding'],

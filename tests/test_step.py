@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from vit_jax.base import sharding
-from vit_jax.checkpoints import release
+from vit_jax.checkpoints.formats import layout
 from vit_jax.checkpoints.run import manager as manager_lib
 from vit_jax.training import plan as plan_lib
 from vit_jax.training import step as step_lib
@@ -116,7 +116,7 @@ def test_every_mesh_matches_data_parallelism(mesh, step_impl, matmul_dtype, more
   config = tiny_config(step_impl=step_impl, **{**SGD, 'model.matmul_dtype': matmul_dtype, **more},
                        **dict(zip(('mesh.data', 'mesh.fsdp', 'mesh.tensor'), mesh, strict=True)))
   scan = bool(config.model.scan)
-  params = release.to_model_layout(initial.params, scanned=scan)
+  params = layout.to_model_layout(initial.params, scanned=scan)
   start = initial.replace(params=params, opt_state=plan_lib.validate(config).tx.init(params))
   state, mesh_losses, mesh_grad_norms = run_steps(config, 4, state=start)
 
@@ -135,7 +135,7 @@ def test_every_mesh_matches_data_parallelism(mesh, step_impl, matmul_dtype, more
   # differs by 2e-5 too.
   np.testing.assert_allclose(mesh_losses, losses, rtol=1e-5)
   np.testing.assert_allclose(mesh_grad_norms, grad_norms, rtol=3e-4 if matmul_dtype else 1e-5)
-  chex.assert_trees_all_close(release.to_model_layout(jax.device_get(state.params), False),
+  chex.assert_trees_all_close(layout.to_model_layout(jax.device_get(state.params), False),
                               reference.params, atol=5e-5 if matmul_dtype else 1e-6, rtol=1e-5)
   assert int(state.step) == 4
 

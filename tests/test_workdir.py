@@ -23,7 +23,7 @@ import scipy.ndimage
 from vit_jax import main
 from vit_jax.base import errors, sharding
 from vit_jax.base.cpu import host_memory
-from vit_jax.checkpoints import release
+from vit_jax.checkpoints.formats import layout, release
 from vit_jax.checkpoints.run import workdir
 from vit_jax.models import get_model
 from vit_jax.tools import export
@@ -31,7 +31,7 @@ from vit_jax.training import plan as plan_lib
 
 from runs import TINY_MODEL, TINY_RUN, env, main_command, read_metrics, restore_state, tiny_config
 
-POSEMB = release.POSEMB_KEY
+POSEMB = layout.POSEMB_KEY
 
 
 @pytest.fixture
@@ -97,8 +97,8 @@ def test_fine_tune_on_2_devices_at_a_higher_resolution(source_run, tmp_path):
 
   source, _ = workdir.restore_params(source_run, 5)
   tuned, _ = workdir.restore_params(tmp_path / 'ft', 1)
-  assert release.is_scanned(tuned) and not release.is_scanned(source)
-  source, tuned = (release.flatten(release.to_release(p)) for p in (source, tuned))
+  assert layout.is_scanned(tuned) and not layout.is_scanned(source)
+  source, tuned = (layout.flatten(layout.to_release(p)) for p in (source, tuned))
   chex.assert_trees_all_close(tuned.pop(POSEMB),
                               bilinear_reference(source.pop(POSEMB), (4, 4), (6, 6), 1),
                               atol=1e-6, rtol=1e-6)
@@ -160,8 +160,8 @@ def test_export_to_and_fine_tune_from_a_non_local_release_file(source_run, tmp_p
   remote = f'ram://{uuid.uuid4().hex}/exports/tiny.npz'
   assert export.export(str(source_run), remote, step=5) == 5
   export.export(str(source_run), str(tmp_path / 'local.npz'), step=5)
-  local = release.flatten(release.load_npz(tmp_path / 'local.npz'))
-  chex.assert_trees_all_equal(release.flatten(release.load_npz(remote)), local)
+  local = layout.flatten(release.load_npz(tmp_path / 'local.npz'))
+  chex.assert_trees_all_equal(layout.flatten(release.load_npz(remote)), local)
 
   # The warm-up starts at a learning rate of 0: after step 1 the parameters are exactly
   # the file's, with a new zero head.
@@ -169,7 +169,7 @@ def test_export_to_and_fine_tune_from_a_non_local_release_file(source_run, tmp_p
                           'total_steps': 2, 'checkpoint_every_steps': 1, 'batch_size': 16,
                           'eval_batch_size': 16})
   main.train_and_evaluate(config, str(tmp_path / 'ft'))
-  tuned = release.flatten(release.to_release(workdir.restore_params(tmp_path / 'ft', 1)[0]))
+  tuned = layout.flatten(layout.to_release(workdir.restore_params(tmp_path / 'ft', 1)[0]))
   chex.assert_trees_all_equal(tuned.pop('head/kernel'), np.zeros((32, 10), np.float32))
   chex.assert_trees_all_equal(tuned.pop('head/bias'), np.zeros(10, np.float32))
   del local['head/kernel'], local['head/bias']
@@ -209,9 +209,9 @@ def test_init_from_ema_starts_at_the_loaded_weights(tiny_run, ema_run):
   # 5 Adam steps of at most ~1e-4 each: the weights and their average stay within 1e-3
   # of the loaded ones. An average started from the random init would still hold
   # 0.9 ** 5 = 59% of it.
-  loaded = release.flatten(workdir.restore_params(tiny_run)[0])
-  weights = release.flatten(workdir.restore_params(ema_run)[0])
-  ema = release.flatten(workdir.restore_params(ema_run, ema=True)[0])
+  loaded = layout.flatten(workdir.restore_params(tiny_run)[0])
+  weights = layout.flatten(workdir.restore_params(ema_run)[0])
+  ema = layout.flatten(workdir.restore_params(ema_run, ema=True)[0])
   for key, value in ema.items():
     chex.assert_type(value, np.float32)
     chex.assert_trees_all_close(value, loaded[key], atol=1e-3, rtol=0)
@@ -233,7 +233,7 @@ def test_ema_export_differs_from_the_weights_and_equals_the_ema_arrays(ema_run, 
   assert 'the moving average of the parameters' in result.stdout
   # The reference: the optimizer state's average, from the whole train state restored.
   state = restore_state(ema_run, workdir.load_config(ema_run))
-  expected = release.flatten(release.to_release(jax.device_get(state.ema_params)))
+  expected = layout.flatten(layout.to_release(jax.device_get(state.ema_params)))
   with np.load(ema_file) as f, np.load(plain) as g:
     exported, weights = dict(f), dict(g)
   chex.assert_trees_all_equal(exported, expected)
@@ -242,7 +242,7 @@ def test_ema_export_differs_from_the_weights_and_equals_the_ema_arrays(ema_run, 
   # load_run (predict, inspect, evaluation) reads the same arrays.
   loaded = workdir.load_run(ema_run, ema=True)
   assert loaded.source == f'{ema_run} (step 5, EMA)'
-  chex.assert_trees_all_equal(release.flatten(loaded.params), expected)
+  chex.assert_trees_all_equal(layout.flatten(loaded.params), expected)
 
 
 @pytest.mark.slow

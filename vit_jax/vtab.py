@@ -98,7 +98,7 @@ def task_config(task: Task, model: dict[str, Any], settings: dict[str, Any],
 
 def model_fields(init_from: str) -> dict[str, Any]:
   """The config.model fields of a checkpoint: a run's config, or a release file's shapes."""
-  from vit_jax.checkpoints import release
+  from vit_jax.checkpoints.formats import fit, layout, release
   from vit_jax.checkpoints.run import workdir as workdir_lib
 
   if workdir_lib.is_workdir(init_from):
@@ -108,7 +108,7 @@ def model_fields(init_from: str) -> dict[str, Any]:
   if not paths.is_file(init_from):
     raise errors.MissingFileError(f'--init_from={init_from} is neither a release .npz file nor '
                                   'the workdir of a run (a directory with checkpoints/).')
-  arch = release.npz_architecture(release.flatten(release.load_npz(init_from)))
+  arch = fit.npz_architecture(layout.flatten(release.load_npz(init_from)))
   arch.pop('image_size')
   return {'name': 'b16', **{k: v for k, v in arch.items() if v is not None}}
 

@@ -1,8 +1,7 @@
-"""Checkpoints, in and out: a run's (``manager``: Orbax run state, saved with checksums,
-restored and verified; ``workdir``), the release .npz format (``release``), the Hugging Face
-Hub's timm and transformers folders (``hub``) and big_vision's tensorstore folders
-(``big_vision``). ``load`` reads any of them, named by one SOURCE string (``formats``);
-``export`` writes a model as .npz, timm or transformers."""
+"""Checkpoints, in and out, in two rooms: a run's own state (``run``: Orbax checkpoints that
+verify themselves, the workdir read back, the lock) and foreign weight formats (``formats``:
+release ``.npz``, big_vision, timm, transformers, ``hf-hub:``). ``load`` reads any of them,
+named by one SOURCE string; ``export`` writes a model as .npz, timm or transformers."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-  from vit_jax.checkpoints.release import Loaded
+  from vit_jax.checkpoints.formats.layout import Loaded
 
 
 def load(source: str, *, step: int | None = None, ema: bool = False,

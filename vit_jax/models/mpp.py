@@ -5,7 +5,7 @@ a learnable [mask] embedding, 10% by a random other patch's, 10% left as they ar
 predicts each corrupted patch's colour (``TARGETS``; the paper's: its 3-bit mean colour, 512
 classes) from its final representation. No label is read. ``config.objective='mpp'`` trains
 it (``vit_jax.training``), the 'mpp' evaluator scores it (``vit_jax.evals.mpp``), and a
-fine-tune from it drops the mask embedding and the head (``vit_jax.checkpoints.release``).
+fine-tune from it drops the mask embedding and the head (``vit_jax.checkpoints.formats.fit``).
 """
 
 from __future__ import annotations

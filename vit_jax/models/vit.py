@@ -7,8 +7,8 @@
 
 Module and parameter names are those of the released .npz files, so an unrolled model's
 ``params`` *is* the release layout (docs/checkpoints.md); ``scan=True`` stacks the blocks into
-one ``Transformer/encoderblock`` (``vit_jax.checkpoints.release`` converts). ViT-22B's block
-options, timm's families' options (``registers``, ``ls1``/``ls2``, ``fc_norm``; the prefix
+one ``Transformer/encoderblock`` (``vit_jax.checkpoints.formats.layout`` converts). ViT-22B's
+block options, timm's families' options (``registers``, ``ls1``/``ls2``, ``fc_norm``; the prefix
 tokens' rows of ``pos_embedding``), masked patch prediction (``mask_token``, ``mpp_head``) and
 the hybrids' BiT stem keep those names and only add or drop parameters: with them off, the
 parameters are the release's.
@@ -627,7 +627,8 @@ class VisionTransformer(nn.Module):
           f'{self.model_name or "VisionTransformer"} expects NHWC images of shape '
           f'(batch, {expected[0]}, {expected[1]}, 3) in [-1, 1], got {tuple(images.shape)}. '
           'Resize the images, or build the model with image_size=(height, width) '
-          '(vit_jax.checkpoints.release.load_pretrained resizes the position embeddings).')
+          '(vit_jax.checkpoints.formats.release.load_pretrained resizes the position '
+          'embeddings).')
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     x = images.astype(self.dtype)
     if self.resnet_layers is not None:

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax.checkpoints import release
+from vit_jax.checkpoints.formats import layout
 from vit_jax.models import VisionTransformer
 from vit_jax.models.vit import pair, posemb_sincos_2d
 
@@ -162,7 +162,7 @@ def position_embeddings(model: VisionTransformer, params: Mapping[str, Any]) -> 
   grid = model.grid
   if model.posemb == 'sincos2d':
     return posemb_sincos_2d(grid, model.hidden_size)[0]
-  params = release.unwrap(params)
+  params = layout.unwrap(params)
   table = np.asarray(params[POSEMB[0]][POSEMB[1]][POSEMB[2]], np.float32)[0]
   table = table[model.posemb_prefix_rows:]
   if len(table) != grid[0] * grid[1]:

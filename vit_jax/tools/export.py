@@ -6,9 +6,9 @@ transformers folder.
     python -m vit_jax.tools.export --source=hf-hub:ORG/NAME --format=npz --out=model.npz
 
 ``--format=npz`` (the default): a release file, which loads with
-``vit_jax.checkpoints.release.load_npz``, in the google-research vision_transformer code and in
-timm, and can be the ``init_from`` of a fine-tune. ``--format=timm`` / ``transformers``: a folder
-(config.json with the architecture and the run's class names, model.safetensors) that
+``vit_jax.checkpoints.formats.release.load_npz``, in the google-research vision_transformer code
+and in timm, and can be the ``init_from`` of a fine-tune. ``--format=timm`` / ``transformers``: a
+folder (config.json with the architecture and the run's class names, model.safetensors) that
 ``timm.create_model('local-dir:DIR', pretrained=True)`` / ``ViTForImageClassification.
 from_pretrained(DIR)`` loads; what a format cannot express is refused in one line naming the
 option (docs/checkpoints.md). ``--source`` exports any other checkpoint instead of a run's.
@@ -55,7 +55,7 @@ def export(workdir: str, out: str, step: int | None = None, *, ema: bool = False
   warning, not refused (``workdir.restore_params``).
   """
   from vit_jax import checkpoints
-  from vit_jax.checkpoints import release
+  from vit_jax.checkpoints.formats import release
   from vit_jax.checkpoints.run import workdir as workdir_lib
 
   params, step = workdir_lib.restore_params(workdir, step, ema=ema,
@@ -79,17 +79,17 @@ def _run_model(workdir: str, params: Any) -> Any:
 def read_back(out: str, format: str, model: Any, params: Any) -> Any:
   """The written export, read back into ``model``'s layout (``params`` gives its shapes)."""
   from vit_jax import checkpoints
-  from vit_jax.checkpoints import release
+  from vit_jax.checkpoints.formats import fit, layout, release
 
   if format == 'npz' and model.prefix_posemb:  # The release layout is the model's.
-    return release.to_model_layout(release.load_npz(out), scanned=release.is_scanned(params))
+    return layout.to_model_layout(release.load_npz(out), scanned=layout.is_scanned(params))
   if format == 'npz':  # A zero class-token row to fold back.
-    return release.adapt(release.flatten(release.load_npz(out)), params, model, keep_head=True,
-                         source_grid=model.grid, origin=out)
+    return fit.adapt(layout.flatten(release.load_npz(out)), params, model, keep_head=True,
+                     source_grid=model.grid, origin=out)
   loaded = checkpoints.load(out)
-  return release.adapt(release.flatten(release.to_release(loaded.params)), params, model,
-                       keep_head=True, source_grid=loaded.model.grid, origin=out,
-                       source_model=loaded.model)
+  return fit.adapt(layout.flatten(layout.to_release(loaded.params)), params, model,
+                   keep_head=True, source_grid=loaded.model.grid, origin=out,
+                   source_model=loaded.model)
 
 
 def compare_logits(model: Any, params: Any, exported: Any, count: int = 8) -> float:

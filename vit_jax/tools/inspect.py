@@ -457,7 +457,7 @@ def write_html(path: epath.Path, source: predict.Source, figures: list[Figure],
 
 def inspect(args: argparse.Namespace) -> list[epath.Path]:
   """Computes the analyses, writes the PNGs and index.html; returns their paths."""
-  from vit_jax.checkpoints import release
+  from vit_jax.checkpoints.formats import layout
   from vit_jax.tools import analysis
 
   predict.resolve_source_flags(args)
@@ -473,7 +473,7 @@ def inspect(args: argparse.Namespace) -> list[epath.Path]:
     images = eval_images(source, args.workdir, args.num_images)
 
   figures = []
-  params = release.unwrap(source.params)
+  params = layout.unwrap(source.params)
   if model.resnet_layers is None:
     figures.append(embedding_pca_figure(np.asarray(params['embedding']['kernel']),
                                         args.components))

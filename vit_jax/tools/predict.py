@@ -32,7 +32,7 @@ from vit_jax.base import errors, paths
 if TYPE_CHECKING:  # jax, flax and the checkpoints load after the command line is checked.
   import jax
 
-  from vit_jax.checkpoints import release
+  from vit_jax.checkpoints.formats import layout
   from vit_jax.models import VisionTransformer
 
 NPZ_PP = 'decode|resize({size})|value_range(-1, 1)'
@@ -45,7 +45,7 @@ IMAGENET_NOTE = ('ImageNet class names are not available offline; showing the Wo
 class Source:
   """A model ready to predict, with what its inputs and outputs mean."""
 
-  loaded: release.Loaded
+  loaded: layout.Loaded
   pp_spec: str
   activation: str  # 'softmax' or 'sigmoid'
   class_names: tuple[str, ...]
@@ -132,7 +132,7 @@ def pair(size: Any) -> tuple[int, int]:
   return (int(h), int(w))
 
 
-def _workdir_class_names(loaded: release.Loaded) -> tuple[str, ...]:
+def _workdir_class_names(loaded: layout.Loaded) -> tuple[str, ...]:
   """classes.json, or the class names of the run's dataset when it can be opened."""
   if loaded.class_names:
     return loaded.class_names
@@ -168,7 +168,8 @@ def check_source_paths(args: argparse.Namespace) -> None:
 def load_source(args: argparse.Namespace) -> Source:
   """The model, preprocessing and class names that ``--workdir`` / ``--npz`` / ``--source``
   select."""
-  from vit_jax.checkpoints import formats, release
+  from vit_jax.checkpoints import formats
+  from vit_jax.checkpoints.formats import release
   from vit_jax.checkpoints.run import workdir
 
   notes = []

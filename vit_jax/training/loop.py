@@ -26,7 +26,7 @@ from etils import epath
 
 from vit_jax import config as config_lib
 from vit_jax.base import console, cpu, errors, sharding
-from vit_jax.checkpoints import release
+from vit_jax.checkpoints.formats import layout
 from vit_jax.checkpoints.run import manager as manager_lib
 from vit_jax.checkpoints.run import workdir as workdir_lib
 from vit_jax.data import loader
@@ -160,7 +160,7 @@ def _starting_state(state: TrainState, state_shardings: Any, manager: Any,
     state = manager_lib.resume(manager, manager_lib.abstract_like(state, state_shardings))
     logging.info('Resumed from %s at step %d.', manager.directory, int(state.step))
   elif config.init_from:
-    init_params = jax.tree.map(release.to_host, state.params)
+    init_params = jax.tree.map(layout.to_host, state.params)
     params = workdir_lib.init_params_from(
         config.init_from, init_params, plan.model, step=config.init_step,
         keep_head=config.init_keep_head, ema=config.init_ema,

@@ -20,7 +20,7 @@ import numpy as np
 import optax
 
 from vit_jax.base import errors
-from vit_jax.checkpoints.release import flatten, unflatten
+from vit_jax.checkpoints.formats.layout import flatten, unflatten
 
 _MU_DTYPES = {None: None, 'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 

@@ -11,7 +11,8 @@ Reads only with numpy, safetensors.numpy and tensorstore. For each fixture that 
 ViT can express, it prints the largest |logit difference| against the reference library's
 logits: with the source's own GELU and LayerNorm epsilon (vit_jax's `nn.gelu` and LN_EPSILON
 swapped in this process only), then with vit_jax's as they are (tanh GELU, 1e-6).
-Written against vit_jax at commit b219c86 (`vit_jax.models.vit`, `vit_jax.checkpoints.release`).
+Written against vit_jax at commit b219c86 (`vit_jax.models.vit`, `vit_jax.checkpoints.release`,
+since split into `vit_jax.checkpoints.formats`).
 """
 
 import functools
@@ -26,7 +27,7 @@ import tensorstore as ts
 from safetensors.numpy import load_file
 
 import vit_jax.models.vit as vit_module
-from vit_jax.checkpoints import release
+from vit_jax.checkpoints.formats import big_vision, layout
 
 EXACT_GELU = functools.partial(jax.nn.gelu, approximate=False)
 TANH_GELU = nn.gelu
@@ -127,7 +128,7 @@ def logits(flat, images, gelu=TANH_GELU, eps=1e-6, **kw):
   nn.gelu, vit_module.LN_EPSILON = gelu, eps  # MlpBlock and norm_layer look them up per call
   try:
     model = vit_module.VisionTransformer(attention_impl='einsum', num_layers=2, num_heads=2, **kw)
-    return np.asarray(model.apply({'params': release.unflatten(flat)}, images))
+    return np.asarray(model.apply({'params': layout.unflatten(flat)}, images))
   finally:
     nn.gelu, vit_module.LN_EPSILON = TANH_GELU, 1e-6
 
@@ -167,7 +168,7 @@ def main(fix):
     flat = read_tensorstore_checkpoint(os.path.join(fix, name))
     # big_vision's names and posemb -> the release layout: what load_npz does for .npz files.
     params = {k: v for k, v in flat.items() if k.startswith('params/')}
-    params = release._canonicalise(params, name)  # a private helper of vit_jax, read-only use
+    params = big_vision.canonical(params, name)  # a private helper of vit_jax, read-only use
     kw = dict(num_classes=5, patch_size=4, hidden_size=16, mlp_dim=32, image_size=(16, 24),
               pool=pool, representation_size=rep)
     report(name, logits(params, bv_ref['images'], **kw), bv_ref[f'{name}/logits'],

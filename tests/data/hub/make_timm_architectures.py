@@ -1,4 +1,5 @@
-"""Writes vit_jax/checkpoints/timm_architectures.py: timm's ViT architectures and their defaults.
+"""Writes vit_jax/checkpoints/formats/timm_architectures.py: timm's ViT architectures and their
+defaults.
 
 timm's config.json names an architecture and records only the keyword arguments given to
 `create_model` (README.md beside this file), so a reader also needs each architecture's own
@@ -26,7 +27,7 @@ import timm.models.deit as deit  # noqa: E402
 import timm.models.vision_transformer as vision_transformer  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', '..', 'vit_jax',
-                   'checkpoints', 'timm_architectures.py')
+                   'checkpoints', 'formats', 'timm_architectures.py')
 
 
 class _Recorded(Exception):

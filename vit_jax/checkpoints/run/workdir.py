@@ -22,7 +22,8 @@ from etils import epath
 
 from vit_jax import config as config_lib
 from vit_jax.base import errors, paths
-from vit_jax.checkpoints import big_vision, formats, release
+from vit_jax.checkpoints import formats
+from vit_jax.checkpoints.formats import big_vision, fit, layout, release
 from vit_jax.checkpoints.run import manager as manager_lib
 from vit_jax.models import VisionTransformer, get_model, mpp
 from vit_jax.models.vit import pair
@@ -180,7 +181,7 @@ def _nonfinite(workdir: str | os.PathLike, step: int, params: Any) -> list[str]:
   record = manager_lib.recorded(step_dir)
   if manager_lib.good(record) is not None:
     return manager_lib.nonfinite(record)
-  return [k for k, x in release.flatten(params).items() if not np.isfinite(x).all()]
+  return [k for k, x in layout.flatten(params).items() if not np.isfinite(x).all()]
 
 
 def restore_params(workdir: str | os.PathLike, step: int | None = None,
@@ -222,7 +223,7 @@ def restore_params(workdir: str | os.PathLike, step: int | None = None,
 
 
 def load_run(workdir: str | os.PathLike, step: int | None = None, *, ema: bool = False,
-             allow_nonfinite: bool = False) -> release.Loaded:
+             allow_nonfinite: bool = False) -> layout.Loaded:
   """The model and parameters of a run's checkpoint (the latest unless ``step``).
 
   ``ema``: the weights' moving average instead of the weights; ``allow_nonfinite``: a
@@ -237,7 +238,7 @@ def load_run(workdir: str | os.PathLike, step: int | None = None, *, ema: bool =
   num_classes = int(np.shape(params['head']['kernel'])[-1])
   model = model_from_config(config, num_classes)
   source = f'{workdir} (step {step}{", EMA" if ema else ""})'
-  return release.Loaded(model, params, load_class_names(workdir), source, config)
+  return layout.Loaded(model, params, load_class_names(workdir), source, config)
 
 
 def init_params_from(source: str, init_params: dict[str, Any], model: VisionTransformer, *,
@@ -247,12 +248,12 @@ def init_params_from(source: str, init_params: dict[str, Any], model: VisionTran
   """A fine-tune's starting parameters from a run's workdir or any other SOURCE (``formats``).
 
   Only the parameters are taken (``ema``: the run's moving average of them instead).
-  They are adapted to ``model`` as ``release.adapt`` does (position embeddings resized
+  They are adapted to ``model`` as ``fit.adapt`` does (position embeddings resized
   to the new grid, a new zero head, pre-logits kept or dropped, scanned or unrolled
   layout), each change logged. A workdir's grid is its recorded config's, a timm or
   transformers folder's its config.json's; a .npz file's or big_vision checkpoint's is
-  ``source_grid`` where it is not square (``release.adapt``), and ``source_pool`` its
-  pool type where its arrays do not tell (``release.check_source_pool``). The result is
+  ``source_grid`` where it is not square (``fit.adapt``), and ``source_pool`` its
+  pool type where its arrays do not tell (``big_vision.check_source_pool``). The result is
   in ``init_params``' layout, as host arrays.
   """
   if is_workdir(source):
@@ -266,8 +267,8 @@ def init_params_from(source: str, init_params: dict[str, Any], model: VisionTran
           f'config.init_source_grid={tuple(source_grid)}, but {source} was trained at the '
           f'{source_model.grid[0]}x{source_model.grid[1]} grid (its config.json): leave '
           'init_source_grid unset for a workdir.')
-    return release.adapt(
-        release.flatten(release.to_release(params)), init_params, model,
+    return fit.adapt(
+        layout.flatten(layout.to_release(params)), init_params, model,
         keep_head=keep_head, source_grid=source_model.grid,
         origin=f'{source} (step {step}{", EMA" if ema else ""})')
   kind = formats.origin(source)
@@ -284,8 +285,8 @@ def init_params_from(source: str, init_params: dict[str, Any], model: VisionTran
                                    source_grid=source_grid, source_pool=source_pool)
   if kind == formats.BIG_VISION:
     flat = big_vision.read_params(source, step)
-    release.check_source_pool(source, flat, source_pool, keep_head=keep_head, big_vision=True)
-    return release.adapt(flat, init_params, model, keep_head=keep_head,
+    big_vision.check_source_pool(source, flat, source_pool, keep_head=keep_head, big_vision=True)
+    return fit.adapt(flat, init_params, model, keep_head=keep_head,
                          source_grid=source_grid, origin=f'{source} (big_vision)')
   loaded = formats.load(source)  # timm, transformers, hf-hub: the architecture is recorded.
   if source_grid is not None and pair(source_grid) != loaded.model.grid:
@@ -299,7 +300,7 @@ def init_params_from(source: str, init_params: dict[str, Any], model: VisionTran
       logging.warning('init from %s: it computes with %s=%r, the model with %r (set '
                       'config.model.%s=%r to keep its function)', source, option, theirs, ours,
                       option, theirs)
-  return release.adapt(release.flatten(release.to_release(loaded.params)), init_params, model,
+  return fit.adapt(layout.flatten(layout.to_release(loaded.params)), init_params, model,
                        keep_head=keep_head, source_grid=loaded.model.grid, origin=loaded.source,
                        source_model=loaded.model)
 
@@ -324,7 +325,7 @@ def check_init_from(config: ml_collections.ConfigDict) -> None:
     raise errors.ConfigError(f'config.init_source_grid={grid!r} is not a (rows, columns) pair '
                              'of positive ints, e.g. (14, 20).')
   pool = options['init_source_pool']
-  if pool is not None and pool not in release.SOURCE_POOLS:
+  if pool is not None and pool not in big_vision.SOURCE_POOLS:
     raise errors.ConfigError(f'config.init_source_pool={pool!r} is not one of big_vision\'s '
                              'pool types: tok, gap, map, 0, none.')
   if not source:

@@ -1,246 +1,35 @@
-"""Release .npz checkpoints: read them, write them, adapt them to a model.
-
-The release layout is the flat key set of the published ViT files (float32 arrays, keys joined
-by '/'): an unrolled model's params tree, or a scanned one's with its blocks unstacked.
-``load_npz`` also reads big_vision's files into it (their names, prefixes and bfloat16 arrays:
-docs/checkpoints.md); ``save_npz`` always writes it. The one difference beyond names: big_vision
-adds its ``pos_embedding`` (h * w rows) before prepending the class token, the release h * w + 1
-rows after; the two agree when the class token's row is zero, the row ``load_npz`` puts in.
-big_vision's pool types ``0`` and ``none`` are not ours and store a ``gap`` file's arrays, so
-such a file's classifier loads only where its pool type is said (``check_source_pool``).
-"""
+"""Release-layout arrays fitted to a model: the architecture they imply, position embeddings
+resized between grids, prefix tokens' rows moved, a fresh head, and every mismatch named."""
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import math
-import os
 import re
-import zipfile
 from collections.abc import Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from vit_jax.base import errors, paths
+from vit_jax.base import errors
+from vit_jax.checkpoints.formats.layout import (
+  POSEMB_KEY,
+  PRETRAINING_ONLY,
+  Loaded,
+  Params,
+  flatten,
+  is_scanned,
+  to_model_layout,
+  to_release,
+  unflatten,
+  unwrap,
+)
 from vit_jax.models import VisionTransformer, get_model, registry
-from vit_jax.models.vit import LN_EPSILON, pair
+from vit_jax.models.vit import pair
 
-# Masked patch prediction's parameters (vit_jax.models.mpp): the learnable [mask] embedding and
-# the per-patch prediction head, used only in pre-training; fine-tuning drops them.
-PRETRAINING_ONLY = ('mask_token', 'mpp_head')
-
-Params = dict[str, Any]
-
-POSEMB_KEY = 'Transformer/posembed_input/pos_embedding'
-_CHUNK = 64 << 20  # Bytes per write of a file built in memory (save_npz).
 _BLOCK = re.compile(r'^Transformer/encoderblock_(\d+)/')
-_SCANNED = 'Transformer/encoderblock/'
-# big_vision names the block's children by Linen's automatic numbering.
-_LINEN_BLOCK_NAMES = {'MultiHeadDotProductAttention_0': 'MultiHeadDotProductAttention_1',
-                      'LayerNorm_1': 'LayerNorm_2', 'MlpBlock_0': 'MlpBlock_3'}
-
-
-def flatten(tree: Mapping[str, Any]) -> dict[str, Any]:
-  """Nested dict -> {'a/b/c': leaf}."""
-  flat = {}
-  for key, value in tree.items():
-    if isinstance(value, Mapping):
-      flat.update({f'{key}/{k}': v for k, v in flatten(value).items()})
-    else:
-      flat[key] = value
-  return flat
-
-
-def unflatten(flat: Mapping[str, Any]) -> Params:
-  """{'a/b/c': leaf} -> nested dict."""
-  tree: Params = {}
-  for key, value in flat.items():
-    *parents, leaf = key.split('/')
-    node = tree
-    for p in parents:
-      node = node.setdefault(p, {})
-    node[leaf] = value
-  return tree
-
-
-def unwrap(variables: Mapping[str, Any]) -> Params:
-  """Accepts ``{'params': p}`` or ``p``; returns ``p`` as a plain dict."""
-  if set(variables) == {'params'}:
-    variables = variables['params']
-  return dict(variables)
-
-
-def is_scanned(params: Mapping[str, Any]) -> bool:
-  return 'encoderblock' in params.get('Transformer', {})
-
-
-def to_release(params: Mapping[str, Any]) -> Params:
-  """Model params (scanned or unrolled) -> release layout (unrolled)."""
-  params = unwrap(params)
-  if not is_scanned(params):
-    return params
-  transformer = dict(params['Transformer'])
-  stacked = transformer.pop('encoderblock')
-  num_layers = jax.tree.leaves(stacked)[0].shape[0]
-  for i in range(num_layers):
-    transformer[f'encoderblock_{i}'] = jax.tree.map(lambda x, i=i: _layer(x, i), stacked)
-  return {**params, 'Transformer': transformer}
-
-
-def _layer(x: Any, i: int) -> Any:
-  """Layer ``i`` of a stacked array, or of its shape (``jax.eval_shape``'s parameters)."""
-  if isinstance(x, jax.ShapeDtypeStruct):
-    return jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
-  return x[i]
-
-
-def to_model_layout(params: Mapping[str, Any], scanned: bool) -> Params:
-  """Release layout -> the layout of a model built with ``scan=scanned``."""
-  params = unwrap(params)
-  if not scanned or is_scanned(params):
-    return params if scanned else to_release(params)
-  transformer = dict(params['Transformer'])
-  blocks = sorted((int(k.rsplit('_', 1)[1]), k) for k in transformer
-                  if k.startswith('encoderblock_'))
-  layers = [transformer.pop(k) for _, k in blocks]
-  transformer['encoderblock'] = jax.tree.map(lambda *xs: np.stack(xs), *layers)
-  return {**params, 'Transformer': transformer}
-
-
-def _canonicalise(flat: dict[str, np.ndarray], path: Any) -> dict[str, np.ndarray]:
-  """Maps big_vision's names onto the release layout and checks it is a ViT file."""
-  for prefix in ('params/', 'opt/target/'):  # big_vision: params/..., opt/...
-    if any(k.startswith(prefix) for k in flat):
-      flat = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
-      break
-  # numpy stores bfloat16 as 2-byte voids.
-  flat = {k: v.view(jnp.bfloat16) if v.dtype.kind == 'V' and v.dtype.itemsize == 2 else v
-          for k, v in flat.items()}
-  if 'pos_embedding' in flat:  # big_vision's: no class-token row, that row is zero.
-    posemb = flat.pop('pos_embedding')
-    if 'cls' in flat:
-      posemb = np.concatenate([np.zeros_like(posemb[:, :1]), posemb], axis=1)
-    flat[POSEMB_KEY] = posemb
-  renamed = {}
-  for key, value in flat.items():
-    if _BLOCK.match(key) or key.startswith(_SCANNED):
-      parts = key.split('/')
-      parts[2] = _LINEN_BLOCK_NAMES.get(parts[2], parts[2])
-      key = '/'.join(parts)
-    renamed[key] = value
-  if 'embedding/kernel' not in renamed or not any(k.startswith('Transformer/') for k in renamed):
-    sample = ', '.join(sorted(flat)[:8]) or 'none'
-    raise ValueError(
-        f'{path} is not a ViT release checkpoint: expected keys such as "embedding/kernel" '
-        f'and "Transformer/encoder_norm/scale", found {len(flat)} keys ({sample}).')
-  return flatten(to_release(unflatten(renamed)))
-
-
-def canonical(flat: dict[str, np.ndarray], origin: Any) -> dict[str, np.ndarray]:
-  """A release or big_vision checkpoint's flat arrays in the release layout (unrolled)."""
-  return _canonicalise(flat, origin)
-
-
-def load_npz(path: str | os.PathLike) -> Params:
-  """Reads a release (or big_vision) .npz file into the nested release layout.
-
-  ``path`` is local or on any filesystem ``vit_jax.base.paths`` reads (``gs://vit_models/...``):
-  it is read through epath, never ``open``. A missing or unreachable file is a
-  ``errors.MissingFileError``.
-  """
-  if not paths.is_file(path):
-    raise errors.MissingFileError(f'No checkpoint file at {path}: name a release .npz file (the '
-                                  'docs/checkpoints.md says where to get them).')
-  try:
-    with paths.path(path).open('rb') as f:
-      archive = np.load(f, allow_pickle=False)
-      if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise ValueError('it holds a single array, not a named archive')
-      flat = {k: archive[k] for k in archive.files}
-  except (ValueError, zipfile.BadZipFile, EOFError) as e:
-    raise ValueError(f'{path} is not a .npz checkpoint that numpy can read ({e}). '
-                     'Release checkpoints are numpy .npz archives of float32 arrays.') from e
-  except Exception as e:
-    if paths.filesystem_error(e):
-      raise paths.unreachable(path, e) from None
-    raise
-  return unflatten(_canonicalise(flat, path))
-
-
-def to_host(x: Any) -> np.ndarray:
-  """A (possibly sharded, multi-host) array as one float32 numpy array on every host."""
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    from jax.experimental import multihost_utils
-    x = multihost_utils.process_allgather(x, tiled=True)
-  return np.asarray(jax.device_get(x), dtype=np.float32)
-
-
-def save_npz(path: str | os.PathLike, params: Mapping[str, Any]) -> None:
-  """Writes params (any layout, dtype or sharding) as a release-layout .npz file.
-
-  ``path`` is local or remote (``gs://``: ``vit_jax.base.paths``). The file appears
-  atomically: it is written beside the target, then renamed. A remote file is built in
-  memory first, as numpy's zip writer needs a file it can ``tell`` in, which gfile's
-  writers are not.
-  """
-  path = paths.path(path)
-  flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.parent / f'.{path.name}.tmp-{os.getpid()}'
-  if paths.is_remote(path):
-    buffer = io.BytesIO()
-    np.savez(buffer, **flat)
-    view = buffer.getbuffer()
-    with tmp.open('wb') as f:  # gfile takes bytes only: copied a chunk at a time.
-      for start in range(0, len(view), _CHUNK):
-        f.write(bytes(view[start:start + _CHUNK]))
-    del view
-  else:
-    with tmp.open('wb') as f:
-      np.savez(f, **flat)
-  tmp.replace(path)
-
-
-def npz_problem(model: VisionTransformer) -> str:
-  """What of ``model`` a release .npz file cannot record ('' if nothing): the file is read back
-  by its arrays alone, as the release's ViT (tanh GELU, LayerNorm epsilon 1e-6)."""
-  if model.layer_scale is not None:
-    return f'layer_scale={model.layer_scale} (ls1, ls2: no such arrays in the release layout)'
-  if model.num_registers:
-    return f'num_registers={model.num_registers} (no register tokens in the release layout)'
-  if model.fc_norm:
-    return 'fc_norm=True (the release normalises before pooling)'
-  if model.has_class_token != (model.pool == 'token'):
-    return (f'class_token={model.has_class_token} with pool={model.pool!r} (a release file '
-            "has a class token exactly where it pools it)")
-  if model.activation != 'gelu_tanh':
-    return f'activation={model.activation!r} (a release file is read with the tanh GELU)'
-  if model.norm_epsilon != LN_EPSILON:
-    return f'norm_epsilon={model.norm_epsilon:g} (a release file is read with 1e-6)'
-  return ''
-
-
-def save_model_npz(path: str | os.PathLike, model: VisionTransformer,
-                   params: Mapping[str, Any]) -> None:
-  """``save_npz`` of a model's parameters, refused where the layout cannot say what ``model``
-  computes (``npz_problem``); a class token without a position embedding gets a zero row."""
-  if problem := npz_problem(model):
-    raise errors.CheckpointError(
-        f'A release .npz file cannot hold {model.model_name or "this model"}: {problem}. '
-        "Export it with format='timm' (python -m vit_jax.tools.export --format=timm).")
-  params = to_release(params)
-  if model.posemb == 'learn' and model.num_prefix_tokens and not model.prefix_posemb:
-    flat = flatten(params)
-    posemb = to_host(flat[POSEMB_KEY])
-    flat[POSEMB_KEY] = np.concatenate([np.zeros_like(posemb[:, :1]), posemb], axis=1)
-    params = unflatten(flat)
-  save_npz(path, params)
-
 
 def _interpolation_matrix(n_in: int, n_out: int) -> np.ndarray:
   """(n_out, n_in) linear interpolation with aligned corners (scipy.ndimage.zoom order=1)."""
@@ -451,81 +240,6 @@ def _describe(flat: Mapping[str, Any]) -> str:
   return f'The checkpoint holds width {width}, {depth} layers, {patch[0]}x{patch[1]} patches{name}.'
 
 
-# big_vision's pool types (big_vision/models/vit.py) -> ours; '0' (the output of the first
-# patch token: there is no class token) and 'none' (no pooling: the head is applied to every
-# token, logits of shape (batch, tokens, classes)) have no counterpart here.
-SOURCE_POOLS = {'tok': 'token', 'token': 'token', 'gap': 'gap', 'map': 'map',
-                '0': None, 'none': None}
-
-
-def is_big_vision_layout(path: str | os.PathLike) -> bool:
-  """Whether a .npz file was written by big_vision (its prefixes or Linen's block names)."""
-  with paths.path(path).open('rb') as f:
-    keys = np.load(f, allow_pickle=False).files
-  return any(k.startswith(('params/', 'opt/target/')) or k == 'pos_embedding'
-             or re.search(r'^Transformer/encoderblock(_\d+)?/MlpBlock_0/', k) for k in keys)
-
-
-def check_source_pool(path: str | os.PathLike, source: Mapping[str, Any],
-                      source_pool: str | None, *, keep_head: bool,
-                      big_vision: bool | None = None) -> None:
-  """Refuses a .npz file whose classifier would be used under another pooling than its own.
-
-  ``source`` is the file's flat release-layout arrays; ``source_pool`` the pooling its
-  model had, in big_vision's words (``tok``, ``gap``, ``map``, ``0``, ``none``) or ours,
-  or None. The arrays say ``token`` (a class token) and ``map`` (a MAP head); the others
-  store the same arrays, and only a big_vision file can be ``0`` or ``none``. With
-  ``keep_head`` the file's classifier is used, so its pooling must be one of ours and,
-  for a big_vision file, known. Without, only the encoder is taken and the model's own
-  pooling feeds a new head: any source pooling is fine. ``big_vision``: whether the source
-  was written by big_vision (None: read from the .npz file at ``path``).
-  """
-  seen = 'token' if 'cls' in source else 'map' if any(
-      k.startswith('MAPHead_0/') for k in source) else None
-  if source_pool is not None:
-    if source_pool not in SOURCE_POOLS:
-      raise errors.ConfigError(
-          f'The source pool type {source_pool!r} is not one of big_vision\'s '
-          f'({", ".join(repr(p) for p in SOURCE_POOLS if p != "token")}).')
-    said = SOURCE_POOLS[source_pool]
-    if (said if said in ('token', 'map') else None) != seen:
-      holds = {'token': 'a class token', 'map': 'a MAP head'}.get(seen,
-                                                                  'no class token, no MAP head')
-      raise errors.CheckpointMismatchError(
-          f'{path} holds {holds}: its pool type is not {source_pool!r}.')
-  if not keep_head:
-    return
-  if source_pool in ('0', 'none'):
-    what = ('the output of the first patch token (no class token)' if source_pool == '0' else
-            'no pooling (the head applied to every token)')
-    raise errors.CheckpointMismatchError(
-        f"{path} is a big_vision model with pool type {source_pool!r}: {what}, which this "
-        "ViT does not compute (it pools by 'token', 'gap' or 'map'), so its classifier "
-        'cannot be used. Fine-tune it with a new head (config.init_keep_head=False).')
-  if big_vision is None:
-    big_vision = is_big_vision_layout(path)
-  if seen is None and source_pool is None and big_vision:
-    raise errors.CheckpointMismatchError(
-        f"{path} is a big_vision file with neither a class token nor a MAP head: its pool "
-        "type 'gap', '0' or 'none' stores the same arrays, and the classifier means "
-        "something else under each. Say which (config.init_source_pool, predict's --pool, "
-        "or source_pool=); only 'gap' is this ViT's.")
-
-
-def load_pretrained(path: str | os.PathLike, init_params: Mapping[str, Any], model_config: Any,
-                    *, keep_head: bool = False, source_grid: tuple[int, int] | None = None,
-                    source_pool: str | None = None) -> Params:
-  """Adapts a release .npz file to a model, for fine-tuning: ``adapt`` on its contents.
-
-  ``source_pool``: the pooling of the file's model where its arrays do not say it
-  (``check_source_pool``).
-  """
-  source = flatten(load_npz(path))
-  check_source_pool(path, source, source_pool, keep_head=keep_head)
-  return adapt(source, init_params, model_config, keep_head=keep_head,
-               source_grid=source_grid, origin=str(path))
-
-
 def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_config: Any, *,
           keep_head: bool = False, source_grid: tuple[int, int] | None = None,
           origin: str = 'checkpoint', source_model: VisionTransformer | None = None) -> Params:
@@ -605,17 +319,6 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
   return to_model_layout(unflatten(loaded), scanned=is_scanned(init))
 
 
-@dataclasses.dataclass(frozen=True)
-class Loaded:
-  """A trained model, ready to apply: ``model.apply({'params': params}, images)``."""
-
-  model: VisionTransformer
-  params: dict[str, Any]
-  class_names: tuple[str, ...]
-  source: str  # 'DIR (step N)' or the .npz path.
-  config: Any = None  # The run's config (a ConfigDict), for a workdir.
-
-
 def npz_architecture(flat: dict[str, Any]) -> dict[str, Any]:
   """The ``VisionTransformer`` attributes a release file's shapes imply.
 
@@ -657,27 +360,6 @@ def npz_architecture(flat: dict[str, Any]) -> dict[str, Any]:
       size = side * stride * int(ph)
   arch['image_size'] = size
   return arch
-
-
-def load_npz_model(path: str | os.PathLike, model_name: str | None = None,
-                   image_size: int | tuple[int, int] | None = None,
-                   class_names: tuple[str, ...] = (), pool: str | None = None,
-                   source_grid: tuple[int, int] | None = None) -> Loaded:
-  """A release (or exported) .npz file as a model with its parameters.
-
-  The architecture is read from the file's shapes (``npz_architecture``) and
-  named after the registry's model of that shape; ``model_name`` picks a
-  registry model instead (the file must fit it). ``image_size`` defaults to the
-  file's own resolution; another size gets bilinearly resized position
-  embeddings. ``pool``: the pool type of a big_vision file without a class token or
-  MAP head ('gap', '0' or 'none': the same arrays; ``check_source_pool``), which is
-  refused without it; ``source_grid`` the file's patch grid where it is not square
-  (``adapt``). Mismatches raise ``errors.CheckpointMismatchError``, which says what the
-  file holds.
-  """
-  flat = flatten(load_npz(path))
-  check_source_pool(path, flat, pool, keep_head=True)
-  return model_of(flat, str(path), model_name, image_size, class_names, source_grid)
 
 
 def model_of(flat: dict[str, Any], origin: str, model_name: str | None = None,

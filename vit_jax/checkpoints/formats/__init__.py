@@ -1,10 +1,16 @@
-"""Every checkpoint a SOURCE string can name, recognised by what is there, and the formats written.
+"""Foreign weight formats, one module each, and what a SOURCE string names.
+
+The modules: ``layout`` (the release layout every format converts to) and ``adapt`` (fitting it
+to a model); ``release`` (.npz files), ``big_vision`` (its names, and its tensorstore folders),
+``hub`` (the Hugging Face Hub's folders and ``hf-hub:`` ids), ``timm`` and ``transformers``
+(each with one name table, read both ways).
 
 A SOURCE is one of:
 
 * a release or big_vision ``.npz`` file (``release``);
 * a timm folder (``config.json`` with an ``architecture``, and ``model.safetensors``) or a
-  transformers one (``config.json`` with a ``model_type`` or ``architectures``) (``hub``);
+  transformers one (``config.json`` with a ``model_type`` or ``architectures``) (``timm``,
+  ``transformers``);
 * ``hf-hub:ORG/NAME[@REVISION]``: such a folder on the Hugging Face Hub (``hub.resolve``);
 * a big_vision tensorstore checkpoint: a workdir with ``checkpoint.bv-LAST``, its
   ``checkpoint.bv`` prefix or a step folder (``big_vision``);
@@ -26,8 +32,10 @@ import jax
 import numpy as np
 
 from vit_jax.base import errors, paths
-from vit_jax.checkpoints import big_vision, hub, release
-from vit_jax.models import VisionTransformer
+from vit_jax.checkpoints.formats import big_vision, hub, release, timm, transformers
+from vit_jax.checkpoints.formats.fit import adapt, model_of
+from vit_jax.checkpoints.formats.layout import Loaded, check_finite, flatten, to_release
+from vit_jax.models import VisionTransformer, get_model
 from vit_jax.models.vit import pair
 
 NPZ = 'npz'
@@ -41,6 +49,8 @@ ACCEPTED = ('a release or big_vision .npz file, a timm or transformers folder (c
             'model.safetensors), hf-hub:ORG/NAME, a big_vision tensorstore checkpoint folder '
             '(checkpoint.bv-LAST) or a vit_jax workdir (checkpoints/)')
 _WORKDIR_CHECKPOINTS = 'checkpoints'  # vit_jax.checkpoints.run.workdir.CHECKPOINTS
+_READERS = {TIMM: timm.read, TRANSFORMERS: transformers.read}
+_EXPORTERS = {TIMM: timm.export, TRANSFORMERS: transformers.export}
 
 
 def origin(source: str) -> str:
@@ -83,7 +93,7 @@ def local_folder(source: str) -> str:
 def load(source: str, *, model_name: str | None = None,
          image_size: int | tuple[int, int] | None = None, pool: str | None = None,
          source_grid: tuple[int, int] | None = None, step: int | None = None,
-         keep_head: bool = True) -> release.Loaded:
+         keep_head: bool = True) -> Loaded:
   """A SOURCE other than a workdir as a model with its parameters and class names.
 
   The architecture is the checkpoint's own (read from its config.json and arrays, or a .npz
@@ -106,18 +116,38 @@ def load(source: str, *, model_name: str | None = None,
       if value is not None:
         raise errors.ConfigError(f'{name}={value!r} is given, but {source}\'s config.json says '
                                  'its architecture: leave it unset.')
-    loaded = hub.load_folder(local_folder(source), origin=source)
+    loaded = load_folder(local_folder(source), origin=source)
     return loaded if image_size is None else resized(loaded, image_size)
   if kind == NPZ:
     return release.load_npz_model(source, model_name, image_size, pool=pool,
                                   source_grid=source_grid)
   flat = big_vision.read_params(source, step)
-  release.check_source_pool(source, flat, pool, keep_head=keep_head, big_vision=True)
-  return release.model_of(flat, f'{source} (big_vision)', model_name, image_size,
+  big_vision.check_source_pool(source, flat, pool, keep_head=keep_head, big_vision=True)
+  return model_of(flat, f'{source} (big_vision)', model_name, image_size,
                           source_grid=source_grid)
 
 
-def resized(loaded: release.Loaded, image_size: int | tuple[int, int]) -> release.Loaded:
+def load_folder(folder: str | os.PathLike, origin: str | None = None) -> Loaded:
+  """A timm or transformers folder as a model with its parameters and class names."""
+  origin = origin or str(folder)
+  kind = hub.folder_format(folder)
+  if kind is None:
+    raise errors.CheckpointError(f'{origin} has no {hub.CONFIG} of timm ("architecture") or '
+                                 'transformers ("model_type"): not a Hub checkpoint folder.')
+  config = hub.read_json(paths.path(folder) / hub.CONFIG)
+  kwargs, flat, class_names = _READERS[kind](config, hub.read_weights(folder), origin)
+  check_finite(flat, origin)
+  num_classes = kwargs.pop('num_classes')
+  model = get_model('b16', num_classes=num_classes, **kwargs)
+  init = jax.eval_shape(model.init, jax.random.key(0),
+                        jax.ShapeDtypeStruct((1, *pair(model.image_size), 3), np.float32))
+  params = adapt(flat, init['params'], model, keep_head=True, source_grid=model.grid,
+                 origin=origin, source_model=model)
+  names = tuple(class_names) if len(class_names) == (num_classes or 0) else ()
+  return Loaded(model, params, names, f'{origin} ({kind})')
+
+
+def resized(loaded: Loaded, image_size: int | tuple[int, int]) -> Loaded:
   """``loaded`` at another input size: its position embeddings resized to the new grid."""
   model = loaded.model
   if pair(image_size) == pair(model.image_size):
@@ -125,10 +155,9 @@ def resized(loaded: release.Loaded, image_size: int | tuple[int, int]) -> releas
   new = model.clone(image_size=pair(image_size))
   init = jax.eval_shape(new.init, jax.random.key(0),
                         jax.ShapeDtypeStruct((1, *pair(image_size), 3), np.float32))['params']
-  params = release.adapt(release.flatten(release.to_release(loaded.params)), init, new,
-                         keep_head=True, source_grid=model.grid, origin=loaded.source,
-                         source_model=model)
-  return release.Loaded(new, params, loaded.class_names, loaded.source, loaded.config)
+  params = adapt(flatten(to_release(loaded.params)), init, new, keep_head=True,
+                 source_grid=model.grid, origin=loaded.source, source_model=model)
+  return Loaded(new, params, loaded.class_names, loaded.source, loaded.config)
 
 
 def export(model: VisionTransformer, params: Mapping[str, Any], out: str | os.PathLike,
@@ -143,5 +172,5 @@ def export(model: VisionTransformer, params: Mapping[str, Any], out: str | os.Pa
   if format == NPZ:
     release.save_model_npz(out, model, params)
   else:
-    hub.export(model, params, out, format, class_names)
+    _EXPORTERS[format](model, params, out, class_names)
   return str(out)

@@ -1,0 +1,313 @@
+"""The Hugging Face Hub's checkpoint folders: their files, ``hf-hub:`` ids, and the name tables.
+
+timm and transformers both write a folder of ``config.json`` and ``model.safetensors`` (timm's
+``save_for_hf`` / ``push_to_hf_hub``, transformers' ``save_pretrained``); ``hf-hub:ORG/NAME`` is
+such a folder on the Hub, fetched into (or found in, with ``HF_HUB_OFFLINE=1``) the
+``huggingface_hub`` cache. The tensors are read with the ``safetensors`` package, without torch.
+
+Each library's module (``timm``, ``transformers``) names its tensors in ONE table of rules
+``(release key, library key, layout)``, read one way to load and the other to export
+(``read_table``, ``write_table``); ``layout`` says how torch stores the array (a Linear's
+(out, in) weight, a Conv2d's (out, in, h, w) kernel, attention's heads flattened).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from vit_jax.base import errors, paths
+from vit_jax.models import VisionTransformer
+
+TIMM = 'timm'
+TRANSFORMERS = 'transformers'
+HUB_PREFIX = 'hf-hub:'
+CONFIG = 'config.json'
+WEIGHTS = 'model.safetensors'
+WEIGHTS_INDEX = 'model.safetensors.index.json'
+PICKLES = ('pytorch_model.bin', 'open_clip_pytorch_model.bin')
+_HUB_FILES = [CONFIG, '*.safetensors', WEIGHTS_INDEX, 'preprocessor_config.json']
+_REPO_ID = re.compile(r'^[\w.-]+/[\w.-]+$')
+# vit_jax's pipelines scale pixels to [-1, 1]: mean and std 0.5 in timm's and transformers' terms.
+MEAN_STD = [0.5, 0.5, 0.5]
+
+
+def _safetensors_dtypes() -> dict[str, Any]:
+  import ml_dtypes
+
+  return {'F64': np.float64, 'F32': np.float32, 'F16': np.float16, 'BF16': ml_dtypes.bfloat16}
+
+
+# ---------------------------------------------------------------------------
+# Files.
+
+
+def read_json(path: str | os.PathLike) -> dict[str, Any]:
+  """A JSON file (local or remote); a ``CheckpointError`` where it is not a JSON object."""
+  text = paths.read_bytes(path, 'JSON file')
+  try:
+    value = json.loads(text)
+  except ValueError as e:
+    raise errors.CheckpointError(f'{path} is not a JSON file ({e}).') from None
+  if not isinstance(value, dict):
+    raise errors.CheckpointError(f'{path} holds a JSON {type(value).__name__}, not an object.')
+  return value
+
+
+def folder_format(folder: str | os.PathLike) -> str | None:
+  """``TIMM`` or ``TRANSFORMERS`` for a folder whose config.json says which, None for a folder
+  without config.json or whose config.json is neither (a vit_jax run's)."""
+  path = paths.path(folder) / CONFIG
+  if not paths.is_file(path):
+    return None
+  config = read_json(path)
+  timm, transformers = 'architecture' in config, ('model_type' in config
+                                                 or 'architectures' in config)
+  if timm and transformers:
+    raise errors.CheckpointError(
+        f'{path} has both timm\'s "architecture" and transformers\' "model_type"/'
+        '"architectures": remove the one that is not its library\'s.')
+  return TIMM if timm else TRANSFORMERS if transformers else None
+
+
+def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
+  """The tensors of a .safetensors file (local or remote) as numpy arrays."""
+  import safetensors
+
+  data = paths.read_bytes(path, 'safetensors file')
+  try:
+    tensors = safetensors.deserialize(data)
+  except Exception as e:  # safetensors' SafetensorError: not a file it can read.
+    raise errors.CheckpointError(f'{path} is not a safetensors file ({e}).') from None
+  dtypes = _safetensors_dtypes()
+  out = {}
+  for name, t in tensors:
+    if t['dtype'] not in dtypes:
+      raise errors.CheckpointError(f'{path}: {name} is of dtype {t["dtype"]}, not a float '
+                                   f'type ({", ".join(dtypes)}).')
+    out[name] = np.frombuffer(t['data'], dtypes[t['dtype']]).reshape(t['shape'])
+  return out
+
+
+def read_weights(folder: str | os.PathLike) -> dict[str, np.ndarray]:
+  """The tensors of a folder's model.safetensors (or its shards, by the index)."""
+  root = paths.path(folder)
+  if paths.is_file(root / WEIGHTS):
+    return read_safetensors(root / WEIGHTS)
+  if paths.is_file(root / WEIGHTS_INDEX):
+    files = sorted(set(read_json(root / WEIGHTS_INDEX).get('weight_map', {}).values()))
+    out = {}
+    for name in files:
+      out.update(read_safetensors(root / name))
+    return out
+  pickles = [n for n in PICKLES if paths.is_file(root / n)]
+  if pickles:
+    raise errors.CheckpointError(
+        f'{folder} holds {pickles[0]} (a torch pickle) and no {WEIGHTS}: vit_jax reads '
+        'safetensors only. Save it again with safe serialisation (timm: save_for_hf(..., '
+        'safe_serialization=True); transformers: save_pretrained), or use a Hub revision that '
+        'has model.safetensors.')
+  raise errors.MissingFileError(f'{folder} has a {CONFIG} but no {WEIGHTS}: the weights are '
+                                'missing.')
+
+
+def write_folder(folder: str | os.PathLike, tensors: Mapping[str, np.ndarray],
+                 config: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> None:
+  """Writes ``config.json`` and ``model.safetensors`` (and ``extra`` JSON files) into ``folder``."""
+  import safetensors.numpy
+
+  root = paths.path(folder)
+  root.mkdir(parents=True, exist_ok=True)
+  arrays = {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
+  (root / WEIGHTS).write_bytes(safetensors.numpy.save(arrays))
+  for name, content in {CONFIG: config, **(extra or {})}.items():
+    (root / name).write_text(json.dumps(content, indent=2) + '\n')
+
+
+def is_hub_id(source: str) -> bool:
+  return str(source).startswith(HUB_PREFIX)
+
+
+def resolve(source: str) -> str:
+  """The local folder of ``hf-hub:ORG/NAME[@REVISION]`` in the ``huggingface_hub`` cache,
+  downloaded there first unless it is cached and ``HF_HUB_OFFLINE=1`` (or no network): the
+  client's own cache, ``HF_HOME`` / ``HF_HUB_CACHE`` and token apply."""
+  repo, _, revision = str(source)[len(HUB_PREFIX):].partition('@')
+  if not _REPO_ID.match(repo):
+    raise errors.ConfigError(f'{source} is not a Hub id: write hf-hub:ORG/NAME (e.g. '
+                             'hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k), '
+                             'optionally @REVISION.')
+  import huggingface_hub
+  from huggingface_hub import errors as hub_errors
+
+  try:
+    return huggingface_hub.snapshot_download(repo, revision=revision or None,
+                                             allow_patterns=_HUB_FILES)
+  except hub_errors.LocalEntryNotFoundError:
+    from huggingface_hub import constants
+
+    raise errors.MissingFileError(
+        f'{source} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and cannot be '
+        'downloaded (offline: HF_HUB_OFFLINE=1 or no network). Download it where there is a '
+        'network (hf download ' + repo + '), or set HF_HOME to its cache.'
+    ) from None
+  except (hub_errors.RepositoryNotFoundError, hub_errors.RevisionNotFoundError,
+          hub_errors.GatedRepoError) as e:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise errors.MissingFileError(f'{source}: {first} (a private or gated repository needs a '
+                                  'token: hf auth login, or HF_TOKEN).') from None
+
+
+# ---------------------------------------------------------------------------
+# The name tables.
+
+# How torch lays out an array that the release layout stores otherwise.
+SAME = 'same'
+LINEAR = 'linear'  # A Linear's (out, in) weight: the release's (in, out) kernel.
+CONV = 'conv'  # A Conv2d's (out, in, h, w) kernel: the release's (h, w, in, out).
+HEADS_IN = 'heads_in'  # (heads * head_dim, width): the release's (width, heads, head_dim).
+HEADS_BIAS = 'heads_bias'  # (heads * head_dim,): the release's (heads, head_dim).
+HEADS_OUT = 'heads_out'  # (width, heads * head_dim): the release's (heads, head_dim, width).
+# (release key, library key, layout); '{i}' in both keys stands for the block's index.
+Rule = tuple[str, str, str]
+
+
+def _to_release(layout: str, x: np.ndarray, heads: int) -> np.ndarray:
+  if layout == LINEAR:
+    return x.T
+  if layout == CONV:
+    return x.transpose(2, 3, 1, 0)
+  if layout == HEADS_IN:
+    return x.T.reshape(x.shape[1], heads, -1)
+  if layout == HEADS_BIAS:
+    return x.reshape(heads, -1)
+  if layout == HEADS_OUT:
+    return x.T.reshape(heads, -1, x.shape[0])
+  return x
+
+
+def _to_library(layout: str, x: np.ndarray) -> np.ndarray:
+  if layout == LINEAR:
+    return x.T
+  if layout == CONV:
+    return x.transpose(3, 2, 0, 1)
+  if layout == HEADS_IN:
+    return x.reshape(x.shape[0], -1).T
+  if layout == HEADS_BIAS:
+    return x.reshape(-1)
+  if layout == HEADS_OUT:
+    return x.reshape(-1, x.shape[-1]).T
+  return x
+
+
+def expand(rules: Iterable[Rule], depth: int, prefix: str = '') -> list[Rule]:
+  """The rules with each block's written out (``{i}`` = 0 .. depth - 1), library keys under
+  ``prefix``."""
+  out = []
+  for ours, theirs, layout in rules:
+    for i in range(depth) if '{i}' in ours else (None,):
+      out.append((ours.format(i=i), prefix + theirs.format(i=i), layout))
+  return out
+
+
+def read_table(rules: Iterable[Rule], t: Tensors, heads: int) -> dict[str, np.ndarray]:
+  """The release-layout arrays of the library tensors the rules name (those present)."""
+  return {ours: _to_release(layout, t(theirs), heads)
+          for ours, theirs, layout in rules if theirs in t}
+
+
+def write_table(rules: Iterable[Rule], flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """The library tensors of the release-layout arrays the rules name (those present)."""
+  return {theirs: _to_library(layout, np.asarray(flat[ours]))
+          for ours, theirs, layout in rules if ours in flat}
+
+
+class Tensors:
+  """A state dict read key by key, so that what was not read can be refused by name."""
+
+  def __init__(self, tensors: Mapping[str, np.ndarray], origin: str, prefix: str = ''):
+    self.tensors, self.origin, self.prefix = dict(tensors), origin, prefix
+    self.used: set[str] = set()
+
+  def __contains__(self, key: str) -> bool:
+    return self.prefix + key in self.tensors
+
+  def __call__(self, key: str) -> np.ndarray:
+    key = self.prefix + key
+    if key not in self.tensors:
+      raise errors.CheckpointError(f'{self.origin}: {key} is missing from the weights.')
+    self.used.add(key)
+    return np.asarray(self.tensors[key], np.float32)
+
+  def blocks(self, stem: str) -> int:
+    """How many blocks ``stem``0, 1, ... there are. Each must hold the tensors the others hold:
+    a block that differs has its odd tensor named (a stray tensor is not another model)."""
+    pattern = re.compile(re.escape(self.prefix + stem) + r'(\d+)\.(.+)$')
+    blocks: dict[int, set[str]] = {}
+    for key in self.tensors:
+      if m := pattern.match(key):
+        blocks.setdefault(int(m.group(1)), set()).add(m.group(2))
+    where = f'{self.origin}: {self.prefix}{stem}'
+    if not blocks:
+      raise errors.CheckpointError(f'{where}0, 1, ... are not in the weights: not a ViT.')
+    # The tensors of a block: those most blocks hold (on a tie, the fewer: a stray adds one).
+    counts = collections.Counter(frozenset(v) for v in blocks.values())
+    usual = min(counts, key=lambda names: (-counts[names], len(names)))
+    for i, names in sorted(blocks.items()):
+      extra, missing = sorted(names - usual), sorted(usual - names)
+      if extra or len(names) < len(usual) / 2:
+        odd = extra or sorted(names)
+        raise errors.CheckpointMismatchError(
+            f'{where}{i}.{odd[0]} has no counterpart in vit_jax\'s ViT: block {i} holds '
+            f'{len(names)} tensors, the other blocks {len(usual)}.')
+      if missing:
+        raise errors.CheckpointMismatchError(f'{where}{i}.{missing[0]} is missing from the '
+                                             'weights (the other blocks have it).')
+    if set(blocks) != set(range(len(blocks))):
+      gap = min(set(range(len(blocks))) - set(blocks))
+      raise errors.CheckpointMismatchError(f'{where}{gap} is missing, but block {max(blocks)} is '
+                                           'there: the blocks are not numbered 0, 1, ...')
+    return len(blocks)
+
+  def check_all_used(self, library: str) -> None:
+    left = sorted(set(self.tensors) - self.used)
+    if left:
+      more = f' and {len(left) - 3} more' if len(left) > 3 else ''
+      raise errors.CheckpointMismatchError(
+          f'{self.origin}: the {library} weights {", ".join(left[:3])}{more} have no '
+          'counterpart in vit_jax\'s ViT (no model option holds them).')
+
+
+def refuse(origin: str, what: str, hint: str = '') -> errors.CheckpointMismatchError:
+  """What a checkpoint holds that vit_jax's ViT cannot compute, in one line."""
+  return errors.CheckpointMismatchError(
+      f'{origin}: {what}, which vit_jax\'s ViT has no model option for{hint}.')
+
+
+def export_refusal(model: VisionTransformer, library: str, what: str,
+                   other: str = 'npz') -> errors.CheckpointError:
+  """What of ``model`` a library cannot hold, and the format that can."""
+  return errors.CheckpointError(
+      f'{library} cannot hold {model.model_name or "this model"}: {what}. Export it as '
+      f"format='{other}' (--format={other}), or fine-tune a model without it.")
+
+
+def common_refusals(model: VisionTransformer, library: str) -> None:
+  """What neither library's ViT computes."""
+  checks = (
+      (model.resnet_layers is not None, 'a hybrid (BiT stem)'),
+      (model.posemb != 'learn', f'posemb={model.posemb!r} (fixed position embeddings)'),
+      (model.pool == 'map', "pool='map' (attention pooling)"),
+      (model.parallel_block, 'parallel_block=True'),
+      (model.norm != 'layernorm', f'norm={model.norm!r}'),
+      (bool(model.mpp_outputs), 'mpp_outputs (masked patch prediction)'),
+  )
+  for bad, what in checks:
+    if bad:
+      raise export_refusal(model, library, what)

@@ -1,0 +1,173 @@
+"""The release .npz format: the published ViT files, read and written.
+
+Flat numpy archives of float32 arrays in the release layout (``layout``). ``load_npz`` also
+reads big_vision's .npz files (their names mapped by ``big_vision.canonical``); ``save_npz``
+always writes the release layout, which the release code and timm read.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from vit_jax.base import errors, paths
+from vit_jax.checkpoints.formats import big_vision
+from vit_jax.checkpoints.formats.fit import adapt, model_of
+from vit_jax.checkpoints.formats.layout import (
+  POSEMB_KEY,
+  Loaded,
+  Params,
+  check_finite,
+  flatten,
+  to_host,
+  to_release,
+  unflatten,
+)
+from vit_jax.models import VisionTransformer
+from vit_jax.models.vit import LN_EPSILON
+
+_CHUNK = 64 << 20  # Bytes per write of a file built in memory (save_npz).
+_ZIP_MAGIC, _NPY_MAGIC = b'PK\x03\x04', b'\x93NUMPY'
+
+
+def load_npz(path: str | os.PathLike) -> Params:
+  """Reads a release (or big_vision) .npz file into the nested release layout.
+
+  ``path`` is local or on any filesystem ``vit_jax.base.paths`` reads (``gs://vit_models/...``):
+  it is read through epath, never ``open``. A missing or unreachable file is a
+  ``errors.MissingFileError``.
+  """
+  if not paths.is_file(path):
+    raise errors.MissingFileError(f'No checkpoint file at {path}: name a release .npz file (the '
+                                  'docs/checkpoints.md says where to get them).')
+  try:
+    with paths.path(path).open('rb') as f:
+      magic = f.read(len(_NPY_MAGIC))
+      if magic.startswith(_NPY_MAGIC):
+        raise errors.CheckpointError(f'{path} is not a .npz checkpoint: it holds a single array '
+                                     '(a .npy file), not a named archive of arrays.')
+      if not magic.startswith(_ZIP_MAGIC):
+        raise errors.CheckpointError(
+            f'{path} is not a .npz checkpoint: it does not begin as a zip archive does (a '
+            'damaged or partial download, or another kind of file). Download it again.')
+      f.seek(0)
+      with np.load(f, allow_pickle=False) as archive:
+        flat = {k: archive[k] for k in archive.files}
+  except errors.UserError:
+    raise
+  except (ValueError, zipfile.BadZipFile, EOFError, zlib.error) as e:
+    what = ('holds Python objects (pickled), which a checkpoint never has' if 'pickle' in str(e)
+            else f'is damaged ({type(e).__name__}: {e})')
+    raise errors.CheckpointError(f'{path} is not a .npz checkpoint numpy can read: it {what}. '
+                                 'Release checkpoints are .npz archives of float32 arrays; '
+                                 'download it again.') from None
+  except Exception as e:
+    if paths.filesystem_error(e):
+      raise paths.unreachable(path, e) from None
+    raise
+  flat = big_vision.canonical(flat, path)
+  check_finite(flat, path)
+  return unflatten(flat)
+
+
+def save_npz(path: str | os.PathLike, params: Mapping[str, Any]) -> None:
+  """Writes params (any layout, dtype or sharding) as a release-layout .npz file.
+
+  ``path`` is local or remote (``gs://``: ``vit_jax.base.paths``). The file appears
+  atomically: it is written beside the target, then renamed. A remote file is built in
+  memory first, as numpy's zip writer needs a file it can ``tell`` in, which gfile's
+  writers are not.
+  """
+  path = paths.path(path)
+  flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.parent / f'.{path.name}.tmp-{os.getpid()}'
+  if paths.is_remote(path):
+    buffer = io.BytesIO()
+    np.savez(buffer, **flat)
+    view = buffer.getbuffer()
+    with tmp.open('wb') as f:  # gfile takes bytes only: copied a chunk at a time.
+      for start in range(0, len(view), _CHUNK):
+        f.write(bytes(view[start:start + _CHUNK]))
+    del view
+  else:
+    with tmp.open('wb') as f:
+      np.savez(f, **flat)
+  tmp.replace(path)
+
+
+def npz_problem(model: VisionTransformer) -> str:
+  """What of ``model`` a release .npz file cannot record ('' if nothing): the file is read back
+  by its arrays alone, as the release's ViT (tanh GELU, LayerNorm epsilon 1e-6)."""
+  if model.layer_scale is not None:
+    return f'layer_scale={model.layer_scale} (ls1, ls2: no such arrays in the release layout)'
+  if model.num_registers:
+    return f'num_registers={model.num_registers} (no register tokens in the release layout)'
+  if model.fc_norm:
+    return 'fc_norm=True (the release normalises before pooling)'
+  if model.has_class_token != (model.pool == 'token'):
+    return (f'class_token={model.has_class_token} with pool={model.pool!r} (a release file '
+            "has a class token exactly where it pools it)")
+  if model.activation != 'gelu_tanh':
+    return f'activation={model.activation!r} (a release file is read with the tanh GELU)'
+  if model.norm_epsilon != LN_EPSILON:
+    return f'norm_epsilon={model.norm_epsilon:g} (a release file is read with 1e-6)'
+  return ''
+
+
+def save_model_npz(path: str | os.PathLike, model: VisionTransformer,
+                   params: Mapping[str, Any]) -> None:
+  """``save_npz`` of a model's parameters, refused where the layout cannot say what ``model``
+  computes (``npz_problem``); a class token without a position embedding gets a zero row."""
+  if problem := npz_problem(model):
+    raise errors.CheckpointError(
+        f'A release .npz file cannot hold {model.model_name or "this model"}: {problem}. '
+        "Export it with format='timm' (python -m vit_jax.tools.export --format=timm).")
+  params = to_release(params)
+  if model.posemb == 'learn' and model.num_prefix_tokens and not model.prefix_posemb:
+    flat = flatten(params)
+    posemb = to_host(flat[POSEMB_KEY])
+    flat[POSEMB_KEY] = np.concatenate([np.zeros_like(posemb[:, :1]), posemb], axis=1)
+    params = unflatten(flat)
+  save_npz(path, params)
+
+
+def load_pretrained(path: str | os.PathLike, init_params: Mapping[str, Any], model_config: Any,
+                    *, keep_head: bool = False, source_grid: tuple[int, int] | None = None,
+                    source_pool: str | None = None) -> Params:
+  """Adapts a release .npz file to a model, for fine-tuning: ``adapt`` on its contents.
+
+  ``source_pool``: the pooling of the file's model where its arrays do not say it
+  (``check_source_pool``).
+  """
+  source = flatten(load_npz(path))
+  big_vision.check_source_pool(path, source, source_pool, keep_head=keep_head)
+  return adapt(source, init_params, model_config, keep_head=keep_head,
+               source_grid=source_grid, origin=str(path))
+
+
+def load_npz_model(path: str | os.PathLike, model_name: str | None = None,
+                   image_size: int | tuple[int, int] | None = None,
+                   class_names: tuple[str, ...] = (), pool: str | None = None,
+                   source_grid: tuple[int, int] | None = None) -> Loaded:
+  """A release (or exported) .npz file as a model with its parameters.
+
+  The architecture is read from the file's shapes (``npz_architecture``) and
+  named after the registry's model of that shape; ``model_name`` picks a
+  registry model instead (the file must fit it). ``image_size`` defaults to the
+  file's own resolution; another size gets bilinearly resized position
+  embeddings. ``pool``: the pool type of a big_vision file without a class token or
+  MAP head ('gap', '0' or 'none': the same arrays; ``check_source_pool``), which is
+  refused without it; ``source_grid`` the file's patch grid where it is not square
+  (``adapt``). Mismatches raise ``errors.CheckpointMismatchError``, which says what the
+  file holds.
+  """
+  flat = flatten(load_npz(path))
+  big_vision.check_source_pool(path, flat, pool, keep_head=True)
+  return model_of(flat, str(path), model_name, image_size, class_names, source_grid)

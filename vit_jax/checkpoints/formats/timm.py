@@ -1,0 +1,289 @@
+"""timm's ViT checkpoints (``VisionTransformer``, DeiT): a config.json and model.safetensors.
+
+The architecture is read, never guessed: timm's config.json records only the arguments given
+to ``create_model`` (``model_args``), so the named architecture's own defaults come from
+``timm_architectures`` (timm's registry, tabled), and the arrays say the rest (class token,
+registers, layer scale, position embeddings of the prefix tokens, fc_norm, qkv biases). What
+the model has no option for is refused in one line that names it. ``TABLE`` names every tensor,
+for loading and for export.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from vit_jax.base import errors
+from vit_jax.checkpoints.formats import hub
+from vit_jax.checkpoints.formats.hub import CONV, HEADS_BIAS, HEADS_IN, HEADS_OUT, LINEAR, SAME
+from vit_jax.checkpoints.formats.layout import POSEMB_KEY, flatten, to_host, to_release
+from vit_jax.checkpoints.formats.timm_architectures import ARCHITECTURES
+from vit_jax.models import VisionTransformer
+from vit_jax.models.vit import LN_EPSILON, pair
+
+_B = 'Transformer/encoderblock_{i}/'
+_A = _B + 'MultiHeadDotProductAttention_1/'
+# timm's names for the release layout's arrays. timm fuses the attention's query, key and value
+# into one ``attn.qkv`` (``_split_qkv``, ``_join_qkv``): the table names the three parts.
+TABLE: tuple[hub.Rule, ...] = (
+    ('embedding/kernel', 'patch_embed.proj.weight', CONV),
+    ('embedding/bias', 'patch_embed.proj.bias', SAME),
+    ('cls', 'cls_token', SAME),
+    ('registers', 'reg_token', SAME),
+    (POSEMB_KEY, 'pos_embed', SAME),
+    (_B + 'LayerNorm_0/scale', 'blocks.{i}.norm1.weight', SAME),
+    (_B + 'LayerNorm_0/bias', 'blocks.{i}.norm1.bias', SAME),
+    (_A + 'query/kernel', 'blocks.{i}.attn.q.weight', HEADS_IN),
+    (_A + 'key/kernel', 'blocks.{i}.attn.k.weight', HEADS_IN),
+    (_A + 'value/kernel', 'blocks.{i}.attn.v.weight', HEADS_IN),
+    (_A + 'query/bias', 'blocks.{i}.attn.q.bias', HEADS_BIAS),
+    (_A + 'key/bias', 'blocks.{i}.attn.k.bias', HEADS_BIAS),
+    (_A + 'value/bias', 'blocks.{i}.attn.v.bias', HEADS_BIAS),
+    (_A + 'query_ln/scale', 'blocks.{i}.attn.q_norm.weight', SAME),
+    (_A + 'key_ln/scale', 'blocks.{i}.attn.k_norm.weight', SAME),
+    (_A + 'out/kernel', 'blocks.{i}.attn.proj.weight', HEADS_OUT),
+    (_A + 'out/bias', 'blocks.{i}.attn.proj.bias', SAME),
+    (_B + 'ls1', 'blocks.{i}.ls1.gamma', SAME),
+    (_B + 'LayerNorm_2/scale', 'blocks.{i}.norm2.weight', SAME),
+    (_B + 'LayerNorm_2/bias', 'blocks.{i}.norm2.bias', SAME),
+    (_B + 'MlpBlock_3/Dense_0/kernel', 'blocks.{i}.mlp.fc1.weight', LINEAR),
+    (_B + 'MlpBlock_3/Dense_0/bias', 'blocks.{i}.mlp.fc1.bias', SAME),
+    (_B + 'MlpBlock_3/Dense_1/kernel', 'blocks.{i}.mlp.fc2.weight', LINEAR),
+    (_B + 'MlpBlock_3/Dense_1/bias', 'blocks.{i}.mlp.fc2.bias', SAME),
+    (_B + 'ls2', 'blocks.{i}.ls2.gamma', SAME),
+    ('Transformer/encoder_norm/scale', 'norm.weight', SAME),
+    ('Transformer/encoder_norm/bias', 'norm.bias', SAME),
+    ('fc_norm/scale', 'fc_norm.weight', SAME),
+    ('fc_norm/bias', 'fc_norm.bias', SAME),
+    ('head/kernel', 'head.weight', LINEAR),
+    ('head/bias', 'head.bias', SAME),
+)
+_QKV = ('q', 'k', 'v')
+
+# timm's VisionTransformer defaults (timm 1.0.31), for what neither the registry nor
+# model_args sets.
+DEFAULTS: dict[str, Any] = dict(
+    img_size=224, patch_size=16, in_chans=3, global_pool='token', embed_dim=768, depth=12,
+    num_heads=12, mlp_ratio=4., qkv_bias=True, qk_norm=False, scale_attn_norm=False,
+    scale_mlp_norm=False, proj_bias=True, init_values=None, class_token=True, pos_embed='learn',
+    no_embed_class=False, reg_tokens=0, pre_norm=False, final_norm=True, fc_norm=None,
+    pool_include_prefix=False, act_layer=None, norm_layer=None, embed_norm_layer=None,
+    block_fn=None, mlp_layer=None, attn_layer=None, embed_layer=None, distilled=False)
+# Arguments that change nothing of a trained model's function (dropout, init, input padding).
+_INERT = ('num_classes', 'drop_rate', 'pos_drop_rate', 'patch_drop_rate', 'proj_drop_rate',
+          'attn_drop_rate', 'drop_path_rate', 'weight_init', 'fix_init', 'dynamic_img_size',
+          'dynamic_img_pad', 'device', 'dtype')
+_ACTIVATIONS = {None: 'gelu', 'gelu': 'gelu', 'gelu_tanh': 'gelu_tanh'}
+_LAYER_NORM = re.compile(r'^<LayerNorm\(eps=([0-9.e+-]+)\)>$')
+# What the model has no option for: refused by name where the arguments ask for it.
+_NO_OPTION = (('distilled', "a distilled DeiT's distillation token and head"),
+              ('pre_norm', 'pre_norm (a LayerNorm before the blocks, as in CLIP)'),
+              ('scale_attn_norm', 'scale_attn_norm (a LayerNorm inside the attention)'),
+              ('scale_mlp_norm', 'scale_mlp_norm (a LayerNorm inside the MLP)'),
+              ('block_fn', 'block_fn={}'), ('mlp_layer', 'mlp_layer={}'),
+              ('attn_layer', 'attn_layer={}'), ('embed_layer', 'embed_layer={}'),
+              ('embed_norm_layer', 'embed_norm_layer={}'),
+              ('pool_include_prefix', 'pool_include_prefix (the prefix tokens pooled)'))
+
+
+def arguments(config: Mapping[str, Any], origin: str) -> dict[str, Any]:
+  """The arguments timm builds a config.json's model with: its defaults, the named
+  architecture's, then ``model_args``; ``img_size`` as timm resolves it."""
+  name = config.get('architecture')
+  if not isinstance(name, str):
+    raise errors.CheckpointError(f'{origin}: config.json has no "architecture" string.')
+  model_args = dict(config.get('model_args') or {})
+  if name not in ARCHITECTURES and not model_args.get('num_heads'):
+    raise errors.CheckpointMismatchError(
+        f'{origin}: timm architecture {name!r} is not one of timm\'s VisionTransformer or DeiT '
+        'models that vit_jax knows, and config.json\'s model_args do not give num_heads.')
+  known = dict(ARCHITECTURES.get(name, {}))
+  args = {**DEFAULTS, **known, **model_args}
+  pretrained = config.get('pretrained_cfg') or {}
+  if ('img_size' not in known and 'img_size' not in model_args
+      and pretrained.get('fixed_input_size') and pretrained.get('input_size')):
+    args['img_size'] = list(pretrained['input_size'])[-2:]  # timm's own rule.
+  unknown = sorted(set(args) - set(DEFAULTS) - set(_INERT))
+  if unknown:
+    raise hub.refuse(origin, f'timm argument {unknown[0]}={args[unknown[0]]!r}')
+  return args
+
+
+def _check_arguments(a: Mapping[str, Any], origin: str) -> float:
+  """Refuses the arguments the model has no option for; the LayerNorms' epsilon."""
+  for key, what in _NO_OPTION:
+    if a[key]:
+      raise hub.refuse(origin, f'timm\'s {what.format(a[key])}')
+  if not a['proj_bias']:
+    raise hub.refuse(origin, 'proj_bias=False (no bias in the attention output)')
+  if a['pos_embed'] != 'learn':
+    raise hub.refuse(origin, f'pos_embed={a["pos_embed"]!r} (no position embeddings)')
+  if not a['final_norm']:
+    raise hub.refuse(origin, 'final_norm=False (no LayerNorm after the blocks)')
+  if a['global_pool'] not in ('token', 'avg'):
+    raise hub.refuse(origin, f'global_pool={a["global_pool"]!r}', " ('token' and 'avg' load)")
+  if a['act_layer'] not in _ACTIVATIONS:
+    raise hub.refuse(origin, f'act_layer={a["act_layer"]!r}',
+                     " (activation: 'gelu', 'gelu_tanh')")
+  if a['norm_layer'] in (None, 'layernorm'):
+    return LN_EPSILON
+  m = _LAYER_NORM.match(str(a['norm_layer']))
+  if not m:
+    raise hub.refuse(origin, f'norm_layer={a["norm_layer"]!r}', ' (LayerNorms load)')
+  return float(m.group(1))
+
+
+def _split_qkv(tensors: Mapping[str, np.ndarray], origin: str) -> dict[str, np.ndarray]:
+  """timm's fused ``attn.qkv`` as the table's ``attn.q``, ``attn.k`` and ``attn.v``; the
+  q/k norms' biases, which vit_jax's scale-only norms lack, checked to be zero and dropped."""
+  out = {}
+  for key, value in sorted(tensors.items()):
+    if m := re.fullmatch(r'(blocks\.\d+\.attn\.)qkv\.(weight|bias)', key):
+      for name, part in zip(_QKV, np.split(value, 3), strict=True):
+        out[f'{m.group(1)}{name}.{m.group(2)}'] = part
+    elif re.fullmatch(r'blocks\.\d+\.attn\.[qk]_norm\.bias', key):
+      if np.any(value):
+        raise hub.refuse(origin, f'qk_norm with biases ({key} is not zero)',
+                         ' (vit_jax\'s qk_norm, ViT-22B\'s, has scales only)')
+    else:
+      out[key] = value
+  return out
+
+
+def _join_qkv(sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """The inverse of ``_split_qkv``: one ``attn.qkv`` per block, zero q/k norm biases."""
+  for key in [k for k in sd if re.fullmatch(r'blocks\.\d+\.attn\.q\.(weight|bias)', k)]:
+    stem, kind = key.rsplit('.q.', 1)
+    sd[f'{stem}.qkv.{kind}'] = np.concatenate([sd.pop(f'{stem}.{n}.{kind}') for n in _QKV])
+  for key in [k for k in sd if re.fullmatch(r'blocks\.\d+\.attn\.[qk]_norm\.weight', k)]:
+    sd[key.removesuffix('weight') + 'bias'] = np.zeros_like(sd[key])
+  return sd
+
+
+def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: str
+         ) -> tuple[dict[str, Any], dict[str, np.ndarray], list[str]]:
+  """(model kwargs, flat parameters, class names) of a timm ViT's config.json and tensors."""
+  a = arguments(config, origin)
+  epsilon = _check_arguments(a, origin)
+  t = hub.Tensors(_split_qkv(tensors, origin), origin)
+  width, channels, ph, pw = t('patch_embed.proj.weight').shape
+  if channels != 3:
+    raise hub.refuse(origin, f'{channels} input channels', ' (RGB: 3)')
+  heads = int(a['num_heads'])
+  if width % heads:
+    raise errors.CheckpointError(f'{origin}: width {width} is not divisible by num_heads={heads}.')
+  depth = t.blocks('blocks.')
+  flat = hub.read_table(hub.expand(TABLE, depth), t, heads)
+  t.check_all_used('timm')
+  class_token = 'cls' in flat
+  registers = int(flat['registers'].shape[1]) if 'registers' in flat else 0
+  image_size, prefix_posemb = _grid(a, t('pos_embed').shape[1], (ph, pw),
+                                    int(class_token) + registers, origin)
+  pool = 'token' if a['global_pool'] == 'token' else 'gap'
+  if pool == 'token' and not class_token:
+    raise errors.CheckpointError(f"{origin}: global_pool='token' without a cls_token.")
+  layer_scale = _B.format(i=0) + 'ls1' in flat
+  kwargs = dict(
+      num_classes=int(flat['head/kernel'].shape[1]) if 'head/kernel' in flat else None,
+      image_size=image_size, patch_size=(int(ph), int(pw)), hidden_size=int(width),
+      num_layers=depth, num_heads=heads,
+      mlp_dim=int(flat[_B.format(i=0) + 'MlpBlock_3/Dense_0/bias'].shape[0]),
+      pool=pool, class_token=class_token, num_registers=registers, prefix_posemb=prefix_posemb,
+      fc_norm='fc_norm/scale' in flat,
+      layer_scale=float(a['init_values'] or 1e-6) if layer_scale else None,
+      qkv_bias=_A.format(i=0) + 'query/bias' in flat,
+      qk_norm=_A.format(i=0) + 'query_ln/scale' in flat, norm_epsilon=epsilon,
+      activation=_ACTIVATIONS[a['act_layer']])
+  pretrained = config.get('pretrained_cfg') or {}
+  names = config.get('label_names') or pretrained.get('label_names') or []
+  return kwargs, flat, [str(n) for n in names]
+
+
+def _grid(args: Mapping[str, Any], rows: int, patch: tuple[int, int], prefix: int,
+          origin: str) -> tuple[tuple[int, int], bool]:
+  """(image size, whether the prefix tokens have position embeddings) of a timm ViT: its
+  img_size where the position embeddings fit it, else the square grid they hold."""
+  size = pair(args['img_size'])
+  grid = (size[0] // patch[0], size[1] // patch[1])
+  n = grid[0] * grid[1]
+  if rows in (n, n + prefix):
+    return size, rows == n + prefix and prefix > 0
+  for extra in (prefix, 0):
+    side = int(round((rows - extra) ** 0.5))
+    if rows - extra > 0 and side * side == rows - extra:
+      return (side * patch[0], side * patch[1]), extra > 0
+  raise errors.CheckpointMismatchError(
+      f'{origin}: pos_embed has {rows} rows, which fit neither img_size {size[0]}x{size[1]} '
+      f'({n} patches, {prefix} prefix tokens) nor a square grid.')
+
+
+def write(model: VisionTransformer, params: Mapping[str, Any],
+          class_names: Sequence[str] = ()) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+  """(state dict, config.json) of ``model`` for timm's VisionTransformer: ``timm.create_model(
+  'local-dir:DIR', pretrained=True)`` rebuilds it with the same logits."""
+  hub.common_refusals(model, 'timm')
+  if model.representation_size is not None:
+    raise hub.export_refusal(model, 'timm', 'representation_size (a pre-logits layer)')
+  if model.norm_epsilon != LN_EPSILON:
+    raise hub.export_refusal(model, 'timm', f'norm_epsilon={model.norm_epsilon:g} (timm\'s '
+                             'LayerNorms: 1e-6)', 'transformers')
+  width, mlp = model.hidden_size, model.mlp_dim
+  if int(width * (mlp / width)) != mlp:
+    raise hub.export_refusal(model, 'timm',
+                             f'mlp_dim={mlp} (timm makes int(width * mlp_ratio))')
+  flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
+  sd = _join_qkv(hub.write_table(hub.expand(TABLE, model.num_layers), flat))
+  num_classes = model.num_classes or 0
+  size, patch = pair(model.image_size), pair(model.patch_size)
+  global_pool = 'token' if model.pool == 'token' else 'avg'
+  model_args = dict(
+      num_classes=num_classes, img_size=list(size),
+      patch_size=patch[0] if patch[0] == patch[1] else list(patch), in_chans=3,
+      global_pool=global_pool, embed_dim=width, depth=model.num_layers,
+      num_heads=model.num_heads, mlp_ratio=mlp / width, qkv_bias=model.qkv_bias,
+      qk_norm=model.qk_norm, init_values=model.layer_scale, class_token=model.has_class_token,
+      no_embed_class=not model.prefix_posemb, reg_tokens=model.num_registers,
+      fc_norm=model.fc_norm, act_layer=model.activation)
+  config: dict[str, Any] = dict(architecture=architecture(model), num_classes=num_classes,
+                                num_features=width, global_pool=global_pool)
+  if class_names:
+    config['label_names'] = list(class_names)
+  config['model_args'] = model_args
+  config['pretrained_cfg'] = dict(
+      input_size=[3, *size], fixed_input_size=True, interpolation='bilinear', crop_pct=1.0,
+      crop_mode='center', mean=hub.MEAN_STD, std=hub.MEAN_STD, num_classes=num_classes,
+      pool_size=None, first_conv='patch_embed.proj', classifier='head')
+  return sd, config
+
+
+_SIZES = {(192, 12, 3): 'tiny', (384, 12, 6): 'small', (512, 12, 8): 'medium',
+          (768, 12, 12): 'base', (1024, 24, 16): 'large', (1280, 32, 16): 'huge'}
+
+
+def architecture(model: VisionTransformer) -> str:
+  """The timm architecture a model is one of: the registry's name where timm has one of this
+  family, size, patch and resolution, else the family's base name (config.json's model_args
+  give every size either way)."""
+  size = _SIZES.get((model.hidden_size, model.num_layers, model.num_heads), 'base')
+  (h, w), (ph, pw) = pair(model.image_size), pair(model.patch_size)
+  if model.num_registers:
+    registers = f'_reg{model.num_registers}_gap_'
+    family = 'vit_{}_patch{}' + registers + '{}', 'vit_base_patch16_reg4_gap_256'
+  elif model.layer_scale is not None and not model.prefix_posemb:
+    family = 'deit3_{}_patch{}_{}', 'deit3_base_patch16_224'
+  elif model.pool == 'gap' and not model.has_class_token and not model.fc_norm:
+    family = 'vit_{}_patch{}_gap_{}', 'vit_base_patch16_gap_224'
+  else:
+    family = 'vit_{}_patch{}_{}', 'vit_base_patch16_224'
+  name = family[0].format(size, ph, h)
+  return name if name in ARCHITECTURES and h == w and ph == pw else family[1]
+
+
+def export(model: VisionTransformer, params: Mapping[str, Any], folder: Any,
+           class_names: Sequence[str] = ()) -> None:
+  """Writes ``model`` into ``folder`` as timm's ``save_for_hf`` does."""
+  sd, config = write(model, params, class_names)
+  hub.write_folder(folder, sd, config)

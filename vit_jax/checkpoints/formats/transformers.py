@@ -1,0 +1,169 @@
+"""transformers' ViT checkpoints (``ViTModel``, ``ViTForImageClassification``): a config.json,
+which holds every field (``ViTConfig``'s defaults where absent), and model.safetensors.
+``TABLE`` names every tensor, for loading and for export."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from vit_jax.base import errors
+from vit_jax.checkpoints.formats import hub
+from vit_jax.checkpoints.formats.hub import CONV, HEADS_BIAS, HEADS_IN, HEADS_OUT, LINEAR, SAME
+from vit_jax.checkpoints.formats.layout import POSEMB_KEY, flatten, to_host, to_release
+from vit_jax.models import VisionTransformer
+from vit_jax.models.vit import pair
+
+_B = 'Transformer/encoderblock_{i}/'
+_A = _B + 'MultiHeadDotProductAttention_1/'
+_L = 'encoder.layer.{i}.'
+# transformers' names for the release layout's arrays, under ``vit.`` in a classifier.
+TABLE: tuple[hub.Rule, ...] = (
+    ('embedding/kernel', 'embeddings.patch_embeddings.projection.weight', CONV),
+    ('embedding/bias', 'embeddings.patch_embeddings.projection.bias', SAME),
+    ('cls', 'embeddings.cls_token', SAME),
+    (POSEMB_KEY, 'embeddings.position_embeddings', SAME),
+    (_B + 'LayerNorm_0/scale', _L + 'layernorm_before.weight', SAME),
+    (_B + 'LayerNorm_0/bias', _L + 'layernorm_before.bias', SAME),
+    (_A + 'query/kernel', _L + 'attention.attention.query.weight', HEADS_IN),
+    (_A + 'key/kernel', _L + 'attention.attention.key.weight', HEADS_IN),
+    (_A + 'value/kernel', _L + 'attention.attention.value.weight', HEADS_IN),
+    (_A + 'query/bias', _L + 'attention.attention.query.bias', HEADS_BIAS),
+    (_A + 'key/bias', _L + 'attention.attention.key.bias', HEADS_BIAS),
+    (_A + 'value/bias', _L + 'attention.attention.value.bias', HEADS_BIAS),
+    (_A + 'out/kernel', _L + 'attention.output.dense.weight', HEADS_OUT),
+    (_A + 'out/bias', _L + 'attention.output.dense.bias', SAME),
+    (_B + 'LayerNorm_2/scale', _L + 'layernorm_after.weight', SAME),
+    (_B + 'LayerNorm_2/bias', _L + 'layernorm_after.bias', SAME),
+    (_B + 'MlpBlock_3/Dense_0/kernel', _L + 'intermediate.dense.weight', LINEAR),
+    (_B + 'MlpBlock_3/Dense_0/bias', _L + 'intermediate.dense.bias', SAME),
+    (_B + 'MlpBlock_3/Dense_1/kernel', _L + 'output.dense.weight', LINEAR),
+    (_B + 'MlpBlock_3/Dense_1/bias', _L + 'output.dense.bias', SAME),
+    ('Transformer/encoder_norm/scale', 'layernorm.weight', SAME),
+    ('Transformer/encoder_norm/bias', 'layernorm.bias', SAME),
+    ('pre_logits/kernel', 'pooler.dense.weight', LINEAR),  # ViTModel's pooler (Dense + tanh).
+    ('pre_logits/bias', 'pooler.dense.bias', SAME),
+)
+# The classifier of ViTForImageClassification, outside ``vit.``.
+CLASSIFIER: tuple[hub.Rule, ...] = (
+    ('head/kernel', 'classifier.weight', LINEAR),
+    ('head/bias', 'classifier.bias', SAME),
+)
+_PREFIX = 'vit.'
+
+DEFAULTS: dict[str, Any] = dict(
+    hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+    hidden_act='gelu', layer_norm_eps=1e-12, image_size=224, patch_size=16, num_channels=3,
+    qkv_bias=True, pooler_act='tanh')
+_ACTIVATIONS = {'gelu': 'gelu', 'gelu_pytorch_tanh': 'gelu_tanh', 'gelu_new': 'gelu_tanh',
+                'gelu_fast': 'gelu_tanh'}
+
+
+def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: str
+         ) -> tuple[dict[str, Any], dict[str, np.ndarray], list[str]]:
+  """(model kwargs, flat parameters, class names) of a transformers ViT folder."""
+  model_type = config.get('model_type', 'vit')
+  if model_type != 'vit':
+    raise hub.refuse(origin, f'transformers model_type {model_type!r}',
+                     " (transformers' ViTModel and ViTForImageClassification: model_type 'vit')")
+  c = {**DEFAULTS, **config}
+  if c['hidden_act'] not in _ACTIVATIONS:
+    raise hub.refuse(origin, f'hidden_act={c["hidden_act"]!r}',
+                     " ('gelu', 'gelu_pytorch_tanh' and 'gelu_new' load)")
+  if c['num_channels'] != 3:
+    raise hub.refuse(origin, f'{c["num_channels"]} input channels', ' (RGB: 3)')
+  prefix = _PREFIX if any(k.startswith(_PREFIX) for k in tensors) else ''
+  t = hub.Tensors(tensors, origin, prefix)
+  width, heads = int(c['hidden_size']), int(c['num_attention_heads'])
+  ph, pw = t('embeddings.patch_embeddings.projection.weight').shape[2:]
+  depth = t.blocks('encoder.layer.')
+  flat = hub.read_table(hub.expand(TABLE, depth), t, heads)
+  t.prefix = ''
+  flat.update(hub.read_table(CLASSIFIER, t, heads))
+  t.check_all_used('transformers')
+  if 'pre_logits/kernel' in flat and c['pooler_act'] != 'tanh':
+    raise hub.refuse(origin, f'pooler_act={c["pooler_act"]!r}', ' (the pre-logits layer: tanh)')
+  image_size = pair(c['image_size'])
+  grid = (image_size[0] // ph, image_size[1] // pw)
+  rows = t.tensors[prefix + 'embeddings.position_embeddings'].shape[1]
+  if rows != grid[0] * grid[1] + 1:
+    raise errors.CheckpointMismatchError(
+        f'{origin}: position_embeddings has {rows} rows; image_size {image_size} with '
+        f'{ph}x{pw} patches needs {grid[0] * grid[1] + 1}.')
+  num_classes = int(flat['head/kernel'].shape[1]) if 'head/kernel' in flat else None
+  kwargs = dict(
+      num_classes=num_classes, image_size=image_size, patch_size=(int(ph), int(pw)),
+      hidden_size=width, num_layers=depth, num_heads=heads,
+      mlp_dim=int(c['intermediate_size']), pool='token',
+      qkv_bias=_A.format(i=0) + 'query/bias' in flat,
+      representation_size=(int(flat['pre_logits/bias'].shape[0])
+                           if 'pre_logits/bias' in flat else None),
+      norm_epsilon=float(c['layer_norm_eps']), activation=_ACTIVATIONS[c['hidden_act']])
+  labels = config.get('id2label') or {}
+  names = [labels[k] for k in sorted(labels, key=int)] if num_classes else []
+  return kwargs, flat, [str(n) for n in names]
+
+
+def write(model: VisionTransformer, params: Mapping[str, Any], class_names: Sequence[str] = ()
+          ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+  """(state dict, config.json) of ``model`` for transformers' ViTForImageClassification (a
+  model without classes: ViTModel, its pre-logits layer as the pooler)."""
+  hub.common_refusals(model, 'transformers')
+  for bad, what in (
+      (model.num_registers > 0, f'num_registers={model.num_registers}'),
+      (model.layer_scale is not None, 'layer_scale'),
+      (not model.has_class_token, 'no class token'),
+      (model.pool != 'token', f'pool={model.pool!r} (its classifier reads the class token)'),
+      (model.qk_norm, 'qk_norm'),
+      (model.representation_size is not None and bool(model.num_classes),
+       'a pre-logits layer before the classifier (ViTForImageClassification has none)')):
+    if bad:
+      raise hub.export_refusal(model, 'transformers', what,
+                               'npz' if 'pre-logits' in what else 'timm')
+  flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
+  if not model.prefix_posemb:  # [cls; x + pe] is [cls + 0; x + pe].
+    posemb = flat[POSEMB_KEY]
+    flat[POSEMB_KEY] = np.concatenate([np.zeros_like(posemb[:, :1]), posemb], axis=1)
+  if model.fc_norm:  # Norm then the class token, or the class token then norm: the same.
+    for name in ('scale', 'bias'):
+      flat[f'Transformer/encoder_norm/{name}'] = flat.pop(f'fc_norm/{name}')
+  classifier = bool(model.num_classes)
+  sd = hub.write_table(hub.expand(TABLE, model.num_layers, _PREFIX if classifier else ''), flat)
+  sd.update(hub.write_table(CLASSIFIER, flat))
+
+  size, patch = pair(model.image_size), pair(model.patch_size)
+  config: dict[str, Any] = dict(
+      architectures=['ViTForImageClassification' if classifier else 'ViTModel'],
+      model_type='vit', hidden_size=model.hidden_size, num_hidden_layers=model.num_layers,
+      num_attention_heads=model.num_heads, intermediate_size=model.mlp_dim,
+      hidden_act='gelu' if model.activation == 'gelu' else 'gelu_pytorch_tanh',
+      layer_norm_eps=model.norm_epsilon,
+      image_size=size[0] if size[0] == size[1] else list(size),
+      patch_size=patch[0] if patch[0] == patch[1] else list(patch), num_channels=3,
+      qkv_bias=model.qkv_bias, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+      initializer_range=0.02, encoder_stride=patch[0], pooler_act='tanh',
+      pooler_output_size=model.representation_size or model.hidden_size, dtype='float32')
+  if classifier:
+    names = list(class_names) or [f'LABEL_{i}' for i in range(model.num_classes)]
+    config['id2label'] = {str(i): n for i, n in enumerate(names)}
+    config['label2id'] = {n: i for i, n in enumerate(names)}
+  return sd, config
+
+
+def preprocessor_config(model: VisionTransformer) -> dict[str, Any]:
+  """transformers' ViTImageProcessor settings for a vit_jax model: resize, scale to [-1, 1]."""
+  h, w = pair(model.image_size)
+  return dict(image_processor_type='ViTImageProcessor', do_resize=True,
+              size=dict(height=h, width=w), resample=2, do_rescale=True,
+              rescale_factor=1 / 255, do_normalize=True, image_mean=hub.MEAN_STD,
+              image_std=hub.MEAN_STD)
+
+
+def export(model: VisionTransformer, params: Mapping[str, Any], folder: Any,
+           class_names: Sequence[str] = ()) -> None:
+  """Writes ``model`` into ``folder`` as ``save_pretrained`` does, with its image processor's
+  preprocessor_config.json."""
+  sd, config = write(model, params, class_names)
+  hub.write_folder(folder, sd, config, {'preprocessor_config.json': preprocessor_config(model)})
