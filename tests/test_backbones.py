@@ -1,0 +1,93 @@
+"""The backbones people fine-tune from (CLIP, SigLIP, DINOv2, distilled DeiT), as timm and
+transformers wrote them (tests/data/hub: BACKBONES.md, make_backbone_fixtures.py), loaded by
+vit_jax.checkpoints.formats with the library's outputs."""
+
+import json
+import pathlib
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from vit_jax.base import errors
+from vit_jax.checkpoints import formats
+
+HUB = pathlib.Path(__file__).resolve().parent / 'data' / 'hub'
+LABELS = ('tench', 'goldfish', 'great white shark', 'tiger shark', 'hammerhead')
+# What each fixture is, read from its config.json and arrays; the output compared.
+OPTIONS = {
+    'timm_clip': dict(pre_norm=True, activation='gelu', norm_epsilon=1e-5, num_classes=5),
+    'timm_clip_quickgelu': dict(pre_norm=True, activation='quick_gelu', num_classes=None),
+    'timm_siglip_map': dict(pool='map', has_class_token=False, activation='gelu'),
+    'timm_dinov2_swiglu': dict(gated_mlp=True, activation='silu', mlp_dim=85, layer_scale=1e-5),
+    'timm_deit_distilled': dict(distill_token=True, num_prefix_tokens=2, pool='token'),
+    'hf_clip_vision': dict(pre_norm=True, activation='quick_gelu', norm_epsilon=1e-5),
+    'hf_siglip_vision': dict(pool='map', has_class_token=False, activation='gelu_tanh'),
+    'hf_dinov2': dict(gated_mlp=False, activation='gelu', mlp_dim=64, layer_scale=1.),
+    'hf_dinov2_swiglu': dict(gated_mlp=True, activation='silu', mlp_dim=88),
+    'hf_deit_distilled': dict(distill_token=True, activation='gelu', norm_epsilon=1e-12),
+}
+
+
+@pytest.fixture(scope='module')
+def reference():
+  return np.load(HUB / 'backbone_logits.npz')
+
+
+def relative_error(got, want):
+  return float(np.abs(np.asarray(got) - want).max() / np.abs(want).max())
+
+
+def outputs(model, params, images):
+  return np.asarray(jax.jit(model.clone(attention_impl='einsum').apply)({'params': params},
+                                                                         images))
+
+
+@pytest.mark.parametrize('name', sorted(OPTIONS))
+def test_fixtures_give_their_library_outputs(name, reference):
+  """Logits where there is a classifier, and the features (timm's pre_logits, transformers'
+  pooler_output) always, from ``model.apply``."""
+  loaded = formats.load_folder(HUB / name)
+  for key, value in OPTIONS[name].items():
+    assert getattr(loaded.model, key) == value, key
+  model, params = loaded.model, loaded.params
+  features = 'pre_logits' if f'{name}/pre_logits' in reference else 'pooler_output'
+  if model.num_classes:
+    assert loaded.class_names == LABELS
+    assert relative_error(outputs(model, params, reference['images']),
+                          reference[f'{name}/logits']) <= 1e-5
+    model = model.clone(num_classes=None)
+    params = {k: v for k, v in params.items() if k not in ('head', 'head_dist')}
+  assert relative_error(outputs(model, params, reference['images']),
+                        reference[f'{name}/{features}']) <= 1e-5
+
+
+def rewritten(tmp_path, name, drop=(), config=None):
+  """A copy of fixture ``name`` without the tensors that start with ``drop``, config.json
+  updated with ``config``."""
+  folder = tmp_path / name
+  shutil.copytree(HUB / name, folder)
+  tensors = load_file(folder / 'model.safetensors')
+  save_file({k: v for k, v in tensors.items() if not k.startswith(tuple(drop))},
+            folder / 'model.safetensors')
+  c = json.loads((folder / 'config.json').read_text())
+  (folder / 'config.json').write_text(json.dumps({**c, **(config or {})}))
+  return folder
+
+
+@pytest.mark.parametrize('name, drop, config, message', [
+    ('hf_deit_distilled', ('distillation_classifier',), None,
+     r'a DeiT without its distillation classifier .* \(DeiTForImageClassificationWithTeacher '
+     r'loads\)'),
+    ('hf_siglip_vision', ('head.',), None, r'without its head \(vision_use_head=False\)'),
+    ('hf_clip_vision', (), {'model_type': 'siglip2_vision_model'},
+     "transformers model_type 'siglip2_vision_model'"),
+    ('timm_siglip_map', (), {'architecture': 'vit_giant_patch14_dinov2'},
+     "SwiGLUPacked with global_pool='map'"),
+])
+def test_what_has_no_option_is_refused_in_one_line(tmp_path, name, drop, config, message):
+  with pytest.raises(errors.CheckpointMismatchError, match=message) as e:
+    formats.load_folder(rewritten(tmp_path, name, drop, config))
+  assert '\n' not in str(e.value)
