@@ -84,6 +84,15 @@ TABLE: tuple[hub.Rule, ...] = (
     ('head_dist/kernel', 'head_dist.weight', LINEAR),
     ('head_dist/bias', 'head_dist.bias', SAME),
 )
+# The tensors only some architectures have, as their arguments say: (key prefix, whether the
+# arguments ask for them, what they are, the tensor that must then be there).
+_OPTIONAL = (
+    ('norm_pre.', lambda a: bool(a['pre_norm']), 'pre_norm=True', 'norm_pre.weight'),
+    ('dist_token', lambda a: bool(a['distilled']), 'a distilled DeiT (a distillation token)',
+     'dist_token'),
+    ('head_dist.', lambda a: bool(a['distilled']), '', ''),  # None without classes.
+    ('attn_pool.', lambda a: a['global_pool'] == 'map', "global_pool='map'", 'attn_pool.latent'),
+)
 # The fused projections: (timm's stem, its parts).
 _FUSED = ((r'blocks\.\d+\.attn\.', 'qkv', ('q', 'k', 'v')), (r'attn_pool\.', 'kv', ('k', 'v')))
 
@@ -209,7 +218,13 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
   if width % heads:
     raise errors.CheckpointError(f'{origin}: width {width} is not divisible by num_heads={heads}.')
   depth = t.blocks('blocks.')
-  flat = hub.read_table(hub.expand(TABLE, depth), t, heads)
+  for _, wanted, what, key in _OPTIONAL:
+    if key and wanted(a) and key not in t:
+      raise errors.CheckpointMismatchError(f'{origin}: timm\'s {what} (its architecture\'s '
+                                           f'arguments), but {key} is not in the weights.')
+  table = [rule for rule in TABLE  # Where the arguments say no, such a tensor is a stray.
+           if not any(rule[1].startswith(p) and not wanted(a) for p, wanted, *_ in _OPTIONAL)]
+  flat = hub.read_table(hub.expand(table, depth), t, heads)
   t.check_all_used('timm')
   if 'embedding/bias' not in flat:  # timm's pre_norm ViTs (CLIP) embed without a bias.
     flat['embedding/bias'] = np.zeros(width, np.float32)
