@@ -6,6 +6,7 @@ import json
 import pathlib
 import shutil
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from safetensors.numpy import load_file, save_file
 
 from vit_jax.base import errors
 from vit_jax.checkpoints import formats
+from vit_jax.checkpoints.formats import hub, timm
 
 HUB = pathlib.Path(__file__).resolve().parent / 'data' / 'hub'
 LABELS = ('tench', 'goldfish', 'great white shark', 'tiger shark', 'hammerhead')
@@ -91,3 +93,21 @@ def test_what_has_no_option_is_refused_in_one_line(tmp_path, name, drop, config,
   with pytest.raises(errors.CheckpointMismatchError, match=message) as e:
     formats.load_folder(rewritten(tmp_path, name, drop, config))
   assert '\n' not in str(e.value)
+
+
+@pytest.mark.parametrize('name', [n for n in sorted(OPTIONS) if n.startswith('timm')])
+def test_timm_export_writes_what_timm_wrote(name, tmp_path):
+  """Written back as timm's, a fixture's tensors are timm's own, bit for bit, and what timm
+  builds from its config.json is the fixture's architecture; read back, the same model."""
+  loaded = formats.load_folder(HUB / name)
+  formats.export(loaded.model, loaded.params, tmp_path, 'timm', loaded.class_names)
+  theirs, ours = hub.read_weights(HUB / name), hub.read_weights(tmp_path)
+  assert sorted(ours) == sorted(theirs)
+  chex.assert_trees_all_equal(ours, theirs)
+  config, written = (hub.read_json(d / 'config.json') for d in (HUB / name, tmp_path))
+  want, got = timm.arguments(config, 'theirs'), timm.arguments(written, 'ours')
+  for key in ('pre_norm', 'distilled', 'mlp_layer', 'global_pool', 'class_token', 'norm_layer'):
+    assert got[key] == want[key], key
+  again = formats.load_folder(tmp_path)
+  assert again.model == loaded.model.clone(model_name=again.model.model_name)
+  assert again.class_names == loaded.class_names

@@ -112,6 +112,7 @@ _INERT = ('num_classes', 'drop_rate', 'pos_drop_rate', 'patch_drop_rate', 'proj_
 _ACTIVATIONS = {None: 'gelu', 'gelu': 'gelu', 'gelu_tanh': 'gelu_tanh',
                 'quick_gelu': 'quick_gelu', 'silu': 'silu', '<SiLU>': 'silu'}
 _LAYER_NORM = re.compile(r'^<LayerNorm\(eps=([0-9.e+-]+)\)>$')
+CLIP_EPSILON = 1e-5  # The LayerNorms of timm's CLIP architectures.
 # timm's SwiGLUPacked (DINOv2-g), as timm_architectures records it: vit_jax's gated_mlp.
 SWIGLU_PACKED = "<GluMlp(act_layer=<class 'torch.nn.modules.activation.SiLU'>, gate_last=False)>"
 # What the model has no option for: refused by name where the arguments ask for it.
@@ -278,26 +279,35 @@ def write(model: VisionTransformer, params: Mapping[str, Any],
   hub.common_refusals(model, 'timm')
   if model.representation_size is not None:
     raise hub.export_refusal(model, 'timm', 'representation_size (a pre-logits layer)')
-  if model.norm_epsilon != LN_EPSILON:
+  if model.norm_epsilon not in (LN_EPSILON, *((CLIP_EPSILON,) if model.pre_norm else ())):
     raise hub.export_refusal(model, 'timm', f'norm_epsilon={model.norm_epsilon:g} (timm\'s '
-                             'LayerNorms: 1e-6)', 'transformers')
-  width, mlp = model.hidden_size, model.mlp_dim
-  if int(width * (mlp / width)) != mlp:
+                             'LayerNorms: 1e-6; 1e-5 with pre_norm, as CLIP)', 'transformers')
+  if model.gated_mlp and model.pool == 'map':
+    raise hub.export_refusal(model, 'timm', "gated_mlp with pool='map' (timm's attention pool "
+                             'has a plain MLP)')
+  width, hidden = model.hidden_size, model.mlp_dim * (1 + model.gated_mlp)  # fc1's outputs.
+  if int(width * (hidden / width)) != hidden:
     raise hub.export_refusal(model, 'timm',
-                             f'mlp_dim={mlp} (timm makes int(width * mlp_ratio))')
+                             f'mlp_dim={model.mlp_dim} (timm makes int(width * mlp_ratio))')
   flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
+  if model.pre_norm:  # timm's pre_norm ViTs embed without a bias: the position embeddings
+    # of the patches take it (both are added to every patch, before any norm).
+    bias = flat.pop('embedding/bias')
+    flat[POSEMB_KEY] = flat[POSEMB_KEY] + np.pad(
+        np.broadcast_to(bias, (model.grid[0] * model.grid[1], width)),
+        ((model.posemb_prefix_rows, 0), (0, 0)))[None].astype(np.float32)
   sd = _join_qkv(hub.write_table(hub.expand(TABLE, model.num_layers), flat))
   num_classes = model.num_classes or 0
   size, patch = pair(model.image_size), pair(model.patch_size)
-  global_pool = 'token' if model.pool == 'token' else 'avg'
+  global_pool = {'token': 'token', 'gap': 'avg', 'map': 'map'}[model.pool]
   model_args = dict(
       num_classes=num_classes, img_size=list(size),
       patch_size=patch[0] if patch[0] == patch[1] else list(patch), in_chans=3,
       global_pool=global_pool, embed_dim=width, depth=model.num_layers,
-      num_heads=model.num_heads, mlp_ratio=mlp / width, qkv_bias=model.qkv_bias,
+      num_heads=model.num_heads, mlp_ratio=hidden / width, qkv_bias=model.qkv_bias,
       qk_norm=model.qk_norm, init_values=model.layer_scale, class_token=model.has_class_token,
       no_embed_class=not model.prefix_posemb, reg_tokens=model.num_registers,
-      fc_norm=model.fc_norm, act_layer=model.activation)
+      fc_norm=model.fc_norm, act_layer=model.activation, pre_norm=model.pre_norm)
   config: dict[str, Any] = dict(architecture=architecture(model), num_classes=num_classes,
                                 num_features=width, global_pool=global_pool)
   if class_names:
@@ -317,10 +327,19 @@ _SIZES = {(192, 12, 3): 'tiny', (384, 12, 6): 'small', (512, 12, 8): 'medium',
 def architecture(model: VisionTransformer) -> str:
   """The timm architecture a model is one of: the registry's name where timm has one of this
   family, size, patch and resolution, else the family's base name (config.json's model_args
-  give every size either way)."""
+  give every size either way). What model_args cannot say comes with the family: the
+  distilled DeiT's class, DINOv2-g's SwiGLUPacked MLP, CLIP's LayerNorm epsilon (1e-5)."""
   size = _SIZES.get((model.hidden_size, model.num_layers, model.num_heads), 'base')
   (h, w), (ph, pw) = pair(model.image_size), pair(model.patch_size)
-  if model.num_registers:
+  if model.distill_token:
+    family = 'deit_{}_distilled_patch{}_{}', 'deit_base_distilled_patch16_224'
+  elif model.gated_mlp:
+    family = ('vit_giant_patch14_dinov2',) * 2  # timm's one SwiGLUPacked ViT.
+  elif model.pre_norm and model.norm_epsilon == CLIP_EPSILON:
+    family = 'vit_{}_patch{}_clip_{}', 'vit_base_patch16_clip_224'
+  elif model.pool == 'map':
+    family = 'vit_{}_patch{}_siglip_{}', 'vit_base_patch16_siglip_224'
+  elif model.num_registers:
     registers = f'_reg{model.num_registers}_gap_'
     family = 'vit_{}_patch{}' + registers + '{}', 'vit_base_patch16_reg4_gap_256'
   elif model.layer_scale is not None and not model.prefix_posemb:
