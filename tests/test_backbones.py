@@ -15,6 +15,7 @@ from safetensors.numpy import load_file, save_file
 from vit_jax.base import errors
 from vit_jax.checkpoints import formats
 from vit_jax.checkpoints.formats import hub, timm
+from vit_jax.models import get_model
 
 HUB = pathlib.Path(__file__).resolve().parent / 'data' / 'hub'
 LABELS = ('tench', 'goldfish', 'great white shark', 'tiger shark', 'hammerhead')
@@ -111,3 +112,22 @@ def test_timm_export_writes_what_timm_wrote(name, tmp_path):
   again = formats.load_folder(tmp_path)
   assert again.model == loaded.model.clone(model_name=again.model.model_name)
   assert again.class_names == loaded.class_names
+
+
+def test_a_pre_norm_models_patch_bias_moves_into_the_position_embeddings(tmp_path):
+  """timm's pre_norm ViTs embed without a bias: a vit_jax model's exports with its bias in
+  the patches' position embeddings, and computes the same."""
+  model = get_model('ti16', num_classes=5, hidden_size=32, mlp_dim=64, num_heads=2,
+                    num_layers=2, patch_size=8, image_size=32, pre_norm=True,
+                    activation='quick_gelu', norm_epsilon=1e-5)
+  shapes = jax.eval_shape(model.init, jax.random.key(0), np.zeros((1, 32, 32, 3)))['params']
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda x: rng.normal(0, 0.2, x.shape).astype(np.float32), shapes)
+  formats.export(model, params, tmp_path, 'timm')
+  assert 'patch_embed.proj.bias' not in hub.read_weights(tmp_path)
+  assert hub.read_json(tmp_path / 'config.json')['architecture'] == 'vit_base_patch16_clip_224'
+  again = formats.load_folder(tmp_path)
+  assert again.model.pre_norm and not np.any(again.params['embedding']['bias'])
+  images = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
+  assert relative_error(outputs(again.model, again.params, images),
+                        outputs(model, params, images)) <= 1e-5
