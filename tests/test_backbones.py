@@ -131,3 +131,18 @@ def test_a_pre_norm_models_patch_bias_moves_into_the_position_embeddings(tmp_pat
   images = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
   assert relative_error(outputs(again.model, again.params, images),
                         outputs(model, params, images)) <= 1e-5
+
+
+@pytest.mark.parametrize('options, message', [
+    ({'pre_norm': True}, 'pre_norm'), ({'gated_mlp': True, 'activation': 'silu'}, 'gated_mlp'),
+    ({'distill_token': True}, 'distill_token'), ({'activation': 'quick_gelu'}, 'quick_gelu'),
+])
+def test_what_transformers_vit_cannot_hold_is_refused_in_one_line(options, message, tmp_path):
+  """ViTForImageClassification has none of the backbones' options: refused, naming timm."""
+  model = get_model('ti16', num_classes=5, hidden_size=32, mlp_dim=64, num_heads=2,
+                    num_layers=2, patch_size=8, image_size=32, **options)
+  params = jax.eval_shape(model.init, jax.random.key(0), np.zeros((1, 32, 32, 3)))['params']
+  with pytest.raises(errors.CheckpointError) as e:
+    formats.export(model, params, tmp_path, 'transformers')
+  assert message in str(e.value) and "format='timm'" in str(e.value)
+  assert '\n' not in str(e.value) and not (tmp_path / 'model.safetensors').exists()

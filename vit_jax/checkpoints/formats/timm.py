@@ -281,7 +281,7 @@ def write(model: VisionTransformer, params: Mapping[str, Any],
     raise hub.export_refusal(model, 'timm', 'representation_size (a pre-logits layer)')
   if model.norm_epsilon not in (LN_EPSILON, *((CLIP_EPSILON,) if model.pre_norm else ())):
     raise hub.export_refusal(model, 'timm', f'norm_epsilon={model.norm_epsilon:g} (timm\'s '
-                             'LayerNorms: 1e-6; 1e-5 with pre_norm, as CLIP)', 'transformers')
+                             'LayerNorms: 1e-6)', 'transformers')
   if model.gated_mlp and model.pool == 'map':
     raise hub.export_refusal(model, 'timm', "gated_mlp with pool='map' (timm's attention pool "
                              'has a plain MLP)')

@@ -271,6 +271,10 @@ def write(model: VisionTransformer, params: Mapping[str, Any], class_names: Sequ
       (not model.has_class_token, 'no class token'),
       (model.pool != 'token', f'pool={model.pool!r} (its classifier reads the class token)'),
       (model.qk_norm, 'qk_norm'),
+      (model.pre_norm, 'pre_norm (a LayerNorm before the blocks)'),
+      (model.gated_mlp, 'gated_mlp'),
+      (model.distill_token, 'distill_token (ViT has no distillation token)'),
+      (model.activation not in ('gelu', 'gelu_tanh'), f'activation={model.activation!r}'),
       (model.representation_size is not None and bool(model.num_classes),
        'a pre-logits layer before the classifier (ViTForImageClassification has none)')):
     if bad:
