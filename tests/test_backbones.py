@@ -14,7 +14,7 @@ from safetensors.numpy import load_file, save_file
 
 from vit_jax.base import errors
 from vit_jax.checkpoints import formats
-from vit_jax.checkpoints.formats import hub, timm
+from vit_jax.checkpoints.formats import fit, hub, layout, timm
 from vit_jax.models import get_model
 
 HUB = pathlib.Path(__file__).resolve().parent / 'data' / 'hub'
@@ -146,3 +146,16 @@ def test_what_transformers_vit_cannot_hold_is_refused_in_one_line(options, messa
     formats.export(model, params, tmp_path, 'transformers')
   assert message in str(e.value) and "format='timm'" in str(e.value)
   assert '\n' not in str(e.value) and not (tmp_path / 'model.safetensors').exists()
+
+
+def test_fine_tuning_a_distilled_deit_puts_two_fresh_heads_on_it():
+  """init_from with other classes: both classifiers new (zero), the rest the checkpoint's."""
+  loaded = formats.load_folder(HUB / 'timm_deit_distilled')
+  model = loaded.model.clone(num_classes=10)
+  init = jax.eval_shape(model.init, jax.random.key(0), np.zeros((1, 32, 32, 3)))['params']
+  init = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), init)
+  params = fit.adapt(layout.flatten(layout.to_release(loaded.params)), init, model,
+                     keep_head=False, origin='deit')
+  for head in ('head', 'head_dist'):
+    chex.assert_trees_all_equal(params[head]['kernel'], np.zeros((32, 10), np.float32))
+  chex.assert_trees_all_equal(params['dist'], loaded.params['dist'])
