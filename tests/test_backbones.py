@@ -133,19 +133,23 @@ def test_a_pre_norm_models_patch_bias_moves_into_the_position_embeddings(tmp_pat
                         outputs(model, params, images)) <= 1e-5
 
 
+@pytest.mark.parametrize('library', ['transformers', 'npz'])
 @pytest.mark.parametrize('options, message', [
-    ({'pre_norm': True}, 'pre_norm'), ({'gated_mlp': True, 'activation': 'silu'}, 'gated_mlp'),
+    ({'pre_norm': True}, 'pre_norm'), ({'gated_mlp': True}, 'gated_mlp'),
     ({'distill_token': True}, 'distill_token'), ({'activation': 'quick_gelu'}, 'quick_gelu'),
 ])
-def test_what_transformers_vit_cannot_hold_is_refused_in_one_line(options, message, tmp_path):
-  """ViTForImageClassification has none of the backbones' options: refused, naming timm."""
+def test_what_vit_and_the_release_cannot_hold_is_refused_in_one_line(options, message, library,
+                                                                     tmp_path):
+  """transformers' ViT and the release layout have none of the backbones' options: refused,
+  naming timm, nothing written."""
   model = get_model('ti16', num_classes=5, hidden_size=32, mlp_dim=64, num_heads=2,
                     num_layers=2, patch_size=8, image_size=32, **options)
   params = jax.eval_shape(model.init, jax.random.key(0), np.zeros((1, 32, 32, 3)))['params']
+  out = tmp_path / ('model.npz' if library == 'npz' else 'folder')
   with pytest.raises(errors.CheckpointError) as e:
-    formats.export(model, params, tmp_path, 'transformers')
+    formats.export(model, params, out, library)
   assert message in str(e.value) and "format='timm'" in str(e.value)
-  assert '\n' not in str(e.value) and not (tmp_path / 'model.safetensors').exists()
+  assert '\n' not in str(e.value) and not list(tmp_path.iterdir())
 
 
 def test_fine_tuning_a_distilled_deit_puts_two_fresh_heads_on_it():
