@@ -100,7 +100,7 @@ def rewritten(tmp_path, name, config=None, tensors=None):
 @pytest.mark.parametrize('change, message', [
     (dict(architecture='vit_base_patch16_clip_224'), 'pre_norm'),
     (dict(model_args={'global_pool': 'map'}), "global_pool='map'"),
-    (dict(model_args={'act_layer': 'quick_gelu'}), "act_layer='quick_gelu'"),
+    (dict(model_args={'act_layer': 'relu'}), "act_layer='relu'"),
     (dict(model_args={'no_such_option': 1}), 'timm argument no_such_option=1'),
     (dict(architecture='deit_tiny_distilled_patch16_224'), 'distillation token'),
     (dict(architecture='vit_unknown_patch16_224', model_args={}), "'vit_unknown_patch16_224'"),
@@ -152,8 +152,8 @@ def test_weights_holding_nan_are_refused_in_one_line(tmp_path, name):
 
 
 def test_transformers_refusals_and_torch_pickles(tmp_path):
-  config = {**hub.read_json(HUB / 'hf_vit_cls' / 'config.json'), 'model_type': 'deit'}
-  with pytest.raises(errors.CheckpointMismatchError, match="model_type 'deit'"):
+  config = {**hub.read_json(HUB / 'hf_vit_cls' / 'config.json'), 'model_type': 'beit'}
+  with pytest.raises(errors.CheckpointMismatchError, match="model_type 'beit'"):
     formats.load_folder(rewritten(tmp_path, 'hf_vit_cls', config=config))
   config = {**hub.read_json(HUB / 'hf_vit_cls' / 'config.json'), 'hidden_act': 'relu'}
   with pytest.raises(errors.CheckpointMismatchError, match="hidden_act='relu'"):
@@ -263,7 +263,7 @@ def test_vit_jax_models_export_and_read_back_alike(name, options, library, confi
      "as format='npz'"),
     ({'norm_epsilon': 1e-12}, 'timm', "norm_epsilon=1e-12 (timm's LayerNorms: 1e-6). Export it "
      "as format='transformers'"),
-    ({'pool': 'map'}, 'timm', "pool='map'"),
+    ({'pool': 'map', 'class_token': True}, 'transformers', "pool='map'"),
     ({'posemb': 'sincos2d'}, 'transformers', "posemb='sincos2d'"),
 ])
 def test_what_a_library_cannot_hold_is_refused_in_one_line(options, library, message, tmp_path):

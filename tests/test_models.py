@@ -1,5 +1,6 @@
 """Tests of vit_jax.models: the zoo's parameter counts, every option, bad inputs."""
 
+import functools
 import math
 
 import chex
@@ -92,6 +93,70 @@ def test_vit22b_block_matches_an_independent_implementation():
   stacked = layout.to_model_layout(params, scanned=True)
   chex.assert_trees_all_close(jax.jit(scanned.apply)({'params': stacked}, x), logits,
                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('options, arrays', [
+    ({'pre_norm': True, 'activation': 'quick_gelu'}, {'pre_norm': True}),  # OpenAI CLIP.
+    ({'gated_mlp': True, 'activation': 'silu'}, {'gated': True}),  # DINOv2-g's SwiGLU.
+    ({'distill_token': True, 'activation': 'gelu'}, {'distill': True}),  # Distilled DeiT.
+])
+def test_backbone_options_match_an_independent_implementation(options, arrays):
+  """Each backbone option's names, shapes and math: numpy_vit reads the same arrays."""
+  flat = numpy_vit.random_release_params(np.random.default_rng(1), width=32, depth=2, heads=4,
+                                         mlp=64, patch=8, grid=(4, 4), classes=6, **arrays)
+  model = get_model('ti16', num_classes=6, **SMALL, **options)
+  params = release.unflatten(flat)
+  x = images_for(model)
+  chex.assert_trees_all_equal_shapes(  # The same names and shapes.
+      params, jax.eval_shape(model.init, jax.random.key(0), x)['params'])
+  expected = numpy_vit.forward(flat, np.asarray(x), activation=options['activation'])
+  chex.assert_trees_all_close(jax.jit(model.apply)({'params': params}, x),
+                              expected.astype(np.float32), atol=1e-4, rtol=1e-4)
+
+
+def test_distillation_token_pools_two_tokens_and_both_heads_learn():
+  """Names and shapes; the features are the two tokens' mean (the logits, the two heads'
+  mean: numpy_vit above); a label loss reaches both heads."""
+  model = get_model('ti16', num_classes=6, distill_token=True, **SMALL)
+  x = images_for(model)
+  params = jax.jit(model.init)(jax.random.key(0), x)['params']
+  chex.assert_shape(params['dist'], (1, 1, 32))
+  chex.assert_shape(params['Transformer']['posembed_input']['pos_embedding'], (1, 18, 32))
+  assert params['dist'].std() > 0  # Apart from the (zero) class token: not the same token.
+  assert model.num_prefix_tokens == 2 and model.head_tokens == 2
+  features, state = jax.jit(functools.partial(
+      model.clone(num_classes=None).apply, capture_intermediates=True))({'params': params}, x)
+  tokens = state['intermediates']['Transformer']['encoder_norm']['__call__'][0]
+  chex.assert_shape(tokens, (2, 18, 32))
+  chex.assert_trees_all_close(features, tokens[:, :2].mean(1), atol=1e-6)
+  # Trained on the labels (no teacher), as timm: the loss of the mean reaches both heads.
+  heads = {k: params[k] for k in ('head', 'head_dist')}
+  loss = lambda h: -jax.nn.log_softmax(model.apply({'params': {**params, **h}}, x))[:, 0].mean()
+  grads = jax.jit(jax.grad(loss))(heads)
+  assert jnp.abs(grads['head']['kernel']).min() > 0
+  assert jnp.abs(grads['head_dist']['kernel']).min() > 0
+  with pytest.raises(ValueError, match="distill_token=True reads the class and distillation"):
+    get_model('ti16', num_classes=6, distill_token=True, pool='gap', **SMALL)
+
+
+def test_forward_flops_follow_the_backbone_options():
+  """The gated MLP's third matrix and the distillation token's work, in forward_flops and in
+  XLA's count of the forward pass (before optimisation: no compile)."""
+  model = lambda **o: get_model('ti16', num_classes=6, **SMALL, **o)
+  silu, gated, plain, distilled = (
+      model(activation='silu'), model(activation='silu', gated_mlp=True), model(),
+      model(distill_token=True))
+  t, d, m = 17, 32, 64
+  block = lambda q, t=t: 4 * t * d * d + 4 * q * d * d + 4 * q * t * d + 4 * q * d * m
+  assert gated.forward_flops() - silu.forward_flops() == 2 * d * m * (t + 1)  # t, then 1.
+  assert distilled.forward_flops() - plain.forward_flops() == (
+      block(18, 18) + block(2, 18) - block(17) - block(1) + 2 * d * 6)
+  xla = lambda m: jax.jit(m.apply).lower(
+      jax.eval_shape(m.init, jax.random.key(0), images_for(m, batch=1)),
+      images_for(m, batch=1)).cost_analysis()['flops']
+  for base, option in ((silu, gated), (plain, distilled)):  # The work is there, and no more.
+    extra = option.forward_flops() - base.forward_flops()
+    assert extra <= xla(option) - xla(base) <= 1.2 * extra
 
 
 @pytest.mark.parametrize('name, expected', [('b16', 86_566_120), ('s16', 22_049_896)])
@@ -507,7 +572,7 @@ def test_register_tokens_are_counted_by_forward_flops():
 def test_bad_options_are_refused():
   with pytest.raises(ValueError, match="pool='token' pools the class token"):
     get_model('ti16', num_classes=1, class_token=False, **SMALL)
-  with pytest.raises(ValueError, match="activation='relu' is not one of"):
+  with pytest.raises(ValueError, match="activation='relu' is not one of .*'quick_gelu', 'silu'"):
     get_model('ti16', num_classes=1, activation='relu', **SMALL)
   with pytest.raises(ValueError, match='num_registers=-1 must be >= 0'):
     get_model('ti16', num_classes=1, num_registers=-1, **SMALL)

@@ -63,12 +63,18 @@ FIELDS: dict[str, Field | Group] = {
                       'ViT-22B).'),
             'norm_epsilon': F('float?', None, '> 0', "Every norm's epsilon (1e-6; transformers' "
                               'ViT: 1e-12).'),
-            'activation': F('str?', None, '', "The MLP's GELU: 'gelu_tanh' (the tanh "
-                            "approximation, the releases') or 'gelu' (exact: timm's, "
-                            "transformers')."),
+            'activation': F('str?', None, '', "The MLP's: 'gelu_tanh' (the tanh GELU, the "
+                            "releases'), 'gelu' (exact: timm's, transformers'), 'quick_gelu' "
+                            "(OpenAI CLIP's) or 'silu' (SwiGLU with gated_mlp)."),
+            'gated_mlp': F('bool?', None, '', 'A gated MLP: act(first half) * second half of '
+                           "2 * mlp_dim units (DINOv2-g's SwiGLU; False)."),
+            'pre_norm': F('bool?', None, '', "A LayerNorm before the first block (CLIP's "
+                          'ln_pre; False).'),
             'layer_scale': F('float?', None, '', 'Initial per-channel scale of each residual '
                              'branch (DeiT III: 1e-6); None: no layer scale.'),
             'class_token': F('bool?', None, '', "A class token; None: where pool='token'."),
+            'distill_token': F('bool?', None, '', "DeiT's distillation token with its own "
+                               "head; the logits are the two heads' mean (False)."),
             'num_registers': F('int?', None, '>= 0', 'Register tokens, attended to, never '
                                'pooled (0).'),
             'prefix_posemb': F('bool?', None, '', 'The class token and registers get position '

@@ -37,9 +37,15 @@ Dtype = Any
 LN_EPSILON = 1e-6
 NORMS = ('layernorm', 'rmsnorm')
 POOLS = ('token', 'gap', 'map')
-# The MLP's GELU, by timm's names: the tanh approximation (flax's nn.gelu, the releases' and
-# big_vision's) or the exact erf form (timm's and transformers' default).
-ACTIVATIONS = ('gelu_tanh', 'gelu')
+# The MLP's activation, by timm's names: the tanh-approximate GELU (flax's nn.gelu, the releases'
+# and big_vision's), the exact erf GELU (timm's and transformers' default), OpenAI CLIP's quick
+# GELU, and SiLU (the gate of DINOv2-g's SwiGLU MLP).
+ACTIVATIONS = {
+    'gelu_tanh': functools.partial(nn.gelu, approximate=True),
+    'gelu': functools.partial(nn.gelu, approximate=False),
+    'quick_gelu': lambda x: x * nn.sigmoid(1.702 * x),
+    'silu': nn.silu,
+}
 POSEMBS = ('learn', 'sincos2d')
 ATTENTION_IMPLS = ('auto', 'einsum', 'xla', 'cudnn')
 REMAT_POLICIES = {
@@ -109,6 +115,7 @@ class BlockOptions:
   norm: str = 'layernorm'
   norm_epsilon: float = LN_EPSILON
   activation: str = 'gelu_tanh'
+  gated_mlp: bool = False
   layer_scale: float | None = None
 
   def norm_layer(self, name: str, **kw: Any) -> nn.Module:
@@ -118,7 +125,12 @@ class BlockOptions:
 
 
 class MlpBlock(nn.Module):
-  """Dense(mlp_dim) -> GELU (``activation``: tanh or exact) -> Dense(D), dropout after each."""
+  """Dense(mlp_dim) -> ``activation`` -> Dense(D), dropout after each.
+
+  ``gated_mlp``: the first Dense gives 2 * mlp_dim units, and ``activation`` of the first half
+  gates the second: Dense(D)(act(a) * b), SwiGLU with 'silu' (timm's ``SwiGLUPacked``: one
+  packed matmul, as DINOv2-g has it).
+  """
 
   options: BlockOptions
 
@@ -129,7 +141,12 @@ class MlpBlock(nn.Module):
                                dot_general=dot_general_for(o.matmul_dtype),
                                kernel_init=_dense_init, bias_init=_bias_init)
     width = x.shape[-1]
-    x = nn.gelu(dense(o.mlp_dim)(x), approximate=o.activation == 'gelu_tanh')
+    activation = ACTIVATIONS[o.activation]
+    if o.gated_mlp:
+      gate, x = jnp.split(dense(2 * o.mlp_dim)(x), 2, axis=-1)
+      x = activation(gate) * x
+    else:
+      x = activation(dense(o.mlp_dim)(x))
     x = sharding.constrain(x, 'hidden')
     x = nn.Dropout(o.dropout_rate)(x, deterministic=deterministic)
     x = dense(width)(x)
@@ -303,7 +320,8 @@ class Encoder(nn.Module):
 
   ``prefix_posemb``: the prefix tokens get learned position embeddings too (the release's
   layout); else only the patches do. ``final_norm=False`` leaves out the final LayerNorm
-  (the model normalises after pooling instead: ``fc_norm``).
+  (the model normalises after pooling instead: ``fc_norm``). ``pre_norm``: a LayerNorm on the
+  embedded tokens before the first block, ``pre_norm`` (CLIP's ``ln_pre``).
   """
 
   num_layers: int
@@ -316,6 +334,7 @@ class Encoder(nn.Module):
   remat_policy: str = 'none'
   prefix_posemb: bool = True
   final_norm: bool = True
+  pre_norm: bool = False
 
   @nn.compact
   def __call__(self, x: Array, *, train: bool, output_tokens: int | None = None) -> Array:
@@ -334,6 +353,8 @@ class Encoder(nn.Module):
       pe = np.pad(pe, ((0, 0), (self.num_prefix_tokens, 0), (0, 0)))
       x = x + jnp.asarray(pe, o.dtype)
     x = nn.Dropout(o.dropout_rate)(x, deterministic=not train).astype(o.dtype)
+    if self.pre_norm:
+      x = o.norm_layer('pre_norm')(x)
     x = sharding.constrain(x, 'tokens')
 
     block = EncoderBlock
@@ -422,13 +443,22 @@ class VisionTransformer(nn.Module):
     qkv_bias: biases in the query/key/value projections (ViT-22B has none).
     norm: 'layernorm', or 'rmsnorm' (no centering, no bias: ViT-22B's), everywhere.
     norm_epsilon: every norm's epsilon (1e-6; transformers' ViT: 1e-12).
-    activation: the MLP's GELU, 'gelu_tanh' (the tanh approximation: the releases' and
-      big_vision's) or 'gelu' (exact, with erf: timm's and transformers' ViTs).
+    activation: the MLP's, 'gelu_tanh' (the tanh-approximate GELU: the releases' and
+      big_vision's), 'gelu' (exact, with erf: timm's and transformers' ViTs), 'quick_gelu'
+      (x * sigmoid(1.702 x): OpenAI's CLIP) or 'silu' (with ``gated_mlp``: SwiGLU).
+    gated_mlp: a gated MLP (``MlpBlock``): its first Dense gives 2 * mlp_dim units, the
+      activation of the first half times the second half (DINOv2-g's SwiGLU with 'silu').
+    pre_norm: a LayerNorm on the embedded tokens (position embeddings added) before the
+      first block, ``Transformer/pre_norm`` (CLIP's ``ln_pre``).
     layer_scale: a learned per-channel scale on each residual branch (CaiT, DeiT III),
       initialised to this value; None: none.
     class_token: a class token in front of the patches; None: where ``pool='token'``.
-    num_registers: register tokens after the class token (Darcet et al., 2024); they are
-      attended to but never pooled.
+    distill_token: a distillation token after the class token (DeiT), ``dist``, with its own
+      classifier ``head_dist``; needs ``pool='token'``. The logits are the two heads' mean
+      (as DeiT and timm infer, and train without a teacher); the pooled features (no
+      classes), the two tokens' mean (timm's ``pre_logits``).
+    num_registers: register tokens after the class (and distillation) token (Darcet et al.,
+      2024); they are attended to but never pooled.
     prefix_posemb: the prefix tokens (class token, registers) get learned position
       embeddings as the patches do (the release's layout); False: the patches only (timm's
       ``no_embed_class``, big_vision's layout).
@@ -469,8 +499,11 @@ class VisionTransformer(nn.Module):
   norm: str = 'layernorm'
   norm_epsilon: float = LN_EPSILON
   activation: str = 'gelu_tanh'
+  gated_mlp: bool = False
+  pre_norm: bool = False
   layer_scale: float | None = None
   class_token: bool | None = None
+  distill_token: bool = False
   num_registers: int = 0
   prefix_posemb: bool = True
   fc_norm: bool = False
@@ -482,7 +515,7 @@ class VisionTransformer(nn.Module):
                                   ('attention_impl', self.attention_impl, ATTENTION_IMPLS),
                                   ('remat_policy', self.remat_policy, tuple(REMAT_POLICIES)),
                                   ('norm', self.norm, NORMS),
-                                  ('activation', self.activation, ACTIVATIONS)):
+                                  ('activation', self.activation, tuple(ACTIVATIONS))):
       if value not in allowed:
         raise ValueError(f'{field}={value!r} is not one of {allowed}.')
     if self.hidden_size % self.num_heads:
@@ -491,6 +524,9 @@ class VisionTransformer(nn.Module):
     if self.pool == 'token' and self.class_token is False:
       raise ValueError("pool='token' pools the class token: it needs class_token=True (or "
                        "None), or another pool ('gap', 'map').")
+    if self.distill_token and not (self.pool == 'token' and self.has_class_token):
+      raise ValueError(f"distill_token=True reads the class and distillation tokens: it needs "
+                       f"pool='token', not {self.pool!r}.")
     if self.num_registers < 0:
       raise ValueError(f'num_registers={self.num_registers} must be >= 0.')
     super().__post_init__()
@@ -521,8 +557,9 @@ class VisionTransformer(nn.Module):
 
   @property
   def num_prefix_tokens(self) -> int:
-    """The tokens in front of the patches: the class token, then the registers."""
-    return int(self.has_class_token) + self.num_registers
+    """The tokens in front of the patches: the class token, the distillation token, then the
+    registers."""
+    return int(self.has_class_token) + int(self.distill_token) + self.num_registers
 
   @property
   def posemb_prefix_rows(self) -> int:
@@ -535,20 +572,21 @@ class VisionTransformer(nn.Module):
 
     With a class token only that one reaches the head, so the last block computes no other
     token's output (they are still its keys and values): the logits are the same, and the
-    matmul work falls by nearly 1/num_layers (ViT-Ti/16, S/16, B/16: 7%). All
+    matmul work falls by nearly 1/num_layers (ViT-Ti/16, S/16, B/16: 7%); two with a
+    distillation token. All
     tokens for 'gap' / 'map' pooling, for scanned blocks (one shape for all), and where the
     caller collects 'intermediates' (every layer's full attention weights).
     """
     if self.mpp_outputs:  # Every patch's final representation is predicted from.
       return None
-    return 1 if self.pool == 'token' and not self.scan else None
+    return 1 + int(self.distill_token) if self.pool == 'token' and not self.scan else None
 
   def forward_flops(self, all_tokens: bool = False) -> int | None:
     """Matmul FLOPs of one image's forward pass (2 per multiply-add); None for hybrids.
 
     Per block of T tokens, Q of them queries (T, but ``head_tokens`` in the last block),
     width D, MLP width M: 4 T D^2 (k, v) + 4 Q D^2 (q, out) + 4 Q T D
-    (logits, weighted sum) + 4 Q D M (MLP). ``all_tokens=True`` counts Q = T in every
+    (logits, weighted sum) + 4 Q D M (MLP; 6 Q D M gated). ``all_tokens=True`` counts Q = T in every
     block: the count that papers and timm publish. Element-wise work (LayerNorm, GELU,
     softmax) is not counted, as in those figures; a training step costs about 3x this.
     The BiT stem of hybrids is not modelled: use XLA's count there.
@@ -558,19 +596,20 @@ class VisionTransformer(nn.Module):
     (ph, pw), (gh, gw) = pair(self.patch_size), self.grid
     n, d, m = gh * gw, self.hidden_size, self.mlp_dim
     t = n + self.num_prefix_tokens
-    block = lambda q: 4 * t * d * d + 4 * q * d * d + 4 * q * t * d + 4 * q * d * m
+    mlp = (6 if self.gated_mlp else 4) * d * m  # Per token.
+    block = lambda q: 4 * t * d * d + 4 * q * d * d + 4 * q * t * d + q * mlp
     last = t if all_tokens or self.head_tokens is None else self.head_tokens
     flops = 2 * n * ph * pw * 3 * d  # Patch embedding.
     flops += (self.num_layers - 1) * block(t) + block(last)
     if self.mpp_outputs:  # The per-patch head instead of pooling and classifier.
       return flops + 2 * n * d * self.mpp_outputs
     if self.pool == 'map':  # One probe query over t keys and values, then an MLP.
-      flops += 4 * d * d + 4 * t * d * d + 4 * t * d + 4 * d * m
-    width = d
+      flops += 4 * d * d + 4 * t * d * d + 4 * t * d + mlp
+    width, heads = d, 1 + int(self.distill_token)  # Each pooled token has its own head.
     if self.representation_size is not None:
-      flops += 2 * d * self.representation_size
+      flops += 2 * d * self.representation_size * heads
       width = self.representation_size
-    return flops + 2 * width * (self.num_classes or 0)
+    return flops + 2 * width * (self.num_classes or 0) * heads
 
   @nn.compact
   def __call__(self, images: Array, *, train: bool = False,
@@ -612,6 +651,9 @@ class VisionTransformer(nn.Module):
     prefix = []
     if self.has_class_token:
       prefix.append(self.param('cls', nn.initializers.zeros, (1, 1, c), self.param_dtype))
+    if self.distill_token:  # Initialised apart from the class token (timm's N(0, 0.02)).
+      prefix.append(self.param('dist', nn.initializers.normal(stddev=0.02), (1, 1, c),
+                               self.param_dtype))
     if self.num_registers:
       prefix.append(self.param('registers', nn.initializers.normal(stddev=1e-6),
                                (1, self.num_registers, c), self.param_dtype))
@@ -624,15 +666,15 @@ class VisionTransformer(nn.Module):
         num_layers=self.num_layers, grid=self.grid, options=self.block_options,
         num_prefix_tokens=self.num_prefix_tokens, posemb=self.posemb,
         stochastic_depth=self.stochastic_depth, scan=self.scan, remat_policy=self.remat_policy,
-        prefix_posemb=self.prefix_posemb, final_norm=not self.fc_norm,
+        prefix_posemb=self.prefix_posemb, final_norm=not self.fc_norm, pre_norm=self.pre_norm,
         name='Transformer')(x, train=train, output_tokens=output_tokens)
 
     if self.mpp_outputs:  # Each patch's final representation (prefix tokens dropped).
       return nn.Dense(self.mpp_outputs, kernel_init=nn.initializers.zeros,
                       param_dtype=self.param_dtype, name='mpp_head')(
                           x[:, self.num_prefix_tokens:].astype(jnp.float32))
-    if self.pool == 'token':
-      x = x[:, 0]
+    if self.pool == 'token':  # With a distillation token: both, (batch, 2, D).
+      x = x[:, :2] if self.distill_token else x[:, 0]
     elif self.pool == 'gap':  # The patches' mean; prefix tokens are not pooled.
       x = jnp.mean(x[:, self.num_prefix_tokens:], axis=1)
     else:
@@ -644,7 +686,10 @@ class VisionTransformer(nn.Module):
       x = nn.tanh(nn.Dense(self.representation_size, name='pre_logits', **kw)(x))
     x = x.astype(jnp.float32)
     if not self.num_classes:
-      return x
-    return nn.Dense(self.num_classes, kernel_init=nn.initializers.zeros,
-                    bias_init=nn.initializers.constant(self.head_bias_init),
-                    param_dtype=self.param_dtype, name='head')(x)
+      return x.mean(axis=1) if self.distill_token else x
+    head = lambda name: nn.Dense(self.num_classes, kernel_init=nn.initializers.zeros,
+                                 bias_init=nn.initializers.constant(self.head_bias_init),
+                                 param_dtype=self.param_dtype, name=name)
+    if self.distill_token:
+      return (head('head')(x[:, 0]) + head('head_dist')(x[:, 1])) / 2
+    return head('head')(x)

@@ -173,10 +173,13 @@ def _mismatch_message(origin: Any, model: VisionTransformer, source: Mapping[str
 
 
 # The options that make up a model's architecture (the rest: how it computes, dtypes, dropout).
+# The classifiers (a distilled DeiT's second one too): new ones where the head is not kept.
+HEADS = ('head', 'head_dist')
 ARCHITECTURE = ('image_size', 'patch_size', 'hidden_size', 'num_layers', 'mlp_dim', 'num_heads',
                 'resnet_layers', 'resnet_width', 'pool', 'representation_size', 'posemb',
                 'parallel_block', 'qk_norm', 'qkv_bias', 'norm', 'norm_epsilon', 'activation',
-                'layer_scale', 'class_token', 'num_registers', 'prefix_posemb', 'fc_norm')
+                'layer_scale', 'class_token', 'num_registers', 'prefix_posemb', 'fc_norm',
+                'pre_norm', 'gated_mlp', 'distill_token')
 
 
 def model_options(model: VisionTransformer) -> dict[str, Any]:
@@ -279,7 +282,7 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
 
   loaded, missing, shapes = {}, [], []
   for key, ref in target.items():
-    if key.startswith('head/') and not keep_head:
+    if key.split('/')[0] in HEADS and not keep_head:
       loaded[key] = ref
       continue
     if key not in source:
@@ -304,7 +307,7 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
 
   # A classifier the model lacks, or masked patch prediction's mask embedding and head.
   dropped = [k for k in source if k not in target
-             and k.split('/')[0] in ('pre_logits', 'head', *PRETRAINING_ONLY)]
+             and k.split('/')[0] in ('pre_logits', *HEADS, *PRETRAINING_ONLY)]
   extra = [k for k in source if k not in target and k not in dropped]
   if missing or extra or shapes:
     raise errors.CheckpointMismatchError(
@@ -313,8 +316,9 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
     log('layer scale not in the checkpoint: ls1, ls2 set to one (the same function)')
   for key in dropped:
     log('%s %s dropped (the model has no such layer)', key, source[key].shape)
-  if not keep_head and 'head/kernel' in target:
-    log('head: new zero-initialised classifier %s', target['head/kernel'].shape)
+  for head in HEADS if not keep_head else ():
+    if f'{head}/kernel' in target:
+      log('%s: new zero-initialised classifier %s', head, target[f'{head}/kernel'].shape)
   log('%d arrays loaded', len(target))
   return to_model_layout(unflatten(loaded), scanned=is_scanned(init))
 

@@ -265,7 +265,6 @@ def common_refusals(model: VisionTransformer, library: str) -> None:
   checks = (
       (model.resnet_layers is not None, 'a hybrid (BiT stem)'),
       (model.posemb != 'learn', f'posemb={model.posemb!r} (fixed position embeddings)'),
-      (model.pool == 'map', "pool='map' (attention pooling)"),
       (model.parallel_block, 'parallel_block=True'),
       (model.norm != 'layernorm', f'norm={model.norm!r}'),
       (bool(model.mpp_outputs), 'mpp_outputs (masked patch prediction)'),

@@ -118,6 +118,9 @@ def npz_problem(model: VisionTransformer) -> str:
     return f'activation={model.activation!r} (a release file is read with the tanh GELU)'
   if model.norm_epsilon != LN_EPSILON:
     return f'norm_epsilon={model.norm_epsilon:g} (a release file is read with 1e-6)'
+  for option in ('pre_norm', 'gated_mlp', 'distill_token'):
+    if getattr(model, option):
+      return f'{option}=True (a release file is read as the release\'s ViT)'
   return ''
 
 

@@ -27,14 +27,20 @@ from vit_jax.models.vit import LN_EPSILON, pair
 
 _B = 'Transformer/encoderblock_{i}/'
 _A = _B + 'MultiHeadDotProductAttention_1/'
+_M = 'MAPHead_0/'
+_MA = _M + 'MultiHeadDotProductAttention_0/'
 # timm's names for the release layout's arrays. timm fuses the attention's query, key and value
-# into one ``attn.qkv`` (``_split_qkv``, ``_join_qkv``): the table names the three parts.
+# into one ``attn.qkv``, and the attention pool's key and value into ``attn_pool.kv``
+# (``_split_qkv``, ``_join_qkv``): the table names the parts.
 TABLE: tuple[hub.Rule, ...] = (
     ('embedding/kernel', 'patch_embed.proj.weight', CONV),
     ('embedding/bias', 'patch_embed.proj.bias', SAME),
     ('cls', 'cls_token', SAME),
+    ('dist', 'dist_token', SAME),
     ('registers', 'reg_token', SAME),
     (POSEMB_KEY, 'pos_embed', SAME),
+    ('Transformer/pre_norm/scale', 'norm_pre.weight', SAME),
+    ('Transformer/pre_norm/bias', 'norm_pre.bias', SAME),
     (_B + 'LayerNorm_0/scale', 'blocks.{i}.norm1.weight', SAME),
     (_B + 'LayerNorm_0/bias', 'blocks.{i}.norm1.bias', SAME),
     (_A + 'query/kernel', 'blocks.{i}.attn.q.weight', HEADS_IN),
@@ -57,12 +63,39 @@ TABLE: tuple[hub.Rule, ...] = (
     (_B + 'ls2', 'blocks.{i}.ls2.gamma', SAME),
     ('Transformer/encoder_norm/scale', 'norm.weight', SAME),
     ('Transformer/encoder_norm/bias', 'norm.bias', SAME),
+    (_M + 'probe', 'attn_pool.latent', SAME),
+    (_MA + 'query/kernel', 'attn_pool.q.weight', HEADS_IN),
+    (_MA + 'query/bias', 'attn_pool.q.bias', HEADS_BIAS),
+    (_MA + 'key/kernel', 'attn_pool.k.weight', HEADS_IN),
+    (_MA + 'key/bias', 'attn_pool.k.bias', HEADS_BIAS),
+    (_MA + 'value/kernel', 'attn_pool.v.weight', HEADS_IN),
+    (_MA + 'value/bias', 'attn_pool.v.bias', HEADS_BIAS),
+    (_MA + 'out/kernel', 'attn_pool.proj.weight', HEADS_OUT),
+    (_MA + 'out/bias', 'attn_pool.proj.bias', SAME),
+    (_M + 'LayerNorm_0/scale', 'attn_pool.norm.weight', SAME),
+    (_M + 'LayerNorm_0/bias', 'attn_pool.norm.bias', SAME),
+    (_M + 'MlpBlock_0/Dense_0/kernel', 'attn_pool.mlp.fc1.weight', LINEAR),
+    (_M + 'MlpBlock_0/Dense_0/bias', 'attn_pool.mlp.fc1.bias', SAME),
+    (_M + 'MlpBlock_0/Dense_1/kernel', 'attn_pool.mlp.fc2.weight', LINEAR),
+    (_M + 'MlpBlock_0/Dense_1/bias', 'attn_pool.mlp.fc2.bias', SAME),
     ('fc_norm/scale', 'fc_norm.weight', SAME),
     ('fc_norm/bias', 'fc_norm.bias', SAME),
     ('head/kernel', 'head.weight', LINEAR),
     ('head/bias', 'head.bias', SAME),
+    ('head_dist/kernel', 'head_dist.weight', LINEAR),
+    ('head_dist/bias', 'head_dist.bias', SAME),
 )
-_QKV = ('q', 'k', 'v')
+# The tensors only some architectures have, as their arguments say: (key prefix, whether the
+# arguments ask for them, what they are, the tensor that must then be there).
+_OPTIONAL = (
+    ('norm_pre.', lambda a: bool(a['pre_norm']), 'pre_norm=True', 'norm_pre.weight'),
+    ('dist_token', lambda a: bool(a['distilled']), 'a distilled DeiT (a distillation token)',
+     'dist_token'),
+    ('head_dist.', lambda a: bool(a['distilled']), '', ''),  # None without classes.
+    ('attn_pool.', lambda a: a['global_pool'] == 'map', "global_pool='map'", 'attn_pool.latent'),
+)
+# The fused projections: (timm's stem, its parts).
+_FUSED = ((r'blocks\.\d+\.attn\.', 'qkv', ('q', 'k', 'v')), (r'attn_pool\.', 'kv', ('k', 'v')))
 
 # timm's VisionTransformer defaults (timm 1.0.31), for what neither the registry nor
 # model_args sets.
@@ -77,12 +110,14 @@ DEFAULTS: dict[str, Any] = dict(
 _INERT = ('num_classes', 'drop_rate', 'pos_drop_rate', 'patch_drop_rate', 'proj_drop_rate',
           'attn_drop_rate', 'drop_path_rate', 'weight_init', 'fix_init', 'dynamic_img_size',
           'dynamic_img_pad', 'device', 'dtype')
-_ACTIVATIONS = {None: 'gelu', 'gelu': 'gelu', 'gelu_tanh': 'gelu_tanh'}
+_ACTIVATIONS = {None: 'gelu', 'gelu': 'gelu', 'gelu_tanh': 'gelu_tanh',
+                'quick_gelu': 'quick_gelu', 'silu': 'silu', '<SiLU>': 'silu'}
 _LAYER_NORM = re.compile(r'^<LayerNorm\(eps=([0-9.e+-]+)\)>$')
+CLIP_EPSILON = 1e-5  # The LayerNorms of timm's CLIP architectures.
+# timm's SwiGLUPacked (DINOv2-g), as timm_architectures records it: vit_jax's gated_mlp.
+SWIGLU_PACKED = "<GluMlp(act_layer=<class 'torch.nn.modules.activation.SiLU'>, gate_last=False)>"
 # What the model has no option for: refused by name where the arguments ask for it.
-_NO_OPTION = (('distilled', "a distilled DeiT's distillation token and head"),
-              ('pre_norm', 'pre_norm (a LayerNorm before the blocks, as in CLIP)'),
-              ('scale_attn_norm', 'scale_attn_norm (a LayerNorm inside the attention)'),
+_NO_OPTION = (('scale_attn_norm', 'scale_attn_norm (a LayerNorm inside the attention)'),
               ('scale_mlp_norm', 'scale_mlp_norm (a LayerNorm inside the MLP)'),
               ('block_fn', 'block_fn={}'), ('mlp_layer', 'mlp_layer={}'),
               ('attn_layer', 'attn_layer={}'), ('embed_layer', 'embed_layer={}'),
@@ -116,19 +151,22 @@ def arguments(config: Mapping[str, Any], origin: str) -> dict[str, Any]:
 def _check_arguments(a: Mapping[str, Any], origin: str) -> float:
   """Refuses the arguments the model has no option for; the LayerNorms' epsilon."""
   for key, what in _NO_OPTION:
-    if a[key]:
+    if a[key] and not (key == 'mlp_layer' and a[key] == SWIGLU_PACKED):
       raise hub.refuse(origin, f'timm\'s {what.format(a[key])}')
+  if a['mlp_layer'] and a['global_pool'] == 'map':  # Its attn_pool's MLP is not gated.
+    raise hub.refuse(origin, "SwiGLUPacked with global_pool='map'")
   if not a['proj_bias']:
     raise hub.refuse(origin, 'proj_bias=False (no bias in the attention output)')
   if a['pos_embed'] != 'learn':
     raise hub.refuse(origin, f'pos_embed={a["pos_embed"]!r} (no position embeddings)')
   if not a['final_norm']:
     raise hub.refuse(origin, 'final_norm=False (no LayerNorm after the blocks)')
-  if a['global_pool'] not in ('token', 'avg'):
-    raise hub.refuse(origin, f'global_pool={a["global_pool"]!r}', " ('token' and 'avg' load)")
+  if a['global_pool'] not in ('token', 'avg', 'map'):
+    raise hub.refuse(origin, f'global_pool={a["global_pool"]!r}',
+                     " ('token', 'avg' and 'map' load)")
   if a['act_layer'] not in _ACTIVATIONS:
     raise hub.refuse(origin, f'act_layer={a["act_layer"]!r}',
-                     " (activation: 'gelu', 'gelu_tanh')")
+                     " (activation: 'gelu', 'gelu_tanh', 'quick_gelu', 'silu')")
   if a['norm_layer'] in (None, 'layernorm'):
     return LN_EPSILON
   m = _LAYER_NORM.match(str(a['norm_layer']))
@@ -138,12 +176,15 @@ def _check_arguments(a: Mapping[str, Any], origin: str) -> float:
 
 
 def _split_qkv(tensors: Mapping[str, np.ndarray], origin: str) -> dict[str, np.ndarray]:
-  """timm's fused ``attn.qkv`` as the table's ``attn.q``, ``attn.k`` and ``attn.v``; the
-  q/k norms' biases, which vit_jax's scale-only norms lack, checked to be zero and dropped."""
+  """timm's fused ``attn.qkv`` (``attn_pool.kv``) as the table's ``attn.q``, ``attn.k`` and
+  ``attn.v`` (``attn_pool.k``, ``attn_pool.v``); the q/k norms' biases, which vit_jax's
+  scale-only norms lack, checked to be zero and dropped."""
   out = {}
   for key, value in sorted(tensors.items()):
-    if m := re.fullmatch(r'(blocks\.\d+\.attn\.)qkv\.(weight|bias)', key):
-      for name, part in zip(_QKV, np.split(value, 3), strict=True):
+    if fused := next(((m, parts) for stem, name, parts in _FUSED
+                      if (m := re.fullmatch(f'({stem}){name}\\.(weight|bias)', key))), None):
+      m, parts = fused
+      for name, part in zip(parts, np.split(value, len(parts)), strict=True):
         out[f'{m.group(1)}{name}.{m.group(2)}'] = part
     elif re.fullmatch(r'blocks\.\d+\.attn\.[qk]_norm\.bias', key):
       if np.any(value):
@@ -155,10 +196,12 @@ def _split_qkv(tensors: Mapping[str, np.ndarray], origin: str) -> dict[str, np.n
 
 
 def _join_qkv(sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """The inverse of ``_split_qkv``: one ``attn.qkv`` per block, zero q/k norm biases."""
-  for key in [k for k in sd if re.fullmatch(r'blocks\.\d+\.attn\.q\.(weight|bias)', k)]:
-    stem, kind = key.rsplit('.q.', 1)
-    sd[f'{stem}.qkv.{kind}'] = np.concatenate([sd.pop(f'{stem}.{n}.{kind}') for n in _QKV])
+  """The inverse of ``_split_qkv``: one ``attn.qkv`` per block (``attn_pool.kv``), zero q/k
+  norm biases."""
+  for stem, name, parts in _FUSED:
+    for key in [k for k in sd if re.fullmatch(f'{stem}{parts[0]}\\.(weight|bias)', k)]:
+      head, kind = key.rsplit(f'.{parts[0]}.', 1)
+      sd[f'{head}.{name}.{kind}'] = np.concatenate([sd.pop(f'{head}.{n}.{kind}') for n in parts])
   for key in [k for k in sd if re.fullmatch(r'blocks\.\d+\.attn\.[qk]_norm\.weight', k)]:
     sd[key.removesuffix('weight') + 'bias'] = np.zeros_like(sd[key])
   return sd
@@ -177,13 +220,21 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
   if width % heads:
     raise errors.CheckpointError(f'{origin}: width {width} is not divisible by num_heads={heads}.')
   depth = t.blocks('blocks.')
-  flat = hub.read_table(hub.expand(TABLE, depth), t, heads)
+  for _, wanted, what, key in _OPTIONAL:
+    if key and wanted(a) and key not in t:
+      raise errors.CheckpointMismatchError(f'{origin}: timm\'s {what} (its architecture\'s '
+                                           f'arguments), but {key} is not in the weights.')
+  table = [rule for rule in TABLE  # Where the arguments say no, such a tensor is a stray.
+           if not any(rule[1].startswith(p) and not wanted(a) for p, wanted, *_ in _OPTIONAL)]
+  flat = hub.read_table(hub.expand(table, depth), t, heads)
   t.check_all_used('timm')
-  class_token = 'cls' in flat
+  if 'embedding/bias' not in flat:  # timm's pre_norm ViTs (CLIP) embed without a bias.
+    flat['embedding/bias'] = np.zeros(width, np.float32)
+  class_token, distill_token = 'cls' in flat, 'dist' in flat
   registers = int(flat['registers'].shape[1]) if 'registers' in flat else 0
   image_size, prefix_posemb = _grid(a, t('pos_embed').shape[1], (ph, pw),
-                                    int(class_token) + registers, origin)
-  pool = 'token' if a['global_pool'] == 'token' else 'gap'
+                                    int(class_token) + int(distill_token) + registers, origin)
+  pool = {'token': 'token', 'avg': 'gap', 'map': 'map'}[a['global_pool']]
   if pool == 'token' and not class_token:
     raise errors.CheckpointError(f"{origin}: global_pool='token' without a cls_token.")
   layer_scale = _B.format(i=0) + 'ls1' in flat
@@ -191,9 +242,10 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
       num_classes=int(flat['head/kernel'].shape[1]) if 'head/kernel' in flat else None,
       image_size=image_size, patch_size=(int(ph), int(pw)), hidden_size=int(width),
       num_layers=depth, num_heads=heads,
-      mlp_dim=int(flat[_B.format(i=0) + 'MlpBlock_3/Dense_0/bias'].shape[0]),
-      pool=pool, class_token=class_token, num_registers=registers, prefix_posemb=prefix_posemb,
-      fc_norm='fc_norm/scale' in flat,
+      mlp_dim=int(flat[_B.format(i=0) + 'MlpBlock_3/Dense_1/kernel'].shape[0]),
+      gated_mlp=bool(a['mlp_layer']), pre_norm='Transformer/pre_norm/scale' in flat,
+      pool=pool, class_token=class_token, distill_token=distill_token, num_registers=registers,
+      prefix_posemb=prefix_posemb, fc_norm='fc_norm/scale' in flat,
       layer_scale=float(a['init_values'] or 1e-6) if layer_scale else None,
       qkv_bias=_A.format(i=0) + 'query/bias' in flat,
       qk_norm=_A.format(i=0) + 'query_ln/scale' in flat, norm_epsilon=epsilon,
@@ -241,26 +293,35 @@ def write(model: VisionTransformer, params: Mapping[str, Any],
   hub.common_refusals(model, 'timm')
   if model.representation_size is not None:
     raise hub.export_refusal(model, 'timm', 'representation_size (a pre-logits layer)')
-  if model.norm_epsilon != LN_EPSILON:
+  if model.norm_epsilon not in (LN_EPSILON, *((CLIP_EPSILON,) if model.pre_norm else ())):
     raise hub.export_refusal(model, 'timm', f'norm_epsilon={model.norm_epsilon:g} (timm\'s '
                              'LayerNorms: 1e-6)', 'transformers')
-  width, mlp = model.hidden_size, model.mlp_dim
-  if int(width * (mlp / width)) != mlp:
+  if model.gated_mlp and model.pool == 'map':
+    raise hub.export_refusal(model, 'timm', "gated_mlp with pool='map' (timm's attention pool "
+                             'has a plain MLP)')
+  width, hidden = model.hidden_size, model.mlp_dim * (1 + model.gated_mlp)  # fc1's outputs.
+  if int(width * (hidden / width)) != hidden:
     raise hub.export_refusal(model, 'timm',
-                             f'mlp_dim={mlp} (timm makes int(width * mlp_ratio))')
+                             f'mlp_dim={model.mlp_dim} (timm makes int(width * mlp_ratio))')
   flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
+  if model.pre_norm:  # timm's pre_norm ViTs embed without a bias: the position embeddings
+    # of the patches take it (both are added to every patch, before any norm).
+    bias = flat.pop('embedding/bias')
+    flat[POSEMB_KEY] = flat[POSEMB_KEY] + np.pad(
+        np.broadcast_to(bias, (model.grid[0] * model.grid[1], width)),
+        ((model.posemb_prefix_rows, 0), (0, 0)))[None].astype(np.float32)
   sd = _join_qkv(hub.write_table(hub.expand(TABLE, model.num_layers), flat))
   num_classes = model.num_classes or 0
   size, patch = pair(model.image_size), pair(model.patch_size)
-  global_pool = 'token' if model.pool == 'token' else 'avg'
+  global_pool = {'token': 'token', 'gap': 'avg', 'map': 'map'}[model.pool]
   model_args = dict(
       num_classes=num_classes, img_size=list(size),
       patch_size=patch[0] if patch[0] == patch[1] else list(patch), in_chans=3,
       global_pool=global_pool, embed_dim=width, depth=model.num_layers,
-      num_heads=model.num_heads, mlp_ratio=mlp / width, qkv_bias=model.qkv_bias,
+      num_heads=model.num_heads, mlp_ratio=hidden / width, qkv_bias=model.qkv_bias,
       qk_norm=model.qk_norm, init_values=model.layer_scale, class_token=model.has_class_token,
       no_embed_class=not model.prefix_posemb, reg_tokens=model.num_registers,
-      fc_norm=model.fc_norm, act_layer=model.activation)
+      fc_norm=model.fc_norm, act_layer=model.activation, pre_norm=model.pre_norm)
   config: dict[str, Any] = dict(architecture=architecture(model), num_classes=num_classes,
                                 num_features=width, global_pool=global_pool)
   if class_names:
@@ -280,10 +341,19 @@ _SIZES = {(192, 12, 3): 'tiny', (384, 12, 6): 'small', (512, 12, 8): 'medium',
 def architecture(model: VisionTransformer) -> str:
   """The timm architecture a model is one of: the registry's name where timm has one of this
   family, size, patch and resolution, else the family's base name (config.json's model_args
-  give every size either way)."""
+  give every size either way). What model_args cannot say comes with the family: the
+  distilled DeiT's class, DINOv2-g's SwiGLUPacked MLP, CLIP's LayerNorm epsilon (1e-5)."""
   size = _SIZES.get((model.hidden_size, model.num_layers, model.num_heads), 'base')
   (h, w), (ph, pw) = pair(model.image_size), pair(model.patch_size)
-  if model.num_registers:
+  if model.distill_token:
+    family = 'deit_{}_distilled_patch{}_{}', 'deit_base_distilled_patch16_224'
+  elif model.gated_mlp:
+    family = ('vit_giant_patch14_dinov2',) * 2  # timm's one SwiGLUPacked ViT.
+  elif model.pre_norm and model.norm_epsilon == CLIP_EPSILON:
+    family = 'vit_{}_patch{}_clip_{}', 'vit_base_patch16_clip_224'
+  elif model.pool == 'map':
+    family = 'vit_{}_patch{}_siglip_{}', 'vit_base_patch16_siglip_224'
+  elif model.num_registers:
     registers = f'_reg{model.num_registers}_gap_'
     family = 'vit_{}_patch{}' + registers + '{}', 'vit_base_patch16_reg4_gap_256'
   elif model.layer_scale is not None and not model.prefix_posemb:

@@ -1,9 +1,11 @@
 """transformers' ViT checkpoints (``ViTModel``, ``ViTForImageClassification``): a config.json,
 which holds every field (``ViTConfig``'s defaults where absent), and model.safetensors.
-``TABLE`` names every tensor, for loading and for export."""
+``TABLE`` names every tensor, for loading and for export. The backbones' (``BACKBONES``: CLIP's
+and SigLIP's vision towers, DINOv2, distilled DeiT) load by their own tables."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -60,16 +62,168 @@ DEFAULTS: dict[str, Any] = dict(
     hidden_act='gelu', layer_norm_eps=1e-12, image_size=224, patch_size=16, num_channels=3,
     qkv_bias=True, pooler_act='tanh')
 _ACTIVATIONS = {'gelu': 'gelu', 'gelu_pytorch_tanh': 'gelu_tanh', 'gelu_new': 'gelu_tanh',
-                'gelu_fast': 'gelu_tanh'}
+                'gelu_fast': 'gelu_tanh', 'quick_gelu': 'quick_gelu'}
+
+
+def _norm(ours: str, theirs: str) -> tuple[hub.Rule, ...]:
+  return ((ours + '/scale', theirs + '.weight', SAME), (ours + '/bias', theirs + '.bias', SAME))
+
+
+def _dense(ours: str, theirs: str, kernel: str = LINEAR, bias: str = SAME
+           ) -> tuple[hub.Rule, ...]:
+  return ((ours + '/kernel', theirs + '.weight', kernel), (ours + '/bias', theirs + '.bias', bias))
+
+
+def _attention(ours: str, theirs: Sequence[str]) -> tuple[hub.Rule, ...]:
+  """Separate query, key, value and output projections (``theirs``, in that order)."""
+  q, k, v, out = theirs
+  return (*_dense(ours + 'query', q, HEADS_IN, HEADS_BIAS),
+          *_dense(ours + 'key', k, HEADS_IN, HEADS_BIAS),
+          *_dense(ours + 'value', v, HEADS_IN, HEADS_BIAS), *_dense(ours + 'out', out, HEADS_OUT))
+
+
+def _block(layer: str, norm1: str, attention: Sequence[str], norm2: str, mlp: Sequence[str],
+           scales: Sequence[str] = ()) -> tuple[hub.Rule, ...]:
+  """One encoder block by the library's module names (under ``layer``, '{i}' its index)."""
+  rules = (*_norm(_B + 'LayerNorm_0', layer + norm1),
+           *_attention(_A, [layer + n for n in attention]),
+           *_norm(_B + 'LayerNorm_2', layer + norm2),
+           *_dense(_B + 'MlpBlock_3/Dense_0', layer + mlp[0]),
+           *_dense(_B + 'MlpBlock_3/Dense_1', layer + mlp[1]))
+  return rules + tuple((_B + ours, layer + theirs, SAME)
+                       for ours, theirs in zip(('ls1', 'ls2'), scales, strict=False))
+
+
+_CLIP_ATTENTION = [f'self_attn.{n}_proj' for n in ('q', 'k', 'v', 'out')]
+# CLIPVisionModel and SiglipVisionModel (their class embedding and position embeddings as the
+# release's (1, 1, D) and (1, N, D), SigLIP head's packed in_proj as q, k, v: ``_canonical``).
+CLIP = (
+    *_dense('embedding', 'embeddings.patch_embedding', CONV),  # SigLIP's; CLIP has no bias.
+    ('cls', 'embeddings.class_embedding', SAME),
+    (POSEMB_KEY, 'embeddings.position_embedding.weight', SAME),
+    *_norm('Transformer/pre_norm', 'pre_layrnorm'),
+    *_block('encoder.layers.{i}.', 'layer_norm1', _CLIP_ATTENTION, 'layer_norm2',
+            ('mlp.fc1', 'mlp.fc2')),
+    *_norm('Transformer/encoder_norm', 'post_layernorm'),
+    ('MAPHead_0/probe', 'head.probe', SAME),
+    *_attention('MAPHead_0/MultiHeadDotProductAttention_0/',
+                [f'head.attention.{n}_proj' for n in ('q', 'k', 'v', 'out')]),
+    *_norm('MAPHead_0/LayerNorm_0', 'head.layernorm'),
+    *_dense('MAPHead_0/MlpBlock_0/Dense_0', 'head.mlp.fc1'),
+    *_dense('MAPHead_0/MlpBlock_0/Dense_1', 'head.mlp.fc2'),
+)
+
+
+def _vit_like(mlp: Sequence[str], norms: Sequence[str] = ('layernorm_before', 'layernorm_after'),
+              scales: Sequence[str] = ()) -> tuple[hub.Rule, ...]:
+  """ViTModel's names (DINOv2 and DeiT keep them but the blocks' norms, MLP and scales)."""
+  return (
+      *_dense('embedding', 'embeddings.patch_embeddings.projection', CONV),
+      ('cls', 'embeddings.cls_token', SAME),
+      ('dist', 'embeddings.distillation_token', SAME),
+      (POSEMB_KEY, 'embeddings.position_embeddings', SAME),
+      *_block(_L, norms[0], ('attention.attention.query', 'attention.attention.key',
+                             'attention.attention.value', 'attention.output.dense'),
+              norms[1], mlp, scales),
+      *_norm('Transformer/encoder_norm', 'layernorm'))
+
+
+_DINOV2_SCALES = ('layer_scale1.lambda1', 'layer_scale2.lambda1')
+# model_type -> (config defaults, the table, the tables of a classifier head, the prefix of the
+# rest in a classifier). Classifiers that pool otherwise (Dinov2ForImageClassification: the
+# class token and the patches' mean; DeiTForImageClassification: the class token only, beside
+# a distillation token) are refused: they hold tensors these tables do not name.
+BACKBONES: dict[str, tuple[dict[str, Any], tuple[hub.Rule, ...], tuple[hub.Rule, ...], str]] = {
+    'clip_vision_model': (dict(hidden_act='quick_gelu', layer_norm_eps=1e-5), CLIP, (),
+                          'vision_model.'),
+    'siglip_vision_model': (dict(hidden_act='gelu_pytorch_tanh', layer_norm_eps=1e-6), CLIP, (),
+                            'vision_model.'),
+    'dinov2': (dict(hidden_act='gelu', layer_norm_eps=1e-6, layerscale_value=1.),
+               _vit_like(('mlp.fc1', 'mlp.fc2'), ('norm1', 'norm2'), _DINOV2_SCALES)
+               + _dense(_B + 'MlpBlock_3/Dense_0', _L + 'mlp.weights_in')  # use_swiglu_ffn's.
+               + _dense(_B + 'MlpBlock_3/Dense_1', _L + 'mlp.weights_out'), (), 'dinov2.'),
+    'deit': (dict(hidden_act='gelu', layer_norm_eps=1e-12),
+             _vit_like(('intermediate.dense', 'output.dense')),
+             (*_dense('head', 'cls_classifier'), *_dense('head_dist', 'distillation_classifier')),
+             'deit.'),
+}
+
+
+def _canonical(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """The tensors that the release layout shapes otherwise, as the tables name them: CLIP's class
+  embedding (D,) and position embeddings (N, D) with the release's leading axes, SigLIP head's
+  packed ``in_proj`` split into q, k, v; DINOv2's ``mask_token`` (masked image modelling only:
+  no output reads it) dropped."""
+  out = {}
+  for key, value in tensors.items():
+    if key.endswith('embeddings.class_embedding'):
+      value = value.reshape(1, 1, -1)
+    elif key.endswith('embeddings.position_embedding.weight'):
+      value = value[None]
+    elif key.endswith('embeddings.mask_token'):
+      continue
+    elif m := re.fullmatch(r'(.*head\.attention\.)in_proj_(weight|bias)', key):
+      for name, part in zip('qkv', np.split(value, 3), strict=True):
+        out[f'{m.group(1)}{name}_proj.{m.group(2)}'] = part
+      continue
+    out[key] = value
+  return out
+
+
+def _read_backbone(model_type: str, config: Mapping[str, Any],
+                   tensors: Mapping[str, np.ndarray], origin: str
+                   ) -> tuple[dict[str, Any], dict[str, np.ndarray], list[str]]:
+  """``read`` of a ``BACKBONES`` model type."""
+  defaults, table, classifier, prefix = BACKBONES[model_type]
+  c = {**DEFAULTS, **defaults, **config}
+  if c['num_channels'] != 3:
+    raise hub.refuse(origin, f'{c["num_channels"]} input channels', ' (RGB: 3)')
+  swiglu = bool(c.get('use_swiglu_ffn'))
+  if c['hidden_act'] not in _ACTIVATIONS and not swiglu:
+    raise hub.refuse(origin, f'hidden_act={c["hidden_act"]!r}',
+                     f" ({', '.join(repr(a) for a in _ACTIVATIONS)} load)")
+  tensors = _canonical(tensors)
+  t = hub.Tensors(tensors, origin, prefix if any(k.startswith(prefix) for k in tensors) else '')
+  width, heads = int(c['hidden_size']), int(c['num_attention_heads'])
+  ph, pw = t(next(k for _, k, layout in table if layout == CONV)).shape[2:]
+  depth = t.blocks('encoder.layers.' if table is CLIP else 'encoder.layer.')
+  flat = hub.read_table(hub.expand(table, depth), t, heads)
+  t.prefix = ''
+  flat.update(hub.read_table(classifier, t, heads))
+  t.check_all_used('transformers')
+  if model_type == 'deit' and 'head_dist/kernel' not in flat:
+    raise hub.refuse(origin, 'a DeiT without its distillation classifier (DeiTModel, '
+                     'DeiTForImageClassification: the class token read beside a distillation '
+                     'token)', ' (DeiTForImageClassificationWithTeacher loads)')
+  if model_type == 'siglip_vision_model' and 'MAPHead_0/probe' not in flat:
+    raise hub.refuse(origin, 'a SigLIP vision tower without its head (vision_use_head=False)')
+  flat.setdefault('embedding/bias', np.zeros(width, np.float32))  # CLIP embeds without one.
+  b = _B.format(i=0)
+  kwargs = dict(
+      num_classes=int(flat['head/kernel'].shape[1]) if 'head/kernel' in flat else None,
+      image_size=pair(c['image_size']), patch_size=(int(ph), int(pw)), hidden_size=width,
+      num_layers=depth, num_heads=heads,
+      mlp_dim=int(flat[b + 'MlpBlock_3/Dense_1/kernel'].shape[0]), gated_mlp=swiglu,
+      pool='map' if 'MAPHead_0/probe' in flat else 'token', class_token='cls' in flat,
+      distill_token='dist' in flat, pre_norm='Transformer/pre_norm/scale' in flat,
+      layer_scale=float(c['layerscale_value']) if b + 'ls1' in flat else None,
+      norm_epsilon=float(c['layer_norm_eps']),
+      activation='silu' if swiglu else _ACTIVATIONS[c['hidden_act']])
+  labels = config.get('id2label') or {}
+  names = [labels[k] for k in sorted(labels, key=int)] if kwargs['num_classes'] else []
+  return kwargs, flat, [str(n) for n in names]
 
 
 def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: str
          ) -> tuple[dict[str, Any], dict[str, np.ndarray], list[str]]:
   """(model kwargs, flat parameters, class names) of a transformers ViT folder."""
   model_type = config.get('model_type', 'vit')
+  if model_type in BACKBONES:
+    return _read_backbone(model_type, config, tensors, origin)
   if model_type != 'vit':
     raise hub.refuse(origin, f'transformers model_type {model_type!r}',
-                     " (transformers' ViTModel and ViTForImageClassification: model_type 'vit')")
+                     " (model_type 'vit', 'deit' (with teacher), 'dinov2', 'clip_vision_model' "
+                     "and 'siglip_vision_model' load)")
   c = {**DEFAULTS, **config}
   if c['hidden_act'] not in _ACTIVATIONS:
     raise hub.refuse(origin, f'hidden_act={c["hidden_act"]!r}',
@@ -142,6 +296,10 @@ def write(model: VisionTransformer, params: Mapping[str, Any], class_names: Sequ
       (not model.has_class_token, 'no class token'),
       (model.pool != 'token', f'pool={model.pool!r} (its classifier reads the class token)'),
       (model.qk_norm, 'qk_norm'),
+      (model.pre_norm, 'pre_norm (a LayerNorm before the blocks)'),
+      (model.gated_mlp, 'gated_mlp'),
+      (model.distill_token, 'distill_token (ViT has no distillation token)'),
+      (model.activation not in ('gelu', 'gelu_tanh'), f'activation={model.activation!r}'),
       (model.representation_size is not None and bool(model.num_classes),
        'a pre-logits layer before the classifier (ViTForImageClassification has none)')):
     if bad:

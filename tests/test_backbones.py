@@ -1,0 +1,165 @@
+"""The backbones people fine-tune from (CLIP, SigLIP, DINOv2, distilled DeiT), as timm and
+transformers wrote them (tests/data/hub: BACKBONES.md, make_backbone_fixtures.py), loaded by
+vit_jax.checkpoints.formats with the library's outputs."""
+
+import json
+import pathlib
+import shutil
+
+import chex
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from vit_jax.base import errors
+from vit_jax.checkpoints import formats
+from vit_jax.checkpoints.formats import fit, hub, layout, timm
+from vit_jax.models import get_model
+
+HUB = pathlib.Path(__file__).resolve().parent / 'data' / 'hub'
+LABELS = ('tench', 'goldfish', 'great white shark', 'tiger shark', 'hammerhead')
+# What each fixture is, read from its config.json and arrays; the output compared.
+OPTIONS = {
+    'timm_clip': dict(pre_norm=True, activation='gelu', norm_epsilon=1e-5, num_classes=5),
+    'timm_clip_quickgelu': dict(pre_norm=True, activation='quick_gelu', num_classes=None),
+    'timm_siglip_map': dict(pool='map', has_class_token=False, activation='gelu'),
+    'timm_dinov2_swiglu': dict(gated_mlp=True, activation='silu', mlp_dim=85, layer_scale=1e-5),
+    'timm_deit_distilled': dict(distill_token=True, num_prefix_tokens=2, pool='token'),
+    'hf_clip_vision': dict(pre_norm=True, activation='quick_gelu', norm_epsilon=1e-5),
+    'hf_siglip_vision': dict(pool='map', has_class_token=False, activation='gelu_tanh'),
+    'hf_dinov2': dict(gated_mlp=False, activation='gelu', mlp_dim=64, layer_scale=1.),
+    'hf_dinov2_swiglu': dict(gated_mlp=True, activation='silu', mlp_dim=88),
+    'hf_deit_distilled': dict(distill_token=True, activation='gelu', norm_epsilon=1e-12),
+}
+
+
+@pytest.fixture(scope='module')
+def reference():
+  return np.load(HUB / 'backbone_logits.npz')
+
+
+def relative_error(got, want):
+  return float(np.abs(np.asarray(got) - want).max() / np.abs(want).max())
+
+
+def outputs(model, params, images):
+  return np.asarray(jax.jit(model.clone(attention_impl='einsum').apply)({'params': params},
+                                                                         images))
+
+
+@pytest.mark.parametrize('name', sorted(OPTIONS))
+def test_fixtures_give_their_library_outputs(name, reference):
+  """Logits where there is a classifier, and the features (timm's pre_logits, transformers'
+  pooler_output) always, from ``model.apply``."""
+  loaded = formats.load_folder(HUB / name)
+  for key, value in OPTIONS[name].items():
+    assert getattr(loaded.model, key) == value, key
+  model, params = loaded.model, loaded.params
+  features = 'pre_logits' if f'{name}/pre_logits' in reference else 'pooler_output'
+  if model.num_classes:
+    assert loaded.class_names == LABELS
+    assert relative_error(outputs(model, params, reference['images']),
+                          reference[f'{name}/logits']) <= 1e-5
+    model = model.clone(num_classes=None)
+    params = {k: v for k, v in params.items() if k not in ('head', 'head_dist')}
+  assert relative_error(outputs(model, params, reference['images']),
+                        reference[f'{name}/{features}']) <= 1e-5
+
+
+def rewritten(tmp_path, name, drop=(), config=None):
+  """A copy of fixture ``name`` without the tensors that start with ``drop``, config.json
+  updated with ``config``."""
+  folder = tmp_path / name
+  shutil.copytree(HUB / name, folder)
+  tensors = load_file(folder / 'model.safetensors')
+  save_file({k: v for k, v in tensors.items() if not k.startswith(tuple(drop))},
+            folder / 'model.safetensors')
+  c = json.loads((folder / 'config.json').read_text())
+  (folder / 'config.json').write_text(json.dumps({**c, **(config or {})}))
+  return folder
+
+
+@pytest.mark.parametrize('name, drop, config, message', [
+    ('hf_deit_distilled', ('distillation_classifier',), None,
+     r'a DeiT without its distillation classifier .* \(DeiTForImageClassificationWithTeacher '
+     r'loads\)'),
+    ('hf_siglip_vision', ('head.',), None, r'without its head \(vision_use_head=False\)'),
+    ('hf_clip_vision', (), {'model_type': 'siglip2_vision_model'},
+     "transformers model_type 'siglip2_vision_model'"),
+    ('timm_siglip_map', (), {'architecture': 'vit_giant_patch14_dinov2'},
+     "SwiGLUPacked with global_pool='map'"),
+])
+def test_what_has_no_option_is_refused_in_one_line(tmp_path, name, drop, config, message):
+  with pytest.raises(errors.CheckpointMismatchError, match=message) as e:
+    formats.load_folder(rewritten(tmp_path, name, drop, config))
+  assert '\n' not in str(e.value)
+
+
+@pytest.mark.parametrize('name', [n for n in sorted(OPTIONS) if n.startswith('timm')])
+def test_timm_export_writes_what_timm_wrote(name, tmp_path):
+  """Written back as timm's, a fixture's tensors are timm's own, bit for bit, and what timm
+  builds from its config.json is the fixture's architecture; read back, the same model."""
+  loaded = formats.load_folder(HUB / name)
+  formats.export(loaded.model, loaded.params, tmp_path, 'timm', loaded.class_names)
+  theirs, ours = hub.read_weights(HUB / name), hub.read_weights(tmp_path)
+  assert sorted(ours) == sorted(theirs)
+  chex.assert_trees_all_equal(ours, theirs)
+  config, written = (hub.read_json(d / 'config.json') for d in (HUB / name, tmp_path))
+  want, got = timm.arguments(config, 'theirs'), timm.arguments(written, 'ours')
+  for key in ('pre_norm', 'distilled', 'mlp_layer', 'global_pool', 'class_token', 'norm_layer'):
+    assert got[key] == want[key], key
+  again = formats.load_folder(tmp_path)
+  assert again.model == loaded.model.clone(model_name=again.model.model_name)
+  assert again.class_names == loaded.class_names
+
+
+def test_a_pre_norm_models_patch_bias_moves_into_the_position_embeddings(tmp_path):
+  """timm's pre_norm ViTs embed without a bias: a vit_jax model's exports with its bias in
+  the patches' position embeddings, and computes the same."""
+  model = get_model('ti16', num_classes=5, hidden_size=32, mlp_dim=64, num_heads=2,
+                    num_layers=2, patch_size=8, image_size=32, pre_norm=True,
+                    activation='quick_gelu', norm_epsilon=1e-5)
+  shapes = jax.eval_shape(model.init, jax.random.key(0), np.zeros((1, 32, 32, 3)))['params']
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda x: rng.normal(0, 0.2, x.shape).astype(np.float32), shapes)
+  formats.export(model, params, tmp_path, 'timm')
+  assert 'patch_embed.proj.bias' not in hub.read_weights(tmp_path)
+  assert hub.read_json(tmp_path / 'config.json')['architecture'] == 'vit_base_patch16_clip_224'
+  again = formats.load_folder(tmp_path)
+  assert again.model.pre_norm and not np.any(again.params['embedding']['bias'])
+  images = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
+  assert relative_error(outputs(again.model, again.params, images),
+                        outputs(model, params, images)) <= 1e-5
+
+
+@pytest.mark.parametrize('library', ['transformers', 'npz'])
+@pytest.mark.parametrize('options, message', [
+    ({'pre_norm': True}, 'pre_norm'), ({'gated_mlp': True}, 'gated_mlp'),
+    ({'distill_token': True}, 'distill_token'), ({'activation': 'quick_gelu'}, 'quick_gelu'),
+])
+def test_what_vit_and_the_release_cannot_hold_is_refused_in_one_line(options, message, library,
+                                                                     tmp_path):
+  """transformers' ViT and the release layout have none of the backbones' options: refused,
+  naming timm, nothing written."""
+  model = get_model('ti16', num_classes=5, hidden_size=32, mlp_dim=64, num_heads=2,
+                    num_layers=2, patch_size=8, image_size=32, **options)
+  params = jax.eval_shape(model.init, jax.random.key(0), np.zeros((1, 32, 32, 3)))['params']
+  out = tmp_path / ('model.npz' if library == 'npz' else 'folder')
+  with pytest.raises(errors.CheckpointError) as e:
+    formats.export(model, params, out, library)
+  assert message in str(e.value) and "format='timm'" in str(e.value)
+  assert '\n' not in str(e.value) and not list(tmp_path.iterdir())
+
+
+def test_fine_tuning_a_distilled_deit_puts_two_fresh_heads_on_it():
+  """init_from with other classes: both classifiers new (zero), the rest the checkpoint's."""
+  loaded = formats.load_folder(HUB / 'timm_deit_distilled')
+  model = loaded.model.clone(num_classes=10)
+  init = jax.eval_shape(model.init, jax.random.key(0), np.zeros((1, 32, 32, 3)))['params']
+  init = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), init)
+  params = fit.adapt(layout.flatten(layout.to_release(loaded.params)), init, model,
+                     keep_head=False, origin='deit')
+  for head in ('head', 'head_dist'):
+    chex.assert_trees_all_equal(params[head]['kernel'], np.zeros((32, 10), np.float32))
+  chex.assert_trees_all_equal(params['dist'], loaded.params['dist'])
