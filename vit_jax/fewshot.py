@@ -17,7 +17,6 @@ self-supervised run's encoder is measured by its pooled features, as the paper d
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math
@@ -26,8 +25,6 @@ from typing import Any
 from absl import app, flags
 
 from vit_jax.base import errors, paths
-
-DEFAULT_SHOTS = ('1', '5', '10', '25')
 
 
 def _define_flags() -> dict[str, Any]:
@@ -48,7 +45,7 @@ def _define_flags() -> dict[str, Any]:
       data_dir=paths.DEFINE_path('data_dir', '', 'The data_dir of datasets that name none.'),
       pp=f.DEFINE_string('pp', None, 'Preprocessing (default: the run\'s dataset.pp_eval; '
                          'for --npz "decode|resize(SIZE)|value_range(-1, 1)").'),
-      shots=f.DEFINE_list('shots', list(DEFAULT_SHOTS), 'Shot counts.'),
+      shots=f.DEFINE_list('shots', ['1', '5', '10', '25'], 'Shot counts.'),
       seeds=f.DEFINE_integer('seeds', 3, 'Draws of the few-shot sets.'),
       l2_reg=f.DEFINE_float('l2_reg', 2.0**10, 'The regression\'s L2 regularisation.'),
       batch_size=f.DEFINE_integer('batch_size', 256, 'Images a forward pass (a multiple of '
@@ -112,8 +109,7 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   from vit_jax import config as config_lib
 
   entry = dict(type='fewshot', datasets=tuple(flags_['dataset'].value), shots=shots,
-               seeds=flags_['seeds'].value, l2_reg=flags_['l2_reg'].value,
-               pp=flags_['pp'].value or '')
+               seeds=flags_['seeds'].value, l2_reg=flags_['l2_reg'].value)
   try:  # The one evaluator of a config: its errors name the flags (below).
     config = config_lib.complete({'eval_batch_size': flags_['batch_size'].value,
                                   'evals': {'fewshot': entry}})
@@ -125,9 +121,8 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
     from vit_jax.evals import fewshot
 
     loaded = _load(flags_)
-    ctx = dataclasses.replace(evals.Context.from_loaded(loaded, config),
-                              data_dir=flags_['data_dir'].value)
-    config.evals.fewshot.pp = config.evals.fewshot.pp or ctx.pp_eval.spec  # Named --pp.
+    ctx = evals.Context.from_loaded(loaded, config, data_dir=flags_['data_dir'].value)
+    config.evals.fewshot.pp = flags_['pp'].value or ctx.pp_eval.spec  # Either named --pp.
     devices = math.prod(ctx.mesh.shape[a] for a in sharding.BATCH_AXES)
     if config.eval_batch_size % devices:
       raise errors.ConfigError(f'--batch_size={config.eval_batch_size} is not a multiple of '

@@ -117,8 +117,7 @@ RESULT_FILE = 'vtab_result.json'
 
 
 def finished_accuracy(workdir: Any, steps: int, key: str) -> float | None:
-  """The test accuracy of a task run that reached ``steps`` (its metrics.jsonl's ``key``, the
-  headline metric: ``evals.headline``), else None."""
+  """A task run's ``key`` (its headline metric) at ``steps`` in its metrics.jsonl, else None."""
   from etils import epath
 
   path = epath.Path(workdir) / 'metrics.jsonl'

@@ -2,8 +2,7 @@
 
 Each entry of ``config.evals`` names its ``type``, which is a module here (big_vision's
 manner): 'classification', 'real', 'fewshot', 'mpp'. Adding one is adding a module with an
-``Evaluator`` class (and its fields in ``vit_jax.config``). They are built from a
-``Context``: a training plan's or a loaded checkpoint's.
+``Evaluator`` class (and its fields in ``vit_jax.config``); ``from_config(ctx)`` builds them.
 """
 
 from __future__ import annotations

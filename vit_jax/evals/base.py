@@ -1,9 +1,9 @@
 """The evaluator interface, and what the evaluators of one split of images share.
 
 An evaluator has a name (its entry in ``config.evals``, the prefix of its metrics), knows
-when it is due, and ``run(params)`` returns named metrics; ``from_config(name, entry,
-context)`` builds it and refuses, before anything compiles, what it cannot evaluate. The
-``Context`` is what it takes of a run: a training plan, or a loaded checkpoint, makes one.
+when it is due, and ``run(params)`` returns named metrics; ``from_config(name, entry, ctx)``
+builds it from what it takes of a run (a ``Context``: a training plan's, a loaded checkpoint's)
+and refuses, before anything compiles, what it cannot evaluate.
 """
 
 from __future__ import annotations
@@ -49,15 +49,14 @@ class Context:
                plan.class_names)
 
   @classmethod
-  def from_loaded(cls, loaded: Loaded, config: ml_collections.ConfigDict) -> Context:
-    """A loaded checkpoint's (``vit_jax.checkpoints.load``), on all devices, evaluated as
-    ``config`` says; its preprocessing the run's (a workdir's), else a resize to its input
-    size and values in [-1, 1]."""
+  def from_loaded(cls, loaded: Loaded, config: ml_collections.ConfigDict, **fields: Any) -> Context:
+    """A loaded checkpoint's (``vit_jax.checkpoints.load``) on all devices, with ``config``;
+    its preprocessing the run's (a workdir's), else a resize to its input size into [-1, 1]."""
     h, w = pair(loaded.model.image_size)
     pp = (loaded.config.dataset.pp_eval if loaded.config else
           f'decode|resize({h if h == w else (h, w)})|value_range(-1, 1)')
     return cls(config, loaded.model, sharding.make_mesh(), preprocess.parse(pp),
-               class_names=tuple(loaded.class_names))
+               class_names=tuple(loaded.class_names), **fields)
 
 
 class Evaluator(abc.ABC):
@@ -142,25 +141,26 @@ def open_source(what: str, dataset: str, split: str, directory: str | None,
     raise errors.ConfigError(f'{what}: {e}') from None
 
 
-def batches(source: Any, pp: Callable, ctx: Context, num_classes: int
-            ) -> Iterable[dict[str, Any]]:
+def batches(source: Any, pp: Callable, ctx: Context, num_classes: int) -> Iterable[dict[str, Any]]:
   """Every example of ``source`` once, in padded global batches with a 0/1 'mask'."""
-  config = ctx.config
-  return loader.eval_batches(source, pp, global_batch_size=config.eval_batch_size,
+  return loader.eval_batches(source, pp, global_batch_size=ctx.config.eval_batch_size,
                              sharding=sharding.batch_sharding(ctx.mesh),
-                             num_classes=num_classes, num_workers=config.input_workers)
+                             num_classes=num_classes, num_workers=ctx.config.input_workers)
 
 
 def sums(step: Callable, params: Any, batches: Iterable[dict[str, Any]],
          progress: console.Progress | None = None, count: str = 'count') -> dict[str, float]:
   """The totals of ``step``'s masked sums over ``batches`` (padding never counts, so the
-  result does not depend on the batch size or the number of processes)."""
+  result does not depend on the batch size or the number of processes); ``progress`` follows
+  the ``count`` total to its end."""
   totals: dict[str, float] = {}
   for batch in batches:
     for k, v in jax.device_get(step(*sharding.inputs_ready((params, batch)))).items():
       totals[k] = totals.get(k, 0.) + float(np.asarray(v))
     if progress:
       progress.update(int(totals[count]))
+  if progress:
+    progress.finish(int(totals[count]))
   return totals
 
 

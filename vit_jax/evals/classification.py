@@ -79,10 +79,7 @@ class Evaluator(base.Evaluator):
 
   def run(self, params: Any) -> dict[str, float]:
     """{metric, 'loss', 'examples'}."""
-    progress = base.meter(self, len(self.source))
-    totals = base.sums(self.step, params, self.batches(), progress)
-    if progress:
-      progress.finish(int(totals['count']))
+    totals = base.sums(self.step, params, self.batches(), base.meter(self, len(self.source)))
     return metrics(totals, self.metric)
 
   def describe(self, metrics: dict[str, float]) -> str:

@@ -25,9 +25,8 @@ import numpy as np
 from absl import logging
 
 from vit_jax.base import errors, paths, sharding
-from vit_jax.data import loader, preprocess
+from vit_jax.data import loader
 from vit_jax.evals import base
-from vit_jax.models.vit import pair
 
 BIAS_CONSTANT = 100.  # big_vision's constant bias feature.
 STD_EPSILON = 1e-5  # Added to the few-shot set's standard deviation (big_vision's).
@@ -245,14 +244,6 @@ def check_computable(kept: Sequence[tuple[int, ...] | None], datasets: Sequence[
                              f'{names} has that many training examples; lower the shots.')
 
 
-def check_pipeline(pp: preprocess.Pipeline, dataset: Dataset, image_size: Any,
-                   where: str) -> None:
-  """``pp`` makes the model's input from the first example of each split."""
-  for split in (dataset.train, dataset.test):
-    preprocess.check_output(pp, split[0]['image'], pair(image_size), where,
-                            f'the first example of few-shot dataset {dataset.name!r}')
-
-
 # ---------------------------------------------------------------------------
 # The evaluator.
 
@@ -303,11 +294,10 @@ class Evaluator(base.Evaluator):
     if len(set(names)) < len(names):
       raise errors.ConfigError(f'{base.where(name, "datasets")}={tuple(entry.datasets)!r} '
                                'names a dataset twice.')
-    pp = base.pipeline(name, entry, ctx, datasets[0].train,
-                       f'the first example of few-shot dataset {datasets[0].name!r}')
-    for dataset in datasets:
-      check_pipeline(pp, dataset, ctx.model.image_size,
-                     base.where(name, 'pp') if entry.pp else 'config.dataset.pp_eval')
+    for dataset in datasets:  # The pipeline makes the model's input from each split.
+      for split in (dataset.train, dataset.test):
+        pp = base.pipeline(name, entry, ctx, split,
+                           f'the first example of few-shot dataset {dataset.name!r}')
     kept = [check_shots(dataset, shots) for dataset in datasets]
     check_computable(kept, datasets, shots, base.where(name) + '.')
     evaluator = cls(name, entry.every_steps, ctx.model, ctx.mesh, datasets, pp, shots,

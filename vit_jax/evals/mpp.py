@@ -66,11 +66,8 @@ class Evaluator(base.Evaluator):
 
   def run(self, params: Any) -> dict[str, float]:
     """{'color_accuracy', 'loss', 'examples' (images), 'patches' (corrupted, scored)}."""
-    progress = base.meter(self, len(self.source))
     batches = base.batches(self.source, self.pp, self.ctx, 0)  # No label is read.
-    totals = base.sums(self.step, params, batches, progress, count='images')
-    if progress:
-      progress.finish(int(totals['images']))
+    totals = base.sums(self.step, params, batches, base.meter(self, len(self.source)), 'images')
     count = max(totals['count'], 1.)
     return {self.metric: totals['correct'] / count, 'loss': totals['loss'] / count,
             'examples': totals['images'], 'patches': totals['count']}
