@@ -3,6 +3,7 @@ compiles, and run by training for the weights and their moving average."""
 
 import pytest
 
+from vit_jax import config as config_lib
 from vit_jax import evals, main
 from vit_jax.base import errors
 from vit_jax.evals import classification, fewshot
@@ -11,6 +12,21 @@ from vit_jax.training import plan as plan_lib
 from runs import read_metrics, tiny_config
 
 FEWSHOT = dict(type='fewshot', datasets=('digits',), shots=(1,), seeds=1)
+
+
+def test_the_headline_metric_is_named_by_the_evaluator_of_its_type():
+  """What a sweep or VTAB reads of a run: config.evals.eval's metric as its type names it (the
+  loss's for a classifier), else the first entry's by name; '' without an evaluator."""
+  def headline(**config):
+    return evals.headline(config_lib.complete(config))
+
+  assert headline() == 'eval/accuracy'
+  assert headline(loss='sigmoid_xent') == 'eval/prec@1'
+  assert headline(evals={'eval': {'type': 'mpp'}}) == 'eval/color_accuracy'
+  assert headline(evals={'v2': {'type': 'real'}, 'few': {
+      'type': 'fewshot', 'datasets': ('cars196:2.1.0,train,test',), 'shots': (1, 5)}}) == \
+      'few/cars196_5shot'
+  assert headline(evals={}) == ''
 
 
 def test_each_entry_is_built_by_its_type_under_its_name():
