@@ -3,6 +3,7 @@ compiles, and run by training for the weights and their moving average."""
 
 import pytest
 
+from vit_jax import config as config_lib
 from vit_jax import evals, main
 from vit_jax.base import errors
 from vit_jax.evals import classification, fewshot
@@ -13,11 +14,26 @@ from runs import read_metrics, tiny_config
 FEWSHOT = dict(type='fewshot', datasets=('digits',), shots=(1,), seeds=1)
 
 
+def test_the_headline_metric_is_named_by_the_evaluator_of_its_type():
+  """What a sweep or VTAB reads of a run: config.evals.eval's metric as its type names it (the
+  loss's for a classifier), else the first entry's by name; '' without an evaluator."""
+  def headline(**config):
+    return evals.headline(config_lib.complete(config))
+
+  assert headline() == 'eval/accuracy'
+  assert headline(loss='sigmoid_xent') == 'eval/prec@1'
+  assert headline(evals={'eval': {'type': 'mpp'}}) == 'eval/color_accuracy'
+  assert headline(evals={'v2': {'type': 'real'}, 'few': {
+      'type': 'fewshot', 'datasets': ('cars196:2.1.0,train,test',), 'shots': (1, 5)}}) == \
+      'few/cars196_5shot'
+  assert headline(evals={}) == ''
+
+
 def test_each_entry_is_built_by_its_type_under_its_name():
-  plan = plan_lib.validate(tiny_config(**{
+  ctx = evals.Context.from_plan(plan_lib.validate(tiny_config(**{
       'evals.fewshot': FEWSHOT,
-      'evals.train': dict(type='classification', split='train', every_steps=7)}))
-  built = {e.name: e for e in evals.from_config(plan)}
+      'evals.train': dict(type='classification', split='train', every_steps=7)})))
+  built = {e.name: e for e in evals.from_config(ctx)}
   assert set(built) == {'eval', 'fewshot', 'train'}
   assert isinstance(built['eval'], classification.Evaluator)
   assert isinstance(built['fewshot'], fewshot.Evaluator)
@@ -25,10 +41,10 @@ def test_each_entry_is_built_by_its_type_under_its_name():
   assert built['train'].due(7, 20, 5) and not built['train'].due(5, 20, 5)
   assert built['eval'].due(5, 20, 5) and built['eval'].due(20, 20, 0)
   assert not built['eval'].due(5, 20, 0)  # eval_every_steps=0: at the end only.
-  assert [e.name for e in evals.from_config(plan, ['train'])] == ['train']
+  assert [e.name for e in evals.from_config(ctx, ['train'])] == ['train']
   with pytest.raises(errors.ConfigError, match=r"no evaluator valid in config.evals \(it has: "
                                                r'eval, fewshot, train\)'):
-    evals.from_config(plan, ['valid'])
+    evals.from_config(ctx, ['valid'])
 
 
 def test_an_entry_that_cannot_evaluate_the_run_is_refused_before_anything_starts(tmp_path):

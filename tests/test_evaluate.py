@@ -6,9 +6,11 @@ import subprocess
 import sys
 
 import chex
+import jax
 import pytest
 
-from vit_jax import evaluate
+from vit_jax import checkpoints, evals, evaluate
+from vit_jax.base import sharding
 from vit_jax.checkpoints.run import workdir
 
 from runs import QUICKSTART, TINY, TINY_RUN, env, read_metrics
@@ -26,6 +28,11 @@ def test_evaluate_params_equals_what_training_logged(tiny_run):
   chex.assert_trees_all_close(result['accuracy'], logged['eval/accuracy'], atol=1e-6)
   chex.assert_trees_all_close(result['loss'], logged['eval/loss'], rtol=1e-5)
   assert result['examples'] == logged['eval/examples'] == 359
+  # The same evaluator built from the loaded checkpoint, with no plan: the same numbers.
+  loaded = checkpoints.load(str(tiny_run))
+  (evaluator,) = evals.from_config(evals.Context.from_loaded(loaded, config), ['eval'])
+  again = evaluator.run(jax.device_put(loaded.params, sharding.replicated(sharding.make_mesh())))
+  chex.assert_trees_all_close(again, result, atol=1e-6)
 
 
 @pytest.mark.slow

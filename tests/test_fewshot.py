@@ -286,7 +286,8 @@ def test_the_quickstart_logs_fewshot_accuracy_on_the_digits():
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   plan = plan_lib.validate(module.get_config())
-  (evaluator,) = [e for e in evals.from_config(plan) if e.name == 'fewshot']
+  ctx = evals.Context.from_plan(plan)
+  (evaluator,) = [e for e in evals.from_config(ctx) if e.name == 'fewshot']
   assert isinstance(evaluator, fewshot.Evaluator)
   assert [d.name for d in evaluator.datasets] == ['digits']
   assert (len(evaluator.datasets[0].train), len(evaluator.datasets[0].test)) == (1438, 359)

@@ -128,7 +128,8 @@ def _run(data_dir, model, params):
   plan = plan_lib.validate(imagenet_like(data_dir, eval_batch_size=16))
   assert plan.model.num_classes == model.num_classes == 1000
   params = jax.device_put(params, sharding.shardings_for(params, plan.mesh))
-  return {f'{e.name}/{k}': v for e in evals.from_config(plan, ['real', 'v2'])
+  ctx = evals.Context.from_plan(plan)
+  return {f'{e.name}/{k}': v for e in evals.from_config(ctx, ['real', 'v2'])
           for k, v in e.run(params).items()}
 
 

@@ -131,6 +131,17 @@ def test_results_groups_by_setting_and_lists_unfinished_runs(tmp_path):
                         '| --- | --- | --- | --- |', '| 0.01 | 60.00 ± 10.00 | 3 | 0, 1, 2 |']
 
 
+def test_a_run_is_read_by_its_evaluators_headline_metric(tmp_path):
+  """A self-supervised run's evaluator scores colours: its run is finished by that metric."""
+  config = {'objective': 'mpp', 'total_steps': 10, 'evals': {'eval': {'type': 'mpp'}},
+            'dataset': {'name': 'digits'}}
+  (tmp_path / 'config.json').write_text(json.dumps(config))
+  (tmp_path / 'metrics.jsonl').write_text(json.dumps(
+      {'step': 10, 'eval/color_accuracy': 0.25, 'eval/loss': 3.0}) + '\n')
+  run = sweep.read_run(tmp_path)
+  assert (run.metric, run.accuracy) == ('color_accuracy', 0.25)
+
+
 @pytest.mark.slow
 def test_print_commands_are_main_command_lines(tmp_path):
   out = subprocess.run(_sweep_command(tmp_path / 's', '--grid=schedule.base_lr=0.001,0.01',

@@ -51,7 +51,7 @@ def evaluate_params(config: ml_collections.ConfigDict, params: Any,
   from vit_jax.training import plan as plan_lib
 
   plan = plan_lib.validate(for_evaluation(config))
-  evaluators = evals.from_config(plan, names)
+  evaluators = evals.from_config(evals.Context.from_plan(plan), names)
   params = jax.device_put(params, sharding.shardings_for(params, plan.mesh))
   out = []
   for evaluator in evaluators:

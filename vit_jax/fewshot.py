@@ -26,8 +26,6 @@ from absl import app, flags
 
 from vit_jax.base import errors, paths
 
-DEFAULT_SHOTS = ('1', '5', '10', '25')
-
 
 def _define_flags() -> dict[str, Any]:
   """The command line's flags (defined when run as a program, not when imported)."""
@@ -47,7 +45,7 @@ def _define_flags() -> dict[str, Any]:
       data_dir=paths.DEFINE_path('data_dir', '', 'The data_dir of datasets that name none.'),
       pp=f.DEFINE_string('pp', None, 'Preprocessing (default: the run\'s dataset.pp_eval; '
                          'for --npz "decode|resize(SIZE)|value_range(-1, 1)").'),
-      shots=f.DEFINE_list('shots', list(DEFAULT_SHOTS), 'Shot counts.'),
+      shots=f.DEFINE_list('shots', ['1', '5', '10', '25'], 'Shot counts.'),
       seeds=f.DEFINE_integer('seeds', 3, 'Draws of the few-shot sets.'),
       l2_reg=f.DEFINE_float('l2_reg', 2.0**10, 'The regression\'s L2 regularisation.'),
       batch_size=f.DEFINE_integer('batch_size', 256, 'Images a forward pass (a multiple of '
@@ -59,11 +57,11 @@ def _define_flags() -> dict[str, Any]:
   )
 
 
-def _load(flags_: dict[str, Any]) -> tuple[Any, Any, str]:
-  """(model, params, default pipeline) of --workdir, --npz or --source."""
+def _load(flags_: dict[str, Any]) -> Any:
+  """The checkpoint of --workdir (a self-supervised run's encoder too), --npz or --source."""
   from vit_jax.checkpoints import formats
+  from vit_jax.checkpoints.formats.layout import Loaded
   from vit_jax.checkpoints.run import workdir as workdir_lib
-  from vit_jax.models.vit import pair
 
   directory = flags_['workdir'].value
   source = flags_['source'].value or flags_['npz'].value
@@ -75,12 +73,9 @@ def _load(flags_: dict[str, Any]) -> tuple[Any, Any, str]:
                                            allow_nonfinite=flags_['allow_nonfinite'].value)
     head = params.get('head')  # None: a self-supervised run's encoder.
     model = workdir_lib.model_from_config(config, int(head['kernel'].shape[-1]) if head else None)
-    return model, params, config.dataset.pp_eval
-  loaded = formats.load(source, model_name=flags_['model'].value,
-                        image_size=flags_['image_size'].value)
-  h, w = pair(loaded.model.image_size)
-  return loaded.model, loaded.params, \
-      f'decode|resize({h if h == w else (h, w)})|value_range(-1, 1)'
+    return Loaded(model, params, (), directory, config)
+  return formats.load(source, model_name=flags_['model'].value,
+                      image_size=flags_['image_size'].value)
 
 
 def main(argv: list[str], flags_: dict[str, Any]) -> None:
@@ -111,57 +106,40 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
     paths.input_path(npz, 'source' if flags_['source'].value else 'npz', 'checkpoint')
   if flags_['json'].value:
     paths.output_path(flags_['json'].value, 'json')
-  from vit_jax.evals import fewshot  # Flags and paths are checked: now jax.
+  from vit_jax import config as config_lib
 
-  seeds, l2_reg = flags_['seeds'].value, flags_['l2_reg'].value
-  fewshot.check_options(shots, seeds, l2_reg, '--')
-  datasets = [fewshot.open_dataset(spec, flags_['data_dir'].value)
-              for spec in flags_['dataset'].value]
-  kept = [fewshot.check_shots(dataset, shots) for dataset in datasets]  # Warns of skipped ones.
-  fewshot.check_computable(kept, datasets, shots, '--')
-  model, params, default_pp = _load(flags_)
-  results, dims = _accuracies(model, params, datasets, flags_['pp'].value or default_pp,
-                              shots, seeds, l2_reg, flags_['batch_size'].value, kept)
-  print(f'# {model.model_name}: {dims}-d features, l2 {l2_reg:g}, {seeds} seeds; '
-        'accuracy % (mean ± sample std over the seeds; -: a class has fewer examples)')
-  print(fewshot.table(results, shots), flush=True)
+  entry = dict(type='fewshot', datasets=tuple(flags_['dataset'].value), shots=shots,
+               seeds=flags_['seeds'].value, l2_reg=flags_['l2_reg'].value)
+  try:  # The one evaluator of a config: its errors name the flags (below).
+    config = config_lib.complete({'eval_batch_size': flags_['batch_size'].value,
+                                  'evals': {'fewshot': entry}})
+    config_lib.check(config)
+    import jax  # Flags, paths and the evaluator's fields are checked: now jax.
+
+    from vit_jax import evals
+    from vit_jax.base import sharding
+    from vit_jax.evals import fewshot
+
+    loaded = _load(flags_)
+    ctx = evals.Context.from_loaded(loaded, config, data_dir=flags_['data_dir'].value)
+    config.evals.fewshot.pp = flags_['pp'].value or ctx.pp_eval.spec  # Either named --pp.
+    devices = math.prod(ctx.mesh.shape[a] for a in sharding.BATCH_AXES)
+    if config.eval_batch_size % devices:
+      raise errors.ConfigError(f'--batch_size={config.eval_batch_size} is not a multiple of '
+                               f'the {devices} devices.')
+    (evaluator,) = evals.from_config(ctx)
+  except errors.UserError as e:  # config.evals.fewshot.FIELD is the flag --FIELD.
+    where = 'config.evals.fewshot.'
+    raise type(e)(str(e).replace(f'{where}datasets', '--dataset').replace(where, '--')) from None
+  evaluator.run(jax.device_put(loaded.params, sharding.replicated(ctx.mesh)))
+  print(f'# {loaded.model.model_name}: {evaluator.width}-d features, l2 {evaluator.l2_reg:g}, '
+        f'{evaluator.seeds} seeds; accuracy % (mean ± sample std over the seeds; -: a class '
+        'has fewer examples)')
+  print(fewshot.table(evaluator.per_seed, shots), flush=True)
   if flags_['json'].value:
     paths.path(flags_['json'].value).write_text(json.dumps(
         [{'dataset': n, 'shots': k, 'accuracies': v, 'mean': sum(v) / len(v)}
-         for (n, k), v in results.items()], indent=1))
-
-
-def _accuracies(model: Any, params: Any, datasets: list[Any], pp_spec: str,
-                shots: tuple[int, ...], seeds: int, l2_reg: float, batch_size: int,
-                kept: list[tuple[int, ...] | None]) -> tuple[dict[tuple[str, int], list[float]],
-                                                              int]:
-  """({(dataset, shots): [accuracy per seed]}, the features' width) on this host's devices."""
-  import jax
-  import jax.numpy as jnp
-
-  from vit_jax.base import sharding
-  from vit_jax.data import preprocess
-  from vit_jax.evals import fewshot
-  from vit_jax.models.vit import pair
-
-  try:
-    pp = preprocess.parse(pp_spec)
-  except ValueError as e:
-    raise errors.ConfigError(f'--pp: {e}') from None
-  for dataset in datasets:
-    fewshot.check_pipeline(pp, dataset, model.image_size, '--pp')
-  mesh = sharding.make_mesh()
-  devices = math.prod(mesh.shape[a] for a in sharding.BATCH_AXES)
-  if batch_size % devices:
-    raise errors.ConfigError(f'--batch_size={batch_size} is not a multiple of the {devices} '
-                             'devices.')
-  params = jax.device_put(params, sharding.replicated(mesh))
-  evaluator = fewshot.Evaluator('fewshot', 0, model, mesh, datasets, pp, shots, seeds, l2_reg,
-                                batch_size)
-  evaluator.known_shots(kept)  # Those check_shots warned about are not warned about again.
-  features = jax.eval_shape(lambda p: fewshot.feature_model(model).apply(
-      {'params': p}, jnp.zeros((1, *pair(model.image_size), 3)), train=False), params)
-  return evaluator.accuracies(params), int(math.prod(features.shape[1:]))
+         for (n, k), v in evaluator.per_seed.items()], indent=1))
 
 
 if __name__ == '__main__':

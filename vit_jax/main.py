@@ -32,7 +32,7 @@ def prepare(config: Any) -> tuple[Any, list[Any]]:
   from vit_jax.training import plan as plan_lib
 
   plan = plan_lib.validate(config)
-  return plan, evals.from_config(plan)
+  return plan, evals.from_config(evals.Context.from_plan(plan))
 
 
 def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:

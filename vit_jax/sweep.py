@@ -43,8 +43,8 @@ class Run:
   path: str
   config: dict[str, Any]
   total_steps: int
-  accuracy: float | None  # The eval metric at total_steps; None: not finished.
-  metric: str
+  accuracy: float | None  # The headline metric at total_steps; None: not finished.
+  metric: str  # Its name (evals.headline).
   last_step: int
 
 
@@ -66,9 +66,9 @@ def read_run(path: Any) -> Run:
   path = epath.Path(path)
   config = config_lib.convert_old_evals(json.loads((path / 'config.json').read_text()))
   total = total_steps(config)
-  from vit_jax.evals import classification
+  from vit_jax import evals
 
-  metric = classification.metric_name(config.get('loss', 'softmax_xent'))
+  key = evals.headline(config_lib.complete(config))
   accuracy, last = None, 0
   metrics = path / 'metrics.jsonl'
   for line in metrics.read_text().splitlines() if metrics.exists() else ():
@@ -77,9 +77,9 @@ def read_run(path: Any) -> Run:
     except json.JSONDecodeError:  # A line cut short by a crash.
       continue
     last = max(last, int(row['step']))
-    if row['step'] == total and f'eval/{metric}' in row:
-      accuracy = float(row[f'eval/{metric}'])
-  return Run(str(path), config_lib.flatten(config), total, accuracy, metric, last)
+    if row['step'] == total and key in row:
+      accuracy = float(row[key])
+  return Run(str(path), config_lib.flatten(config), total, accuracy, key.split('/')[-1], last)
 
 
 def find_runs(directory: Any) -> list[Run]:

@@ -119,8 +119,8 @@ def model_fields(init_from: str) -> dict[str, Any]:
 RESULT_FILE = 'vtab_result.json'
 
 
-def finished_accuracy(workdir: Any, steps: int) -> float | None:
-  """The test accuracy of a task run that reached ``steps`` (its metrics.jsonl), else None."""
+def finished_accuracy(workdir: Any, steps: int, key: str) -> float | None:
+  """A task run's ``key`` (its headline metric) at ``steps`` in its metrics.jsonl, else None."""
   from etils import epath
 
   path = epath.Path(workdir) / 'metrics.jsonl'
@@ -131,8 +131,8 @@ def finished_accuracy(workdir: Any, steps: int) -> float | None:
       row = json.loads(line)
     except json.JSONDecodeError:
       continue
-    if row.get('step') == steps and 'eval/accuracy' in row:
-      return float(row['eval/accuracy'])
+    if row.get('step') == steps and key in row:
+      return float(row[key])
   return None
 
 
@@ -143,6 +143,7 @@ def run(tasks: list[Task], workdir: str, settings: dict[str, Any],
   writes ``workdir/vtab_results.json`` and prints the grouped table."""
   from etils import epath
 
+  from vit_jax import evals
   from vit_jax.config import cli as config_cli
 
   out = out or sys.stdout
@@ -173,7 +174,7 @@ def run(tasks: list[Task], workdir: str, settings: dict[str, Any],
           flush=True)
     with console.logging_to(str(task_dir)):  # Its lines with absl's prefix: its log.txt.
       train_and_evaluate(config, str(task_dir))
-    accuracy = finished_accuracy(task_dir, int(settings['steps']))
+    accuracy = finished_accuracy(task_dir, int(settings['steps']), evals.headline(config))
     if accuracy is None:  # Stopped early (preempted): the next start resumes it.
       print(f'{task.name}: stopped before step {settings["steps"]}; run again to resume.',
             file=out, flush=True)

@@ -1,16 +1,19 @@
 """The evaluator interface, and what the evaluators of one split of images share.
 
 An evaluator has a name (its entry in ``config.evals``, the prefix of its metrics), knows
-when it is due, and ``run(params)`` returns named metrics; ``from_config(name, entry,
-plan)`` builds it and refuses, before anything compiles, what it cannot evaluate.
+when it is due, and ``run(params)`` returns named metrics; ``from_config(name, entry, ctx)``
+builds it from what it takes of a run (a ``Context``: a training plan's, a loaded checkpoint's)
+and refuses, before anything compiles, what it cannot evaluate.
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
@@ -21,7 +24,39 @@ from vit_jax.data import loader, local, preprocess, sources
 from vit_jax.models.vit import pair
 
 if TYPE_CHECKING:
+  from vit_jax.checkpoints.formats.layout import Loaded
   from vit_jax.training.plan import Plan
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+  """What evaluators take of a run: the model (applied to a batch by ``model.apply``, each
+  evaluator to its own output: logits, features, masked patches), the device mesh, the
+  default preprocessing, and the config (its ``evals``, the data they read, the batch)."""
+
+  config: ml_collections.ConfigDict  # Complete, with eval_batch_size set.
+  model: nn.Module
+  mesh: jax.sharding.Mesh
+  pp_eval: preprocess.Pipeline
+  eval_source: Any = None  # The run's eval split where it is open (None: opened if needed).
+  class_names: tuple[str, ...] = ()  # The model's classes, where known.
+  data_dir: str = ''  # Where the few-shot datasets that name none are read ('': TFDS's).
+
+  @classmethod
+  def from_plan(cls, plan: Plan) -> Context:
+    """A training run's."""
+    return cls(plan.config, plan.model, plan.mesh, plan.pp_eval, plan.eval_source,
+               plan.class_names)
+
+  @classmethod
+  def from_loaded(cls, loaded: Loaded, config: ml_collections.ConfigDict, **fields: Any) -> Context:
+    """A loaded checkpoint's (``vit_jax.checkpoints.load``) on all devices, with ``config``;
+    its preprocessing the run's (a workdir's), else a resize to its input size into [-1, 1]."""
+    h, w = pair(loaded.model.image_size)
+    pp = (loaded.config.dataset.pp_eval if loaded.config else
+          f'decode|resize({h if h == w else (h, w)})|value_range(-1, 1)')
+    return cls(config, loaded.model, sharding.make_mesh(), preprocess.parse(pp),
+               class_names=tuple(loaded.class_names), **fields)
 
 
 class Evaluator(abc.ABC):
@@ -37,8 +72,13 @@ class Evaluator(abc.ABC):
 
   @classmethod
   @abc.abstractmethod
-  def from_config(cls, name: str, entry: ml_collections.ConfigDict, plan: Plan) -> Evaluator:
+  def from_config(cls, name: str, entry: ml_collections.ConfigDict, ctx: Context) -> Evaluator:
     """The evaluator of ``config.evals.<name>`` for a run, checked (a ConfigError if not)."""
+
+  @classmethod
+  def headline(cls, entry: ml_collections.ConfigDict, config: ml_collections.ConfigDict) -> str:
+    """``metric`` of the evaluator ``entry`` of ``config``, unbuilt (for its metrics.jsonl)."""
+    return cls.metric
 
   @abc.abstractmethod
   def run(self, params: Any) -> dict[str, float]:
@@ -59,18 +99,18 @@ def where(name: str, field: str = '') -> str:
   return f'config.evals.{name}' + (f'.{field}' if field else '')
 
 
-def pipeline(name: str, entry: ml_collections.ConfigDict, plan: Plan, source: Any,
+def pipeline(name: str, entry: ml_collections.ConfigDict, ctx: Context, source: Any,
              what: str) -> preprocess.Pipeline:
   """The entry's ``pp`` (or the run's ``dataset.pp_eval``), checked to make the model's input
   from ``source``'s first example (``what`` names it in the error)."""
-  pp, field = plan.pp_eval, 'config.dataset.pp_eval'
+  pp, field = ctx.pp_eval, 'config.dataset.pp_eval'
   if entry.pp:
     field = where(name, 'pp')
     try:
       pp = preprocess.parse(entry.pp)
     except ValueError as e:
       raise errors.ConfigError(f'{field}: {e}') from None
-  preprocess.check_output(pp, source[0]['image'], pair(plan.model.image_size), field, what)
+  preprocess.check_output(pp, source[0]['image'], pair(ctx.model.image_size), field, what)
   return pp
 
 
@@ -101,23 +141,26 @@ def open_source(what: str, dataset: str, split: str, directory: str | None,
     raise errors.ConfigError(f'{what}: {e}') from None
 
 
-def batches(source: Any, pp: Callable, plan: Plan, num_classes: int) -> Iterable[dict[str, Any]]:
+def batches(source: Any, pp: Callable, ctx: Context, num_classes: int) -> Iterable[dict[str, Any]]:
   """Every example of ``source`` once, in padded global batches with a 0/1 'mask'."""
-  return loader.eval_batches(source, pp, global_batch_size=plan.config.eval_batch_size,
-                             sharding=sharding.batch_sharding(plan.mesh),
-                             num_classes=num_classes, num_workers=plan.config.input_workers)
+  return loader.eval_batches(source, pp, global_batch_size=ctx.config.eval_batch_size,
+                             sharding=sharding.batch_sharding(ctx.mesh),
+                             num_classes=num_classes, num_workers=ctx.config.input_workers)
 
 
 def sums(step: Callable, params: Any, batches: Iterable[dict[str, Any]],
          progress: console.Progress | None = None, count: str = 'count') -> dict[str, float]:
   """The totals of ``step``'s masked sums over ``batches`` (padding never counts, so the
-  result does not depend on the batch size or the number of processes)."""
+  result does not depend on the batch size or the number of processes); ``progress`` follows
+  the ``count`` total to its end."""
   totals: dict[str, float] = {}
   for batch in batches:
     for k, v in jax.device_get(step(*sharding.inputs_ready((params, batch)))).items():
       totals[k] = totals.get(k, 0.) + float(np.asarray(v))
     if progress:
       progress.update(int(totals[count]))
+  if progress:
+    progress.finish(int(totals[count]))
   return totals
 
 

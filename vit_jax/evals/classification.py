@@ -7,7 +7,7 @@ classes (ImageNet-v2: ``dict(type='classification', dataset='imagenet_v2', split
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -17,9 +17,6 @@ import ml_collections
 from vit_jax.base import errors, sharding
 from vit_jax.evals import base
 from vit_jax.training import optim
-
-if TYPE_CHECKING:
-  from vit_jax.training.plan import Plan
 
 
 def metric_name(loss: str) -> str:
@@ -47,16 +44,20 @@ def make_eval_step(model: nn.Module, loss_name: str, mesh: jax.sharding.Mesh) ->
 class Evaluator(base.Evaluator):
   """The classifier's metric and mean loss on one split."""
 
-  def __init__(self, name: str, every_steps: int, plan: Plan, source: Any, pp: Callable):
+  def __init__(self, name: str, every_steps: int, ctx: base.Context, source: Any, pp: Callable):
     super().__init__(name, every_steps)
-    self.plan, self.source, self.pp = plan, source, pp
-    self.metric = metric_name(plan.config.loss)
-    self.step = make_eval_step(plan.model, plan.config.loss, plan.mesh)
+    self.ctx, self.source, self.pp = ctx, source, pp
+    self.metric = metric_name(ctx.config.loss)
+    self.step = make_eval_step(ctx.model, ctx.config.loss, ctx.mesh)
 
   @classmethod
-  def from_config(cls, name: str, entry: ml_collections.ConfigDict, plan: Plan) -> Evaluator:
-    config = plan.config
-    if plan.model.mpp_outputs:
+  def headline(cls, entry: ml_collections.ConfigDict, config: ml_collections.ConfigDict) -> str:
+    return metric_name(config.loss)
+
+  @classmethod
+  def from_config(cls, name: str, entry: ml_collections.ConfigDict, ctx: base.Context) -> Evaluator:
+    config = ctx.config
+    if ctx.model.mpp_outputs:
       raise errors.ConfigError(
           f"{base.where(name)} has type 'classification', but config.objective='mpp' trains "
           f"no classifier: use --config.evals.{name}.type=mpp (the corrupted patches' colour "
@@ -64,25 +65,21 @@ class Evaluator(base.Evaluator):
     dataset = entry.dataset or config.dataset.name
     split = entry.split or config.dataset.eval_split
     if dataset == config.dataset.name and (entry.data_dir in ('', config.dataset.data_dir)):
-      source = (plan.eval_source if split == config.dataset.eval_split else
-                base.open_source(base.where(name), dataset, split,
-                                 config.dataset.data_dir or None))
+      source = (split == config.dataset.eval_split and ctx.eval_source) or base.open_source(
+          base.where(name), dataset, split, config.dataset.data_dir or None)
     else:
       source = base.open_source(base.where(name), dataset, split,
                                 base.data_dir(entry.data_dir, config))
-    check_classes(name, source, plan)
-    pp = base.pipeline(name, entry, plan, source, f'the first example of {dataset} {split!r}')
-    return cls(name, entry.every_steps, plan, source, pp)
+    check_classes(name, source, ctx)
+    pp = base.pipeline(name, entry, ctx, source, f'the first example of {dataset} {split!r}')
+    return cls(name, entry.every_steps, ctx, source, pp)
 
   def batches(self) -> Any:
-    return base.batches(self.source, self.pp, self.plan, self.plan.num_classes)
+    return base.batches(self.source, self.pp, self.ctx, self.ctx.model.num_classes)
 
   def run(self, params: Any) -> dict[str, float]:
     """{metric, 'loss', 'examples'}."""
-    progress = base.meter(self, len(self.source))
-    totals = base.sums(self.step, params, self.batches(), progress)
-    if progress:
-      progress.finish(int(totals['count']))
+    totals = base.sums(self.step, params, self.batches(), base.meter(self, len(self.source)))
     return metrics(totals, self.metric)
 
   def describe(self, metrics: dict[str, float]) -> str:
@@ -99,16 +96,16 @@ def metrics(totals: dict[str, float], metric: str) -> dict[str, float]:
           'examples': totals['count']}
 
 
-def check_classes(name: str, source: Any, plan: Plan) -> None:
+def check_classes(name: str, source: Any, ctx: base.Context) -> None:
   """Another split's classes are the run's: as many, and in the same order where both
   name them (else the predictions would be scored against the wrong classes)."""
-  if source is plan.eval_source:
+  if source is ctx.eval_source:
     return
-  if source.num_classes != plan.num_classes:
+  if source.num_classes != ctx.model.num_classes:
     raise errors.ConfigError(f'{base.where(name)}: its data has {source.num_classes} classes, '
-                             f'the model {plan.num_classes}: evaluate on data of the run\'s '
+                             f'the model {ctx.model.num_classes}: evaluate on data of the run\'s '
                              'classes.')
-  ours, theirs = plan.class_names, tuple(getattr(source, 'class_names', ()))
+  ours, theirs = ctx.class_names, tuple(getattr(source, 'class_names', ()))
   if ours and theirs and ours != theirs:
     raise errors.ConfigError(
         f'{base.where(name)}: the run\'s classes are not in the order of its data\'s (first: '

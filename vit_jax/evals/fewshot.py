@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -25,16 +25,11 @@ import numpy as np
 from absl import logging
 
 from vit_jax.base import errors, paths, sharding
-from vit_jax.data import loader, preprocess
+from vit_jax.data import loader
 from vit_jax.evals import base
-from vit_jax.models.vit import pair
-
-if TYPE_CHECKING:
-  from vit_jax.training.plan import Plan
 
 BIAS_CONSTANT = 100.  # big_vision's constant bias feature.
 STD_EPSILON = 1e-5  # Added to the few-shot set's standard deviation (big_vision's).
-DEFAULT_SHOTS = (1, 5, 10, 25)
 DEFAULT_L2_REG = 2.0**10
 
 
@@ -249,25 +244,6 @@ def check_computable(kept: Sequence[tuple[int, ...] | None], datasets: Sequence[
                              f'{names} has that many training examples; lower the shots.')
 
 
-def check_pipeline(pp: preprocess.Pipeline, dataset: Dataset, image_size: Any,
-                   where: str) -> None:
-  """``pp`` makes the model's input from the first example of each split."""
-  for split in (dataset.train, dataset.test):
-    preprocess.check_output(pp, split[0]['image'], pair(image_size), where,
-                            f'the first example of few-shot dataset {dataset.name!r}')
-
-
-def check_options(shots: Sequence[int], seeds: int, l2_reg: float, where: str) -> None:
-  if not shots or not all(isinstance(k, int) and not isinstance(k, bool) and k > 0
-                          for k in shots):
-    raise errors.ConfigError(f'{where}shots={tuple(shots)!r} must be positive ints, e.g. '
-                             f'{DEFAULT_SHOTS}.')
-  if not (isinstance(seeds, int) and seeds > 0):
-    raise errors.ConfigError(f'{where}seeds={seeds!r} must be a positive int (e.g. 3).')
-  if not (isinstance(l2_reg, (int, float)) and l2_reg > 0):
-    raise errors.ConfigError(f'{where}l2_reg={l2_reg!r} must be positive (2.0**10).')
-
-
 # ---------------------------------------------------------------------------
 # The evaluator.
 
@@ -289,6 +265,7 @@ class Evaluator(base.Evaluator):
     self.batch_sharding = sharding.batch_sharding(mesh)
     self.feature_step = make_feature_step(model, self.batch_sharding)
     self.warned: set[str] = set()  # Datasets whose skipped shot counts were warned about.
+    self.per_seed, self.width = {}, 0  # The last run's accuracies by (dataset, shots), features.
     self.metric = f'{datasets[0].name}_{max(shots)}shot'
 
   def known_shots(self, kept: Sequence[tuple[int, ...] | None]) -> None:
@@ -303,24 +280,27 @@ class Evaluator(base.Evaluator):
         break
 
   @classmethod
-  def from_config(cls, name: str, entry: ml_collections.ConfigDict, plan: Plan) -> Evaluator:
-    config = plan.config  # Its entry's types and ranges are checked: vit_jax.config.
+  def headline(cls, entry: ml_collections.ConfigDict, config: ml_collections.ConfigDict) -> str:
+    return f'{metric_name(parse_spec(entry.datasets[0])[0])}_{max(entry.shots)}shot'
+
+  @classmethod
+  def from_config(cls, name: str, entry: ml_collections.ConfigDict, ctx: base.Context) -> Evaluator:
+    config = ctx.config  # Its entry's types and ranges are checked: vit_jax.config.
     shots = tuple(entry.shots)
-    datasets = [open_dataset(s, config.dataset.data_dir
-                             if parse_spec(s)[0] == config.dataset.name else '')
+    datasets = [open_dataset(s, ctx.data_dir or (
+        config.dataset.data_dir if parse_spec(s)[0] == config.dataset.name else ''))
                 for s in entry.datasets]
     names = [d.name for d in datasets]
     if len(set(names)) < len(names):
       raise errors.ConfigError(f'{base.where(name, "datasets")}={tuple(entry.datasets)!r} '
                                'names a dataset twice.')
-    pp = base.pipeline(name, entry, plan, datasets[0].train,
-                       f'the first example of few-shot dataset {datasets[0].name!r}')
-    for dataset in datasets:
-      check_pipeline(pp, dataset, plan.model.image_size,
-                     base.where(name, 'pp') if entry.pp else 'config.dataset.pp_eval')
+    for dataset in datasets:  # The pipeline makes the model's input from each split.
+      for split in (dataset.train, dataset.test):
+        pp = base.pipeline(name, entry, ctx, split,
+                           f'the first example of few-shot dataset {dataset.name!r}')
     kept = [check_shots(dataset, shots) for dataset in datasets]
     check_computable(kept, datasets, shots, base.where(name) + '.')
-    evaluator = cls(name, entry.every_steps, plan.model, plan.mesh, datasets, pp, shots,
+    evaluator = cls(name, entry.every_steps, ctx.model, ctx.mesh, datasets, pp, shots,
                     int(entry.seeds), float(entry.l2_reg), int(config.eval_batch_size),
                     num_workers=int(config.input_workers))
     evaluator.known_shots(kept)
@@ -336,6 +316,7 @@ class Evaluator(base.Evaluator):
                                     num_classes=dataset.num_classes,
                                     num_workers=self.num_workers)
                      for source in (dataset.train, dataset.test))
+      self.width = int(train[0].shape[1])
       keep, short = shot_counts(train[1], dataset.num_classes, self.shots)
       if short and dataset.name not in self.warned:
         logging.warning(skipped_warning(dataset.name, self.shots, keep, short))
@@ -346,8 +327,8 @@ class Evaluator(base.Evaluator):
 
   def run(self, params: Any) -> dict[str, float]:
     """``{'<dataset>_<shots>shot': mean accuracy over the seeds}`` (the computable ones)."""
-    metrics = {f'{name}_{k}shot': float(np.mean(v))
-               for (name, k), v in self.accuracies(params).items()}
+    self.per_seed = self.accuracies(params)
+    metrics = {f'{name}_{k}shot': float(np.mean(v)) for (name, k), v in self.per_seed.items()}
     if metrics and self.metric not in metrics:  # Its shot count was found to be skipped.
       first = [k for k in metrics if k.startswith(f'{self.datasets[0].name}_')]
       self.metric = (first or list(metrics))[-1]

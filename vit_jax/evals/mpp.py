@@ -8,7 +8,7 @@ colour classes right over the corrupted patches, 'loss' is the training loss on 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -18,9 +18,6 @@ import ml_collections
 from vit_jax.base import errors, sharding
 from vit_jax.evals import base
 from vit_jax.models import mpp
-
-if TYPE_CHECKING:
-  from vit_jax.training.plan import Plan
 
 
 def make_eval_step(model: nn.Module, options: mpp.Options, mesh: jax.sharding.Mesh,
@@ -48,33 +45,29 @@ class Evaluator(base.Evaluator):
 
   metric = 'color_accuracy'
 
-  def __init__(self, name: str, every_steps: int, plan: Plan, source: Any, pp: Callable):
+  def __init__(self, name: str, every_steps: int, ctx: base.Context, source: Any, pp: Callable):
     super().__init__(name, every_steps)
-    self.plan, self.source, self.pp = plan, source, pp
-    options = mpp.Options.from_config(plan.config)
-    self.step = make_eval_step(plan.model, options, plan.mesh)
+    self.ctx, self.source, self.pp = ctx, source, pp
+    options = mpp.Options.from_config(ctx.config)
+    self.step = make_eval_step(ctx.model, options, ctx.mesh)
 
   @classmethod
-  def from_config(cls, name: str, entry: ml_collections.ConfigDict, plan: Plan) -> Evaluator:
-    config = plan.config
-    if not plan.model.mpp_outputs:
+  def from_config(cls, name: str, entry: ml_collections.ConfigDict, ctx: base.Context) -> Evaluator:
+    config = ctx.config
+    if not ctx.model.mpp_outputs:
       raise errors.ConfigError(
           f"{base.where(name)} has type 'mpp', which scores masked patch prediction, but "
           f"config.objective={config.objective!r}: use type 'classification'.")
     split = entry.split or config.dataset.eval_split
-    source = (plan.eval_source if split == config.dataset.eval_split else
-              base.open_source(base.where(name), config.dataset.name, split,
-                               config.dataset.data_dir or None))
-    pp = base.pipeline(name, entry, plan, source, f'the first {split!r} example')
-    return cls(name, entry.every_steps, plan, source, pp)
+    source = (split == config.dataset.eval_split and ctx.eval_source) or base.open_source(
+        base.where(name), config.dataset.name, split, config.dataset.data_dir or None)
+    pp = base.pipeline(name, entry, ctx, source, f'the first {split!r} example')
+    return cls(name, entry.every_steps, ctx, source, pp)
 
   def run(self, params: Any) -> dict[str, float]:
     """{'color_accuracy', 'loss', 'examples' (images), 'patches' (corrupted, scored)}."""
-    progress = base.meter(self, len(self.source))
-    batches = base.batches(self.source, self.pp, self.plan, 0)  # No label is read.
-    totals = base.sums(self.step, params, batches, progress, count='images')
-    if progress:
-      progress.finish(int(totals['images']))
+    batches = base.batches(self.source, self.pp, self.ctx, 0)  # No label is read.
+    totals = base.sums(self.step, params, batches, base.meter(self, len(self.source)), 'images')
     count = max(totals['count'], 1.)
     return {self.metric: totals['correct'] / count, 'loss': totals['loss'] / count,
             'examples': totals['images'], 'patches': totals['count']}

@@ -8,7 +8,7 @@ ReaL paper and big_vision's evaluator (about 3,160 of them). The paper's table 2
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,9 +16,6 @@ import ml_collections
 
 from vit_jax.base import errors
 from vit_jax.evals import base, classification
-
-if TYPE_CHECKING:
-  from vit_jax.training.plan import Plan
 
 TFDS_NAME, SPLIT, LABELS = 'imagenet2012_real', 'validation', 'real_label'
 IMAGENET_CLASSES = 1000
@@ -28,16 +25,16 @@ class Evaluator(classification.Evaluator):
   """The classifier's ReaL accuracy: is its top class in the image's label set?"""
 
   @classmethod
-  def from_config(cls, name: str, entry: ml_collections.ConfigDict, plan: Plan) -> Evaluator:
-    if plan.model.mpp_outputs or plan.num_classes != IMAGENET_CLASSES:
+  def from_config(cls, name: str, entry: ml_collections.ConfigDict, ctx: base.Context) -> Evaluator:
+    if ctx.model.mpp_outputs or ctx.model.num_classes != IMAGENET_CLASSES:
       raise errors.ConfigError(
           f"{base.where(name)}: ImageNet ReaL evaluates a 1000-class ImageNet classifier; this "
-          f'model has {plan.num_classes} classes. Remove it (--config.evals.{name}=None).')
+          f'model has {ctx.model.num_classes} classes. Remove it (--config.evals.{name}=None).')
     source = base.open_source(base.where(name), TFDS_NAME, SPLIT,
-                              base.data_dir(entry.data_dir, plan.config), label_key=LABELS)
-    classification.check_classes(name, source, plan)
-    pp = base.pipeline(name, entry, plan, source, f'the first example of {TFDS_NAME}')
-    return cls(name, entry.every_steps, plan, source, pp)
+                              base.data_dir(entry.data_dir, ctx.config), label_key=LABELS)
+    classification.check_classes(name, source, ctx)
+    pp = base.pipeline(name, entry, ctx, source, f'the first example of {TFDS_NAME}')
+    return cls(name, entry.every_steps, ctx, source, pp)
 
   def batches(self) -> Iterator[dict[str, Any]]:
     return labelled_only(super().batches())
