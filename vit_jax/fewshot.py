@@ -44,7 +44,8 @@ def _define_flags() -> dict[str, Any]:
                                     '[,DATA_DIR]; repeat for more.'),
       data_dir=paths.DEFINE_path('data_dir', '', 'The data_dir of datasets that name none.'),
       pp=f.DEFINE_string('pp', None, 'Preprocessing (default: the run\'s dataset.pp_eval; '
-                         'for --npz "decode|resize(SIZE)|value_range(-1, 1)").'),
+                         'a timm or transformers checkpoint\'s own; for --npz '
+                         '"decode|resize(SIZE)|value_range(-1, 1)").'),
       shots=f.DEFINE_list('shots', ['1', '5', '10', '25'], 'Shot counts.'),
       seeds=f.DEFINE_integer('seeds', 3, 'Draws of the few-shot sets.'),
       l2_reg=f.DEFINE_float('l2_reg', 2.0**10, 'The regression\'s L2 regularisation.'),

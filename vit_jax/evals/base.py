@@ -51,10 +51,10 @@ class Context:
   @classmethod
   def from_loaded(cls, loaded: Loaded, config: ml_collections.ConfigDict, **fields: Any) -> Context:
     """A loaded checkpoint's (``vit_jax.checkpoints.load``) on all devices, with ``config``;
-    its preprocessing the run's (a workdir's), else a resize to its input size into [-1, 1]."""
-    h, w = pair(loaded.model.image_size)
+    its preprocessing the run's (a workdir's), else the checkpoint's own (``EvalSpec``: timm's,
+    transformers', or the releases' resize into [-1, 1])."""
     pp = (loaded.config.dataset.pp_eval if loaded.config else
-          f'decode|resize({h if h == w else (h, w)})|value_range(-1, 1)')
+          loaded.preprocessing.spec(pair(loaded.model.image_size)))
     return cls(config, loaded.model, sharding.make_mesh(), preprocess.parse(pp),
                class_names=tuple(loaded.class_names), **fields)
 
