@@ -167,3 +167,34 @@ def run(main: Callable[[list[str]], Any], **kwargs: Any) -> None:
 
   kwargs.setdefault('flags_parser', parse_flags)
   app.run(one_line(main), **kwargs)
+
+
+# (signs in the error's text, the cause in words, what to do): the common causes of a failed
+# save; anything else is named by its own message.
+SAVE_CAUSES = (
+    (('No space left on device', "os_error_code='28'"), 'the disk is full',
+     'free space there (or lower config.keep_checkpoints)'),
+    (('Disk quota exceeded', "os_error_code='122'"), 'the disk quota is exceeded',
+     'free space there or raise the quota'),
+    (('Permission denied', "os_error_code='13'"), 'permission denied',
+     'make the workdir writable by this user'),
+    (('Read-only file system', "os_error_code='30'"), 'the file system is read-only',
+     'use a writable workdir'),
+)
+
+
+def write_failure(e: BaseException) -> tuple[str, str]:
+  """(the cause in words, what to do) of a failed write: one of ``SAVE_CAUSES`` with the OS's
+  words and the file, not TensorStore's or TensorFlow's long preamble; else its own message."""
+  text = str(e)
+  for signs, what, how in SAVE_CAUSES:
+    if any(sign in text for sign in signs):
+      written = re.findall(r'(?:Failed writing|Error writing local file):? "([^"]+)"', text)
+      return f'{what} ({signs[0]}{f", writing {written[-1]}" if written else ""})', how
+  return short(e), 'fix the cause'
+
+
+def short(e: BaseException) -> str:
+  """An Orbax / TensorStore error in a line: without the spec it dumps, at most 300 chars."""
+  text = ' '.join(str(e).split('[tensorstore_spec')[0].split())
+  return f'{type(e).__name__}: {text[:300]}'

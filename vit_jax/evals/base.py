@@ -20,8 +20,8 @@ import numpy as np
 from etils import epath
 
 from vit_jax.base import console, errors, sharding
+from vit_jax.base.sizes import pair
 from vit_jax.data import loader, local, preprocess, sources
-from vit_jax.models.vit import pair
 
 if TYPE_CHECKING:
   from vit_jax.checkpoints.formats.layout import Loaded

@@ -20,7 +20,7 @@ import ml_collections
 import optax
 
 from vit_jax.base import errors
-from vit_jax.models.vit import pair
+from vit_jax.base.sizes import pair
 
 BITS = 3  # Per channel: 8 levels.
 COLORS = 2**(3 * BITS)  # 512 classes: r * 64 + g * 8 + b.

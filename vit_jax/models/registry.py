@@ -19,7 +19,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from vit_jax.models.vit import VisionTransformer, pair
+from vit_jax.base.sizes import pair
+from vit_jax.models.vit import VisionTransformer
 
 # Encoder shapes of the paper's table 1 (plus DeiT's Ti and S); g and G of "Scaling
 # Vision Transformers" (Zhai et al., 2022, table 2), e of PaLI (Chen et al., 2022), and

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -28,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax.base import sharding
+from vit_jax.base.sizes import pair
 from vit_jax.models import resnet
 from vit_jax.models.matmul import dot_general_for
 
@@ -57,14 +57,6 @@ REMAT_POLICIES = {
 
 _dense_init = nn.initializers.xavier_uniform()
 _bias_init = nn.initializers.normal(stddev=1e-6)
-
-
-def pair(x: int | Sequence[int]) -> tuple[int, int]:
-  """Returns ``(x, x)`` for an int, ``tuple(x)`` for a pair."""
-  if isinstance(x, int):
-    return (x, x)
-  h, w = x
-  return (int(h), int(w))
 
 
 def posemb_sincos_2d(grid: tuple[int, int], width: int,

@@ -27,8 +27,8 @@ import numpy as np
 from etils import epath
 
 from vit_jax.base import errors, paths
+from vit_jax.base.sizes import pair
 from vit_jax.tools import predict
-from vit_jax.tools.predict import pair
 
 if TYPE_CHECKING:  # jax and flax load after the command line is checked.
   import jax

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from vit_jax.base import errors, paths
+from vit_jax.base.sizes import pair
 
 if TYPE_CHECKING:  # jax, flax and the checkpoints load after the command line is checked.
   import jax
@@ -125,14 +126,6 @@ def imagenet_wordnet_ids() -> tuple[str, ...]:
     return tuple(line.strip() for line in path.read_text().splitlines() if line.strip())
   except Exception:  # An optional convenience: class indices then.
     return ()
-
-
-def pair(size: Any) -> tuple[int, int]:
-  """An int-or-pair image size as (height, width) (``vit_jax.models.vit.pair``)."""
-  if isinstance(size, int):
-    return (size, size)
-  h, w = size
-  return (int(h), int(w))
 
 
 def _workdir_class_names(loaded: layout.Loaded) -> tuple[str, ...]:

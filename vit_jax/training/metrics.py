@@ -19,6 +19,7 @@ from absl import logging
 from etils import epath
 
 from vit_jax.base import errors
+from vit_jax.checkpoints.run import record
 
 
 def have_tensorflow() -> bool:
@@ -156,15 +157,12 @@ class MetricsLog:
   @contextlib.contextmanager
   def _failing_as_one_line(self, what: str) -> Iterator[None]:
     """A failed write (disk full, permission) as one ``errors.MetricsWriteError``."""
-    from vit_jax.checkpoints.run import manager as manager_lib
-    from vit_jax.checkpoints.run import workdir as workdir_lib
-
     try:
       yield
     except Exception as e:  # OSError, or TensorFlow's ResourceExhaustedError for its events.
       self.failed = True
-      cause, fix = manager_lib.write_failure(e)
-      kept = workdir_lib.steps(self.workdir)
+      cause, fix = errors.write_failure(e)
+      kept = record.steps(self.workdir)
       before = (f'The checkpoints are intact (steps {", ".join(map(str, kept))}): '
                 if kept else 'No checkpoint was written before it: ')
       raise errors.MetricsWriteError(

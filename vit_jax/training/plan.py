@@ -18,11 +18,11 @@ import optax
 
 from vit_jax import config as config_lib
 from vit_jax.base import cpu, errors, paths, sharding
+from vit_jax.base.sizes import pair
 from vit_jax.checkpoints import formats
 from vit_jax.checkpoints.run import workdir as workdir_lib
 from vit_jax.data import preprocess, sources
 from vit_jax.models import canonical_name, get_model, mpp
-from vit_jax.models.vit import pair
 from vit_jax.training import optim
 from vit_jax.training.step import StepOptions
 

@@ -34,12 +34,12 @@ import jax
 import numpy as np
 
 from vit_jax.base import errors, paths
+from vit_jax.base.sizes import pair
 from vit_jax.checkpoints import hf_hub
 from vit_jax.checkpoints.formats import big_vision, hub, release, timm, transformers
 from vit_jax.checkpoints.formats.fit import adapt, model_of
 from vit_jax.checkpoints.formats.layout import Loaded, check_finite, flatten, to_release
 from vit_jax.models import VisionTransformer, get_model
-from vit_jax.models.vit import pair
 
 NPZ = 'npz'
 TIMM = hub.TIMM

@@ -14,6 +14,7 @@ import numpy as np
 from absl import logging
 
 from vit_jax.base import errors
+from vit_jax.base.sizes import pair
 from vit_jax.checkpoints.formats.layout import (
   POSEMB_KEY,
   PRETRAINING_ONLY,
@@ -27,7 +28,6 @@ from vit_jax.checkpoints.formats.layout import (
   unwrap,
 )
 from vit_jax.models import VisionTransformer, get_model, registry
-from vit_jax.models.vit import pair
 
 _BLOCK = re.compile(r'^Transformer/encoderblock_(\d+)/')
 

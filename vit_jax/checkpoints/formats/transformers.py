@@ -12,13 +12,13 @@ from typing import Any
 import numpy as np
 
 from vit_jax.base import errors
+from vit_jax.base.sizes import pair
 from vit_jax.checkpoints import hf_hub
 from vit_jax.checkpoints.formats import hub
 from vit_jax.checkpoints.formats.hub import CONV, HEADS_BIAS, HEADS_IN, HEADS_OUT, LINEAR, SAME
 from vit_jax.checkpoints.formats.layout import POSEMB_KEY, flatten, to_host, to_release
 from vit_jax.data.preprocess import EvalSpec
 from vit_jax.models import VisionTransformer
-from vit_jax.models.vit import pair
 
 _B = 'Transformer/encoderblock_{i}/'
 _A = _B + 'MultiHeadDotProductAttention_1/'

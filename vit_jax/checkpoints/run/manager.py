@@ -121,7 +121,7 @@ class Manager(ocp.CheckpointManager):
     warnings.filterwarnings('ignore', message=r"coroutine '.*' was never awaited",
                             category=RuntimeWarning)
     release_abandoned_threads()
-    cause, fix = write_failure(causes(e)[-1])
+    cause, fix = errors.write_failure(causes(e)[-1])
     kept = [s for s in self.all_steps() if s != step]
     before = (f'The checkpoints before it are intact (steps {", ".join(map(str, kept))}): '
               if kept else 'No checkpoint was written before it: ')
@@ -131,31 +131,6 @@ class Manager(ocp.CheckpointManager):
         f'{f" from step {kept[-1]}" if kept else ""}.')
     self._pending = None
     return self._failed
-
-
-# (signs in the error's text, the cause in words, what to do): the common causes of a failed
-# save; anything else is named by its own message.
-SAVE_CAUSES = (
-    (('No space left on device', "os_error_code='28'"), 'the disk is full',
-     'free space there (or lower config.keep_checkpoints)'),
-    (('Disk quota exceeded', "os_error_code='122'"), 'the disk quota is exceeded',
-     'free space there or raise the quota'),
-    (('Permission denied', "os_error_code='13'"), 'permission denied',
-     'make the workdir writable by this user'),
-    (('Read-only file system', "os_error_code='30'"), 'the file system is read-only',
-     'use a writable workdir'),
-)
-
-
-def write_failure(e: BaseException) -> tuple[str, str]:
-  """(the cause in words, what to do) of a failed write: one of ``SAVE_CAUSES`` with the OS's
-  words and the file, not TensorStore's or TensorFlow's long preamble; else its own message."""
-  text = str(e)
-  for signs, what, how in SAVE_CAUSES:
-    if any(sign in text for sign in signs):
-      written = re.findall(r'(?:Failed writing|Error writing local file):? "([^"]+)"', text)
-      return f'{what} ({signs[0]}{f", writing {written[-1]}" if written else ""})', how
-  return short(e), 'fix the cause'
 
 
 def release_abandoned_threads() -> None:
@@ -289,7 +264,8 @@ def recorded(step_dir: epath.Path) -> dict[str, dict[str, Any]] | None:
   try:
     metadata = json.loads(path.read_text())
   except (OSError, ValueError) as e:
-    raise errors.CheckpointError(f'its {STEP_METADATA} cannot be read ({short(e)})') from None
+    raise errors.CheckpointError(
+        f'its {STEP_METADATA} cannot be read ({errors.short(e)})') from None
   return (metadata.get('custom_metadata') or {}).get(ARRAYS)
 
 
@@ -383,12 +359,6 @@ def _leaves(tree: Any) -> dict[str, Any]:
   return {sharding.path_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-def short(e: BaseException) -> str:
-  """An Orbax / TensorStore error in a line: without the spec it dumps, at most 300 chars."""
-  text = ' '.join(str(e).split('[tensorstore_spec')[0].split())
-  return f'{type(e).__name__}: {text[:300]}'
-
-
 def read_problem(e: BaseException, step_dir: epath.Path) -> str:
   """What went wrong reading a checkpoint, in a line naming the damaged file where known.
 
@@ -396,7 +366,7 @@ def read_problem(e: BaseException, step_dir: epath.Path) -> str:
   text is a dump of the TensorStore spec: the innermost error is the one that says.
   """
   inner = causes(e)[-1]
-  problem = short(inner)
+  problem = errors.short(inner)
   match = re.search(r'Error reading "([^"]+)" in OCDBT database at local file "([^"]+)"',
                     str(inner))
   if match:

@@ -22,6 +22,7 @@ from etils import epath
 
 from vit_jax import config as config_lib
 from vit_jax.base import errors
+from vit_jax.base.sizes import pair
 from vit_jax.checkpoints import formats
 from vit_jax.checkpoints.formats import big_vision, fit, layout, release
 from vit_jax.checkpoints.run import manager as manager_lib
@@ -36,7 +37,6 @@ from vit_jax.checkpoints.run.record import (  # noqa: F401 (read here, and by it
   steps,
 )
 from vit_jax.models import VisionTransformer, get_model, mpp
-from vit_jax.models.vit import pair
 
 
 def write_run_info(workdir: str | os.PathLike, config: ml_collections.ConfigDict,
