@@ -34,7 +34,8 @@ def test_an_accelerator_run_is_not_re_executed(tmp_path):
     (tmp_path / platforms).mkdir()
     done = subprocess.run(
         [sys.executable, '-m', 'vit_jax.main', '--config=configs/quickstart.py',
-         f'--workdir={tmp_path / platforms}', '--config.total_steps=1'],
+         f'--workdir={tmp_path / platforms}', '--config.total_steps=1',
+         '--config.schedule.warmup_steps=0'],
         env={**env(1), 'JAX_PLATFORMS': platforms, 'VIT_JAX_MALLOC': 'keep_freed',
              'GLIBC_TUNABLES': ''}, capture_output=True, text=True, timeout=300)
     log = tmp_path / platforms / 'log.txt'
