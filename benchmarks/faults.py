@@ -98,12 +98,10 @@ def final_state(workdir: str) -> Any:
   from vit_jax.checkpoints.run import manager as manager_lib
   from vit_jax.config import cli as config_cli
   from vit_jax.training import plan as plan_lib
-  from vit_jax.training import step
 
   config = config_cli.load(CONFIG, [(k, str(v)) for k, v in overrides().items()])
   plan = plan_lib.validate(config)
-  state, shardings = step.create_train_state(plan.model, plan.tx, config.seed, plan.mesh,
-                                             shard_state=plan.shard_state)
+  state, shardings = plan.train_state()
   manager = manager_lib.make_manager(workdir, every_steps=1, keep=3)
   try:
     return jax.device_get(manager_lib.restore(

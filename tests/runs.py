@@ -10,7 +10,6 @@ import ml_collections
 
 from vit_jax.checkpoints.run import manager as manager_lib
 from vit_jax.training import plan as plan_lib
-from vit_jax.training import step as step_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / 'configs' / 'quickstart.py'
@@ -66,8 +65,7 @@ def read_metrics(workdir):
 def abstract_state(config):
   """The train state of ``config`` as ShapeDtypeStructs with shardings: a restore's target."""
   plan = plan_lib.validate(config)
-  state, shardings = step_lib.create_train_state(plan.model, plan.tx, 0, plan.mesh,
-                                                 shard_state=plan.shard_state)
+  state, shardings = plan.train_state()
   return manager_lib.abstract_like(state, shardings)
 
 

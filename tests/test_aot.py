@@ -31,10 +31,8 @@ needs_libtpu = pytest.mark.skipif(importlib.util.find_spec('libtpu') is None,
 def lowered_by_train(config, devices):
   """The train step as the training loop builds it, lowered on abstract inputs."""
   plan = plan_lib.validate(config, devices=devices, num_train_examples=1000)
-  state, shardings = step_lib.create_train_state(
-      plan.model, plan.tx, 0, plan.mesh, shard_state=plan.shard_state, abstract=True)
-  step = step_lib.make_train_step(plan.model, plan.tx, plan.schedule, plan.step_options,
-                                  plan.mesh, shardings)
+  state, shardings = plan.train_state(abstract=True)
+  step = plan.train_step(shardings)
   batch = {'image': (config.batch_size, *plan.model.image_size, 3),
            'label': (config.batch_size, plan.num_classes or 1)}
   batch = {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=sharding.batch_sharding(plan.mesh))

@@ -23,14 +23,11 @@ def setup_step(config, state=None):
   its mesh."""
   plan = plan_lib.validate(config)
   if state is None:
-    state, shardings = step_lib.create_train_state(plan.model, plan.tx, 0, plan.mesh,
-                                                   shard_state=plan.shard_state)
+    state, shardings = plan.train_state()
   else:
     shardings = sharding.shardings_for(state, plan.mesh, stored=plan.shard_state)
     state = jax.device_put(state, shardings)
-  step = step_lib.make_train_step(plan.model, plan.tx, plan.schedule, plan.step_options,
-                                  plan.mesh, shardings)
-  return state, step, plan.mesh
+  return state, plan.train_step(shardings), plan.mesh
 
 
 def random_batches(mesh, n, batch_size=64, seed=0):

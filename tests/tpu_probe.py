@@ -50,7 +50,6 @@ def report(topology: str, overrides: str) -> dict:
   from vit_jax.base import accelerators, sharding
   from vit_jax.tools import aot
   from vit_jax.training import plan as plan_lib
-  from vit_jax.training import step as step_lib
 
   from runs import tiny_config
 
@@ -58,10 +57,8 @@ def report(topology: str, overrides: str) -> dict:
   result = aot.report(config, topology)
   tpu = accelerators.tpu_slice(topology)
   plan = plan_lib.validate(config, devices=tpu.compile_devices(), num_train_examples=1000)
-  state, shardings = step_lib.create_train_state(
-      plan.model, plan.tx, 0, plan.mesh, shard_state=plan.shard_state, abstract=True)
-  step = step_lib.make_train_step(plan.model, plan.tx, plan.schedule, plan.step_options,
-                                  plan.mesh, shardings)
+  state, shardings = plan.train_state(abstract=True)
+  step = plan.train_step(shardings)
   batch = {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=sharding.batch_sharding(plan.mesh))
            for k, v in {'image': (config.batch_size, *plan.model.image_size, 3),
                         # No classes (masked patch prediction): the loader's (n, 1) labels.

@@ -14,6 +14,7 @@ loop's body once, so scanned models and micro-batches get no step time.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -150,13 +151,13 @@ def lower_steps(config: Any, devices: list, num_train_examples: int, model: Any 
   from vit_jax.base import sharding
   from vit_jax.evals import classification
   from vit_jax.evals import mpp as mpp_eval
-  from vit_jax.training import mfu, step
+  from vit_jax.training import mfu
   from vit_jax.training import plan as plan_lib
 
   plan = plan_lib.validate(config, devices=devices, num_train_examples=num_train_examples)
-  config, model, mesh = plan.config, model or plan.model, plan.mesh
-  state, shardings = step.create_train_state(model, plan.tx, config.seed, mesh,
-                                             shard_state=plan.shard_state, abstract=True)
+  plan = dataclasses.replace(plan, model=model or plan.model)
+  config, model, mesh = plan.config, plan.model, plan.mesh
+  state, shardings = plan.train_state(abstract=True)
   batch_sharding = sharding.batch_sharding(mesh)
 
   def batch(size: int, **extra: tuple[int, ...]) -> dict[str, jax.ShapeDtypeStruct]:
@@ -167,7 +168,7 @@ def lower_steps(config: Any, devices: list, num_train_examples: int, model: Any 
             for k, v in shapes.items()}
 
   options = plan.step_options
-  train_step = step.make_train_step(model, plan.tx, plan.schedule, options, mesh, shardings)
+  train_step = plan.train_step(shardings)
   # Training's own evaluation (the classifier's, or masked patch prediction's).
   eval_step = (mpp_eval.make_eval_step(model, options.mpp, mesh) if options.mpp else
                classification.make_eval_step(model, config.loss, mesh))

@@ -33,7 +33,7 @@ from vit_jax.data import loader
 from vit_jax.training import divergence, mfu
 from vit_jax.training.metrics import MetricsLog
 from vit_jax.training.plan import Plan
-from vit_jax.training.step import TrainState, create_train_state, make_train_step
+from vit_jax.training.step import TrainState
 
 
 def train_and_evaluate(plan: Plan, workdir: str, evaluators: Sequence[Any] = ()
@@ -50,8 +50,7 @@ def train_and_evaluate(plan: Plan, workdir: str, evaluators: Sequence[Any] = ()
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
 
   # The state: resumed, fine-tuned from config.init_from, or fresh.
-  state, state_shardings = create_train_state(model, plan.tx, config.seed, plan.mesh,
-                                              shard_state=plan.shard_state)
+  state, state_shardings = plan.train_state()
   abstract = manager_lib.abstract_like(state, state_shardings)  # What a rewind restores.
   manager = manager_lib.make_manager(workdir, every_steps=config.checkpoint_every_steps,
                                      keep=config.keep_checkpoints)
@@ -72,8 +71,7 @@ def train_and_evaluate(plan: Plan, workdir: str, evaluators: Sequence[Any] = ()
                  phase['base_lr'], phase['end_lr'], phase['warmup_steps'])
 
   # The program and the data.
-  train_step = make_train_step(model, plan.tx, plan.schedule, plan.step_options, plan.mesh,
-                               state_shardings)
+  train_step = plan.train_step(state_shardings)
   train_loader = loader.TrainLoader(
       plan.train_source, plan.pp_train, global_batch_size=config.batch_size,
       seed=config.seed, sharding=sharding.batch_sharding(plan.mesh),

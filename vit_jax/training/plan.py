@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -24,6 +25,7 @@ from vit_jax.checkpoints.run import workdir as workdir_lib
 from vit_jax.data import preprocess, sources
 from vit_jax.models import canonical_name, get_model, mpp
 from vit_jax.training import optim
+from vit_jax.training import step as step_lib
 from vit_jax.training.step import StepOptions
 
 
@@ -60,6 +62,17 @@ class Plan:
     if self.config.mesh.shard_state is None:
       return cpu.shards_state_by_default(self.mesh.devices.flat[0].platform)
     return self.config.mesh.shard_state
+
+  def train_state(self, *, abstract: bool = False) -> tuple[step_lib.TrainState, Any]:
+    """The run's fresh state (``config.seed``) laid out in its shardings, and the shardings;
+    ``abstract``: only their shapes (planning, a restore's target)."""
+    return step_lib.create_train_state(self.model, self.tx, self.config.seed, self.mesh,
+                                       shard_state=self.shard_state, abstract=abstract)
+
+  def train_step(self, state_shardings: Any) -> Callable:
+    """The run's jitted step over its mesh, for a state in ``state_shardings``."""
+    return step_lib.make_train_step(self.model, self.tx, self.schedule, self.step_options,
+                                    self.mesh, state_shardings)
 
 
 def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | None = None,
