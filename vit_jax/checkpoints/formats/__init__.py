@@ -1,9 +1,9 @@
 """Foreign weight formats, one module each, and what a SOURCE string names.
 
-The modules: ``layout`` (the release layout every format converts to) and ``adapt`` (fitting it
+The modules: ``layout`` (the release layout every format converts to) and ``fit`` (fitting it
 to a model); ``release`` (.npz files), ``big_vision`` (its names, and its tensorstore folders),
-``hub`` (the Hugging Face Hub's folders and ``hf-hub:`` ids), ``timm`` and ``transformers``
-(each with one name table, read both ways).
+``hub`` (the Hugging Face Hub's folders and how a name table is read), ``timm`` and
+``transformers`` (each with one name table, read both ways).
 
 A SOURCE is one of:
 
