@@ -18,7 +18,7 @@ import collections
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -176,6 +176,25 @@ def expand(rules: Iterable[Rule], depth: int, prefix: str = '') -> list[Rule]:
     for i in range(depth) if '{i}' in ours else (None,):
       out.append((ours.format(i=i), prefix + theirs.format(i=i), layout))
   return out
+
+
+def norm(ours: str, theirs: str) -> tuple[Rule, ...]:
+  """A LayerNorm's scale and bias (torch: weight, bias)."""
+  return ((ours + '/scale', theirs + '.weight', SAME), (ours + '/bias', theirs + '.bias', SAME))
+
+
+def dense(ours: str, theirs: str, kernel: str = LINEAR, bias: str = SAME
+           ) -> tuple[Rule, ...]:
+  """A Linear's (or a Conv2d's, ``kernel=CONV``) kernel and bias."""
+  return ((ours + '/kernel', theirs + '.weight', kernel), (ours + '/bias', theirs + '.bias', bias))
+
+
+def attention(ours: str, theirs: Sequence[str]) -> tuple[Rule, ...]:
+  """Separate query, key, value and output projections (``theirs``, in that order)."""
+  q, k, v, out = theirs
+  return (*dense(ours + 'query', q, HEADS_IN, HEADS_BIAS),
+          *dense(ours + 'key', k, HEADS_IN, HEADS_BIAS),
+          *dense(ours + 'value', v, HEADS_IN, HEADS_BIAS), *dense(ours + 'out', out, HEADS_OUT))
 
 
 def read_table(rules: Iterable[Rule], t: Tensors, heads: int) -> dict[str, np.ndarray]:

@@ -19,7 +19,7 @@ import numpy as np
 from vit_jax.base import errors
 from vit_jax.base.sizes import pair
 from vit_jax.checkpoints.formats import hub
-from vit_jax.checkpoints.formats.hub import CONV, HEADS_BIAS, HEADS_IN, HEADS_OUT, LINEAR, SAME
+from vit_jax.checkpoints.formats.hub import CONV, SAME
 from vit_jax.checkpoints.formats.layout import POSEMB_KEY, flatten, to_host, to_release
 from vit_jax.checkpoints.formats.timm_architectures import ARCHITECTURES
 from vit_jax.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, EvalSpec
@@ -34,57 +34,30 @@ _MA = _M + 'MultiHeadDotProductAttention_0/'
 # into one ``attn.qkv``, and the attention pool's key and value into ``attn_pool.kv``
 # (``_split_qkv``, ``_join_qkv``): the table names the parts.
 TABLE: tuple[hub.Rule, ...] = (
-    ('embedding/kernel', 'patch_embed.proj.weight', CONV),
-    ('embedding/bias', 'patch_embed.proj.bias', SAME),
+    *hub.dense('embedding', 'patch_embed.proj', CONV),
     ('cls', 'cls_token', SAME),
     ('dist', 'dist_token', SAME),
     ('registers', 'reg_token', SAME),
     (POSEMB_KEY, 'pos_embed', SAME),
-    ('Transformer/pre_norm/scale', 'norm_pre.weight', SAME),
-    ('Transformer/pre_norm/bias', 'norm_pre.bias', SAME),
-    (_B + 'LayerNorm_0/scale', 'blocks.{i}.norm1.weight', SAME),
-    (_B + 'LayerNorm_0/bias', 'blocks.{i}.norm1.bias', SAME),
-    (_A + 'query/kernel', 'blocks.{i}.attn.q.weight', HEADS_IN),
-    (_A + 'key/kernel', 'blocks.{i}.attn.k.weight', HEADS_IN),
-    (_A + 'value/kernel', 'blocks.{i}.attn.v.weight', HEADS_IN),
-    (_A + 'query/bias', 'blocks.{i}.attn.q.bias', HEADS_BIAS),
-    (_A + 'key/bias', 'blocks.{i}.attn.k.bias', HEADS_BIAS),
-    (_A + 'value/bias', 'blocks.{i}.attn.v.bias', HEADS_BIAS),
+    *hub.norm('Transformer/pre_norm', 'norm_pre'),
+    *hub.norm(_B + 'LayerNorm_0', 'blocks.{i}.norm1'),
+    *hub.attention(_A, [f'blocks.{{i}}.attn.{n}' for n in ('q', 'k', 'v', 'proj')]),
     (_A + 'query_ln/scale', 'blocks.{i}.attn.q_norm.weight', SAME),
     (_A + 'key_ln/scale', 'blocks.{i}.attn.k_norm.weight', SAME),
-    (_A + 'out/kernel', 'blocks.{i}.attn.proj.weight', HEADS_OUT),
-    (_A + 'out/bias', 'blocks.{i}.attn.proj.bias', SAME),
     (_B + 'ls1', 'blocks.{i}.ls1.gamma', SAME),
-    (_B + 'LayerNorm_2/scale', 'blocks.{i}.norm2.weight', SAME),
-    (_B + 'LayerNorm_2/bias', 'blocks.{i}.norm2.bias', SAME),
-    (_B + 'MlpBlock_3/Dense_0/kernel', 'blocks.{i}.mlp.fc1.weight', LINEAR),
-    (_B + 'MlpBlock_3/Dense_0/bias', 'blocks.{i}.mlp.fc1.bias', SAME),
-    (_B + 'MlpBlock_3/Dense_1/kernel', 'blocks.{i}.mlp.fc2.weight', LINEAR),
-    (_B + 'MlpBlock_3/Dense_1/bias', 'blocks.{i}.mlp.fc2.bias', SAME),
+    *hub.norm(_B + 'LayerNorm_2', 'blocks.{i}.norm2'),
+    *hub.dense(_B + 'MlpBlock_3/Dense_0', 'blocks.{i}.mlp.fc1'),
+    *hub.dense(_B + 'MlpBlock_3/Dense_1', 'blocks.{i}.mlp.fc2'),
     (_B + 'ls2', 'blocks.{i}.ls2.gamma', SAME),
-    ('Transformer/encoder_norm/scale', 'norm.weight', SAME),
-    ('Transformer/encoder_norm/bias', 'norm.bias', SAME),
+    *hub.norm('Transformer/encoder_norm', 'norm'),
     (_M + 'probe', 'attn_pool.latent', SAME),
-    (_MA + 'query/kernel', 'attn_pool.q.weight', HEADS_IN),
-    (_MA + 'query/bias', 'attn_pool.q.bias', HEADS_BIAS),
-    (_MA + 'key/kernel', 'attn_pool.k.weight', HEADS_IN),
-    (_MA + 'key/bias', 'attn_pool.k.bias', HEADS_BIAS),
-    (_MA + 'value/kernel', 'attn_pool.v.weight', HEADS_IN),
-    (_MA + 'value/bias', 'attn_pool.v.bias', HEADS_BIAS),
-    (_MA + 'out/kernel', 'attn_pool.proj.weight', HEADS_OUT),
-    (_MA + 'out/bias', 'attn_pool.proj.bias', SAME),
-    (_M + 'LayerNorm_0/scale', 'attn_pool.norm.weight', SAME),
-    (_M + 'LayerNorm_0/bias', 'attn_pool.norm.bias', SAME),
-    (_M + 'MlpBlock_0/Dense_0/kernel', 'attn_pool.mlp.fc1.weight', LINEAR),
-    (_M + 'MlpBlock_0/Dense_0/bias', 'attn_pool.mlp.fc1.bias', SAME),
-    (_M + 'MlpBlock_0/Dense_1/kernel', 'attn_pool.mlp.fc2.weight', LINEAR),
-    (_M + 'MlpBlock_0/Dense_1/bias', 'attn_pool.mlp.fc2.bias', SAME),
-    ('fc_norm/scale', 'fc_norm.weight', SAME),
-    ('fc_norm/bias', 'fc_norm.bias', SAME),
-    ('head/kernel', 'head.weight', LINEAR),
-    ('head/bias', 'head.bias', SAME),
-    ('head_dist/kernel', 'head_dist.weight', LINEAR),
-    ('head_dist/bias', 'head_dist.bias', SAME),
+    *hub.attention(_MA, [f'attn_pool.{n}' for n in ('q', 'k', 'v', 'proj')]),
+    *hub.norm(_M + 'LayerNorm_0', 'attn_pool.norm'),
+    *hub.dense(_M + 'MlpBlock_0/Dense_0', 'attn_pool.mlp.fc1'),
+    *hub.dense(_M + 'MlpBlock_0/Dense_1', 'attn_pool.mlp.fc2'),
+    *hub.norm('fc_norm', 'fc_norm'),
+    *hub.dense('head', 'head'),
+    *hub.dense('head_dist', 'head_dist'),
 )
 # The tensors only some architectures have, as their arguments say: (key prefix, whether the
 # arguments ask for them, what they are, the tensor that must then be there).

@@ -15,7 +15,7 @@ from vit_jax.base import errors
 from vit_jax.base.sizes import pair
 from vit_jax.checkpoints import hf_hub
 from vit_jax.checkpoints.formats import hub
-from vit_jax.checkpoints.formats.hub import CONV, HEADS_BIAS, HEADS_IN, HEADS_OUT, LINEAR, SAME
+from vit_jax.checkpoints.formats.hub import CONV, SAME
 from vit_jax.checkpoints.formats.layout import POSEMB_KEY, flatten, to_host, to_release
 from vit_jax.data.preprocess import EvalSpec
 from vit_jax.models import VisionTransformer
@@ -23,38 +23,6 @@ from vit_jax.models import VisionTransformer
 _B = 'Transformer/encoderblock_{i}/'
 _A = _B + 'MultiHeadDotProductAttention_1/'
 _L = 'encoder.layer.{i}.'
-# transformers' names for the release layout's arrays, under ``vit.`` in a classifier.
-TABLE: tuple[hub.Rule, ...] = (
-    ('embedding/kernel', 'embeddings.patch_embeddings.projection.weight', CONV),
-    ('embedding/bias', 'embeddings.patch_embeddings.projection.bias', SAME),
-    ('cls', 'embeddings.cls_token', SAME),
-    (POSEMB_KEY, 'embeddings.position_embeddings', SAME),
-    (_B + 'LayerNorm_0/scale', _L + 'layernorm_before.weight', SAME),
-    (_B + 'LayerNorm_0/bias', _L + 'layernorm_before.bias', SAME),
-    (_A + 'query/kernel', _L + 'attention.attention.query.weight', HEADS_IN),
-    (_A + 'key/kernel', _L + 'attention.attention.key.weight', HEADS_IN),
-    (_A + 'value/kernel', _L + 'attention.attention.value.weight', HEADS_IN),
-    (_A + 'query/bias', _L + 'attention.attention.query.bias', HEADS_BIAS),
-    (_A + 'key/bias', _L + 'attention.attention.key.bias', HEADS_BIAS),
-    (_A + 'value/bias', _L + 'attention.attention.value.bias', HEADS_BIAS),
-    (_A + 'out/kernel', _L + 'attention.output.dense.weight', HEADS_OUT),
-    (_A + 'out/bias', _L + 'attention.output.dense.bias', SAME),
-    (_B + 'LayerNorm_2/scale', _L + 'layernorm_after.weight', SAME),
-    (_B + 'LayerNorm_2/bias', _L + 'layernorm_after.bias', SAME),
-    (_B + 'MlpBlock_3/Dense_0/kernel', _L + 'intermediate.dense.weight', LINEAR),
-    (_B + 'MlpBlock_3/Dense_0/bias', _L + 'intermediate.dense.bias', SAME),
-    (_B + 'MlpBlock_3/Dense_1/kernel', _L + 'output.dense.weight', LINEAR),
-    (_B + 'MlpBlock_3/Dense_1/bias', _L + 'output.dense.bias', SAME),
-    ('Transformer/encoder_norm/scale', 'layernorm.weight', SAME),
-    ('Transformer/encoder_norm/bias', 'layernorm.bias', SAME),
-    ('pre_logits/kernel', 'pooler.dense.weight', LINEAR),  # ViTModel's pooler (Dense + tanh).
-    ('pre_logits/bias', 'pooler.dense.bias', SAME),
-)
-# The classifier of ViTForImageClassification, outside ``vit.``.
-CLASSIFIER: tuple[hub.Rule, ...] = (
-    ('head/kernel', 'classifier.weight', LINEAR),
-    ('head/bias', 'classifier.bias', SAME),
-)
 _PREFIX = 'vit.'
 
 DEFAULTS: dict[str, Any] = dict(
@@ -65,31 +33,14 @@ _ACTIVATIONS = {'gelu': 'gelu', 'gelu_pytorch_tanh': 'gelu_tanh', 'gelu_new': 'g
                 'gelu_fast': 'gelu_tanh', 'quick_gelu': 'quick_gelu'}
 
 
-def _norm(ours: str, theirs: str) -> tuple[hub.Rule, ...]:
-  return ((ours + '/scale', theirs + '.weight', SAME), (ours + '/bias', theirs + '.bias', SAME))
-
-
-def _dense(ours: str, theirs: str, kernel: str = LINEAR, bias: str = SAME
-           ) -> tuple[hub.Rule, ...]:
-  return ((ours + '/kernel', theirs + '.weight', kernel), (ours + '/bias', theirs + '.bias', bias))
-
-
-def _attention(ours: str, theirs: Sequence[str]) -> tuple[hub.Rule, ...]:
-  """Separate query, key, value and output projections (``theirs``, in that order)."""
-  q, k, v, out = theirs
-  return (*_dense(ours + 'query', q, HEADS_IN, HEADS_BIAS),
-          *_dense(ours + 'key', k, HEADS_IN, HEADS_BIAS),
-          *_dense(ours + 'value', v, HEADS_IN, HEADS_BIAS), *_dense(ours + 'out', out, HEADS_OUT))
-
-
 def _block(layer: str, norm1: str, attention: Sequence[str], norm2: str, mlp: Sequence[str],
            scales: Sequence[str] = ()) -> tuple[hub.Rule, ...]:
   """One encoder block by the library's module names (under ``layer``, '{i}' its index)."""
-  rules = (*_norm(_B + 'LayerNorm_0', layer + norm1),
-           *_attention(_A, [layer + n for n in attention]),
-           *_norm(_B + 'LayerNorm_2', layer + norm2),
-           *_dense(_B + 'MlpBlock_3/Dense_0', layer + mlp[0]),
-           *_dense(_B + 'MlpBlock_3/Dense_1', layer + mlp[1]))
+  rules = (*hub.norm(_B + 'LayerNorm_0', layer + norm1),
+           *hub.attention(_A, [layer + n for n in attention]),
+           *hub.norm(_B + 'LayerNorm_2', layer + norm2),
+           *hub.dense(_B + 'MlpBlock_3/Dense_0', layer + mlp[0]),
+           *hub.dense(_B + 'MlpBlock_3/Dense_1', layer + mlp[1]))
   return rules + tuple((_B + ours, layer + theirs, SAME)
                        for ours, theirs in zip(('ls1', 'ls2'), scales, strict=False))
 
@@ -98,19 +49,19 @@ _CLIP_ATTENTION = [f'self_attn.{n}_proj' for n in ('q', 'k', 'v', 'out')]
 # CLIPVisionModel and SiglipVisionModel (their class embedding and position embeddings as the
 # release's (1, 1, D) and (1, N, D), SigLIP head's packed in_proj as q, k, v: ``_canonical``).
 CLIP = (
-    *_dense('embedding', 'embeddings.patch_embedding', CONV),  # SigLIP's; CLIP has no bias.
+    *hub.dense('embedding', 'embeddings.patch_embedding', CONV),  # SigLIP's; CLIP has no bias.
     ('cls', 'embeddings.class_embedding', SAME),
     (POSEMB_KEY, 'embeddings.position_embedding.weight', SAME),
-    *_norm('Transformer/pre_norm', 'pre_layrnorm'),
+    *hub.norm('Transformer/pre_norm', 'pre_layrnorm'),
     *_block('encoder.layers.{i}.', 'layer_norm1', _CLIP_ATTENTION, 'layer_norm2',
             ('mlp.fc1', 'mlp.fc2')),
-    *_norm('Transformer/encoder_norm', 'post_layernorm'),
+    *hub.norm('Transformer/encoder_norm', 'post_layernorm'),
     ('MAPHead_0/probe', 'head.probe', SAME),
-    *_attention('MAPHead_0/MultiHeadDotProductAttention_0/',
+    *hub.attention('MAPHead_0/MultiHeadDotProductAttention_0/',
                 [f'head.attention.{n}_proj' for n in ('q', 'k', 'v', 'out')]),
-    *_norm('MAPHead_0/LayerNorm_0', 'head.layernorm'),
-    *_dense('MAPHead_0/MlpBlock_0/Dense_0', 'head.mlp.fc1'),
-    *_dense('MAPHead_0/MlpBlock_0/Dense_1', 'head.mlp.fc2'),
+    *hub.norm('MAPHead_0/LayerNorm_0', 'head.layernorm'),
+    *hub.dense('MAPHead_0/MlpBlock_0/Dense_0', 'head.mlp.fc1'),
+    *hub.dense('MAPHead_0/MlpBlock_0/Dense_1', 'head.mlp.fc2'),
 )
 
 
@@ -118,16 +69,23 @@ def _vit_like(mlp: Sequence[str], norms: Sequence[str] = ('layernorm_before', 'l
               scales: Sequence[str] = ()) -> tuple[hub.Rule, ...]:
   """ViTModel's names (DINOv2 and DeiT keep them but the blocks' norms, MLP and scales)."""
   return (
-      *_dense('embedding', 'embeddings.patch_embeddings.projection', CONV),
+      *hub.dense('embedding', 'embeddings.patch_embeddings.projection', CONV),
       ('cls', 'embeddings.cls_token', SAME),
       ('dist', 'embeddings.distillation_token', SAME),
       (POSEMB_KEY, 'embeddings.position_embeddings', SAME),
       *_block(_L, norms[0], ('attention.attention.query', 'attention.attention.key',
                              'attention.attention.value', 'attention.output.dense'),
               norms[1], mlp, scales),
-      *_norm('Transformer/encoder_norm', 'layernorm'))
+      *hub.norm('Transformer/encoder_norm', 'layernorm'))
 
 
+# ViTModel's and ViTForImageClassification's names, the encoder's under ``vit.`` in a classifier
+# (ViT has no distillation token: a ViT folder holding one has it named as a stray tensor).
+TABLE: tuple[hub.Rule, ...] = (
+    *(rule for rule in _vit_like(('intermediate.dense', 'output.dense')) if rule[0] != 'dist'),
+    *hub.dense('pre_logits', 'pooler.dense'))  # ViTModel's pooler (Dense + tanh).
+# The classifier of ViTForImageClassification, outside ``vit.``.
+CLASSIFIER: tuple[hub.Rule, ...] = hub.dense('head', 'classifier')
 _DINOV2_SCALES = ('layer_scale1.lambda1', 'layer_scale2.lambda1')
 # model_type -> (config defaults, the table, the tables of a classifier head, the prefix of the
 # rest in a classifier). Classifiers that pool otherwise (Dinov2ForImageClassification: the
@@ -140,11 +98,12 @@ BACKBONES: dict[str, tuple[dict[str, Any], tuple[hub.Rule, ...], tuple[hub.Rule,
                             'vision_model.'),
     'dinov2': (dict(hidden_act='gelu', layer_norm_eps=1e-6, layerscale_value=1.),
                _vit_like(('mlp.fc1', 'mlp.fc2'), ('norm1', 'norm2'), _DINOV2_SCALES)
-               + _dense(_B + 'MlpBlock_3/Dense_0', _L + 'mlp.weights_in')  # use_swiglu_ffn's.
-               + _dense(_B + 'MlpBlock_3/Dense_1', _L + 'mlp.weights_out'), (), 'dinov2.'),
+               + hub.dense(_B + 'MlpBlock_3/Dense_0', _L + 'mlp.weights_in')  # use_swiglu_ffn's.
+               + hub.dense(_B + 'MlpBlock_3/Dense_1', _L + 'mlp.weights_out'), (), 'dinov2.'),
     'deit': (dict(hidden_act='gelu', layer_norm_eps=1e-12),
              _vit_like(('intermediate.dense', 'output.dense')),
-             (*_dense('head', 'cls_classifier'), *_dense('head_dist', 'distillation_classifier')),
+             (*hub.dense('head', 'cls_classifier'),
+              *hub.dense('head_dist', 'distillation_classifier')),
              'deit.'),
 }
 
