@@ -1,5 +1,11 @@
 """vit_jax.training.plan: a config's mistakes, each one line naming the field, before compiling."""
 
+import json
+import logging
+import pathlib
+
+import chex
+import numpy as np
 import pytest
 
 from vit_jax.base import errors
@@ -72,3 +78,47 @@ def test_missing_data_path_is_named(tmp_path):
     config.dataset.data_dir = str(tmp_path / 'nowhere')
   with pytest.raises(FileNotFoundError, match='config.dataset.data_dir=.*nowhere does not exist'):
     plan_lib.validate(config)
+
+
+DATA = pathlib.Path(__file__).resolve().parent / 'data'
+# The timm_clip reference case's geometry (tests/data/preprocess/make_fixtures.py), scaled to
+# [-1, 1] as the releases' pipelines are: only the scaling is left to the checkpoint.
+CLIP_GEOMETRY = "decode|resize_small(32, 'pil_bicubic')|central_crop(32, 'round')"
+
+
+def _finetune(init_from, caplog, **overrides):
+  pp = f'{CLIP_GEOMETRY}|value_range(-1, 1)'
+  config = tiny_config(**{'init_from': str(init_from), 'model.image_size': 32,
+                          'dataset.pp_train': pp, 'dataset.pp_eval': pp, **overrides})
+  caplog.set_level(logging.INFO)
+  caplog.clear()
+  return plan_lib.validate(config), pp
+
+
+@pytest.mark.parametrize('folder', ['timm_clip', 'hf_clip_vision'])
+def test_a_fine_tune_from_clip_scales_as_clip(folder, caplog):
+  """init_from a CLIP folder (timm's, transformers'): training and evaluation take OpenAI's
+  mean and std, as timm's own eval transform of a real image makes it (reference.npz), and
+  config.json's pp_eval says so; init_normalization=False keeps the pipelines', in one line."""
+  reference = np.load(DATA / 'preprocess' / 'reference.npz')
+  openai = json.loads(str(reference['timm_clip/settings']))
+  plan, pp = _finetune(DATA / 'hub' / folder, caplog)
+  image = (DATA / 'preprocess' / 'images' / 'wide.png').read_bytes()
+  chex.assert_trees_all_close(plan.pp_eval(image, np.random.default_rng(0)),
+                              reference['timm_clip/wide'].transpose(1, 2, 0), atol=2e-6)
+  scale, offset = plan.pp_train.affine  # The training pipeline's scaling, on the devices.
+  chex.assert_trees_all_close((scale, offset), (1 / (255 * np.float32(openai['std'])),
+                              -np.float32(openai['mean']) / np.float32(openai['std'])), rtol=1e-6)
+  assert plan.config.dataset.pp_eval == plan.pp_eval.spec != pp
+  assert caplog.text.count('Preprocessing scaled as') == 1
+
+  plan, _ = _finetune(DATA / 'hub' / folder, caplog, init_normalization=False)
+  assert plan.pp_train.spec == plan.pp_eval.spec == plan.config.dataset.pp_eval == pp
+  assert caplog.text.count("the pipelines' own scaling overrides") == 1
+
+
+def test_a_fine_tune_from_a_release_file_keeps_its_pipelines(caplog):
+  """A .npz file records no preprocessing: the pipelines as written, nothing logged."""
+  plan, pp = _finetune(DATA / 'big_vision' / 'tok_params.npz', caplog)
+  assert plan.pp_train.spec == plan.pp_eval.spec == plan.config.dataset.pp_eval == pp
+  assert 'scaling' not in caplog.text and 'scaled' not in caplog.text

@@ -192,6 +192,12 @@ FIELDS: dict[str, Field | Group] = {
     'init_source_pool': F('str?', None, '', "A big_vision source's pool_type where its "
                           "arrays do not tell ('gap', '0', 'none'); needed with "
                           "init_keep_head, where only 'gap' loads."),
+    'init_normalization': F('bool', True, '', 'Where init_from records how its images were '
+                            "normalised (timm's and transformers': OpenAI's mean and std for "
+                            "CLIP, 0.5 for SigLIP, ImageNet's for DINOv2 and DeiT), that scaling "
+                            'replaces the value_range or normalize op of dataset.pp_train and '
+                            "pp_eval (appended where they have none; config.json's pp_eval is "
+                            "the one run); False: the pipelines' own (logged)."),
     'evals': F('evals', {'eval': {'type': 'classification'}}, '', 'The evaluators, by name: '
                "each a type and that type's fields (EVAL_TYPES; docs/evaluation.md)."),
     'seed': F('int', 0, '', 'The initialisation, data order and augmentation.'),

@@ -351,8 +351,22 @@ class EvalSpec:
       ops = [f'resize_small({scaled[0]}{method}){crop}']
     else:
       ops = [f'resize({scaled if scaled[0] != scaled[1] else scaled[0]}{method}){crop}']
+    return '|'.join(['decode', *ops, self.scaling])
+
+  @property
+  def scaling(self) -> str:
+    """The op that scales uint8 pixels by ``mean`` and ``std``."""
     if self.mean == (0.5,) * 3 and self.std == (0.5,) * 3:
-      ops.append('value_range(-1, 1)')
-    else:
-      ops.append(f'normalize({list(self.mean)}, {list(self.std)})')
-    return '|'.join(['decode', *ops])
+      return 'value_range(-1, 1)'
+    return f'normalize({list(self.mean)}, {list(self.std)})'
+
+
+def rescaled(spec: str, scaling: str) -> str:
+  """``spec`` with ``scaling`` (a ``value_range`` or ``normalize`` op) in place of its last
+  such op, or appended where it has none."""
+  parts = spec.split('|')
+  scaled = [i for i, part in enumerate(parts) if part.split('(')[0].strip() in _SCALINGS]
+  if not scaled:
+    return f'{spec}|{scaling}'
+  parts[scaled[-1]] = scaling
+  return '|'.join(parts)

@@ -16,6 +16,7 @@ import flax.linen as nn
 import jax
 import ml_collections
 import optax
+from absl import logging
 
 from vit_jax import config as config_lib
 from vit_jax.base import cpu, errors, paths, sharding
@@ -102,10 +103,13 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
       raise errors.ConfigError(
           f'config.schedule.{field}={lr} must be {"positive" if field == "base_lr" else ">= 0"}'
           ' (e.g. 1e-3): a negative rate climbs the loss, a zero one trains nothing.')
+  specs = _scaled_pipelines(config) if with_data else {
+      field: config.dataset[field] for field in ('pp_train', 'pp_eval')}
+  config.dataset.pp_eval = specs['pp_eval']  # config.json's: what predict and evaluate take.
   pipelines = {}
-  for field in ('pp_train', 'pp_eval'):
+  for field, spec in specs.items():
     try:
-      pipelines[field] = preprocess.parse(config.dataset[field])
+      pipelines[field] = preprocess.parse(spec)
     except ValueError as e:
       raise errors.ConfigError(f'config.dataset.{field}: {e}') from None
 
@@ -173,6 +177,30 @@ def _check_files(config: ml_collections.ConfigDict) -> None:
     except errors.UserError as e:
       raise type(e)(f'config.init_from: {e}') from None
   workdir_lib.check_init_from(config)  # init_ema, init_source_grid, init_source_pool.
+
+
+def _scaled_pipelines(config: ml_collections.ConfigDict) -> dict[str, str]:
+  """``dataset.pp_train`` and ``pp_eval`` as run: scaled as ``config.init_from``'s images
+  were, where it records that (a timm or transformers checkpoint) and
+  ``config.init_normalization`` is on; logged in one line, as is the pipelines' override."""
+  specs = {field: config.dataset[field] for field in ('pp_train', 'pp_eval')}
+  source = config.init_from
+  if not source or formats.origin(source) not in (formats.TIMM, formats.TRANSFORMERS,
+                                                  formats.HF_HUB):
+    return specs
+  scaling = formats.preprocessing(formats.local_folder(source)).scaling
+  scaled = {field: preprocess.rescaled(spec, scaling) for field, spec in specs.items()}
+  if scaled == specs:
+    return specs
+  if not config.init_normalization:
+    logging.warning("config.init_normalization=False: the pipelines' own scaling overrides "
+                    "%s's, %s (config.dataset.pp_train=%r, pp_eval=%r).", source, scaling,
+                    specs['pp_train'], specs['pp_eval'])
+    return specs
+  logging.info("Preprocessing scaled as %s's images were, %s (config.init_normalization): "
+               'pp_train=%r, pp_eval=%r.', source, scaling, scaled['pp_train'],
+               scaled['pp_eval'])
+  return scaled
 
 
 def _check_batches(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:

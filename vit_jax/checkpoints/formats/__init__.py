@@ -39,6 +39,7 @@ from vit_jax.checkpoints import hf_hub
 from vit_jax.checkpoints.formats import big_vision, hub, release, timm, transformers
 from vit_jax.checkpoints.formats.fit import adapt, model_of
 from vit_jax.checkpoints.formats.layout import Loaded, check_finite, flatten, to_release
+from vit_jax.data.preprocess import EvalSpec
 from vit_jax.models import VisionTransformer, get_model
 
 NPZ = 'npz'
@@ -147,13 +148,16 @@ def load_folder(folder: str | os.PathLike, origin: str | None = None) -> Loaded:
   params = adapt(flat, init['params'], model, keep_head=True, source_grid=model.grid,
                  origin=origin, source_model=model)
   names = tuple(class_names) if len(class_names) == (num_classes or 0) else ()
-  if kind == TIMM:
-    spec = timm.preprocessing(config)
-  else:
-    processor = paths.path(folder) / hf_hub.PREPROCESSOR
-    spec = transformers.preprocessing(hub.read_json(processor) if paths.is_file(processor)
-                                      else None)
-  return Loaded(model, params, names, f'{origin} ({kind})', preprocessing=spec)
+  return Loaded(model, params, names, f'{origin} ({kind})', preprocessing=preprocessing(folder))
+
+
+def preprocessing(folder: str | os.PathLike) -> EvalSpec:
+  """A timm or transformers folder's own evaluation preprocessing (``Loaded.preprocessing``):
+  timm's config.json ``pretrained_cfg``, transformers' preprocessor_config.json."""
+  if hub.folder_format(folder) == TIMM:
+    return timm.preprocessing(hub.read_json(paths.path(folder) / hf_hub.CONFIG))
+  processor = paths.path(folder) / hf_hub.PREPROCESSOR
+  return transformers.preprocessing(hub.read_json(processor) if paths.is_file(processor) else None)
 
 
 def resized(loaded: Loaded, image_size: int | tuple[int, int]) -> Loaded:
