@@ -1,0 +1,34 @@
+"""vit_jax.tools.predict on timm and transformers folders: the libraries' own predictions."""
+
+import json
+import pathlib
+import re
+
+import numpy as np
+import pytest
+
+from vit_jax.tools import predict
+
+DATA = pathlib.Path(__file__).resolve().parent / 'data'
+_TOP = re.compile(r'^  1\.\s+([\d.]+)%  (.+)$')
+
+
+@pytest.mark.parametrize('folder', ['timm_clip', 'timm_siglip_map', 'timm_dinov2',
+                                    'hf_deit_distilled'])
+def test_predict_on_a_folder_is_its_librarys_eval_pipeline(folder, capsys):
+  """The top-1 class and its probability (within 0.5 points) of each PNG, as timm's
+  create_transform and model, or transformers' image processor and model, give them
+  (tests/data/preprocess/make_predict_fixtures.py): CLIP's OpenAI mean and std, SigLIP's 0.5,
+  DINOv2's and DeiT's ImageNet, each with its own resize and crop."""
+  reference = np.load(DATA / 'preprocess' / 'predict.npz')
+  images = [str(DATA / 'preprocess' / 'images' / f'{name}.png') for name in reference['images']]
+  assert predict.main([f'--source={DATA / "hub" / folder}', '--top=1', *images]) == 0
+  lines = capsys.readouterr().out.splitlines()[1:]  # After the '# model from ...' line.
+  config = json.loads((DATA / 'hub' / folder / 'config.json').read_text())
+  labels = config.get('label_names') or [config['id2label'][str(i)]
+                                         for i in range(len(config['id2label']))]
+  for i, image in enumerate(images):
+    assert lines[2 * i] == image
+    percent, label = _TOP.match(lines[2 * i + 1]).groups()
+    assert label == labels[reference[f'{folder}/top1'][i]], image
+    assert abs(float(percent) - 100 * reference[f'{folder}/prob'][i]) < 0.5, image
