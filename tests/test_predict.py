@@ -1,5 +1,6 @@
 """vit_jax.tools.predict on timm and transformers folders: the libraries' own predictions."""
 
+import argparse
 import json
 import pathlib
 import re
@@ -7,6 +8,7 @@ import re
 import numpy as np
 import pytest
 
+from vit_jax.data import preprocess
 from vit_jax.tools import predict
 
 DATA = pathlib.Path(__file__).resolve().parent / 'data'
@@ -32,3 +34,16 @@ def test_predict_on_a_folder_is_its_librarys_eval_pipeline(folder, capsys):
     percent, label = _TOP.match(lines[2 * i + 1]).groups()
     assert label == labels[reference[f'{folder}/top1'][i]], image
     assert abs(float(percent) - 100 * reference[f'{folder}/prob'][i]) < 0.5, image
+
+
+def test_the_pixels_shown_of_a_normalising_checkpoint_are_its_inputs_before_scaling():
+  """inspect's images (``display``): a CLIP folder's pipeline without its normalize op, as uint8
+  pixels, the very ones the model's input is scaled from."""
+  parser = argparse.ArgumentParser()
+  predict.add_source_flags(parser)
+  source = predict.load_source(parser.parse_args([f'--source={DATA / "hub" / "timm_clip"}']))
+  assert 'normalize(' in source.pp_spec
+  image = predict.read_image(DATA / 'preprocess' / 'images' / 'wide.png')
+  shown = predict.preprocess_fn(source, display=True)(image)
+  assert shown.dtype == np.uint8
+  np.testing.assert_array_equal(shown, preprocess.parse(source.pp_spec).host(image, None))

@@ -261,8 +261,8 @@ def load_file(path: str, prep: Callable[[Any], np.ndarray]) -> np.ndarray:
 
 
 def display_spec(pp_spec: str) -> str:
-  """The pipeline without its ``value_range`` ops: the model's input as uint8 pixels."""
-  parts = [p for p in pp_spec.split('|') if not p.strip().startswith('value_range')]
+  """The pipeline without its scaling ops: the model's input as uint8 pixels."""
+  parts = [p for p in pp_spec.split('|') if not p.strip().startswith(('value_range', 'normalize'))]
   return '|'.join(parts) or 'to_rgb'
 
 

@@ -103,8 +103,7 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
       raise errors.ConfigError(
           f'config.schedule.{field}={lr} must be {"positive" if field == "base_lr" else ">= 0"}'
           ' (e.g. 1e-3): a negative rate climbs the loss, a zero one trains nothing.')
-  specs = _scaled_pipelines(config) if with_data else {
-      field: config.dataset[field] for field in ('pp_train', 'pp_eval')}
+  specs = _scaled_pipelines(config, with_data)
   config.dataset.pp_eval = specs['pp_eval']  # config.json's: what predict and evaluate take.
   pipelines = {}
   for field, spec in specs.items():
@@ -179,28 +178,24 @@ def _check_files(config: ml_collections.ConfigDict) -> None:
   workdir_lib.check_init_from(config)  # init_ema, init_source_grid, init_source_pool.
 
 
-def _scaled_pipelines(config: ml_collections.ConfigDict) -> dict[str, str]:
+def _scaled_pipelines(config: ml_collections.ConfigDict, with_data: bool) -> dict[str, str]:
   """``dataset.pp_train`` and ``pp_eval`` as run: scaled as ``config.init_from``'s images
-  were, where it records that (a timm or transformers checkpoint) and
-  ``config.init_normalization`` is on; logged in one line, as is the pipelines' override."""
+  were where it records that (a timm or transformers checkpoint; read with the data) and
+  ``config.init_normalization`` is on; either way a difference is one log line."""
   specs = {field: config.dataset[field] for field in ('pp_train', 'pp_eval')}
-  source = config.init_from
-  if not source or formats.origin(source) not in (formats.TIMM, formats.TRANSFORMERS,
-                                                  formats.HF_HUB):
+  source, taken = config.init_from, config.init_normalization
+  if not (with_data and source) or formats.origin(source) not in (
+      formats.TIMM, formats.TRANSFORMERS, formats.HF_HUB):
     return specs
   scaling = formats.preprocessing(formats.local_folder(source)).scaling
   scaled = {field: preprocess.rescaled(spec, scaling) for field, spec in specs.items()}
-  if scaled == specs:
-    return specs
-  if not config.init_normalization:
-    logging.warning("config.init_normalization=False: the pipelines' own scaling overrides "
-                    "%s's, %s (config.dataset.pp_train=%r, pp_eval=%r).", source, scaling,
-                    specs['pp_train'], specs['pp_eval'])
-    return specs
-  logging.info("Preprocessing scaled as %s's images were, %s (config.init_normalization): "
-               'pp_train=%r, pp_eval=%r.', source, scaling, scaled['pp_train'],
-               scaled['pp_eval'])
-  return scaled
+  used = scaled if taken else specs
+  if scaled != specs:
+    (logging.info if taken else logging.warning)(
+        "Preprocessing: pp_train=%r, pp_eval=%r; %s's images were scaled by %s, %s "
+        '(config.init_normalization=%s).', used['pp_train'], used['pp_eval'], source, scaling,
+        'taken here' if taken else "which the config's pipelines override", taken)
+  return used
 
 
 def _check_batches(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:
