@@ -28,7 +28,7 @@ import numpy as np
 
 from vit_jax.base import sharding
 from vit_jax.base.sizes import pair
-from vit_jax.models import resnet
+from vit_jax.models import attention, flops, resnet
 from vit_jax.models.matmul import dot_general_for
 
 Array = jax.Array
@@ -149,12 +149,12 @@ class MultiHeadAttention(nn.Module):
   """Multi-head dot-product attention with the release's parameter layout.
 
   ``query``/``key``/``value`` kernels are (D, heads, head_dim), ``out`` is
-  (heads, head_dim, D). ``options.attention_impl`` picks the kernel: 'einsum' (plain
-  softmax attention; the only one that supports attention dropout and records the
-  weights in the 'intermediates' collection), or ``jax.nn.dot_product_attention``
-  with 'xla' or 'cudnn' (the fused flash kernel on NVIDIA GPUs); 'auto' (the default)
-  is ``attention_for``'s choice for this machine. ``qk_norm``
-  normalises each head's queries and keys (ViT-22B; flax's ``normalize_qk`` names).
+  (heads, head_dim, D). ``options.attention_impl`` picks the kernel (``models.attention``):
+  'einsum' (plain softmax attention; the only one that supports attention dropout and
+  records the weights in the 'intermediates' collection), or ``jax.nn.dot_product_attention``
+  with 'xla' or 'cudnn' (the fused flash kernel on NVIDIA GPUs); 'auto' (the default) is
+  ``attention_for``'s choice for this machine. ``qk_norm`` normalises each head's queries
+  and keys (ViT-22B; flax's ``normalize_qk`` names).
   """
 
   options: BlockOptions
@@ -180,83 +180,20 @@ class MultiHeadAttention(nn.Module):
     implementation = o.attention_impl
     dropout = o.attention_dropout_rate
     if implementation == 'auto':
-      implementation = attention_for(
+      implementation = attention.attention_for(
           q.dtype, head_dim, dropout=bool(dropout) and not deterministic,
           recording=self.is_mutable_collection('intermediates'))
     if implementation == 'einsum':
-      # Heads next to the batch, (b, h, tokens, d): the batched matmuls' preferred layout
-      # on XLA:CPU (the two products 1.3x and 2x faster than in (b, tokens, h, d)); the TPU
-      # compiler lays them out itself (the same step time either way, cost model).
-      q, k, v = (t.swapaxes(1, 2) for t in (q / jnp.sqrt(head_dim).astype(q.dtype), k, v))
-      # Batched over (b, h): q k^T -> (b, h, q, k), then weights v -> (b, h, q, d). Both
-      # products accumulate in float32 and return `dtype`; the softmax computes in float32.
-      # In bfloat16, the (b, h, q, k) tensors that are stored and read several times are
-      # thus half the bytes (the TPU step: 9% faster, 19% less HBM; results/RESULTS.md).
-      logits = dot_general(q, k, (((3,), (3,)), ((0, 1), (0, 1))),
-                           preferred_element_type=o.dtype)
-      weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-      self.sow('intermediates', 'attention_weights', weights)
-      weights = nn.Dropout(dropout, broadcast_dims=())(
-          weights, deterministic=deterministic).astype(o.dtype)
-      x = dot_general(weights, v, (((3,), (2,)), ((0, 1), (0, 1))),
-                      preferred_element_type=o.dtype)
-      x = x.swapaxes(1, 2)
+      x = attention.einsum_attention(self, q, k, v, dot_general, dropout=dropout,
+                                     deterministic=deterministic, dtype=o.dtype)
     else:
       if dropout and not deterministic:
         raise ValueError('attention_dropout_rate > 0 needs attention_impl="einsum".')
-      x = fused_attention(q, k, v, implementation)
+      x = attention.fused_attention(q, k, v, implementation)
 
     x = sharding.constrain(x, 'heads')
     return nn.DenseGeneral(width, axis=(-2, -1), dtype=o.dtype, param_dtype=o.param_dtype,
                            dot_general=dot_general, kernel_init=_dense_init, name='out')(x)
-
-
-@functools.cache
-def cudnn_attention_available() -> bool:
-  """Whether jax's default devices are NVIDIA GPUs that cuDNN's fused attention runs on
-  (compute capability 8.0 or later: A100, H100, H200, ...)."""
-  if jax.default_backend() != 'gpu':
-    return False
-  capability = getattr(jax.devices()[0], 'compute_capability', None)
-  try:
-    return float(capability) >= 8.0
-  except (TypeError, ValueError):  # ROCm GPUs, or jax without the attribute.
-    return False
-
-
-def attention_for(dtype: Dtype, head_dim: int, *, dropout: bool, recording: bool,
-                  cudnn: bool | None = None) -> str:
-  """'auto' attention: cuDNN's fused kernel where it applies (``cudnn``: by default
-  ``cudnn_attention_available()``; bfloat16 or float16 inputs, head_dim a multiple of 8 up
-  to 256, no attention dropout, weights not recorded), else the einsum. On an H200 the
-  fused kernel makes ViT-B/16's train step 1.20x faster at 224 px and 1.56x at 384 px
-  (results/RESULTS.md); TPUs and CPUs keep the einsum."""
-  if cudnn is None:
-    cudnn = cudnn_attention_available()
-  fits = (jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0
-          and head_dim <= 256)
-  return 'cudnn' if cudnn and fits and not dropout and not recording else 'einsum'
-
-
-def fused_attention(q: Array, k: Array, v: Array, implementation: str,
-                    even_lengths: bool | None = None) -> Array:
-  """``jax.nn.dot_product_attention`` of (batch, tokens, heads, head_dim) inputs.
-
-  ``even_lengths`` (by default for 'cudnn'): odd token counts (ViT's: 196 patches + the
-  class token; the last block's single query) are padded by one token, masked by their
-  true lengths and cut off again: jax's cuDNN training path (0.10-0.11) refuses odd
-  lengths, even without a bias.
-  """
-  (b, t), s = q.shape[:2], k.shape[1]
-  if even_lengths is None:
-    even_lengths = implementation == 'cudnn'
-  if not even_lengths or not (t % 2 or s % 2):
-    return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
-  pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n % 2), (0, 0), (0, 0)))
-  x = jax.nn.dot_product_attention(
-      pad(q, t), pad(k, s), pad(v, s), query_seq_lengths=jnp.full((b,), t, jnp.int32),
-      key_value_seq_lengths=jnp.full((b,), s, jnp.int32), implementation=implementation)
-  return x[:, :t]
 
 
 class EncoderBlock(nn.Module):
@@ -422,8 +359,8 @@ class VisionTransformer(nn.Module):
     posemb: 'learn' (1-D learned) or 'sincos2d' (fixed).
     dropout_rate, attention_dropout_rate: dropout in the blocks / on attention weights.
     stochastic_depth: drop-path rate of the last block (linear in depth from 0).
-    attention_impl: 'auto' (cuDNN's fused kernel on NVIDIA GPUs where it applies, else
-      the einsum: ``attention_for``), 'einsum', 'xla' or 'cudnn' (``MultiHeadAttention``).
+    attention_impl: 'auto' (cuDNN's fused kernel on NVIDIA GPUs where it applies, else the
+      einsum: ``attention.attention_for``), 'einsum', 'xla' or 'cudnn' (``MultiHeadAttention``).
     scan: ``nn.scan`` over the blocks (one compiled block; much faster to compile).
     remat_policy: 'none', 'full', 'dots' or 'dots_no_batch' rematerialisation.
     dtype: compute dtype (e.g. bfloat16); param_dtype: parameter dtype.
@@ -565,43 +502,18 @@ class VisionTransformer(nn.Module):
     With a class token only that one reaches the head, so the last block computes no other
     token's output (they are still its keys and values): the logits are the same, and the
     matmul work falls by nearly 1/num_layers (ViT-Ti/16, S/16, B/16: 7%); two with a
-    distillation token. All
-    tokens for 'gap' / 'map' pooling, for scanned blocks (one shape for all), and where the
-    caller collects 'intermediates' (every layer's full attention weights).
+    distillation token. All tokens for 'gap' / 'map' pooling, for scanned blocks (one shape
+    for all), and where the caller collects 'intermediates' (every layer's full attention
+    weights).
     """
     if self.mpp_outputs:  # Every patch's final representation is predicted from.
       return None
     return 1 + int(self.distill_token) if self.pool == 'token' and not self.scan else None
 
   def forward_flops(self, all_tokens: bool = False) -> int | None:
-    """Matmul FLOPs of one image's forward pass (2 per multiply-add); None for hybrids.
-
-    Per block of T tokens, Q of them queries (T, but ``head_tokens`` in the last block),
-    width D, MLP width M: 4 T D^2 (k, v) + 4 Q D^2 (q, out) + 4 Q T D
-    (logits, weighted sum) + 4 Q D M (MLP; 6 Q D M gated). ``all_tokens=True`` counts Q = T in every
-    block: the count that papers and timm publish. Element-wise work (LayerNorm, GELU,
-    softmax) is not counted, as in those figures; a training step costs about 3x this.
-    The BiT stem of hybrids is not modelled: use XLA's count there.
-    """
-    if self.resnet_layers is not None:
-      return None
-    (ph, pw), (gh, gw) = pair(self.patch_size), self.grid
-    n, d, m = gh * gw, self.hidden_size, self.mlp_dim
-    t = n + self.num_prefix_tokens
-    mlp = (6 if self.gated_mlp else 4) * d * m  # Per token.
-    block = lambda q: 4 * t * d * d + 4 * q * d * d + 4 * q * t * d + q * mlp
-    last = t if all_tokens or self.head_tokens is None else self.head_tokens
-    flops = 2 * n * ph * pw * 3 * d  # Patch embedding.
-    flops += (self.num_layers - 1) * block(t) + block(last)
-    if self.mpp_outputs:  # The per-patch head instead of pooling and classifier.
-      return flops + 2 * n * d * self.mpp_outputs
-    if self.pool == 'map':  # One probe query over t keys and values, then an MLP.
-      flops += 4 * d * d + 4 * t * d * d + 4 * t * d + mlp
-    width, heads = d, 1 + int(self.distill_token)  # Each pooled token has its own head.
-    if self.representation_size is not None:
-      flops += 2 * d * self.representation_size * heads
-      width = self.representation_size
-    return flops + 2 * width * (self.num_classes or 0) * heads
+    """Matmul FLOPs of one image's forward pass, 2 per multiply-add (``all_tokens``: every
+    token's output in every block, the papers' count); None for hybrids (``models.flops``)."""
+    return flops.forward(self, all_tokens)
 
   @nn.compact
   def __call__(self, images: Array, *, train: bool = False,
