@@ -27,7 +27,7 @@ import numpy as np
 
 from vit_jax.base import sharding
 from vit_jax.base.sizes import pair
-from vit_jax.models import flops, resnet
+from vit_jax.models import resnet
 from vit_jax.models.layers import (
   ACTIVATIONS,
   LN_EPSILON,
@@ -388,9 +388,34 @@ class VisionTransformer(nn.Module):
     return 1 + int(self.distill_token) if self.pool == 'token' and not self.scan else None
 
   def forward_flops(self, all_tokens: bool = False) -> int | None:
-    """Matmul FLOPs of one image's forward pass, 2 per multiply-add (``all_tokens``: every
-    token's output in every block, the papers' count); None for hybrids (``models.flops``)."""
-    return flops.forward(self, all_tokens)
+    """Matmul FLOPs of one image's forward pass (2 per multiply-add); None for hybrids.
+
+    Per block of T tokens, Q of them queries (T, but ``head_tokens`` in the last block),
+    width D, MLP width M: 4 T D^2 (k, v) + 4 Q D^2 (q, out) + 4 Q T D
+    (logits, weighted sum) + 4 Q D M (MLP; 6 Q D M gated). ``all_tokens=True`` counts Q = T in every
+    block: the count that papers and timm publish. Element-wise work (LayerNorm, GELU,
+    softmax) is not counted, as in those figures; a training step costs about 3x this.
+    The BiT stem of hybrids is not modelled: use XLA's count there.
+    """
+    if self.resnet_layers is not None:
+      return None
+    (ph, pw), (gh, gw) = pair(self.patch_size), self.grid
+    n, d, m = gh * gw, self.hidden_size, self.mlp_dim
+    t = n + self.num_prefix_tokens
+    mlp = (6 if self.gated_mlp else 4) * d * m  # Per token.
+    block = lambda q: 4 * t * d * d + 4 * q * d * d + 4 * q * t * d + q * mlp
+    last = t if all_tokens or self.head_tokens is None else self.head_tokens
+    flops = 2 * n * ph * pw * 3 * d  # Patch embedding.
+    flops += (self.num_layers - 1) * block(t) + block(last)
+    if self.mpp_outputs:  # The per-patch head instead of pooling and classifier.
+      return flops + 2 * n * d * self.mpp_outputs
+    if self.pool == 'map':  # One probe query over t keys and values, then an MLP.
+      flops += 4 * d * d + 4 * t * d * d + 4 * t * d + mlp
+    width, heads = d, 1 + int(self.distill_token)  # Each pooled token has its own head.
+    if self.representation_size is not None:
+      flops += 2 * d * self.representation_size * heads
+      width = self.representation_size
+    return flops + 2 * width * (self.num_classes or 0) * heads
 
   @nn.compact
   def __call__(self, images: Array, *, train: bool = False,
