@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,8 +32,8 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from vit_jax.base import errors, paths, sharding
-from vit_jax.checkpoints.run import abandoned, checksum
+from vit_jax.base import console, errors, paths, sharding
+from vit_jax.checkpoints.run import checksum
 
 ARRAYS = 'vit_jax_arrays'  # Key of ``describe``'s record in the step's custom metadata.
 STEP_METADATA = '_CHECKPOINT_METADATA'  # Orbax's per-step metadata file.
@@ -109,10 +111,14 @@ class Manager(ocp.CheckpointManager):
       if self._failed is None:
         raise self._failure(self._pending, e) from None
     if self._failed is not None:
-      abandoned.release_threads()
+      release_abandoned_threads()
 
   def _failure(self, step: int | None, e: BaseException) -> errors.CheckpointSaveError:
-    abandoned.after_failed_save()
+    console.silence_abandoned_reads()  # The writes abandoned after the first failure.
+    # Orbax's coroutines of the abandoned save, collected at exit, each warned (two lines).
+    warnings.filterwarnings('ignore', message=r"coroutine '.*' was never awaited",
+                            category=RuntimeWarning)
+    release_abandoned_threads()
     cause, fix = errors.write_failure(causes(e)[-1])
     kept = [s for s in self.all_steps() if s != step]
     before = (f'The checkpoints before it are intact (steps {", ".join(map(str, kept))}): '
@@ -123,6 +129,25 @@ class Manager(ocp.CheckpointManager):
         f'{f" from step {kept[-1]}" if kept else ""}.')
     self._pending = None
     return self._failed
+
+
+def release_abandoned_threads() -> None:
+  """Ends Orbax's threads of a failed save that still wait for the signals of its steps that
+  never ran (e.g. creating the step's folder on a read-only file system): they are not
+  daemons, so the process would hang at exit, at 0% CPU, for Orbax's barrier timeout. Each
+  is cancelled, then woken by its own signals. One process only: the signals of a
+  multi-process run are the job's."""
+  if jax.process_count() > 1:
+    return
+  try:
+    from orbax.checkpoint._src.futures import future
+  except ImportError:  # Another Orbax: nothing known to release.
+    return
+  signaling = getattr(future, '_SignalingThread', None)
+  for thread in threading.enumerate():
+    if signaling is not None and isinstance(thread, signaling) and thread.is_alive():
+      thread.cancel()
+      future.set_signals(thread._receive_signals, operation_id=thread._operation_id)
 
 
 def check_saves(manager: ocp.CheckpointManager) -> None:
@@ -158,7 +183,7 @@ def make_manager(workdir: str, *, every_steps: int, keep: int,
   the newest good one)."""
   # Before the first save: a failed write's abandoned callbacks fire in Orbax's background
   # thread, before its failure reaches ``check_saves``.
-  abandoned.silence_reads()
+  console.silence_abandoned_reads()
   policy = _KeepNewestGood(keep)
   manager = Manager(
       paths.absolute(workdir) / 'checkpoints',
@@ -470,7 +495,7 @@ def _read_verified(step_dir: epath.Path, read: Callable[[dict[str, dict[str, Any
   same on every process."""
   tree, arrays, problem, refused = None, None, '', ''
   cannot = f'The checkpoint at step {step_dir.name} in {step_dir.parent} cannot be restored'
-  abandoned.silence_reads()
+  console.silence_abandoned_reads()
   try:
     arrays = recorded(step_dir)
     tree = read(arrays)
