@@ -293,7 +293,7 @@ def test_fused_attention_matches_einsum(impl):
 def test_even_length_padding_leaves_attention_unchanged():
   """cuDNN's path pads odd token counts by one masked token (``fused_attention``): the same
   outputs and gradients as unpadded attention, here through the XLA implementation."""
-  from vit_jax.models.vit import fused_attention
+  from vit_jax.models.layers import fused_attention
 
   keys = jax.random.split(jax.random.key(0), 3)
   k, v = (jax.random.normal(key, (2, 17, 4, 8)) for key in keys[1:])
@@ -307,7 +307,7 @@ def test_even_length_padding_leaves_attention_unchanged():
 
 
 def test_auto_attention_is_cudnn_only_where_it_applies():
-  from vit_jax.models.vit import attention_for
+  from vit_jax.models.layers import attention_for
 
   gpu = dict(dropout=False, recording=False, cudnn=True)
   assert attention_for(jnp.bfloat16, 64, **gpu) == 'cudnn'

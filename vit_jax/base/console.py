@@ -4,7 +4,8 @@ Orbax, clu, jax and TensorFlow log at INFO through the same absl handler as vit_
 (Orbax alone printed 133 of the quickstart's 279 lines). ``quiet_third_party`` keeps
 their warnings and errors and drops their INFO lines, and Orbax's own reports of a failed
 save (vit_jax reports it in one line); the command-line tools call it unless
-``--verbosity`` is given.
+``--verbosity`` is given. ``silence_abandoned_reads`` drops the tracebacks of the reads and
+writes Orbax abandons after such a failure.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import vit_jax
 
@@ -202,6 +204,51 @@ def quiet_third_party(preload_tensorflow: bool = False) -> None:
     finally:
       os.dup2(saved, 2)
       os.close(saved)
+
+
+def silence_abandoned_reads() -> None:
+  """Silences the reads and writes Orbax abandons after the first failure, for this process.
+
+  Their TensorStore callbacks find Orbax's event loop closed and each printed a
+  traceback ("Event loop is closed", dozens around the one real error, through
+  ``sys.unraisablehook``, ``sys.excepthook`` or ``threading.excepthook``); the read
+  coroutines left behind raised their own copy of the error as they were collected; the
+  asyncio logger added "Task (or _GatheringFuture) exception was never retrieved" for
+  each. Only those are dropped (the real error is reported by the caller); anything else
+  is reported as before. Installed before a read or the first save, as the callbacks can
+  fire before the failure reaches its caller.
+  """
+  if getattr(sys.unraisablehook, 'vit_jax', False):
+    return
+  previous_unraisable, previous_except = sys.unraisablehook, sys.excepthook
+  previous_thread = threading.excepthook
+
+  def loop_closed(e: BaseException | None) -> bool:
+    return isinstance(e, RuntimeError) and str(e) == 'Event loop is closed'
+
+  def unraisable_hook(unraisable: Any) -> None:
+    abandoned_read = getattr(unraisable.object, '__qualname__', '') in _ORBAX_READS
+    if not (loop_closed(unraisable.exc_value) or abandoned_read):
+      previous_unraisable(unraisable)
+
+  def except_hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    if not loop_closed(value):
+      previous_except(kind, value, tb)
+
+  def thread_hook(args: Any) -> None:
+    if not loop_closed(args.exc_value):
+      previous_thread(args)
+
+  unraisable_hook.vit_jax = True
+  sys.unraisablehook, sys.excepthook = unraisable_hook, except_hook
+  threading.excepthook = thread_hook
+  logging.getLogger('asyncio').addFilter(
+      lambda record: 'exception was never retrieved' not in record.getMessage())
+
+
+# Orbax's coroutines that read an array's chunks; abandoned after a failure, they raise
+# again when collected.
+_ORBAX_READS = ('_read_array_index_and_device_put',)
 
 
 def duration(seconds: float) -> str:

@@ -193,17 +193,13 @@ def scan_i21k(source: epath.Path, val_fraction: float,
   """One tar a class; the total is not known without reading every tar's headers."""
   tars = sorted(p for p in source.iterdir() if p.name.endswith('.tar'))
   classes = [p.name[:-len('.tar')] for p in tars]
-
-  def split_of(key: str) -> str:
-    return _hash_split(key, val_fraction, seed)
-
   def items() -> Iterator[Item]:
     for label, path in enumerate(tars):
       with tarfile.open(path) as tar:
         for member in tar:
           if member.isfile():
             key = f'{classes[label]}/{member.name}'
-            yield split_of(key), key, [label], tar.extractfile(member).read()
+            yield _hash_split(key, val_fraction, seed), key, [label], tar.extractfile(member).read()
   return classes, items(), None
 
 

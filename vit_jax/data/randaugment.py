@@ -298,14 +298,9 @@ IMAGENET_MEAN_FILL = (124, 116, 104)  # round(255 x (0.485, 0.456, 0.406)): DeiT
 
 
 def timm_args(name: str, magnitude: float, rng: np.random.Generator) -> tuple:
-  """The arguments of timm op ``name`` at ``magnitude`` (timm's ``LEVEL_TO_ARG``)."""
+  """The arguments of timm op ``name`` at ``magnitude`` (timm's ``LEVEL_TO_ARG``): big_vision's
+  where they agree (the same draws), else timm's own."""
   level = magnitude / 10.
-  if name in ('AutoContrast', 'Equalize', 'Invert'):
-    return ()
-  if name == 'Rotate':
-    return (_signed(rng, level * 30.),)
-  if name == 'Posterize':
-    return (int(level * 4),)
   if name == 'PosterizeIncreasing':
     return (4 - int(level * 4),)
   if name == 'Solarize':
@@ -316,11 +311,9 @@ def timm_args(name: str, magnitude: float, rng: np.random.Generator) -> tuple:
     return (min(128, int(level * 110)),)
   if name.endswith('Increasing'):  # Color, Contrast, Brightness, Sharpness.
     return (max(0.1, 1. + _signed(rng, level * 0.9)),)
-  if name in ('Color', 'Contrast', 'Brightness', 'Sharpness'):
-    return (level * 1.8 + 0.1,)
-  if name in ('ShearX', 'ShearY'):
-    return (_signed(rng, level * 0.3),)
-  return (_signed(rng, level * 0.45),)  # TranslateXRel, TranslateYRel: a share of the side.
+  if name in ('TranslateXRel', 'TranslateYRel'):  # A share of the side.
+    return (_signed(rng, level * 0.45),)
+  return big_vision_args(name, magnitude, rng, ())
 
 
 def _timm_solarize_add(image: Image.Image, add: int, threshold: int = 128) -> Image.Image:

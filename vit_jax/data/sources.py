@@ -227,9 +227,7 @@ def check_name(dataset: Any) -> None:
 
   name, data_dir = dataset.name, dataset.get('data_dir') or ''
   if name.startswith('vtab/'):
-    if name[len('vtab/'):] not in vtab.BY_NAME:
-      raise errors.ConfigError(f'config.dataset.name={name!r} is not a VTAB task: vtab/ and '
-                               f'one of {", ".join(vtab.BY_NAME)}.')
+    vtab.task_of(name)
     return
   if (name == 'digits' or (data_dir and (name in ('mnist', 'fashion_mnist') or '://' in data_dir
                                          or (epath.Path(data_dir) / local.METADATA).exists()))
@@ -259,7 +257,7 @@ def get_source(dataset: Any, split: str) -> ArraySource | TFDSSource | local.Loc
   name = dataset.name
   data_dir = dataset.get('data_dir') or None  # '' in a config means: the default.
   if name.startswith('vtab/'):  # A VTAB-1k task: split is train800, val200, ... (vit_jax.vtab).
-    return vtab.get_source(name[len('vtab/'):], split, data_dir)
+    return vtab.get_source(name, split, data_dir)
   if data_dir and (epath.Path(data_dir) / local.METADATA).exists():
     return _sliced(split, lambda s: local.LocalSource(str(data_dir), s))
   if name == 'digits':

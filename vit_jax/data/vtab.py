@@ -255,10 +255,15 @@ class TaskSource:
     return {'image': self.task.image(image) if self.task.image else image, 'label': label}
 
 
-def get_source(name: str, split: str, data_dir: str | None = None) -> TaskSource:
-  """The source of ``dataset.name='vtab/TASK'`` (``vit_jax.data.sources.get_source``)."""
-  task = BY_NAME.get(name)
+def task_of(name: str) -> Task:
+  """The task of ``dataset.name=name`` ('vtab/TASK'); a ConfigError naming the tasks."""
+  task = BY_NAME.get(name.removeprefix('vtab/'))
   if task is None:
-    raise errors.ConfigError(f'vtab/{name} is not a VTAB task: vtab/ and one of '
-                             f'{", ".join(BY_NAME)}.')
-  return TaskSource(task, split, data_dir)
+    raise errors.ConfigError(f'config.dataset.name={name!r} is not a VTAB task: vtab/ and one '
+                             f'of {", ".join(BY_NAME)}.')
+  return task
+
+
+def get_source(name: str, split: str, data_dir: str | None = None) -> TaskSource:
+  """The source of ``dataset.name=name`` ('vtab/TASK'; ``vit_jax.data.sources.get_source``)."""
+  return TaskSource(task_of(name), split, data_dir)

@@ -17,7 +17,6 @@ parameters are the release's.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any
 
@@ -29,23 +28,20 @@ import numpy as np
 from vit_jax.base import sharding
 from vit_jax.base.sizes import pair
 from vit_jax.models import resnet
-from vit_jax.models.matmul import dot_general_for
+from vit_jax.models.layers import (
+  ACTIVATIONS,
+  LN_EPSILON,
+  BlockOptions,
+  MlpBlock,
+  MultiHeadAttention,
+  dense_init,
+)
 
 Array = jax.Array
 Dtype = Any
 
-LN_EPSILON = 1e-6
 NORMS = ('layernorm', 'rmsnorm')
 POOLS = ('token', 'gap', 'map')
-# The MLP's activation, by timm's names: the tanh-approximate GELU (flax's nn.gelu, the releases'
-# and big_vision's), the exact erf GELU (timm's and transformers' default), OpenAI CLIP's quick
-# GELU, and SiLU (the gate of DINOv2-g's SwiGLU MLP).
-ACTIVATIONS = {
-    'gelu_tanh': functools.partial(nn.gelu, approximate=True),
-    'gelu': functools.partial(nn.gelu, approximate=False),
-    'quick_gelu': lambda x: x * nn.sigmoid(1.702 * x),
-    'silu': nn.silu,
-}
 POSEMBS = ('learn', 'sincos2d')
 ATTENTION_IMPLS = ('auto', 'einsum', 'xla', 'cudnn')
 REMAT_POLICIES = {
@@ -54,9 +50,6 @@ REMAT_POLICIES = {
     'dots': jax.checkpoint_policies.checkpoint_dots,
     'dots_no_batch': jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
 }
-
-_dense_init = nn.initializers.xavier_uniform()
-_bias_init = nn.initializers.normal(stddev=1e-6)
 
 
 def posemb_sincos_2d(grid: tuple[int, int], width: int,
@@ -73,190 +66,11 @@ def posemb_sincos_2d(grid: tuple[int, int], width: int,
   return pe[None].astype(np.float32)
 
 
-def norm_layer(kind: str, *, use_bias: bool = True, epsilon: float = LN_EPSILON,
-               **kw: Any) -> nn.Module:
-  """A 'layernorm', or an 'rmsnorm': LayerNorm without centering and bias (ViT-22B)."""
-  if kind == 'rmsnorm':
-    return nn.RMSNorm(epsilon=epsilon, **kw)
-  return nn.LayerNorm(epsilon=epsilon, use_bias=use_bias, **kw)
-
-
 def drop_path(x: Array, rate: float | Array, rng: Array) -> Array:
   """Stochastic depth: zeroes whole examples of a residual branch."""
   keep = 1. - rate
   mask = jax.random.bernoulli(rng, keep, (x.shape[0],) + (1,) * (x.ndim - 1))
   return jnp.where(mask, x / keep, 0).astype(x.dtype)
-
-
-@dataclasses.dataclass(frozen=True)
-class BlockOptions:
-  """How every block computes: ``VisionTransformer``'s fields of the same names (documented
-  there), passed down as one value to the blocks, their attention and MLP, and the MAP head."""
-
-  mlp_dim: int
-  num_heads: int
-  dropout_rate: float = 0.
-  attention_dropout_rate: float = 0.
-  attention_impl: str = 'auto'
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  matmul_dtype: Dtype | None = None
-  parallel_block: bool = False
-  qk_norm: bool = False
-  qkv_bias: bool = True
-  norm: str = 'layernorm'
-  norm_epsilon: float = LN_EPSILON
-  activation: str = 'gelu_tanh'
-  gated_mlp: bool = False
-  layer_scale: float | None = None
-
-  def norm_layer(self, name: str, **kw: Any) -> nn.Module:
-    """The blocks' kind of norm, with their epsilon and dtypes."""
-    return norm_layer(self.norm, epsilon=self.norm_epsilon, dtype=self.dtype,
-                      param_dtype=self.param_dtype, name=name, **kw)
-
-
-class MlpBlock(nn.Module):
-  """Dense(mlp_dim) -> ``activation`` -> Dense(D), dropout after each.
-
-  ``gated_mlp``: the first Dense gives 2 * mlp_dim units, and ``activation`` of the first half
-  gates the second: Dense(D)(act(a) * b), SwiGLU with 'silu' (timm's ``SwiGLUPacked``: one
-  packed matmul, as DINOv2-g has it).
-  """
-
-  options: BlockOptions
-
-  @nn.compact
-  def __call__(self, x: Array, *, deterministic: bool) -> Array:
-    o = self.options
-    dense = lambda n: nn.Dense(n, dtype=o.dtype, param_dtype=o.param_dtype,
-                               dot_general=dot_general_for(o.matmul_dtype),
-                               kernel_init=_dense_init, bias_init=_bias_init)
-    width = x.shape[-1]
-    activation = ACTIVATIONS[o.activation]
-    if o.gated_mlp:
-      gate, x = jnp.split(dense(2 * o.mlp_dim)(x), 2, axis=-1)
-      x = activation(gate) * x
-    else:
-      x = activation(dense(o.mlp_dim)(x))
-    x = sharding.constrain(x, 'hidden')
-    x = nn.Dropout(o.dropout_rate)(x, deterministic=deterministic)
-    x = dense(width)(x)
-    return nn.Dropout(o.dropout_rate)(x, deterministic=deterministic)
-
-
-class MultiHeadAttention(nn.Module):
-  """Multi-head dot-product attention with the release's parameter layout.
-
-  ``query``/``key``/``value`` kernels are (D, heads, head_dim), ``out`` is
-  (heads, head_dim, D). ``options.attention_impl`` picks the kernel: 'einsum' (plain
-  softmax attention; the only one that supports attention dropout and records the
-  weights in the 'intermediates' collection), or ``jax.nn.dot_product_attention``
-  with 'xla' or 'cudnn' (the fused flash kernel on NVIDIA GPUs); 'auto' (the default)
-  is ``attention_for``'s choice for this machine. ``qk_norm``
-  normalises each head's queries and keys (ViT-22B; flax's ``normalize_qk`` names).
-  """
-
-  options: BlockOptions
-
-  @nn.compact
-  def __call__(self, inputs_q: Array, inputs_kv: Array, *, deterministic: bool) -> Array:
-    o = self.options
-    width = inputs_q.shape[-1]
-    if width % o.num_heads:
-      raise ValueError(f'width {width} is not divisible by num_heads={o.num_heads}.')
-    head_dim = width // o.num_heads
-    dot_general = dot_general_for(o.matmul_dtype)
-    proj = lambda name: nn.DenseGeneral(
-        (o.num_heads, head_dim), dtype=o.dtype, param_dtype=o.param_dtype,
-        dot_general=dot_general, kernel_init=_dense_init, use_bias=o.qkv_bias, name=name)
-    q = proj('query')(inputs_q)
-    k = proj('key')(inputs_kv)
-    v = proj('value')(inputs_kv)
-    q, k, v = (sharding.constrain(t, 'heads') for t in (q, k, v))
-    if o.qk_norm:
-      q, k = o.norm_layer('query_ln', use_bias=False)(q), o.norm_layer('key_ln', use_bias=False)(k)
-
-    implementation = o.attention_impl
-    dropout = o.attention_dropout_rate
-    if implementation == 'auto':
-      implementation = attention_for(
-          q.dtype, head_dim, dropout=bool(dropout) and not deterministic,
-          recording=self.is_mutable_collection('intermediates'))
-    if implementation == 'einsum':
-      # Heads next to the batch, (b, h, tokens, d): the batched matmuls' preferred layout
-      # on XLA:CPU (the two products 1.3x and 2x faster than in (b, tokens, h, d)); the TPU
-      # compiler lays them out itself (the same step time either way, cost model).
-      q, k, v = (t.swapaxes(1, 2) for t in (q / jnp.sqrt(head_dim).astype(q.dtype), k, v))
-      # Batched over (b, h): q k^T -> (b, h, q, k), then weights v -> (b, h, q, d). Both
-      # products accumulate in float32 and return `dtype`; the softmax computes in float32.
-      # In bfloat16, the (b, h, q, k) tensors that are stored and read several times are
-      # thus half the bytes (the TPU step: 9% faster, 19% less HBM; results/RESULTS.md).
-      logits = dot_general(q, k, (((3,), (3,)), ((0, 1), (0, 1))),
-                           preferred_element_type=o.dtype)
-      weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-      self.sow('intermediates', 'attention_weights', weights)
-      weights = nn.Dropout(dropout, broadcast_dims=())(
-          weights, deterministic=deterministic).astype(o.dtype)
-      x = dot_general(weights, v, (((3,), (2,)), ((0, 1), (0, 1))),
-                      preferred_element_type=o.dtype)
-      x = x.swapaxes(1, 2)
-    else:
-      if dropout and not deterministic:
-        raise ValueError('attention_dropout_rate > 0 needs attention_impl="einsum".')
-      x = fused_attention(q, k, v, implementation)
-
-    x = sharding.constrain(x, 'heads')
-    return nn.DenseGeneral(width, axis=(-2, -1), dtype=o.dtype, param_dtype=o.param_dtype,
-                           dot_general=dot_general, kernel_init=_dense_init, name='out')(x)
-
-
-@functools.cache
-def cudnn_attention_available() -> bool:
-  """Whether jax's default devices are NVIDIA GPUs that cuDNN's fused attention runs on
-  (compute capability 8.0 or later: A100, H100, H200, ...)."""
-  if jax.default_backend() != 'gpu':
-    return False
-  capability = getattr(jax.devices()[0], 'compute_capability', None)
-  try:
-    return float(capability) >= 8.0
-  except (TypeError, ValueError):  # ROCm GPUs, or jax without the attribute.
-    return False
-
-
-def attention_for(dtype: Dtype, head_dim: int, *, dropout: bool, recording: bool,
-                  cudnn: bool | None = None) -> str:
-  """'auto' attention: cuDNN's fused kernel where it applies (``cudnn``: by default
-  ``cudnn_attention_available()``; bfloat16 or float16 inputs, head_dim a multiple of 8 up
-  to 256, no attention dropout, weights not recorded), else the einsum. On an H200 the
-  fused kernel makes ViT-B/16's train step 1.20x faster at 224 px and 1.56x at 384 px
-  (results/RESULTS.md); TPUs and CPUs keep the einsum."""
-  if cudnn is None:
-    cudnn = cudnn_attention_available()
-  fits = (jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0
-          and head_dim <= 256)
-  return 'cudnn' if cudnn and fits and not dropout and not recording else 'einsum'
-
-
-def fused_attention(q: Array, k: Array, v: Array, implementation: str,
-                    even_lengths: bool | None = None) -> Array:
-  """``jax.nn.dot_product_attention`` of (batch, tokens, heads, head_dim) inputs.
-
-  ``even_lengths`` (by default for 'cudnn'): odd token counts (ViT's: 196 patches + the
-  class token; the last block's single query) are padded by one token, masked by their
-  true lengths and cut off again: jax's cuDNN training path (0.10-0.11) refuses odd
-  lengths, even without a bias.
-  """
-  (b, t), s = q.shape[:2], k.shape[1]
-  if even_lengths is None:
-    even_lengths = implementation == 'cudnn'
-  if not even_lengths or not (t % 2 or s % 2):
-    return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
-  pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n % 2), (0, 0), (0, 0)))
-  x = jax.nn.dot_product_attention(
-      pad(q, t), pad(k, s), pad(v, s), query_seq_lengths=jnp.full((b,), t, jnp.int32),
-      key_value_seq_lengths=jnp.full((b,), s, jnp.int32), implementation=implementation)
-  return x[:, :t]
 
 
 class EncoderBlock(nn.Module):
@@ -396,7 +210,7 @@ class MAPHead(nn.Module):
   def __call__(self, x: Array) -> Array:
     # The head's attention takes the blocks' kernel, but none of their dropout.
     o = dataclasses.replace(self.options, dropout_rate=0., attention_dropout_rate=0.)
-    probe = self.param('probe', _dense_init, (1, 1, x.shape[-1]), o.param_dtype)
+    probe = self.param('probe', dense_init, (1, 1, x.shape[-1]), o.param_dtype)
     probe = jnp.tile(probe, (x.shape[0], 1, 1)).astype(x.dtype)
     x = MultiHeadAttention(o, name='MultiHeadDotProductAttention_0')(
         probe, x, deterministic=True)
@@ -422,8 +236,8 @@ class VisionTransformer(nn.Module):
     posemb: 'learn' (1-D learned) or 'sincos2d' (fixed).
     dropout_rate, attention_dropout_rate: dropout in the blocks / on attention weights.
     stochastic_depth: drop-path rate of the last block (linear in depth from 0).
-    attention_impl: 'auto' (cuDNN's fused kernel on NVIDIA GPUs where it applies, else
-      the einsum: ``attention_for``), 'einsum', 'xla' or 'cudnn' (``MultiHeadAttention``).
+    attention_impl: 'auto' (cuDNN's fused kernel on NVIDIA GPUs where it applies, else the
+      einsum: ``layers.attention_for``), 'einsum', 'xla' or 'cudnn' (``MultiHeadAttention``).
     scan: ``nn.scan`` over the blocks (one compiled block; much faster to compile).
     remat_policy: 'none', 'full', 'dots' or 'dots_no_batch' rematerialisation.
     dtype: compute dtype (e.g. bfloat16); param_dtype: parameter dtype.
@@ -565,9 +379,9 @@ class VisionTransformer(nn.Module):
     With a class token only that one reaches the head, so the last block computes no other
     token's output (they are still its keys and values): the logits are the same, and the
     matmul work falls by nearly 1/num_layers (ViT-Ti/16, S/16, B/16: 7%); two with a
-    distillation token. All
-    tokens for 'gap' / 'map' pooling, for scanned blocks (one shape for all), and where the
-    caller collects 'intermediates' (every layer's full attention weights).
+    distillation token. All tokens for 'gap' / 'map' pooling, for scanned blocks (one shape
+    for all), and where the caller collects 'intermediates' (every layer's full attention
+    weights).
     """
     if self.mpp_outputs:  # Every patch's final representation is predicted from.
       return None

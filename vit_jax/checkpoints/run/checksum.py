@@ -92,8 +92,3 @@ def summary(tree: Any) -> dict[str, tuple[str, bool]]:
     first, second, finite = np.asarray(s.addressable_data(0))
     out[path_name(path)] = (f'{first:08x}{second:08x}', bool(finite))
   return out
-
-
-def mismatches(tree: Any, recorded: dict[str, str]) -> list[str]:
-  """The paths of ``tree`` whose checksum is not the recorded one (or not recorded)."""
-  return [path for path, value in of(tree).items() if recorded.get(path) != value]

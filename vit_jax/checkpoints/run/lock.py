@@ -119,17 +119,7 @@ class WorkdirLock:
 
   def acquire(self) -> None:
     self.path.parent.mkdir(parents=True, exist_ok=True)
-    flocked = False
-    if self.local:
-      self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-      try:
-        fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        flocked = True
-      except BlockingIOError:
-        self._refuse(self._wait_for_record(), 'it is locked')  # Unreadable: still its flock.
-      except OSError as e:  # A filesystem without flock: the record decides.
-        if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-          raise
+    flocked = self.local and self._flock(os.O_RDWR | os.O_CREAT)
     previous = self._wait_for_record(0.0 if flocked else 1.0)
     if isinstance(previous, bytes) and flocked:
       logging.warning('%s holds no readable record (%d bytes: a crash mid-write or a damaged '
@@ -162,6 +152,23 @@ class WorkdirLock:
         os.ftruncate(self.fd, 0)  # Emptied, not removed: see the module's doc.
       elif self.holder is not None:
         self.path.write_text('')
+    self._close()
+
+  def _flock(self, flags: int) -> bool:
+    """Opens the file (``os.open``'s ``flags``) and takes its flock: True; False on a
+    filesystem without flock (the record decides); refused where a run holds it."""
+    self.fd = os.open(self.path, flags, 0o644)
+    try:
+      fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      return True
+    except BlockingIOError:
+      self._refuse(self._wait_for_record(), 'it is locked')  # Unreadable: still its flock.
+    except OSError as e:
+      if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+        raise
+    return False
+
+  def _close(self) -> None:
     if self.fd is not None:
       os.close(self.fd)  # Drops the flock.
       self.fd = None
@@ -185,9 +192,7 @@ class WorkdirLock:
       time.sleep(0.05)
 
   def _refuse(self, holder: Holder | bytes | None, how: str) -> None:
-    if self.fd is not None:
-      os.close(self.fd)
-      self.fd = None
+    self._close()
     who = (holder.describe() if isinstance(holder, Holder)
            else f'a process whose record in {self.path} is unreadable' if holder
            else f'a process that has not written {self.path} yet')
@@ -219,19 +224,11 @@ def check_free(workdir: str | os.PathLike) -> None:
   if not lock.path.exists():
     return
   if lock.local:
-    lock.fd = os.open(lock.path, os.O_RDONLY)
-    try:
-      fcntl.flock(lock.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      lock._refuse(lock._wait_for_record(), 'it is locked')
-    except OSError:  # A filesystem without flock: the record decides.
-      pass
+    lock._flock(os.O_RDONLY)
   try:
     previous = lock._wait_for_record(0.0)
   finally:
-    if lock.fd is not None:
-      os.close(lock.fd)  # Drops the flock.
-      lock.fd = None
+    lock._close()
   if isinstance(previous, Holder) and not previous.gone():
     lock._refuse(previous, 'running, by its record')
 

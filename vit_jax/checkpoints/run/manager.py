@@ -18,10 +18,8 @@ moves a non-finite one to ``checkpoints/nonfinite/STEP`` and restores the one be
 from __future__ import annotations
 
 import json
-import logging as std_logging
 import os
 import re
-import sys
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -34,7 +32,7 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from vit_jax.base import errors, paths, sharding
+from vit_jax.base import console, errors, paths, sharding
 from vit_jax.checkpoints.run import checksum
 
 ARRAYS = 'vit_jax_arrays'  # Key of ``describe``'s record in the step's custom metadata.
@@ -116,7 +114,7 @@ class Manager(ocp.CheckpointManager):
       release_abandoned_threads()
 
   def _failure(self, step: int | None, e: BaseException) -> errors.CheckpointSaveError:
-    silence_abandoned_reads()  # The writes abandoned after the first failure.
+    console.silence_abandoned_reads()  # The writes abandoned after the first failure.
     # Orbax's coroutines of the abandoned save, collected at exit, each warned (two lines).
     warnings.filterwarnings('ignore', message=r"coroutine '.*' was never awaited",
                             category=RuntimeWarning)
@@ -185,7 +183,7 @@ def make_manager(workdir: str, *, every_steps: int, keep: int,
   the newest good one)."""
   # Before the first save: a failed write's abandoned callbacks fire in Orbax's background
   # thread, before its failure reaches ``check_saves``.
-  silence_abandoned_reads()
+  console.silence_abandoned_reads()
   policy = _KeepNewestGood(keep)
   manager = Manager(
       paths.absolute(workdir) / 'checkpoints',
@@ -269,14 +267,10 @@ def recorded(step_dir: epath.Path) -> dict[str, dict[str, Any]] | None:
   return (metadata.get('custom_metadata') or {}).get(ARRAYS)
 
 
-def verify(tree: Any, arrays: dict[str, dict[str, Any]] | None, step_dir: epath.Path) -> str:
-  """The problem of the restored ``tree`` against the record ``arrays`` ('' if none)."""
-  return _verify(tree, arrays, step_dir)[0]
-
-
-def _verify(tree: Any, arrays: dict[str, dict[str, Any]] | None,
-            step_dir: epath.Path) -> tuple[str, list[str]]:
-  """(``verify``'s problem, the paths of ``tree`` that hold NaN or infinity): one pass."""
+def verify(tree: Any, arrays: dict[str, dict[str, Any]] | None,
+           step_dir: epath.Path) -> tuple[str, list[str]]:
+  """(The problem of the restored ``tree`` against the record ``arrays``, '' if none; the
+  paths of ``tree`` that hold NaN or infinity), in one pass."""
   sums = checksum.summary(tree)
   nonfinite_paths = [path for path, (_, finite) in sums.items() if not finite]
   if arrays is None:
@@ -501,7 +495,7 @@ def _read_verified(step_dir: epath.Path, read: Callable[[dict[str, dict[str, Any
   same on every process."""
   tree, arrays, problem, refused = None, None, '', ''
   cannot = f'The checkpoint at step {step_dir.name} in {step_dir.parent} cannot be restored'
-  silence_abandoned_reads()
+  console.silence_abandoned_reads()
   try:
     arrays = recorded(step_dir)
     tree = read(arrays)
@@ -528,53 +522,8 @@ def _read_verified(step_dir: epath.Path, read: Callable[[dict[str, dict[str, Any
     problem = 'another process could not read it (see its log)'
   bad = []
   if not problem:  # Collective, so only once every process holds the state.
-    problem, bad = _verify(tree, arrays, step_dir)
+    problem, bad = verify(tree, arrays, step_dir)
   return (None, problem, []) if problem else (tree, '', bad)
-
-
-def silence_abandoned_reads() -> None:
-  """Silences the reads and writes Orbax abandons after the first failure, for this process.
-
-  Their TensorStore callbacks find Orbax's event loop closed and each printed a
-  traceback ("Event loop is closed", dozens around the one real error, through
-  ``sys.unraisablehook``, ``sys.excepthook`` or ``threading.excepthook``); the read
-  coroutines left behind raised their own copy of the error as they were collected; the
-  asyncio logger added "Task (or _GatheringFuture) exception was never retrieved" for
-  each. Only those are dropped (the real error is reported by the caller); anything else
-  is reported as before. Installed before a read or the first save, as the callbacks can
-  fire before the failure reaches its caller.
-  """
-  if getattr(sys.unraisablehook, 'vit_jax', False):
-    return
-  previous_unraisable, previous_except = sys.unraisablehook, sys.excepthook
-  previous_thread = threading.excepthook
-
-  def loop_closed(e: BaseException | None) -> bool:
-    return isinstance(e, RuntimeError) and str(e) == 'Event loop is closed'
-
-  def unraisable_hook(unraisable: Any) -> None:
-    abandoned_read = getattr(unraisable.object, '__qualname__', '') in _ORBAX_READS
-    if not (loop_closed(unraisable.exc_value) or abandoned_read):
-      previous_unraisable(unraisable)
-
-  def except_hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-    if not loop_closed(value):
-      previous_except(kind, value, tb)
-
-  def thread_hook(args: Any) -> None:
-    if not loop_closed(args.exc_value):
-      previous_thread(args)
-
-  unraisable_hook.vit_jax = True
-  sys.unraisablehook, sys.excepthook = unraisable_hook, except_hook
-  threading.excepthook = thread_hook
-  std_logging.getLogger('asyncio').addFilter(
-      lambda record: 'exception was never retrieved' not in record.getMessage())
-
-
-# Orbax's coroutines that read an array's chunks; abandoned after a failure, they raise
-# again when collected.
-_ORBAX_READS = ('_read_array_index_and_device_put',)
 
 
 def _check_fits(arrays: dict[str, dict[str, Any]] | None, abstract_state: Any,

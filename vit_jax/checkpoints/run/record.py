@@ -34,6 +34,11 @@ def steps(workdir: str | os.PathLike) -> list[int]:
   return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit() and p.is_dir())
 
 
+def step_dir(workdir: str | os.PathLike, step: int) -> epath.Path:
+  """The folder of checkpoint ``step`` in ``workdir``."""
+  return epath.Path(workdir) / CHECKPOINTS / str(step)
+
+
 def resolve_step(workdir: str | os.PathLike, step: int | None = None) -> int:
   """``step`` if ``workdir`` has it (the latest if None); an error naming the choices."""
   available = steps(workdir)

@@ -34,6 +34,7 @@ from vit_jax.checkpoints.run.record import (  # noqa: F401 (read here, and by it
   is_workdir,
   load_config,
   resolve_step,
+  step_dir,
   steps,
 )
 from vit_jax.models import VisionTransformer, get_model, mpp
@@ -84,20 +85,19 @@ def model_from_config(config: ml_collections.ConfigDict,
 
 def has_ema(workdir: str | os.PathLike, step: int | None = None) -> bool:
   """Whether a run's checkpoint keeps the weights' moving average (``optimizer.ema_decay``)."""
-  return manager_lib.has_ema(epath.Path(workdir) / CHECKPOINTS / str(resolve_step(workdir, step)))
+  return manager_lib.has_ema(step_dir(workdir, resolve_step(workdir, step)))
 
 
 def newest_good_step(workdir: str | os.PathLike) -> int | None:
   """The newest checkpoint whose record says its state is finite (or, written by an older
   vit_jax without that record, whose parameters are); None where there is none."""
   for step in reversed(steps(workdir)):
-    step_dir = epath.Path(workdir) / CHECKPOINTS / str(step)
     try:
-      good = manager_lib.good(manager_lib.recorded(step_dir))
+      good = manager_lib.good(manager_lib.recorded(step_dir(workdir, step)))
     except errors.CheckpointError:
       continue
     if good is None:
-      params, problem = manager_lib.restore_params(step_dir)
+      params, problem = manager_lib.restore_params(step_dir(workdir, step))
       good = not problem and all(np.isfinite(x).all() for x in jax.tree.leaves(params))
     if good:
       return step
@@ -107,8 +107,7 @@ def newest_good_step(workdir: str | os.PathLike) -> int | None:
 def _nonfinite(workdir: str | os.PathLike, step: int, params: Any) -> list[str]:
   """The arrays of checkpoint ``step`` that are not finite: as recorded, or (an older
   checkpoint) those of ``params``, which were read from it."""
-  step_dir = epath.Path(workdir) / CHECKPOINTS / str(step)
-  record = manager_lib.recorded(step_dir)
+  record = manager_lib.recorded(step_dir(workdir, step))
   if manager_lib.good(record) is not None:
     return manager_lib.nonfinite(record)
   return [k for k, x in layout.flatten(params).items() if not np.isfinite(x).all()]
@@ -131,8 +130,7 @@ def restore_params(workdir: str | os.PathLike, step: int | None = None,
   anyway (``allow``; '' for none), or with ``allow_nonfinite`` is read with a warning.
   """
   step = resolve_step(workdir, step)
-  params, problem = manager_lib.restore_params(epath.Path(workdir) / CHECKPOINTS / str(step),
-                                               mesh, ema=ema)
+  params, problem = manager_lib.restore_params(step_dir(workdir, step), mesh, ema=ema)
   if problem:
     others = [s for s in steps(workdir) if s != step]
     raise errors.CheckpointError(
@@ -192,11 +190,7 @@ def init_params_from(source: str, init_params: dict[str, Any], model: VisionTran
     head = params.get('head')  # None: a self-supervised run's (masked patch prediction).
     source_model = model_from_config(source_config,
                                      int(head['kernel'].shape[-1]) if head else None)
-    if source_grid is not None and pair(source_grid) != source_model.grid:
-      raise errors.ConfigError(
-          f'config.init_source_grid={tuple(source_grid)}, but {source} was trained at the '
-          f'{source_model.grid[0]}x{source_model.grid[1]} grid (its config.json): leave '
-          'init_source_grid unset for a workdir.')
+    _check_grid(source_grid, source, source_model.grid, ' for a workdir')
     return fit.adapt(
         layout.flatten(layout.to_release(params)), init_params, model,
         keep_head=keep_head, source_grid=source_model.grid,
@@ -219,11 +213,7 @@ def init_params_from(source: str, init_params: dict[str, Any], model: VisionTran
     return fit.adapt(flat, init_params, model, keep_head=keep_head,
                          source_grid=source_grid, origin=f'{source} (big_vision)')
   loaded = formats.load(source)  # timm, transformers, hf-hub: the architecture is recorded.
-  if source_grid is not None and pair(source_grid) != loaded.model.grid:
-    raise errors.ConfigError(
-        f'config.init_source_grid={tuple(source_grid)}, but {source} was trained at the '
-        f'{loaded.model.grid[0]}x{loaded.model.grid[1]} grid (its config.json): leave '
-        'init_source_grid unset.')
+  _check_grid(source_grid, source, loaded.model.grid)
   for option in ('activation', 'norm_epsilon'):  # Not in the arrays: the config's is taken.
     theirs, ours = getattr(loaded.model, option), getattr(model, option)
     if theirs != ours:
@@ -233,6 +223,14 @@ def init_params_from(source: str, init_params: dict[str, Any], model: VisionTran
   return fit.adapt(layout.flatten(layout.to_release(loaded.params)), init_params, model,
                        keep_head=keep_head, source_grid=loaded.model.grid, origin=loaded.source,
                        source_model=loaded.model)
+
+
+def _check_grid(source_grid: Any, source: str, grid: tuple[int, int], hint: str = '') -> None:
+  """Refuses a ``config.init_source_grid`` that is not the grid ``source`` records."""
+  if source_grid is not None and pair(source_grid) != grid:
+    raise errors.ConfigError(
+        f'config.init_source_grid={tuple(source_grid)}, but {source} was trained at the '
+        f'{grid[0]}x{grid[1]} grid (its config.json): leave init_source_grid unset{hint}.')
 
 
 def check_init_from(config: ml_collections.ConfigDict) -> None:
