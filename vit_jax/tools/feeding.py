@@ -17,7 +17,7 @@ import re
 import types
 from typing import Any
 
-from vit_jax.base import errors, paths
+from vit_jax.base import accelerators, errors, paths
 
 # Written by ``python -m benchmarks.input --recipes=shipped --out=...`` (RESULTS.md).
 RATES_FILE = pathlib.Path(__file__).resolve().parents[2] / 'results' / 'input_recipes.json'
@@ -193,8 +193,6 @@ def check(config: Any, r: dict[str, Any], names: types.SimpleNamespace
           ) -> dict[str, Any] | None:
   """``aot.report``'s report checked for input: the lines and figures (None where there is
   no TPU slice or no images/s: nothing to feed, or no step time)."""
-  from vit_jax.base import accelerators
-
   if not r.get('libtpu_topology'):
     return None
   if not r.get('images_per_second'):
