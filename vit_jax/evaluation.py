@@ -1,7 +1,7 @@
-"""What ``vit_jax.evaluate`` and ``vit_jax.fewshot`` do once their command lines are checked:
-a config's evaluators run on parameters, a checkpoint's parameters in a config's model, and
-a checkpoint's features few-shot. It imports jax: those commands import it at one place each,
-after their checks (``vit_jax.tools.export`` too)."""
+"""What ``vit_jax.evaluate``, ``vit_jax.fewshot`` and ``vit_jax.tools.export --evaluate`` do
+once their command lines are checked: a config's evaluators run on parameters, a checkpoint's
+parameters in a config's model, a checkpoint's features few-shot, an export compared with its
+checkpoint. It imports jax: those commands import it at one place each, after their checks."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ import jax
 import ml_collections
 import numpy as np
 
-from vit_jax import evals
+from vit_jax import checkpoints, evals
 from vit_jax.base import errors, sharding
 from vit_jax.checkpoints import formats
+from vit_jax.checkpoints.formats import fit, layout, release
 from vit_jax.checkpoints.formats.layout import Loaded
 from vit_jax.checkpoints.run import workdir as workdir_lib
 from vit_jax.evals import fewshot as fewshot_lib
+from vit_jax.models import VisionTransformer
 from vit_jax.training import plan as plan_lib
 
 
@@ -85,9 +87,53 @@ def load_features(directory: str | None, source: str | None, step: int | None = 
   source = directory
   config = workdir_lib.load_config(source)
   params, _ = workdir_lib.restore_params(source, step, allow_nonfinite=allow_nonfinite)
-  head = params.get('head')  # None: a self-supervised run's encoder.
-  model = workdir_lib.model_from_config(config, int(head['kernel'].shape[-1]) if head else None)
-  return Loaded(model, params, (), source, config)
+  return Loaded(run_model(config, params), params, (), source, config)
+
+
+def run_model(config: ml_collections.ConfigDict, params: Any) -> VisionTransformer:
+  """The model of a run's ``config`` for its ``params`` (no head: a self-supervised run's
+  encoder)."""
+  head = params.get('head')
+  return workdir_lib.model_from_config(config, int(head['kernel'].shape[-1]) if head else None)
+
+
+def read_back(out: str, format: str, model: VisionTransformer, params: Any) -> Any:
+  """A written export (``vit_jax.tools.export``), read back into ``model``'s layout
+  (``params`` gives its shapes)."""
+  if format == 'npz' and model.prefix_posemb:  # The release layout is the model's.
+    return layout.to_model_layout(release.load_npz(out), scanned=layout.is_scanned(params))
+  if format == 'npz':  # A zero class-token row to fold back.
+    return fit.adapt(layout.flatten(release.load_npz(out)), params, model, keep_head=True,
+                     source_grid=model.grid, origin=out)
+  loaded = checkpoints.load(out)
+  return fit.adapt(layout.flatten(layout.to_release(loaded.params)), params, model,
+                   keep_head=True, source_grid=loaded.model.grid, origin=out,
+                   source_model=loaded.model)
+
+
+def compare_logits(model: VisionTransformer, params: Any, exported: Any, count: int = 8
+                   ) -> float:
+  """The largest relative difference of two parameter sets' logits on random images."""
+  images = np.random.default_rng(0).uniform(-1, 1, (count, *model.image_size, 3))
+  images = images.astype(np.float32)
+  model = model.clone(attention_impl='einsum') if model.attention_impl == 'cudnn' else model
+  a, b = (np.asarray(jax.jit(model.apply)({'params': p}, images)) for p in (params, exported))
+  return float(np.abs(a - b).max() / max(np.abs(a).max(), 1e-30))
+
+
+def compare_export(workdir: str, step: int, out: str, format: str, *, ema: bool,
+                   allow_nonfinite: bool, progress_every: float) -> None:
+  """Prints what the run's classification evaluators measure of its checkpoint at ``step``
+  and of the export written from it to ``out``: the same, for a faithful export."""
+  config = workdir_lib.load_config(workdir)
+  params, _ = workdir_lib.restore_params(workdir, step, ema=ema, allow_nonfinite=allow_nonfinite)
+  exported = read_back(out, format, run_model(config, params), params)
+  classifiers = [n for n, e in config.evals.items() if e.type == 'classification']
+  name_of_export = 'exported .npz' if format == 'npz' else f'exported {format}'
+  for name, tree in (('checkpoint', params), (name_of_export, exported)):
+    for evaluator, metrics in evaluate_params(config, tree, classifiers, progress_every,
+                                              f'the {name}'):
+      print(f'{name:>14}, {evaluator.name}: {evaluator.describe(metrics)}', flush=True)
 
 
 def fewshot(loaded: Loaded, config: ml_collections.ConfigDict, data_dir: str,
