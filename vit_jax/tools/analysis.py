@@ -160,7 +160,7 @@ def _rollout_maps(weights: Array, grid: tuple[int, int], p: int, token: bool) ->
 
 def attention_summary(model: VisionTransformer, params: Any,
                       images: Array) -> tuple[Array, Array, Array]:
-  """``model``'s (a ``capturing_model``) logits, attention distance (layers, N, heads) and
+  """``model``'s (a ``capturing_model``) logits, attention distance (N, layers, heads) and
   rollout maps (N, rows, cols) of ``images``: what ``vit_jax.tools.inspect`` draws."""
   grid, prefix = model.grid, model.num_prefix_tokens
   logits, weights = attention_weights(model, params, images)
