@@ -161,7 +161,8 @@ def check_source_paths(args: argparse.Namespace) -> None:
 def load_source(args: argparse.Namespace) -> Source:
   """The model, preprocessing and class names that ``--workdir`` / ``--npz`` / ``--source``
   select."""
-  from vit_jax.checkpoints import formats  # jax from here on: the command line is checked.
+  from vit_jax.checkpoints import formats  # These import jax: the command line is
+  from vit_jax.checkpoints.formats import release  # checked before (main).
 
   notes = []
   resolve_source_flags(args)
@@ -186,8 +187,11 @@ def load_source(args: argparse.Namespace) -> Source:
     if args.ema:
       raise ValueError(f'--ema is for --workdir; {what} holds one set of parameters (export a '
                        'run\'s average with python -m vit_jax.tools.export --ema).')
-    loaded = formats.load(source, model_name=args.model, image_size=args.image_size,
-                          pool=args.pool, step=args.step)
+    if args.npz:  # A release or big_vision .npz file, as ever.
+      loaded = release.load_npz_model(args.npz, args.model, args.image_size, pool=args.pool)
+    else:
+      loaded = formats.load(source, model_name=args.model, image_size=args.image_size,
+                            pool=args.pool, step=args.step)
     pp_spec = args.pp or loaded.preprocessing.spec(pair(loaded.model.image_size))
     activation = 'softmax'
     num_classes = loaded.model.num_classes
