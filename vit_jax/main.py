@@ -124,24 +124,24 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   if distributed:
     peers.start(coordinator, flags_['num_processes'].value, flags_['process_id'].value,
                 timeout_s=flags_['peer_timeout'].value, resumes_from=lambda: _resumes_from(workdir))
-  prepared = prepare(config)  # Its refusals before the lock and the log file: nothing written.
-  with lock.hold(workdir):  # Before anything is written there: one run per workdir.
-    log_file = console.log_file(workdir, jax.process_index())
-    if malloc:
-      logging.info('XLA:CPU: malloc %s (VIT_JAX_MALLOC; GLIBC_TUNABLES=%r).', malloc,
-                   os.environ.get('GLIBC_TUNABLES', ''), extra=console.FILE_ONLY)
-    logging.info('Process %d of %d; %d local / %d global devices (%s).', jax.process_index(),
-                 jax.process_count(), jax.local_device_count(), jax.device_count(),
-                 jax.devices()[0].platform)
-    logging.info('Log with timestamps and third-party lines: %s', log_file)
-    try:
+  try:
+    prepared = prepare(config)  # Its refusals before the lock and the log file: nothing written.
+    with lock.hold(workdir):  # Before anything is written there: one run per workdir.
+      log_file = console.log_file(workdir, jax.process_index())
+      if malloc:
+        logging.info('XLA:CPU: malloc %s (VIT_JAX_MALLOC; GLIBC_TUNABLES=%r).', malloc,
+                     os.environ.get('GLIBC_TUNABLES', ''), extra=console.FILE_ONLY)
+      logging.info('Process %d of %d; %d local / %d global devices (%s).', jax.process_index(),
+                   jax.process_count(), jax.local_device_count(), jax.device_count(),
+                   jax.devices()[0].platform)
+      logging.info('Log with timestamps and third-party lines: %s', log_file)
       train_and_evaluate(config, workdir, prepared)
-    except Exception as e:
-      if isinstance(e, _PEER_FAILURES) or not isinstance(e, (errors.UserError, errors.Preempted)):
-        peers.verdict()  # A collective that failed for a peer that is gone: one line, exit 69.
-      raise
-    finally:
-      peers.finish()
+  except Exception as e:
+    if isinstance(e, _PEER_FAILURES) or not isinstance(e, (errors.UserError, errors.Preempted)):
+      peers.verdict()  # A collective that failed for a peer that is gone: one line, exit 69.
+    raise
+  finally:
+    peers.finish()
 
 
 # Errors that a peer gone may cause (a save's barrier fails): the watchdog's verdict first.
