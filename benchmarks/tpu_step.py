@@ -120,9 +120,9 @@ def mfu(flops_per_image: float | None, batch: int, seconds: float | None,
 def run_cell(config: Any, devices: list, label: str, model: Any = None) -> dict[str, Any]:
   """Compiles the cell's train step; its time, HBM and MFU (the model's FLOPs at the chip's
   published bfloat16 peak) per the TPU compiler."""
-  from vit_jax.tools import aot
+  from vit_jax.tools import planner
 
-  facts = aot.compile_steps(config, devices, 0, only_train=True, model=model)
+  facts = planner.compile_steps(config, devices, 0, only_train=True, model=model)
   train = facts['train']
   seconds, flops = train.get('step_seconds'), facts['train_flops_per_image']
   row = {'cell': label, 'model': config.model.name, 'batch_size': config.batch_size,
@@ -138,11 +138,11 @@ def run_cell(config: Any, devices: list, label: str, model: Any = None) -> dict[
 
 def print_row(row: dict[str, Any]) -> None:
   """A cell's line: its label, step time, HBM per device, MFU and whether it fits."""
-  from vit_jax.tools import aot
+  from vit_jax.tools import planner
 
   util = row['mfu']
-  print(f'{row["cell"]:70} {aot.ms(row["step_seconds"]):>10} '
-        f'{aot.gib(row["hbm_bytes_per_device"]):>10}{f"  MFU {util:.1%}" if util else ""}'
+  print(f'{row["cell"]:70} {planner.ms(row["step_seconds"]):>10} '
+        f'{planner.gib(row["hbm_bytes_per_device"]):>10}{f"  MFU {util:.1%}" if util else ""}'
         f'{"" if row["fits"] else "  does not fit"}', flush=True)
 
 

@@ -17,7 +17,7 @@ from vit_jax.config import cli as config_cli
 from vit_jax.evals import classification
 from vit_jax.evals import mpp as mpp_eval
 from vit_jax.models import mpp
-from vit_jax.tools import aot
+from vit_jax.tools import aot, planner
 from vit_jax.training import plan as plan_lib
 from vit_jax.training import step as step_lib
 
@@ -46,7 +46,7 @@ def test_aot_lowers_the_step_that_training_runs(objective):
   # No classes given for masked patch prediction: it needs none.
   config = tiny_config(objective=objective,
                        **({'dataset.num_classes': 0} if objective == 'mpp' else {}))
-  facts, lowered = aot.lower_steps(config, jax.devices(), 1000)
+  facts, lowered = planner.lower_steps(config, jax.devices(), 1000)
   ours, plan = lowered_by_train(config, jax.devices())
   assert lowered['train'].as_text() == ours.as_text()
   # The step of the run's own evaluator ('eval'): masked patch prediction has its own.
@@ -68,7 +68,7 @@ def test_aot_lowers_the_step_that_training_runs(objective):
 @pytest.mark.slow
 def test_cpu_report_sizes_only():
   config = tiny_config()
-  r = aot.report(config, 'cpu')
+  r = planner.report(config, 'cpu')
   assert (r['topology'], r['devices'], r['fits']) == ('cpu', 8, True)
   assert r['step_seconds'] is None and r['core_days'] is None  # XLA:CPU has no cost model.
   params = jax.eval_shape(plan_lib.validate(config).model.init, jax.random.key(0),
@@ -128,7 +128,7 @@ def test_no_step_time_where_the_step_loops():
       'report']
   assert r['fits'] and r['step_seconds'] is None and r['core_days'] is None
   assert r['eval']['step_seconds'] > 0  # The eval step has no loop.
-  assert 'not estimated for grad_accum_steps=2' in aot.format_report(r, 'tiny')
+  assert 'not estimated for grad_accum_steps=2' in planner.format_report(r, 'tiny')
 
 
 @pytest.mark.slow
@@ -142,7 +142,7 @@ def test_a_negative_cost_model_time_is_no_time():
       'eval_batch_size': 16}))['report']
   assert r['fits'] and r['train']['cost_model_seconds'] < 0
   assert r['step_seconds'] is None and r['mfu'] is None and r['core_days'] is None
-  assert 'the cost model of this libtpu gives none' in aot.format_report(r, 'l16')
+  assert 'the cost model of this libtpu gives none' in planner.format_report(r, 'l16')
 
 
 @pytest.mark.slow
@@ -201,7 +201,7 @@ def aot_command(*flags, layers=1):
 def train_bytes(overrides, devices=2):
   """The train step's memory per device of the one-block quickstart recipe, compiled here."""
   config = config_cli.load(str(QUICKSTART), [('model.num_layers', '1'), *overrides])
-  return aot.compile_steps(config, jax.devices()[:devices], 0,
+  return planner.compile_steps(config, jax.devices()[:devices], 0,
                            only_train=True)['train']['hbm_bytes_per_device']
 
 
@@ -245,7 +245,7 @@ def test_a_plan_that_does_not_fit_exits_3_and_says_what_fits(tmp_path):
 def search(limit_mib, max_compiles=8, **overrides):
   """A BatchSearch of the one-block tiny recipe on this process's 8 CPU devices."""
   config = tiny_config(**{'model.num_layers': 1, **overrides})
-  return aot.BatchSearch(config, 'cpu', 1000, limit_mib * 2**20, max_compiles,
+  return planner.BatchSearch(config, 'cpu', 1000, limit_mib * 2**20, max_compiles,
                          log=lambda *a, **k: None)
 
 
@@ -257,8 +257,8 @@ def test_max_batch_finds_the_largest_batch_in_few_compiles():
   # The answer fits, the next multiple of the 8 devices does not: compiled here on their own.
   config = tiny_config(**{'model.num_layers': 1})
   for size, fits in ((best, True), (best + 8, False)):
-    probe = aot._variant(config, batch_size=size)
-    figures = aot.compile_steps(probe, jax.devices(), 1000, only_train=True)['train']
+    probe = planner._variant(config, batch_size=size)
+    figures = planner.compile_steps(probe, jax.devices(), 1000, only_train=True)['train']
     assert (figures['hbm_bytes_per_device'] <= 4 * 2**20) == fits, (size, figures)
   # The line of memory against the batch: few compiles, far fewer than doubling and
   # bisecting from 64 images would take.
@@ -284,7 +284,7 @@ def test_max_batch_does_not_compile_its_answer_again(monkeypatch):
   monkeypatch.setattr(jax.stages.Lowered, 'compile', counted)
   lines = []
   config = tiny_config(**{'model.num_layers': 1})
-  config, r = aot.largest_batch_report(config, 'cpu', 1000, 4 * 2**20, 8,
+  config, r = planner.largest_batch_report(config, 'cpu', 1000, 4 * 2**20, 8,
                                        log=lambda *a, **k: lines.append(a[0]))
   searched = r['max_batch']['compiles']
   assert len(compiles) == searched + 1  # The search's train steps, then one eval step.
@@ -293,9 +293,9 @@ def test_max_batch_does_not_compile_its_answer_again(monkeypatch):
 
 
 def test_flop_units():
-  assert [aot.flop(n) for n in (950, 2.5e4, 3.1e6, 356.7e9, 1.2e13, 4e15)] == [
+  assert [planner.flop(n) for n in (950, 2.5e4, 3.1e6, 356.7e9, 1.2e13, 4e15)] == [
       '950 FLOP', '25.0 kFLOP', '3.1 MFLOP', '356.7 GFLOP', '12.0 TFLOP', '4.0 PFLOP']
-  assert aot.ms(0.2681) == '268.1 ms' and aot.ms(3.5e-5) == '35.0 µs'
+  assert planner.ms(0.2681) == '268.1 ms' and planner.ms(3.5e-5) == '35.0 µs'
 
 
 @pytest.mark.slow
@@ -304,20 +304,20 @@ def test_names_per_generation():
   """A v3 device is a core (16 GiB, half a chip), a v5p device a chip: the report says so,
   and prices chip-hours by generation."""
   overrides = json.dumps({'model.dtype': 'bfloat16', 'total_steps': 1000})
-  v3 = aot.format_report(probe('report', 'v3-8', overrides)['report'], 'tiny')
+  v3 = planner.format_report(probe('report', 'v3-8', overrides)['report'], 'tiny')
   assert 'v3-8 (v3:2x2: 8 x TPU v3 cores, 4 chips)' in v3
   assert re.search(r'\nHBM per device \(core\) +16.00 GiB  fits', v3)
   assert ' v3-chip-hours, ' in v3 and ' v3-core-days' in v3
   r = probe('aot', 'v5p-8', overrides)['report']
-  v5p = aot.format_report(r, 'tiny')
+  v5p = planner.format_report(r, 'tiny')
   assert r['chip'] == 'TPU v5p' and r['device_is'] == 'chip'
   assert 'v5p-8 (v5:2x2x1: 4 x TPU v5p chips)' in v5p
   assert re.search(r'\nHBM per device \(chip\) +95.00 GiB  fits', v5p)
   assert ' v5p-chip-hours' in v5p and 'core-days' not in v5p and 'TPU v5 ' not in v5p
   # The tiny model's FLOPs a training image, in a unit that shows them.
   flops = r['train_flops_per_image']
-  assert 1e6 < flops < 1e9 and f'(model FLOPs: {aot.flop(flops)} a training' in v5p
-  assert 'MFLOP' in aot.flop(flops)
+  assert 1e6 < flops < 1e9 and f'(model FLOPs: {planner.flop(flops)} a training' in v5p
+  assert 'MFLOP' in planner.flop(flops)
 
 
 @pytest.mark.slow

@@ -272,14 +272,14 @@ def test_tpu_step_fine_tuning_cell_is_the_papers_step_at_its_resolution():
 
   from benchmarks import tpu_step
   from vit_jax.config import cli as config_cli
-  from vit_jax.tools import aot
+  from vit_jax.tools import planner
 
   setting = config_cli.load('configs/vit_b16_finetune.py:imagenet2012', [('model.scan', 'False')])
   model, batch, pixels = tpu_step.parse_cell('ti16:8:384')
   config = tpu_step.cell_config(setting, model, batch, pixels, depth=1)
   assert (config.optimizer.name, config.optimizer.momentum) == ('sgd', 0.9)
   assert config.optimizer.grad_clip_norm == 1.0 and not config.model.scan
-  _, lowered = aot.lower_steps(config, jax.devices()[:1], 0)
+  _, lowered = planner.lower_steps(config, jax.devices()[:1], 0)
   state = lowered['train'].args_info[0][0]
   chex.assert_equal(state.params['Transformer']['posembed_input']['pos_embedding'].shape,
                     (1, 577, 192))

@@ -9,7 +9,7 @@ import chex
 import jax
 import pytest
 
-from vit_jax import checkpoints, evals, evaluate
+from vit_jax import checkpoints, evals, evaluation
 from vit_jax.base import sharding
 from vit_jax.checkpoints.run import workdir
 
@@ -23,7 +23,7 @@ def test_evaluate_params_equals_what_training_logged(tiny_run):
   params, step = workdir.restore_params(tiny_run)
   logged = next(row for row in read_metrics(tiny_run)
                 if row['step'] == step and 'eval/accuracy' in row)
-  ((evaluator, result),) = evaluate.evaluate_params(config, params)
+  ((evaluator, result),) = evaluation.evaluate_params(config, params)
   assert evaluator.name == 'eval'
   chex.assert_trees_all_close(result['accuracy'], logged['eval/accuracy'], atol=1e-6)
   chex.assert_trees_all_close(result['loss'], logged['eval/loss'], rtol=1e-5)

@@ -31,8 +31,7 @@ import orbax.checkpoint as ocp
 import pytest
 from etils import epath
 
-from vit_jax import checkpoints, main
-from vit_jax import fewshot as fewshot_command
+from vit_jax import checkpoints, evaluation, main
 from vit_jax.base import errors
 from vit_jax.checkpoints.run import lock, workdir
 from vit_jax.checkpoints.run import manager as manager_lib
@@ -704,10 +703,8 @@ def test_the_tools_refuse_a_non_finite_checkpoint_naming_the_newest_good_one(
                             activation='auto')
   with pytest.raises(errors.NonFiniteCheckpointError, match=re.escape(message)):
     predict.load_source(args)
-  flags_ = {k: argparse.Namespace(value=v) for k, v in
-            dict(workdir=str(run), step=None, allow_nonfinite=False, source=None, npz=None).items()}
   with pytest.raises(errors.NonFiniteCheckpointError, match=re.escape(message)):
-    fewshot_command._load(flags_)
+    evaluation.load_features(str(run), None)  # vit_jax.fewshot's.
   model = workdir.model_from_config(workdir.load_config(run))
   with pytest.raises(errors.NonFiniteCheckpointError, match=r'use config\.init_step=10\.$'):
     workdir.init_params_from(str(run), reference['step10'].params, model)

@@ -44,6 +44,7 @@ def test_training_logs_fewshot_metrics_and_the_cli_agrees(tmp_path):
   assert 'sample std' in run.stdout
   assert sum('too few for 200-shot: skipped (1-shot, 5-shot computed)' in line
              for line in run.stderr.splitlines()) == 1
+  assert len(run.stderr.splitlines()) == 1, run.stderr  # Its own line; no Orbax INFO lines.
   cli = {(r['dataset'], r['shots']): r['mean'] for r in json.loads(out.read_text())}
   assert set(cli) == {('digits', 1), ('digits', 5)}
   # The same checkpoint (step 20), on 1 device instead of 8, float32 features.

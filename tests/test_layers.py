@@ -1,4 +1,5 @@
-"""The package's layers: every import points down (or across a layer), and none makes a cycle.
+"""The package's layers: every import points down (or across a layer), and none makes a cycle;
+and the package's own imports inside functions are few, each with its reason.
 
 Read from the source with ``ast`` (nothing is imported), imports inside functions included:
 base -> config -> models, data, checkpoints -> training -> evals -> drivers -> tools, and
@@ -6,6 +7,7 @@ the benchmarks above them all (docs/architecture.md).
 """
 
 import ast
+import functools
 import pathlib
 
 import pytest
@@ -19,7 +21,8 @@ LAYERS = (
     ('vit_jax.models', 'vit_jax.data', 'vit_jax.checkpoints'),
     ('vit_jax.training',),
     ('vit_jax.evals',),
-    ('vit_jax.main', 'vit_jax.evaluate', 'vit_jax.fewshot', 'vit_jax.sweep', 'vit_jax.vtab'),
+    ('vit_jax.main', 'vit_jax.evaluate', 'vit_jax.evaluation', 'vit_jax.fewshot', 'vit_jax.sweep',
+     'vit_jax.vtab'),
     ('vit_jax.tools',),
     ('benchmarks',),
 )
@@ -42,10 +45,15 @@ def layer(module: str) -> int:
   return max(prefixes)[1]
 
 
+@functools.cache
+def parse(path: pathlib.Path) -> ast.Module:
+  return ast.parse(path.read_text())
+
+
 def imports(path: pathlib.Path, known: dict[str, pathlib.Path]) -> set[str]:
   """The project modules ``path`` imports, at any depth of the file."""
   found = set()
-  for node in ast.walk(ast.parse(path.read_text())):
+  for node in ast.walk(parse(path)):
     if isinstance(node, ast.Import):
       found |= {a.name for a in node.names}
     elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -85,3 +93,39 @@ def test_no_cycle():
 def test_top_level_modules_few():
   top = sorted(p.stem for p in (ROOT / 'vit_jax').glob('*.py') if p.stem != '__init__')
   assert len(top) <= 10, top
+
+
+# A command's seam: it checks its command line with modules that need no jax, then imports the
+# module that does the work (docs/architecture.md, "A command"). Few such imports, each saying
+# why on its line.
+MAX_DEFERRED = 20
+
+
+def deferred_imports() -> list[tuple[str, bool]]:
+  """('path:line', whether its lines hold a comment) of each import of a vit_jax module
+  inside a function of the package."""
+  found = {}
+
+  def visit(node: ast.AST, path: pathlib.Path, lines: list[str], in_function: bool) -> None:
+    for child in ast.iter_child_nodes(node):
+      own = (isinstance(child, ast.ImportFrom) and (child.level or (child.module or '').startswith(
+          'vit_jax'))) or (isinstance(child, ast.Import) and any(
+              a.name.startswith('vit_jax') for a in child.names))
+      if own and in_function:
+        found[f'{path.relative_to(ROOT)}:{child.lineno}'] = any(
+            '#' in line for line in lines[child.lineno - 1:child.end_lineno])
+      visit(child, path, lines, in_function or isinstance(
+          child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+  for path in sorted((ROOT / 'vit_jax').rglob('*.py')):
+    visit(parse(path), path, path.read_text().splitlines(), False)
+  return sorted(found.items())
+
+
+def test_deferred_imports_are_few_and_say_why():
+  found = deferred_imports()
+  assert len(found) <= MAX_DEFERRED, (
+      f'{len(found)} imports of vit_jax modules inside functions (at most {MAX_DEFERRED}): '
+      'import at the top, or through the command\'s one seam: ' + ', '.join(w for w, _ in found))
+  unexplained = [where for where, commented in found if not commented]
+  assert not unexplained, f'say why on the line (a comment) of: {", ".join(unexplained)}'

@@ -242,3 +242,20 @@ def test_quickstart_command_reaches_95_percent_and_reads_plainly(tmp_path):
   for m in rows:
     assert m['train/mfu'] == pytest.approx(flops * m['train/images_per_s'] / 123e9, rel=1e-6)
   assert json.loads(kept.read_text()) == {key: {'flops': 123e9, 'measured': '2026-01-02'}}
+
+
+@pytest.mark.slow
+def test_a_damaged_init_from_is_refused_before_the_workdir_is_written(tmp_path):
+  """A garbage .npz as config.init_from: one error line, found by the plan's check (its first
+  bytes) before the lock and the log file, so the new workdir is never created."""
+  garbage = tmp_path / 'x.npz'
+  garbage.write_bytes(np.random.default_rng(0).bytes(300))
+  workdir = tmp_path / 'new'
+  done = subprocess.run(main_command(workdir, init_from=garbage), cwd=ROOT, env=env(1),
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 2, done.stderr
+  assert done.stderr.splitlines() == [
+      f'error: config.init_from: {garbage} is not a .npz checkpoint: it does not begin as a zip '
+      'archive does (a damaged or partial download, or another kind of file). Download it '
+      'again.']
+  assert not workdir.exists() or not any(workdir.iterdir())

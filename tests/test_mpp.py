@@ -286,12 +286,12 @@ def test_a_self_supervised_run_resumes_exactly(mpp_run, unlabelled, tmp_path):
 def test_evaluating_a_self_supervised_run_counts_images_and_names_the_metric(mpp_run):
   """vit_jax.evaluate's line for the run's 'mpp' evaluator: the held-out images counted as
   images, the scored patches beside them, the metric named."""
-  from vit_jax import evaluate
+  from vit_jax import evaluation
 
   directory, result = mpp_run
   config = workdir_lib.load_config(directory)
   params, _ = workdir_lib.restore_params(directory)
-  ((evaluator, metrics),) = evaluate.evaluate_params(config, params, ['eval'])
+  ((evaluator, metrics),) = evaluation.evaluate_params(config, params, ['eval'])
   assert metrics['color_accuracy'] == pytest.approx(result['eval/color_accuracy'], abs=1e-6)
   assert evaluator.describe(metrics).endswith(
       '(masked-patch colour accuracy), loss '

@@ -33,28 +33,28 @@ def probe(*args: str) -> dict:
 
 
 def aot_report(topology: str, overrides: str) -> dict:
-  """``aot.report`` of the tiny recipe with ``overrides``, alone."""
-  from vit_jax.tools import aot
+  """``planner.report`` of the tiny recipe with ``overrides``, alone."""
+  from vit_jax.tools import planner
 
   from runs import tiny_config
 
-  return {'report': aot.report(tiny_config(**json.loads(overrides)), topology)}
+  return {'report': planner.report(tiny_config(**json.loads(overrides)), topology)}
 
 
 def report(topology: str, overrides: str) -> dict:
-  """``aot.report`` of the tiny recipe, and the numbers of the train step that vit_jax.training
+  """``planner.report`` of the tiny recipe, and the numbers of the train step that vit_jax.training
   builds, compiled here independently of aot."""
   import jax
   import jax.numpy as jnp
 
   from vit_jax.base import accelerators, sharding
-  from vit_jax.tools import aot
+  from vit_jax.tools import planner
   from vit_jax.training import plan as plan_lib
 
   from runs import tiny_config
 
   config = tiny_config(**json.loads(overrides))
-  result = aot.report(config, topology)
+  result = planner.report(config, topology)
   tpu = accelerators.tpu_slice(topology)
   plan = plan_lib.validate(config, devices=tpu.compile_devices(), num_train_examples=1000)
   state, shardings = plan.train_state(abstract=True)

@@ -20,71 +20,15 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import ml_collections
 from absl import app, flags
 
 from vit_jax.base import console, errors, paths
-
-
-def for_evaluation(config: ml_collections.ConfigDict, split: str | None = None
-                   ) -> ml_collections.ConfigDict:
-  """A run's config to evaluate with: where it started from no longer matters (the files
-  may be gone), and ``split`` (if given) replaces its eval split."""
-  config = ml_collections.ConfigDict(config.to_dict())
-  config.update(init_from='', init_step=None, init_ema=False, init_source_grid=None,
-                init_source_pool=None)
-  if split:
-    config.dataset.eval_split = split
-  return config
-
-
-def evaluate_params(config: ml_collections.ConfigDict, params: Any,
-                    names: list[str] | None = None, progress_every: float | None = None,
-                    what: str = '') -> list[tuple[Any, dict[str, float]]]:
-  """[(evaluator, metrics)] of ``params`` (host or device arrays, model layout) for the
-  evaluators of a run's ``config`` (those of ``names``, default all); ``progress_every``:
-  seconds between progress lines on stderr, which name ``what`` is evaluated."""
-  import jax
-
-  from vit_jax import evals
-  from vit_jax.base import sharding
-  from vit_jax.training import plan as plan_lib
-
-  plan = plan_lib.validate(for_evaluation(config))
-  evaluators = evals.from_config(evals.Context.from_plan(plan), names)
-  params = jax.device_put(params, sharding.shardings_for(params, plan.mesh))
-  out = []
-  for evaluator in evaluators:
-    evaluator.progress = progress_every
-    if what:
-      evaluator.progress_label = f'evaluating {what} ({evaluator.name})'
-    out.append((evaluator, evaluator.run(params)))
-  return out
-
-
-def source_params(config: ml_collections.ConfigDict, source: str, step: int | None = None
-                  ) -> Any:
-  """The parameters of any checkpoint in ``config``'s model, its classifier kept (as a
-  fine-tune from it with ``init_keep_head`` starts)."""
-  import jax
-  import numpy as np
-
-  from vit_jax.checkpoints.run import workdir as workdir_lib
-  from vit_jax.training import plan as plan_lib
-
-  plan = plan_lib.validate(for_evaluation(config))
-  model = plan.model
-  init = jax.eval_shape(model.init, jax.random.key(0),
-                        jax.ShapeDtypeStruct((1, *model.image_size, 3), np.float32))['params']
-  return workdir_lib.init_params_from(
-      source, init, model, step=step, keep_head=True, source_grid=config.init_source_grid,
-      source_pool=config.init_source_pool)
+from vit_jax.checkpoints.run import record
+from vit_jax.config import cli as config_cli
 
 
 def _define_flags() -> dict[str, Any]:
   """The command line's flags (defined when run as a program, not when imported)."""
-  from vit_jax.config import cli as config_cli
-
   f = flags
   defined = dict(
       workdir=paths.DEFINE_path('workdir', None, 'The workdir of a vit_jax.main run.'),
@@ -122,24 +66,11 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   if flags_['config'].file.value:
     raise errors.ConfigError('--config is for --source; a workdir\'s config.json is its own.')
   paths.run_dir(directory)  # Before the model and the data pipeline start.
-  from vit_jax.checkpoints.run import workdir as workdir_lib
-
-  if not flags.FLAGS['verbosity'].present:  # Orbax's INFO lines only with --verbosity.
-    console.quiet_third_party()
-  config = for_evaluation(workdir_lib.load_config(directory), flags_['split'].value)
-  names = flags_['evals'].value
-  if names:
-    unknown = sorted(set(names) - set(config.evals))
-    if unknown:
-      raise errors.ConfigError(f'--evals: {", ".join(unknown)} not in the run\'s config.evals '
-                               f'({", ".join(config.evals) or "none"}).')
-  ema = flags_['ema'].value
-  params, step = workdir_lib.restore_params(directory, flags_['step'].value, ema=ema,
-                                            allow_nonfinite=flags_['allow_nonfinite'].value)
-  name = f'step {step}{" (EMA)" if ema else ""}'
-  for evaluator, metrics in evaluate_params(config, params, names,
-                                            flags_['progress_every'].value):
-    print(f'{directory} {name}, {evaluator.name}: {evaluator.describe(metrics)}', flush=True)
+  config = record.load_config(directory)
+  if flags_['split'].value:
+    config.dataset.eval_split = flags_['split'].value
+  _check_names(flags_['evals'].value, config, 'the run\'s config.evals')
+  _evaluate(config, directory, flags_)
 
 
 def _evaluate_source(source: str, flags_: dict[str, Any]) -> None:
@@ -150,21 +81,32 @@ def _evaluate_source(source: str, flags_: dict[str, Any]) -> None:
   config = flags_['config'].value  # Its errors first (a ConfigError names the field).
   if not source.startswith('hf-hub:'):
     paths.input_path(source, 'source', 'checkpoint')
-  if not flags.FLAGS['verbosity'].present:
-    console.quiet_third_party()
   if flags_['split'].value:
     config.dataset.eval_split = flags_['split'].value
-  names = flags_['evals'].value
+  _check_names(flags_['evals'].value, config, 'the config\'s evals')
+  _evaluate(config, source, flags_)
+
+
+def _check_names(names: list[str] | None, config: Any, what: str) -> None:
   if names and (unknown := sorted(set(names) - set(config.evals))):
-    raise errors.ConfigError(f'--evals: {", ".join(unknown)} not in the config\'s evals '
+    raise errors.ConfigError(f'--evals: {", ".join(unknown)} not in {what} '
                              f'({", ".join(config.evals) or "none"}).')
-  params = source_params(config, source, flags_['step'].value)
-  for evaluator, metrics in evaluate_params(config, params, names,
-                                            flags_['progress_every'].value):
-    print(f'{source}, {evaluator.name}: {evaluator.describe(metrics)}', flush=True)
+
+
+def _evaluate(config: Any, checkpoint: str, flags_: dict[str, Any]) -> None:
+  """Prints the metrics of the evaluators of ``config`` on ``checkpoint``: a run's workdir
+  (``--workdir``) or another checkpoint (``--source``)."""
+  if not flags.FLAGS['verbosity'].present:  # Orbax's INFO lines only with --verbosity.
+    console.quiet_third_party()
+  from vit_jax import evaluation  # The work: jax from here on (the command line is checked).
+
+  params, name = evaluation.checkpoint_params(
+      config, checkpoint, flags_['step'].value, source=bool(flags_['source'].value),
+      ema=flags_['ema'].value, allow_nonfinite=flags_['allow_nonfinite'].value)
+  for evaluator, metrics in evaluation.evaluate_params(config, params, flags_['evals'].value,
+                                                       flags_['progress_every'].value):
+    print(f'{name}, {evaluator.name}: {evaluator.describe(metrics)}', flush=True)
 
 
 if __name__ == '__main__':
-  from vit_jax.config import cli as config_cli
-
   config_cli.run(functools.partial(main, flags_=_define_flags()))

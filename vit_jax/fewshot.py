@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from typing import Any
 
 from absl import app, flags
 
-from vit_jax.base import errors, paths
+from vit_jax import config as config_lib
+from vit_jax.base import console, errors, paths
 
 
 def _define_flags() -> dict[str, Any]:
@@ -58,27 +58,6 @@ def _define_flags() -> dict[str, Any]:
   )
 
 
-def _load(flags_: dict[str, Any]) -> Any:
-  """The checkpoint of --workdir (a self-supervised run's encoder too), --npz or --source."""
-  from vit_jax.checkpoints import formats
-  from vit_jax.checkpoints.formats.layout import Loaded
-  from vit_jax.checkpoints.run import workdir as workdir_lib
-
-  directory = flags_['workdir'].value
-  source = flags_['source'].value or flags_['npz'].value
-  if not directory and formats.origin(source) == formats.WORKDIR:
-    directory = source
-  if directory:
-    config = workdir_lib.load_config(directory)
-    params, _ = workdir_lib.restore_params(directory, flags_['step'].value,
-                                           allow_nonfinite=flags_['allow_nonfinite'].value)
-    head = params.get('head')  # None: a self-supervised run's encoder.
-    model = workdir_lib.model_from_config(config, int(head['kernel'].shape[-1]) if head else None)
-    return Loaded(model, params, (), directory, config)
-  return formats.load(source, model_name=flags_['model'].value,
-                      image_size=flags_['image_size'].value)
-
-
 def main(argv: list[str], flags_: dict[str, Any]) -> None:
   """Prints the few-shot table of a run or a .npz file."""
   if len(argv) > 1:
@@ -107,36 +86,28 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
     paths.input_path(npz, 'source' if flags_['source'].value else 'npz', 'checkpoint')
   if flags_['json'].value:
     paths.output_path(flags_['json'].value, 'json')
-  from vit_jax import config as config_lib
-
   entry = dict(type='fewshot', datasets=tuple(flags_['dataset'].value), shots=shots,
                seeds=flags_['seeds'].value, l2_reg=flags_['l2_reg'].value)
+  if not flags.FLAGS['verbosity'].present:  # Orbax's INFO lines only with --verbosity.
+    console.quiet_third_party()
   try:  # The one evaluator of a config: its errors name the flags (below).
     config = config_lib.complete({'eval_batch_size': flags_['batch_size'].value,
                                   'evals': {'fewshot': entry}})
     config_lib.check(config)
-    import jax  # Flags, paths and the evaluator's fields are checked: now jax.
+    from vit_jax import evaluation  # The work: jax from here on (flags and paths checked above).
 
-    from vit_jax import evals
-    from vit_jax.base import sharding
-    from vit_jax.evals import fewshot
-
-    loaded = _load(flags_)
-    ctx = evals.Context.from_loaded(loaded, config, data_dir=flags_['data_dir'].value)
-    config.evals.fewshot.pp = flags_['pp'].value or ctx.pp_eval.spec  # Either named --pp.
-    devices = math.prod(ctx.mesh.shape[a] for a in sharding.BATCH_AXES)
-    if config.eval_batch_size % devices:
-      raise errors.ConfigError(f'--batch_size={config.eval_batch_size} is not a multiple of '
-                               f'the {devices} devices.')
-    (evaluator,) = evals.from_config(ctx)
+    loaded = evaluation.load_features(directory, npz, flags_['step'].value,
+                                      flags_['allow_nonfinite'].value, flags_['model'].value,
+                                      flags_['image_size'].value)
+    evaluator, table = evaluation.fewshot(loaded, config, flags_['data_dir'].value,
+                                          flags_['pp'].value)
   except errors.UserError as e:  # config.evals.fewshot.FIELD is the flag --FIELD.
     where = 'config.evals.fewshot.'
     raise type(e)(str(e).replace(f'{where}datasets', '--dataset').replace(where, '--')) from None
-  evaluator.run(jax.device_put(loaded.params, sharding.replicated(ctx.mesh)))
   print(f'# {loaded.model.model_name}: {evaluator.width}-d features, l2 {evaluator.l2_reg:g}, '
         f'{evaluator.seeds} seeds; accuracy % (mean ± sample std over the seeds; -: a class '
         'has fewer examples)')
-  print(fewshot.table(evaluator.per_seed, shots), flush=True)
+  print(table, flush=True)
   if flags_['json'].value:
     paths.path(flags_['json'].value).write_text(json.dumps(
         [{'dataset': n, 'shots': k, 'accuracies': v, 'mean': sum(v) / len(v)}

@@ -21,33 +21,40 @@ from absl import app, flags, logging
 
 from vit_jax import config as config_lib
 from vit_jax.base import console, errors, paths, peers
+from vit_jax.checkpoints import hf_hub
+from vit_jax.checkpoints.run import lock, record
 from vit_jax.config import cli as config_cli
+from vit_jax.data import sources
+
+# The command's seam: above it, the checks of its command line (this module's imports need no
+# jax); the plan, the evaluators and the loop import jax, so only ``prepare`` and
+# ``train_and_evaluate`` import them, when a run starts.
 
 
 def prepare(config: Any) -> tuple[Any, list[Any]]:
-  """The config validated (``vit_jax.training.plan.validate``) and its evaluators
-  (``config.evals``) built and checked, before anything compiles: (plan, evaluators).
-  ``vit_jax.sweep`` and ``vit_jax.vtab`` run it for every run before the first starts."""
-  from vit_jax import evals
-  from vit_jax.training import plan as plan_lib
+  """The config validated (``vit_jax.training.plan.validate``: the data, the model, a
+  damaged ``init_from``) and its evaluators (``config.evals``) built and checked, before
+  anything compiles or is written: (plan, evaluators). ``vit_jax.sweep`` and ``vit_jax.vtab``
+  run it for every run before the first starts."""
+  from vit_jax import evals  # jax from here on (the seam, above).
+  from vit_jax.training import plan as plan_lib  # jax from here on (the seam, above).
 
   plan = plan_lib.validate(config)
   return plan, evals.from_config(evals.Context.from_plan(plan))
 
 
-def train_and_evaluate(config: Any, workdir: str) -> dict[str, float]:
+def train_and_evaluate(config: Any, workdir: str,
+                       prepared: tuple[Any, list[Any]] | None = None) -> dict[str, float]:
   """What ``python -m vit_jax.main`` runs, and ``vit_jax.sweep`` and ``vit_jax.vtab`` for
-  each of their runs: ``prepare``; then, before anything is written in the workdir, its lock
-  taken (one run per workdir; the command takes it first of all) and a resume's config
-  compared with the run's (the same trajectory); then the training loop. Returns the last
-  metrics."""
-  from vit_jax.checkpoints.run import lock
-  from vit_jax.checkpoints.run import workdir as workdir_lib
-  from vit_jax.training import loop
+  each of their runs: ``prepare`` (unless ``prepared``: its result); then, before anything is
+  written in the workdir, its lock taken (one run per workdir; the command takes it first of
+  all) and a resume's config compared with the run's (the same trajectory); then the
+  training loop. Returns the last metrics."""
+  from vit_jax.training import loop  # jax from here on (the seam, above).
 
-  plan, evaluators = prepare(config)
+  plan, evaluators = prepared or prepare(config)
   with lock.hold(workdir):
-    workdir_lib.check_resume(workdir, config)
+    record.check_resume(workdir, config)
     return loop.train_and_evaluate(plan, workdir, evaluators)
 
 
@@ -101,10 +108,6 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   if flags_['peer_timeout'].value <= 0:
     raise errors.ConfigError(f'--peer_timeout={flags_["peer_timeout"].value} must be a number '
                              'of seconds > 0.')
-  from vit_jax.checkpoints import hf_hub
-  from vit_jax.checkpoints.run import lock, record
-  from vit_jax.data import sources
-
   if hf_hub.is_hub_id(config.init_from):  # Fetched, or found in the cache, before jax.
     hf_hub.resolve(config.init_from)
   sources.check_name(config.dataset)  # What needs no data, before jax: nothing written yet.
@@ -116,28 +119,29 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
     lock.check_free(workdir)
   record.check_resume(workdir, config)
   malloc = console.start(cpu_devices)  # May re-execute this process once (XLA:CPU).
-  import jax
+  import jax  # Every check above is done: jax starts here.
 
   if distributed:
     peers.start(coordinator, flags_['num_processes'].value, flags_['process_id'].value,
                 timeout_s=flags_['peer_timeout'].value, resumes_from=lambda: _resumes_from(workdir))
-  with lock.hold(workdir):  # Before anything is written there: one run per workdir.
-    log_file = console.log_file(workdir, jax.process_index())
-    if malloc:
-      logging.info('XLA:CPU: malloc %s (VIT_JAX_MALLOC; GLIBC_TUNABLES=%r).', malloc,
-                   os.environ.get('GLIBC_TUNABLES', ''), extra=console.FILE_ONLY)
-    logging.info('Process %d of %d; %d local / %d global devices (%s).', jax.process_index(),
-                 jax.process_count(), jax.local_device_count(), jax.device_count(),
-                 jax.devices()[0].platform)
-    logging.info('Log with timestamps and third-party lines: %s', log_file)
-    try:
-      train_and_evaluate(config, workdir)
-    except Exception as e:
-      if isinstance(e, _PEER_FAILURES) or not isinstance(e, (errors.UserError, errors.Preempted)):
-        peers.verdict()  # A collective that failed for a peer that is gone: one line, exit 69.
-      raise
-    finally:
-      peers.finish()
+  try:
+    prepared = prepare(config)  # Its refusals before the lock and the log file: nothing written.
+    with lock.hold(workdir):  # Before anything is written there: one run per workdir.
+      log_file = console.log_file(workdir, jax.process_index())
+      if malloc:
+        logging.info('XLA:CPU: malloc %s (VIT_JAX_MALLOC; GLIBC_TUNABLES=%r).', malloc,
+                     os.environ.get('GLIBC_TUNABLES', ''), extra=console.FILE_ONLY)
+      logging.info('Process %d of %d; %d local / %d global devices (%s).', jax.process_index(),
+                   jax.process_count(), jax.local_device_count(), jax.device_count(),
+                   jax.devices()[0].platform)
+      logging.info('Log with timestamps and third-party lines: %s', log_file)
+      train_and_evaluate(config, workdir, prepared)
+  except Exception as e:
+    if isinstance(e, _PEER_FAILURES) or not isinstance(e, (errors.UserError, errors.Preempted)):
+      peers.verdict()  # A collective that failed for a peer that is gone: one line, exit 69.
+    raise
+  finally:
+    peers.finish()
 
 
 # Errors that a peer gone may cause (a save's barrier fails): the watchdog's verdict first.
@@ -146,9 +150,7 @@ _PEER_FAILURES = (errors.CheckpointSaveError, errors.MetricsWriteError)
 
 def _resumes_from(workdir: str) -> str:
   """Where a restart of the run in ``workdir`` starts: its newest complete checkpoint."""
-  from vit_jax.checkpoints.run import workdir as workdir_lib
-
-  steps = workdir_lib.steps(workdir)
+  steps = record.steps(workdir)
   return f'step {steps[-1]}, its newest checkpoint' if steps else 'step 0 (no checkpoint yet)'
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -24,10 +25,15 @@ import sys
 from typing import Any
 
 import numpy as np
+from absl import app, flags
 from etils import epath
 
 from vit_jax import config as config_lib
+from vit_jax import main as main_lib
 from vit_jax.base import console, errors, paths
+from vit_jax.checkpoints.run import record
+from vit_jax.config import cli as config_cli
+from vit_jax.data import sources
 
 IGNORED = ('seed',)  # Fields that do not make another setting.
 
@@ -51,8 +57,7 @@ class Run:
 def total_steps(config: Any) -> int:
   """A run's length: ``total_steps`` (or its last schedule phase's), or ``num_epochs`` over
   its training split's size."""
-  from vit_jax.data import sources
-  from vit_jax.training import optim
+  from vit_jax.training import optim  # jax comes with it: when runs are read, not with the command.
 
   config = config_lib.complete(config)
   if config.total_steps:
@@ -66,7 +71,7 @@ def read_run(path: Any) -> Run:
   path = epath.Path(path)
   config = config_lib.convert_old_evals(json.loads((path / 'config.json').read_text()))
   total = total_steps(config)
-  from vit_jax import evals
+  from vit_jax import evals  # jax comes with it: when runs are read, not with the command.
 
   key = evals.headline(config_lib.complete(config))
   accuracy, last = None, 0
@@ -227,8 +232,6 @@ class Sweep:
 
   def __init__(self, config_file: str, user_overrides: list[tuple[str, str | None]],
                workdir: str, grid: list[tuple[str, list[str]]], seeds: int, minival: float):
-    from vit_jax.config import cli as config_cli
-
     if seeds < 1:
       raise errors.ConfigError(f'--seeds={seeds}: at least one.')
     self.config_file, self.user, self.workdir = config_file, list(user_overrides), workdir
@@ -240,7 +243,6 @@ class Sweep:
                    if minival else None)
 
   def config(self, plan: Plan) -> Any:
-    from vit_jax.config import cli as config_cli
     return config_cli.load(self.config_file, self.user + plan.overrides)
 
   def minival_runs(self) -> list[Plan]:
@@ -283,15 +285,13 @@ def finished(plan: Plan) -> bool:
 
 
 def train(sweep: Sweep, plans: list[Plan], out: Any) -> None:
-  from vit_jax import main
-
   for i, plan in enumerate(plans, 1):
     if finished(plan):
       print(f'[{i}/{len(plans)}] {plan.workdir}: finished earlier', file=out, flush=True)
       continue
     print(f'[{i}/{len(plans)}] {plan.workdir}', file=out, flush=True)
     with console.logging_to(plan.workdir):  # Its lines with absl's prefix: its log.txt.
-      main.train_and_evaluate(sweep.config(plan), plan.workdir)
+      main_lib.train_and_evaluate(sweep.config(plan), plan.workdir)
     if not finished(plan):
       raise errors.UserError(f'{plan.workdir} stopped before its end (preempted?): run the '
                              'same sweep command again to resume it.')
@@ -302,9 +302,6 @@ def validate(sweep: Sweep, plans: list[Plan]) -> None:
   (``main.prepare``, and a resume's against its workdir), before the first run starts: a
   mistake in one grid point is one line at once, not a failure hours into the sweep. Runs
   that differ only in their seed are prepared once."""
-  from vit_jax import main
-  from vit_jax.checkpoints.run import workdir as workdir_lib
-
   prepared = set()
   for plan in plans:
     if finished(plan):
@@ -312,9 +309,9 @@ def validate(sweep: Sweep, plans: list[Plan]) -> None:
     config = sweep.config(plan)
     setting = json.dumps([o for o in plan.overrides if o[0] not in IGNORED])
     try:
-      workdir_lib.check_resume(plan.workdir, config)
+      record.check_resume(plan.workdir, config)
       if setting not in prepared:
-        main.prepare(config)
+        main_lib.prepare(config)
         prepared.add(setting)
     except errors.UserError as e:
       raise type(e)(f'{plan.workdir}: {e} (checked before the sweep\'s first run)') from None
@@ -378,10 +375,6 @@ def run_sweep(sweep: Sweep, print_commands: bool = False, out: Any = None) -> di
 
 
 def _define_flags() -> dict[str, Any]:
-  from absl import flags
-
-  from vit_jax.config import cli as config_cli
-
   return dict(
       config=config_cli.DEFINE_config('config', 'The recipe swept.'),
       workdir=paths.DEFINE_path('workdir', None, 'The sweep\'s folder: one workdir a run.'),
@@ -400,8 +393,6 @@ def _define_flags() -> dict[str, Any]:
 
 
 def main(argv: list[str], flags_: dict[str, Any]) -> None:
-  from absl import app
-
   if len(argv) > 1 and argv[1] == 'results':
     if len(argv) != 3:
       raise app.UsageError('python -m vit_jax.sweep results DIR')
@@ -423,8 +414,4 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
 
 
 if __name__ == '__main__':
-  import functools
-
-  from vit_jax.config import cli as config_cli
-
   config_cli.run(functools.partial(main, flags_=_define_flags()))

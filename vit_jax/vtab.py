@@ -14,13 +14,21 @@ The tasks: ``vit_jax.data.vtab``; docs/vtab_and_sweeps.md.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from typing import Any
 
 import numpy as np
+from absl import app, flags
+from etils import epath
 
+from vit_jax import checkpoints, sweep
+from vit_jax import config as config_lib
+from vit_jax import main as main_lib
 from vit_jax.base import console, errors, paths
+from vit_jax.checkpoints.run import record
+from vit_jax.config import cli as config_cli
 from vit_jax.data import vtab_prepare
 from vit_jax.data.vtab import GROUPS, SPLIT_KEYS, TASKS, Task, select
 
@@ -73,8 +81,6 @@ def task_config(task: Task, model: dict[str, Any], settings: dict[str, Any],
   init_from, data_dir, lr, steps, warmup_steps, batch_size, image_size, momentum, seed,
   train_split, eval_split.
   """
-  from vit_jax import config as config_lib
-
   config = config_lib.get_config() if base is None else base
   config.model.update(model)
   size = int(settings['image_size'])
@@ -100,16 +106,14 @@ def model_fields(init_from: str) -> dict[str, Any]:
   """The config.model fields of a checkpoint: a run's config, or any other SOURCE's own
   architecture (a .npz file's shapes, a timm or transformers folder's config.json, ...), as
   ``vit_jax.main``'s ``config.init_from`` takes it."""
-  from vit_jax.checkpoints import formats
-  from vit_jax.checkpoints.formats import fit
-  from vit_jax.checkpoints.run import workdir as workdir_lib
-
-  if workdir_lib.is_workdir(init_from):
-    fields = dict(workdir_lib.load_config(init_from).model)
+  if record.is_workdir(init_from):
+    fields = dict(record.load_config(init_from).model)
     fields.pop('image_size', None)
     return {k: v for k, v in fields.items() if v is not None}
+  from vit_jax.checkpoints.formats import fit  # It imports jax: the checks of a run come first.
+
   try:
-    fields = fit.model_options(formats.load(init_from).model)
+    fields = fit.model_options(checkpoints.load(init_from).model)
   except errors.UserError as e:
     raise type(e)(f'--init_from: {e}') from None
   fields.pop('image_size')
@@ -119,33 +123,11 @@ def model_fields(init_from: str) -> dict[str, Any]:
 RESULT_FILE = 'vtab_result.json'
 
 
-def finished_accuracy(workdir: Any, steps: int, key: str) -> float | None:
-  """A task run's ``key`` (its headline metric) at ``steps`` in its metrics.jsonl, else None."""
-  from etils import epath
-
-  path = epath.Path(workdir) / 'metrics.jsonl'
-  if not path.exists():
-    return None
-  for line in path.read_text().splitlines():
-    try:
-      row = json.loads(line)
-    except json.JSONDecodeError:
-      continue
-    if row.get('step') == steps and key in row:
-      return float(row[key])
-  return None
-
-
 def run(tasks: list[Task], workdir: str, settings: dict[str, Any],
         overrides: list[tuple[str, str | None]] = (), config_file: str | None = None,
         out: Any = None) -> dict[str, Any]:
   """Fine-tunes on each task in ``workdir/TASK`` (resuming; finished ones skipped), then
   writes ``workdir/vtab_results.json`` and prints the grouped table."""
-  from etils import epath
-
-  from vit_jax import evals
-  from vit_jax.config import cli as config_cli
-
   out = out or sys.stdout
   model = model_fields(settings['init_from'])
   configs = {}  # Every task still to run, validated before the first starts.
@@ -157,9 +139,9 @@ def run(tasks: list[Task], workdir: str, settings: dict[str, Any],
   accuracies: dict[str, float] = {}
   for task in tasks:
     task_dir = epath.Path(workdir) / task.name
-    record = task_dir / RESULT_FILE
-    if record.exists():
-      done = json.loads(record.read_text())
+    result = task_dir / RESULT_FILE
+    if result.exists():
+      done = json.loads(result.read_text())
       if done['settings'] != settings:
         changed = sorted(k for k in settings if done['settings'].get(k) != settings[k])
         raise errors.ConfigError(
@@ -174,12 +156,12 @@ def run(tasks: list[Task], workdir: str, settings: dict[str, Any],
           flush=True)
     with console.logging_to(str(task_dir)):  # Its lines with absl's prefix: its log.txt.
       train_and_evaluate(config, str(task_dir))
-    accuracy = finished_accuracy(task_dir, int(settings['steps']), evals.headline(config))
+    accuracy = sweep.read_run(task_dir).accuracy  # Its headline metric at its last step.
     if accuracy is None:  # Stopped early (preempted): the next start resumes it.
       print(f'{task.name}: stopped before step {settings["steps"]}; run again to resume.',
             file=out, flush=True)
       continue
-    record.write_text(json.dumps({'task': task.name, 'accuracy': accuracy,
+    result.write_text(json.dumps({'task': task.name, 'accuracy': accuracy,
                                   'settings': settings}, indent=1))
     accuracies[task.name] = accuracy
   summary = summarise(accuracies)
@@ -194,12 +176,9 @@ def run(tasks: list[Task], workdir: str, settings: dict[str, Any],
 def validate(config: Any, workdir: str) -> Any:
   """``config``, checked as ``vit_jax.main.train_and_evaluate`` checks it (``main.prepare``,
   and a resume's against its workdir); a problem names the task's workdir."""
-  from vit_jax import main
-  from vit_jax.checkpoints.run import workdir as workdir_lib
-
   try:
-    workdir_lib.check_resume(workdir, config)
-    main.prepare(config)
+    record.check_resume(workdir, config)
+    main_lib.prepare(config)
   except errors.UserError as e:
     raise type(e)(f'{workdir}: {e} (checked before the first task\'s run)') from None
   return config
@@ -207,9 +186,7 @@ def validate(config: Any, workdir: str) -> Any:
 
 def train_and_evaluate(config: Any, workdir: str) -> Any:
   """One task's run, as ``vit_jax.main`` trains (resuming from its checkpoints)."""
-  from vit_jax import main
-
-  return main.train_and_evaluate(config, workdir)
+  return main_lib.train_and_evaluate(config, workdir)
 
 
 # ---------------------------------------------------------------------------
@@ -217,10 +194,6 @@ def train_and_evaluate(config: Any, workdir: str) -> Any:
 
 
 def _define_flags() -> dict[str, Any]:
-  from absl import flags
-
-  from vit_jax.config import cli as config_cli
-
   f = flags
   return dict(
       list=f.DEFINE_bool('list', False, 'Print the task table and exit.'),
@@ -271,8 +244,6 @@ def prepare(flags_: dict[str, Any]) -> None:
 
 
 def main(argv: list[str], flags_: dict[str, Any]) -> None:
-  from absl import app
-
   if argv[1:2] == ['prepare'] and len(argv) == 2:
     prepare(flags_)
     return
@@ -308,8 +279,4 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
 
 
 if __name__ == '__main__':
-  import functools
-
-  from vit_jax.config import cli as config_cli
-
   config_cli.run(functools.partial(main, flags_=_define_flags()))

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import vit_jax
+from vit_jax.base import cpu
 
 _OURS = os.path.dirname(os.path.abspath(vit_jax.__file__)) + os.sep
 
@@ -164,8 +165,6 @@ def start(cpu_devices: int | None) -> str | None:
   where set. Returns the malloc mode of a CPU run, else
   None."""
   from absl import flags
-
-  from vit_jax.base import cpu
 
   malloc = cpu.prepare(cpu_devices or 0) if cpu.runs_on_cpu() else None
   if not flags.FLAGS['verbosity'].present:

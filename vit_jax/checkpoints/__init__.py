@@ -9,6 +9,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from vit_jax.base import errors
+
 if TYPE_CHECKING:
   from vit_jax.checkpoints.formats.layout import Loaded
 
@@ -24,9 +26,8 @@ def load(source: str, *, step: int | None = None, ema: bool = False,
   ``formats.load`` (``model_name``, ``image_size``, ``pool``, ``source_grid`` and, for
   big_vision, ``step``).
   """
-  from vit_jax.base import errors
-  from vit_jax.checkpoints import formats
-  from vit_jax.checkpoints.run import workdir
+  from vit_jax.checkpoints import formats  # These import jax: this package's light modules
+  from vit_jax.checkpoints.run import workdir  # (hf_hub, run.lock, run.record) do not.
 
   if formats.origin(source) == formats.WORKDIR:
     given = [k for k, v in (('model_name', model_name), ('image_size', image_size),
@@ -45,6 +46,6 @@ def load(source: str, *, step: int | None = None, ema: bool = False,
 def export(model: Any, params: Mapping[str, Any], out: str | os.PathLike,
            format: str = 'npz', class_names: Sequence[str] = ()) -> str:
   """Writes a model's parameters as 'npz', 'timm' or 'transformers' (``formats.export``)."""
-  from vit_jax.checkpoints import formats
+  from vit_jax.checkpoints import formats  # It imports jax (as in load).
 
   return formats.export(model, params, out, format, class_names)

@@ -31,7 +31,7 @@ from etils import epath
 from PIL import Image
 
 from vit_jax.base import console, errors, paths
-from vit_jax.data import local
+from vit_jax.data import local, sources
 
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp')
 MAX_PIXELS = Image.MAX_IMAGE_PIXELS  # PIL's decompression-bomb limit: 89,478,485 (~9459^2).
@@ -141,8 +141,6 @@ def scan_folder(source: epath.Path, val_fraction: float = 0.02,
 
 
 def scan_idx(source: epath.Path) -> tuple[list[str], Iterator[Item], int | None]:
-  from vit_jax.data import sources
-
   data = {split: sources.idx_dataset(source, split) for split in ('train', 'test')}
 
   def items() -> Iterator[Item]:

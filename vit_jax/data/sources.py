@@ -17,7 +17,7 @@ import numpy as np
 from etils import epath
 
 from vit_jax.base import errors
-from vit_jax.data import local, tfrecord, vtab
+from vit_jax.data import local, tfrecord, vtab, vtab_prepare
 
 FASHION_MNIST_CLASSES = ('T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal',
                          'Shirt', 'Sneaker', 'Bag', 'Ankle boot')
@@ -223,8 +223,6 @@ def check_name(dataset: Any) -> None:
   """Refuses a ``dataset.name`` that ``get_source`` would not find, reading no data: not a
   VTAB task, a bundled or local dataset, nor a TFDS dataset prepared in ``data_dir`` (one to
   be prepared, or in a bucket, TFDS judges later). A command asks before it starts jax."""
-  from vit_jax.data import vtab_prepare
-
   name, data_dir = dataset.name, dataset.get('data_dir') or ''
   if name.startswith('vtab/'):
     vtab.task_of(name)

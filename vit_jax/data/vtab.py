@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from vit_jax.base import errors
+from vit_jax.data import tfrecord
 
 GROUPS = ('natural', 'specialized', 'structured')
 SPLIT_KEYS = ('train800', 'val200', 'train800val200', 'test')
@@ -203,8 +204,6 @@ class TaskSource:
 
   def __init__(self, task: Task, split: str, data_dir: str | None = None):
     import tensorflow_datasets as tfds
-
-    from vit_jax.data import tfrecord
 
     if split not in SPLIT_KEYS:
       raise errors.ConfigError(f'VTAB task {task.name}: split {split!r} is not one of '

@@ -158,6 +158,17 @@ def _rollout_maps(weights: Array, grid: tuple[int, int], p: int, token: bool) ->
   return maps / jnp.maximum(maps.max(axis=(1, 2), keepdims=True), 1e-12)
 
 
+def attention_summary(model: VisionTransformer, params: Any,
+                      images: Array) -> tuple[Array, Array, Array]:
+  """``model``'s (a ``capturing_model``) logits, attention distance (N, layers, heads) and
+  rollout maps (N, rows, cols) of ``images``: what ``vit_jax.tools.inspect`` draws."""
+  grid, prefix = model.grid, model.num_prefix_tokens
+  logits, weights = attention_weights(model, params, images)
+  distance = attention_distance(weights, grid, token_spacing(model), prefix)
+  return logits, distance.transpose(1, 0, 2), rollout_maps(weights, grid, prefix,
+                                                            model.pool == 'token')
+
+
 def position_embeddings(model: VisionTransformer, params: Mapping[str, Any]) -> np.ndarray:
   """The patches' position embeddings, (rows * columns, width); prefix tokens dropped."""
   grid = model.grid

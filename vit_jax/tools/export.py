@@ -19,11 +19,10 @@ is faithful (for ``--source``: compares their logits on random images).
 
 from __future__ import annotations
 
-from typing import Any
-
 from absl import app, flags, logging
 
-from vit_jax.base import errors, paths
+from vit_jax import checkpoints
+from vit_jax.base import console, errors, paths
 
 FORMATS = ('npz', 'timm', 'transformers')
 _WORKDIR = paths.DEFINE_path('workdir', None, 'The workdir of a vit_jax.main run.')
@@ -54,54 +53,19 @@ def export(workdir: str, out: str, step: int | None = None, *, ema: bool = False
   ``ema``: their moving average instead; ``allow_nonfinite``: a diverged checkpoint with a
   warning, not refused (``workdir.restore_params``).
   """
-  from vit_jax import checkpoints
-  from vit_jax.checkpoints.formats import release
-  from vit_jax.checkpoints.run import workdir as workdir_lib
+  from vit_jax.checkpoints.formats import release  # These import jax: the command checks
+  from vit_jax.checkpoints.run import workdir as workdir_lib  # its paths first (main).
 
   params, step = workdir_lib.restore_params(workdir, step, ema=ema,
                                             allow_nonfinite=allow_nonfinite)
-  if format == 'npz' and not release.npz_problem(_run_model(workdir, params)):
+  head = params.get('head')  # None: a self-supervised run's encoder.
+  model = workdir_lib.model_from_config(workdir_lib.load_config(workdir),
+                                        int(head['kernel'].shape[-1]) if head else None)
+  if format == 'npz' and not release.npz_problem(model):
     release.save_npz(out, params)  # Any run's layout, as the release files have it.
   else:
-    checkpoints.export(_run_model(workdir, params), params, out, format,
-                       workdir_lib.load_class_names(workdir))
+    checkpoints.export(model, params, out, format, workdir_lib.load_class_names(workdir))
   return step
-
-
-def _run_model(workdir: str, params: Any) -> Any:
-  from vit_jax.checkpoints.run import workdir as workdir_lib
-
-  head = params.get('head')
-  config = workdir_lib.load_config(workdir)
-  return workdir_lib.model_from_config(config, int(head['kernel'].shape[-1]) if head else None)
-
-
-def read_back(out: str, format: str, model: Any, params: Any) -> Any:
-  """The written export, read back into ``model``'s layout (``params`` gives its shapes)."""
-  from vit_jax import checkpoints
-  from vit_jax.checkpoints.formats import fit, layout, release
-
-  if format == 'npz' and model.prefix_posemb:  # The release layout is the model's.
-    return layout.to_model_layout(release.load_npz(out), scanned=layout.is_scanned(params))
-  if format == 'npz':  # A zero class-token row to fold back.
-    return fit.adapt(layout.flatten(release.load_npz(out)), params, model, keep_head=True,
-                     source_grid=model.grid, origin=out)
-  loaded = checkpoints.load(out)
-  return fit.adapt(layout.flatten(layout.to_release(loaded.params)), params, model,
-                   keep_head=True, source_grid=loaded.model.grid, origin=out,
-                   source_model=loaded.model)
-
-
-def compare_logits(model: Any, params: Any, exported: Any, count: int = 8) -> float:
-  """The largest relative difference of two parameter sets' logits on random images."""
-  import jax
-  import numpy as np
-
-  images = np.random.default_rng(0).uniform(-1, 1, (count, *model.image_size, 3))
-  images = images.astype(np.float32)
-  model = model.clone(attention_impl='einsum') if model.attention_impl == 'cudnn' else model
-  a, b = (np.asarray(jax.jit(model.apply)({'params': p}, images)) for p in (params, exported))
-  return float(np.abs(a - b).max() / max(np.abs(a).max(), 1e-30))
 
 
 def main(argv: list[str]) -> None:
@@ -118,41 +82,32 @@ def main(argv: list[str]) -> None:
     paths.output_path(_OUT.value, 'out')
   else:
     paths.output_dir(_OUT.value, 'out')
-  from vit_jax import checkpoints, evaluate
-  from vit_jax.base import console
-  from vit_jax.checkpoints.run import workdir as workdir_lib
-
   if not flags.FLAGS['verbosity'].present:  # Orbax's INFO lines only with --verbosity.
     console.quiet_third_party()
+  if source and _EMA.value:
+    raise errors.ConfigError('--ema is for --workdir: another checkpoint holds one set of '
+                             'weights.')
   if source:
-    if _EMA.value:
-      raise errors.ConfigError('--ema is for --workdir: another checkpoint holds one set of '
-                               'weights.')
     loaded = checkpoints.load(source, step=_STEP.value, allow_nonfinite=_ALLOW_NONFINITE.value)
     checkpoints.export(loaded.model, loaded.params, _OUT.value, fmt, loaded.class_names)
     print(f'Wrote {_OUT.value} ({fmt}): {loaded.model.model_name} from {loaded.source}.')
-    if _EVALUATE.value:
-      exported = read_back(_OUT.value, fmt, loaded.model, loaded.params)
-      difference = compare_logits(loaded.model, loaded.params, exported)
+  else:
+    step = export(workdir, _OUT.value, _STEP.value, ema=_EMA.value, format=fmt,
+                  allow_nonfinite=_ALLOW_NONFINITE.value)
+    what = 'the moving average of the parameters' if _EMA.value else 'the parameters'
+    print(f'Wrote {_OUT.value}: {what} of {workdir} at step {step}.')
+  if _EVALUATE.value:
+    from vit_jax import evaluation  # The check of the export: its evaluators (jax, evals).
+
+    if source:
+      exported = evaluation.read_back(_OUT.value, fmt, loaded.model, loaded.params)
+      difference = evaluation.compare_logits(loaded.model, loaded.params, exported)
       print(f'logits of the export vs the source, 8 random images: max relative difference '
             f'{difference:.1e}', flush=True)
-    logging.flush()
-    return
-  step = export(workdir, _OUT.value, _STEP.value, ema=_EMA.value, format=fmt,
-                allow_nonfinite=_ALLOW_NONFINITE.value)
-  what = 'the moving average of the parameters' if _EMA.value else 'the parameters'
-  print(f'Wrote {_OUT.value}: {what} of {workdir} at step {step}.')
-  if _EVALUATE.value:
-    config = workdir_lib.load_config(workdir)
-    params, _ = workdir_lib.restore_params(workdir, step, ema=_EMA.value,
-                                           allow_nonfinite=_ALLOW_NONFINITE.value)
-    exported = read_back(_OUT.value, fmt, _run_model(workdir, params), params)
-    classifiers = [n for n, e in config.evals.items() if e.type == 'classification']
-    name_of_export = 'exported .npz' if fmt == 'npz' else f'exported {fmt}'
-    for name, tree in (('checkpoint', params), (name_of_export, exported)):
-      for evaluator, metrics in evaluate.evaluate_params(config, tree, classifiers,
-                                                         _PROGRESS_EVERY.value, f'the {name}'):
-        print(f'{name:>14}, {evaluator.name}: {evaluator.describe(metrics)}', flush=True)
+    else:
+      evaluation.compare_export(workdir, step, _OUT.value, fmt, ema=_EMA.value,
+                                allow_nonfinite=_ALLOW_NONFINITE.value,
+                                progress_every=_PROGRESS_EVERY.value)
   logging.flush()
 
 

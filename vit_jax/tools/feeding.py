@@ -17,7 +17,7 @@ import re
 import types
 from typing import Any
 
-from vit_jax.base import errors, paths
+from vit_jax.base import accelerators, errors, paths
 
 # Written by ``python -m benchmarks.input --recipes=shipped --out=...`` (RESULTS.md).
 RATES_FILE = pathlib.Path(__file__).resolve().parents[2] / 'results' / 'input_recipes.json'
@@ -156,7 +156,7 @@ def feeding(config: Any, images_per_second: float, generation: str, chips: int,
 
 
 def report_lines(f: Feeding, pipeline: str, generation: str, mixes: bool) -> list[str]:
-  """The report's lines (labels as ``aot.format_report``'s): hosts, images/s per host,
+  """The report's lines (labels as ``planner.format_report``'s): hosts, images/s per host,
   cores needed against the host's vCPUs, and a warning where it cannot keep up."""
   lines = [f'{"input pipeline":28}{pipeline}',
            f'{"hosts in the slice":28}{f.hosts:>14}  ({f.chips_per_host} chips per host)',
@@ -191,10 +191,8 @@ def report_lines(f: Feeding, pipeline: str, generation: str, mixes: bool) -> lis
 
 def check(config: Any, r: dict[str, Any], names: types.SimpleNamespace
           ) -> dict[str, Any] | None:
-  """``aot.report``'s report checked for input: the lines and figures (None where there is
+  """``planner.report``'s report checked for input: the lines and figures (None where there is
   no TPU slice or no images/s: nothing to feed, or no step time)."""
-  from vit_jax.base import accelerators
-
   if not r.get('libtpu_topology'):
     return None
   if not r.get('images_per_second'):

@@ -28,10 +28,11 @@ from etils import epath
 
 from vit_jax.base import errors, paths
 from vit_jax.base.sizes import pair
+from vit_jax.checkpoints.run import record
+from vit_jax.data import sources
 from vit_jax.tools import predict
 
 if TYPE_CHECKING:  # jax and flax load after the command line is checked.
-  import jax
 
   from vit_jax.models import VisionTransformer
 
@@ -108,15 +109,13 @@ def _normalise(x: np.ndarray) -> np.ndarray:
   return (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x) + 0.5
 
 
-def embedding_pca_figure(kernel: np.ndarray, num_components: int = 28) -> Figure:
-  """Tiles of the first principal components of the patch-embedding filters.
+def embedding_pca_figure(components: np.ndarray, ratio: np.ndarray) -> Figure:
+  """Tiles of the first principal components of the patch-embedding filters
+  (``analysis.embedding_pca``: the components, the share of the variance each explains).
 
   One image (a mosaic of enlarged tiles), not one axes per tile: it renders in a
   fraction of the time.
   """
-  from vit_jax.tools import analysis
-
-  components, ratio = analysis.embedding_pca(kernel, num_components)
   n, ph, pw, channels = components.shape
   cols = min(7, n)
   rows = -(-n // cols)
@@ -354,8 +353,6 @@ def user_images(source: predict.Source, files: Sequence[str]) -> Images:
 
 def eval_images(source: predict.Source, workdir: str, count: int) -> Images:
   """``count`` examples spread evenly over the run's evaluation split."""
-  from vit_jax.data import sources
-
   dataset = source.loaded.config.dataset
   split = dataset.get('eval_split', 'test')
   try:
@@ -381,31 +378,19 @@ def eval_images(source: predict.Source, workdir: str, count: int) -> Images:
                 f'{len(indices)} from the {split!r} split')
 
 
-def _attention_summary(model: VisionTransformer, params: Any,
-                       images: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-  from vit_jax.tools import analysis
-
-  grid, prefix = model.grid, model.num_prefix_tokens
-  logits, weights = analysis.attention_weights(model, params, images)
-  distance = analysis.attention_distance(weights, grid, analysis.token_spacing(model), prefix)
-  return logits, distance.transpose(1, 0, 2), analysis.rollout_maps(weights, grid, prefix,
-                                                                     model.pool == 'token')
-
-
-def attention_pass(source: predict.Source, inputs: np.ndarray,
+def attention_pass(summary: Any, model: VisionTransformer, params: Any, inputs: np.ndarray,
                    batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """Logits, attention distance per image (N, layers, heads) and rollout maps (N, rows, cols)."""
+  """Logits, attention distance per image (N, layers, heads) and rollout maps (N, rows, cols):
+  ``summary`` (``analysis.attention_summary``) of ``model`` (capturing its attention weights)
+  on batches of ``inputs``."""
   import jax
 
-  from vit_jax.tools import analysis
-
-  model = analysis.capturing_model(source.model)
-  params = jax.device_put(source.params)
+  params = jax.device_put(params)
   size = max(1, min(batch_size, len(inputs)))
   outputs = []
   for start in range(0, len(inputs), size):
     chunk = inputs[start:start + size]
-    result = predict.jitted(_attention_summary)(model, params, predict.padded(list(chunk), size))
+    result = predict.jitted(summary)(model, params, predict.padded(list(chunk), size))
     outputs.append([np.asarray(r)[:len(chunk)] for r in result])
   return tuple(np.concatenate(parts) for parts in zip(*outputs, strict=True))
 
@@ -457,14 +442,13 @@ def write_html(path: epath.Path, source: predict.Source, figures: list[Figure],
 
 def inspect(args: argparse.Namespace) -> list[epath.Path]:
   """Computes the analyses, writes the PNGs and index.html; returns their paths."""
-  from vit_jax.checkpoints.formats import layout
-  from vit_jax.tools import analysis
-
   predict.resolve_source_flags(args)
   if not args.images and not args.workdir:
     what = 'checkpoint other than a workdir' if args.source else '.npz file'
     raise ValueError(f'A {what} comes without data: pass some image files with --images.')
   source = predict.load_source(args)
+  from vit_jax.tools import analysis  # After load_source: jax is there already.
+
   model = source.model
   notes = list(source.notes)
   if args.images:
@@ -473,10 +457,10 @@ def inspect(args: argparse.Namespace) -> list[epath.Path]:
     images = eval_images(source, args.workdir, args.num_images)
 
   figures = []
-  params = layout.unwrap(source.params)
+  params = source.params
   if model.resnet_layers is None:
-    figures.append(embedding_pca_figure(np.asarray(params['embedding']['kernel']),
-                                        args.components))
+    figures.append(embedding_pca_figure(*analysis.embedding_pca(
+        np.asarray(params['embedding']['kernel']), args.components)))
   else:
     notes.append('A hybrid\'s patch embedding acts on ResNet features, not pixels: no '
                  'filter figure.')
@@ -484,7 +468,9 @@ def inspect(args: argparse.Namespace) -> list[epath.Path]:
                                             model.grid)
   figures.append(position_similarity_figure(similarity, fixed=model.posemb == 'sincos2d'))
 
-  logits, distances, maps = attention_pass(source, images.inputs, args.batch_size)
+  logits, distances, maps = attention_pass(analysis.attention_summary,
+                                           analysis.capturing_model(model), params,
+                                           images.inputs, args.batch_size)
   spacing = analysis.token_spacing(model)
   figures.append(attention_distance_figure(
       distances.mean(axis=0), analysis.uniform_distance(model.grid, spacing),
@@ -504,9 +490,7 @@ def inspect(args: argparse.Namespace) -> list[epath.Path]:
   if args.workdir:
     metrics = paths.path(args.workdir) / 'metrics.jsonl'
     if metrics.is_file():
-      from vit_jax.checkpoints.run import workdir
-
-      step = workdir.resolve_step(args.workdir, args.step)
+      step = record.resolve_step(args.workdir, args.step)
       figures.append(training_curves_figure(read_metrics(metrics), step))
     else:
       notes.append(f'{metrics} does not exist: no training curves.')

@@ -29,8 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from vit_jax import checkpoints
 from vit_jax.base import errors, paths
 from vit_jax.base.sizes import pair
+from vit_jax.checkpoints.run import record
+from vit_jax.data import preprocess, sources
 
 if TYPE_CHECKING:  # jax, flax and the checkpoints load after the command line is checked.
   import jax
@@ -132,8 +135,6 @@ def _workdir_class_names(loaded: layout.Loaded) -> tuple[str, ...]:
   """classes.json, or the class names of the run's dataset when it can be opened."""
   if loaded.class_names:
     return loaded.class_names
-  from vit_jax.data import sources
-
   try:
     dataset = loaded.config.dataset
     return tuple(sources.get_source(dataset, dataset.get('eval_split', 'test')).class_names)
@@ -143,11 +144,7 @@ def _workdir_class_names(loaded: layout.Loaded) -> tuple[str, ...]:
 
 def resolve_source_flags(args: argparse.Namespace) -> None:
   """``--source`` as ``--workdir`` where it names a workdir (``args`` updated in place)."""
-  if not getattr(args, 'source', None):
-    return
-  from vit_jax.checkpoints import formats  # Only for --source: it imports jax.
-
-  if formats.origin(args.source) == formats.WORKDIR:
+  if getattr(args, 'source', None) and record.is_workdir(args.source):
     args.workdir, args.source = args.source, None
 
 
@@ -164,9 +161,8 @@ def check_source_paths(args: argparse.Namespace) -> None:
 def load_source(args: argparse.Namespace) -> Source:
   """The model, preprocessing and class names that ``--workdir`` / ``--npz`` / ``--source``
   select."""
-  from vit_jax.checkpoints import formats
-  from vit_jax.checkpoints.formats import release
-  from vit_jax.checkpoints.run import workdir
+  from vit_jax.checkpoints import formats  # These import jax: the command line is
+  from vit_jax.checkpoints.formats import release  # checked before (main).
 
   notes = []
   resolve_source_flags(args)
@@ -174,7 +170,7 @@ def load_source(args: argparse.Namespace) -> Source:
     if args.model or args.image_size or args.pool:
       raise ValueError('--model, --image_size and --pool are for --npz; a workdir\'s config '
                        'fixes them.')
-    loaded = workdir.load_run(args.workdir, args.step, ema=args.ema,
+    loaded = checkpoints.load(args.workdir, step=args.step, ema=args.ema,
                               allow_nonfinite=args.allow_nonfinite)
     pp_spec = args.pp or loaded.config.dataset.pp_eval
     loss = loaded.config.get('loss', 'softmax_xent')
@@ -226,8 +222,6 @@ def load_source(args: argparse.Namespace) -> Source:
 def read_image(path: str | os.PathLike) -> np.ndarray:
   """An image file (local or remote: ``vit_jax.base.paths``) as an RGB uint8 array (OpenCV, or
   Pillow for what it cannot read)."""
-  from vit_jax.data import preprocess
-
   try:
     data = paths.read_bytes(path, 'image')
   except errors.MissingFileError as e:
@@ -268,8 +262,6 @@ def display_spec(pp_spec: str) -> str:
 
 def preprocess_fn(source: Source, display: bool = False) -> Callable[[Any], np.ndarray]:
   """image (array or bytes) -> the model's input (or, with ``display``, its uint8 pixels)."""
-  from vit_jax.data import preprocess
-
   fn = preprocess.parse(display_spec(source.pp_spec) if display else source.pp_spec)
   expected = (*pair(source.model.image_size), 3)
 
@@ -327,7 +319,7 @@ def predict_files(source: Source, paths: Sequence[str], batch_size: int,
   """For each file, its ``top`` (label, probability) pairs, or the error reading it."""
   import jax
 
-  from vit_jax.tools import analysis
+  from vit_jax.tools import analysis  # After load_source: jax is there already.
 
   if not source.model.num_classes:
     raise ValueError(f'{source.loaded.source} has no classifier head: nothing to predict.')

@@ -18,6 +18,9 @@ import os
 import time
 from typing import Any
 
+from vit_jax.base import accelerators
+from vit_jax.base.cpu import host_cpu
+
 
 def analytic_train_flops(model: Any, all_tokens: bool = False) -> int | None:
   """Model FLOPs of one image's training step: forward + backward = 3 x forward.
@@ -83,8 +86,6 @@ def peak_key(platform: str, kind: str, devices: int, dtype: str) -> str:
   model and core count (a cloud machine of the same name can be another processor),
   and the number of devices its cores are split into."""
   if platform == 'cpu':
-    from vit_jax.base.cpu import host_cpu
-
     info = host_cpu.cpu_info()
     kind = f'{info["model_name"]}, {info["cores"]} cores'
   return f'{kind}; {devices} {platform} device{"s" if devices > 1 else ""}; {dtype}'
@@ -126,8 +127,6 @@ def device_peak(dtype: str) -> tuple[float, str]:
   or write another ``flops`` there.
   """
   import jax
-
-  from vit_jax.base import accelerators
 
   devices = jax.devices()
   kind = devices[0].device_kind

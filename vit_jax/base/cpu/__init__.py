@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vit_jax.base import platforms as platforms_lib
+from vit_jax.base.cpu import host_cpu, host_memory
 
 
 def runs_on_cpu(environ: dict[str, str] | None = None) -> bool:
@@ -38,8 +39,6 @@ def prepare(cpu_devices: int) -> str:
   unset: no accelerator plugin is tried, and an installed libtpu stays silent), and glibc's
   malloc for XLA:CPU's buffers (``VIT_JAX_MALLOC``, else ``host_memory.default_mode``).
   Re-executes the process once where that adds tunables; returns the malloc mode."""
-  from vit_jax.base.cpu import host_memory
-
   os.environ.setdefault('JAX_PLATFORMS', 'cpu')
   mode = os.environ.get(host_memory.ENV) or host_memory.default_mode(cpu_devices)
   host_memory.reexec(mode)
@@ -49,8 +48,6 @@ def prepare(cpu_devices: int) -> str:
 def warnings(matmul_dtype: str | None) -> list[str]:
   """Warnings for a CPU run of this config (after jax picked the CPU)."""
   import jax
-
-  from vit_jax.base.cpu import host_cpu
 
   warning = host_cpu.emulated_bf16_warning(jax.default_backend(), matmul_dtype,
                                            host_cpu.cpu_info())

@@ -36,12 +36,13 @@ _CHUNK = 64 << 20  # Bytes per write of a file built in memory (save_npz).
 _ZIP_MAGIC, _NPY_MAGIC = b'PK\x03\x04', b'\x93NUMPY'
 
 
-def load_npz(path: str | os.PathLike) -> Params:
+def load_npz(path: str | os.PathLike, arrays: bool = True) -> Params | None:
   """Reads a release (or big_vision) .npz file into the nested release layout.
 
   ``path`` is local or on any filesystem ``vit_jax.base.paths`` reads (``gs://vit_models/...``):
   it is read through epath, never ``open``. A missing or unreachable file is a
-  ``errors.MissingFileError``.
+  ``errors.MissingFileError``. ``arrays=False``: only its first bytes and its zip directory
+  are read, for their errors (a damaged or partial file), before a run writes anything.
   """
   if not paths.is_file(path):
     raise errors.MissingFileError(f'No checkpoint file at {path}: name a release .npz file (the '
@@ -58,7 +59,7 @@ def load_npz(path: str | os.PathLike) -> Params:
             'damaged or partial download, or another kind of file). Download it again.')
       f.seek(0)
       with np.load(f, allow_pickle=False) as archive:
-        flat = {k: archive[k] for k in archive.files}
+        flat = {k: archive[k] for k in archive.files} if arrays else None
   except errors.UserError:
     raise
   except (ValueError, zipfile.BadZipFile, EOFError, zlib.error) as e:
@@ -71,6 +72,8 @@ def load_npz(path: str | os.PathLike) -> Params:
     if paths.filesystem_error(e):
       raise paths.unreachable(path, e) from None
     raise
+  if flat is None:
+    return None
   flat = big_vision.canonical(flat, path)
   check_finite(flat, path)
   return unflatten(flat)
