@@ -87,9 +87,9 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   config_lib.check(config_lib.complete(config))  # Types, None, ranges (the plan's).
   workdir = flags_['workdir'].value
   paths.output_dir(workdir)  # Then the workdir's, before jax and TensorFlow start.
-  sources = {'init_from': config.get('init_from'),
-             'distill.teacher': (config.get('distill') or {}).get('teacher')}
-  for field, source in sources.items():
+  checkpoint_sources = {'init_from': config.get('init_from'),
+                        'distill.teacher': (config.get('distill') or {}).get('teacher')}
+  for field, source in checkpoint_sources.items():
     if source and not source.startswith('hf-hub:'):
       paths.input_path(source, f'config.{field}', 'checkpoint (docs/checkpoints.md)')
   data_dir = config.dataset.data_dir  # A local one now; a bucket is read once TensorFlow starts.
@@ -108,7 +108,7 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   from vit_jax.checkpoints.run import lock, record
   from vit_jax.data import sources
 
-  for source in sources.values():  # Fetched, or found in the cache, before jax.
+  for source in checkpoint_sources.values():  # Fetched, or found in the cache, before jax.
     if hf_hub.is_hub_id(source):
       hf_hub.resolve(source)
   sources.check_name(config.dataset)  # What needs no data, before jax: nothing written yet.
