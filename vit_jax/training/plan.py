@@ -193,9 +193,9 @@ def _teacher(config: ml_collections.ConfigDict, model: nn.Module,
   a, b = ts / ss, to - so * ts / ss  # Pixels p = (v - so) / ss; ts * p + to = a * v + b.
   rescale = None if np.allclose(a, 1) and np.allclose(b, 0) else (
       tuple(map(float, a)), tuple(map(float, b)))
-  if rescale or size != run:
+  if done := ' and '.join(w for w, on in (('resized', size != run), ('rescaled', rescale)) if on):
     logging.info('Teacher %s: the run\'s %dx%d images (%s) are %s for it, to %dx%d (%s).',
-                 source, *run, ours, 'resized' + ' and rescaled' * bool(rescale), *size, its)
+                 source, *run, ours, done, *size, its)
   return step_lib.Teacher(loaded.params, loaded.model, rescale)
 
 

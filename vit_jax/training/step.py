@@ -130,14 +130,13 @@ def loss_and_grads(model: nn.Module, options: StepOptions, params: Any,
   def mean_loss(p: Any, images: jax.Array, labels: jax.Array, key: jax.Array) -> jax.Array:
     if options.mpp:  # Self-supervised: the labels are not read.
       return mpp.loss(model, options.mpp, gather(p), images, key)
-    if teacher is not None:
-      heads = model.apply({'params': gather(p)}, images, train=True, rngs={'dropout': key},
-                          both_heads=True)
-      return sum(optim.loss_fn(options.loss, logits, y, smoothing).mean() / 2 for logits, y,
-                 smoothing in zip(heads, (labels, teacher.labels(images)),
-                                  (options.label_smoothing, 0.), strict=True))
-    logits = model.apply({'params': gather(p)}, images, train=True, rngs={'dropout': key})
-    return optim.loss_fn(options.loss, logits, labels, options.label_smoothing).mean()
+    logits = model.apply({'params': gather(p)}, images, train=True, rngs={'dropout': key},
+                         both_heads=teacher is not None)
+    loss = lambda logits, y, smoothing=options.label_smoothing: optim.loss_fn(
+        options.loss, logits, y, smoothing).mean()
+    if teacher is None:
+      return loss(logits, labels)
+    return (loss(logits[0], labels) + loss(logits[1], teacher.labels(images), 0.)) / 2
 
   grad_fn = jax.value_and_grad(mean_loss)
   if not mixed:
