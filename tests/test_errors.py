@@ -155,8 +155,8 @@ def test_a_refused_run_answers_before_jax_and_leaves_nothing_behind(tmp_path):
   """Mistakes whose answer needs no data, answered by vit_jax.main before jax starts (they
   came after it, 8-9 s in, leaving log.txt and run.lock): an unknown dataset, a warm-up as
   long as the run, a workdir another run holds (its lock held here, for real), a resume with
-  another batch size (a run's config.json and checkpoint), an uncached hf-hub: id offline.
-  Nothing is created or written."""
+  another batch size (a run's config.json and checkpoint), an uncached hf-hub: id offline, a
+  missing teacher. Nothing is created or written."""
   from vit_jax.checkpoints.run import lock, workdir
   from vit_jax.config import cli
 
@@ -172,6 +172,9 @@ def test_a_refused_run_answers_before_jax_and_leaves_nothing_behind(tmp_path):
       (['--config.batch_size=32'], 'A resume is the same run, but config.batch_size=32 (128)'),
       (['--config.init_from=hf-hub:test-org/absent'], 'hf-hub:test-org/absent is not in the '
        'Hugging Face cache'),
+      ([f'--config.distill.teacher={tmp_path / "absent"}'],
+       f'--config.distill.teacher={tmp_path / "absent"} does not exist: name an existing '
+       'checkpoint'),
   ]
   with lock.hold(run):  # A run that ended: its lock emptied, left.
     pass

@@ -1,5 +1,6 @@
 """vit_jax.training.loop through vit_jax.main.train_and_evaluate: whole runs, resumed bit for
-bit, stopped at a non-finite state, fine-tuned from a release file."""
+bit, stopped at a non-finite state, fine-tuned from a release file and from the backbones'
+folders (CLIP, SigLIP, distilled DeiT with a teacher)."""
 
 import logging
 import re
@@ -180,3 +181,47 @@ def test_fine_tune_starts_from_a_timm_checkpoint_on_the_hub(tmp_path, offline_hu
   expected = dict(checkpoints.load(str(fixture)).params)
   expected['head'] = {'kernel': np.zeros((32, 10), np.float32), 'bias': np.zeros(10, np.float32)}
   chex.assert_trees_all_close(final, expected, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.slow  # Three short fine-tunes and a resume: their compilations.
+def test_fine_tunes_from_clip_siglip_and_distilled_deit_folders_train_and_resume(tmp_path):
+  """timm's CLIP (pre-norm), SigLIP (MAP head) and distilled DeiT folders (tests/data/hub:
+  tiny, random weights) fine-tuned on the digits with a fresh head and their own mean/std:
+  the loss falls and the accuracy ends far above chance (0.1). The DeiT learns from a teacher,
+  the CLIP run's workdir (its inputs rescaled from ImageNet's mean/std to OpenAI's); resumed
+  from its step-90 checkpoint, it reloads the teacher and ends where the uninterrupted run
+  did, bit for bit; a resume with another teacher is refused."""
+  import pathlib
+  import shutil
+
+  from vit_jax import checkpoints, vtab
+  from vit_jax.checkpoints.run import record
+
+  hub = pathlib.Path(__file__).resolve().parent / 'data' / 'hub'
+
+  def config(name, **more):
+    folder = str(hub / name)
+    spec = checkpoints.load(folder).preprocessing
+    pp = f'to_rgb|resize(32)|normalize({list(spec.mean)}, {list(spec.std)})'
+    model = {'pool': 'token', 'image_size': 32, **vtab.model_fields(folder)}
+    return tiny_config(**{f'model.{k}': v for k, v in model.items()}, **{
+        'init_from': folder, 'dataset.pp_train': pp, 'dataset.pp_eval': pp, 'total_steps': 100,
+        'schedule.warmup_steps': 3, 'log_every_steps': 10, 'checkpoint_every_steps': 45,
+        **more})
+
+  runs = {'clip': config('timm_clip'), 'siglip': config('timm_siglip_map'),
+          'deit': config('timm_deit_distilled', **{'distill.teacher': str(tmp_path / 'clip')})}
+  for name, run in runs.items():
+    result = main.train_and_evaluate(run, str(tmp_path / name))
+    losses = [m['train/loss'] for m in read_metrics(tmp_path / name) if 'train/loss' in m]
+    assert losses[-1] < 0.75 * losses[0] and result['eval/accuracy'] > 0.4, (name, losses,
+                                                                             result)
+  (tmp_path / 'resumed' / 'checkpoints').mkdir(parents=True)
+  shutil.copytree(tmp_path / 'deit' / 'checkpoints' / '90',
+                  tmp_path / 'resumed' / 'checkpoints' / '90')
+  assert main.train_and_evaluate(runs['deit'], str(tmp_path / 'resumed')) == result
+  chex.assert_trees_all_equal(restore_state(tmp_path / 'resumed', runs['deit']),
+                              restore_state(tmp_path / 'deit', runs['deit']))
+  runs['deit'].distill.teacher = str(tmp_path / 'siglip')
+  with pytest.raises(errors.ConfigError, match=r'config.distill.teacher=.*siglip.* \(.*clip'):
+    record.check_resume(tmp_path / 'resumed', runs['deit'])

@@ -11,7 +11,7 @@ import pytest
 from vit_jax.base import errors
 from vit_jax.training import plan as plan_lib
 
-from runs import tiny_config
+from runs import constant_teacher, tiny_config
 
 
 @pytest.mark.parametrize('overrides, message', [
@@ -123,3 +123,33 @@ def test_a_fine_tune_from_a_release_file_keeps_its_pipelines(caplog):
   plan, pp = _finetune(DATA / 'big_vision' / 'tok_params.npz', caplog)
   assert plan.pp_train.spec == plan.pp_eval.spec == plan.config.dataset.pp_eval == pp
   assert 'Preprocessing' not in caplog.text
+
+
+def test_a_teacher_that_cannot_teach_the_model_is_refused_naming_both(tmp_path):
+  """config.distill.teacher: a model without a distillation head, other classes (by count,
+  by name), another aspect ratio, a missing SOURCE; each one line naming the field."""
+  deit = str(pathlib.Path(__file__).parent / 'data' / 'hub' / 'timm_deit_distilled')
+  teacher = constant_teacher(tmp_path / 'teacher.npz')
+  letters = constant_teacher(tmp_path / 'letters', class_names=tuple('abcdefghij'),
+                             format='timm')
+  distilled = {'model.pool': 'token', 'model.distill_token': True}
+  square_pp = {'dataset.pp_train': 'to_rgb|resize((16, 32))|value_range(-1, 1)',
+               'dataset.pp_eval': 'to_rgb|resize((16, 32))|value_range(-1, 1)'}
+  for overrides, error, message in [
+      ({'distill.teacher': teacher}, errors.ConfigError,
+       r'^config.distill.teacher=.*teacher.npz, but the model has no distillation head to '
+       r'learn from it: set config.model.distill_token=True, or leave the teacher out.$'),
+      ({**distilled, 'distill.teacher': deit}, errors.ConfigError,
+       r'^config.distill.teacher=.*timm_deit_distilled labels 5 classes \(tench, goldfish, '
+       r"great white shark, ...\), the data has 10 classes \(0, 1, 2, ...\): name a teacher "
+       r"trained on the data's classes.$"),
+      ({**distilled, 'distill.teacher': letters}, errors.ConfigError,
+       r'labels 10 classes \(a, b, c, ...\), the data has 10 classes \(0, 1, 2, ...\)'),
+      ({**distilled, **square_pp, 'model.image_size': (16, 32), 'distill.teacher': teacher},
+       errors.ConfigError, r'^config.distill.teacher=.*teacher.npz takes 32x32 images, '
+       r'value_range\(-1, 1\); the run makes 16x32, value_range\(-1, 1\) '
+       r"\(config.dataset.pp_train\): give the run the teacher's aspect ratio"),
+      ({**distilled, 'distill.teacher': str(tmp_path / 'absent')}, errors.MissingFileError,
+       r'^config.distill.teacher: .*absent does not exist')]:
+    with pytest.raises(error, match=message):
+      plan_lib.validate(tiny_config(**overrides))

@@ -1,5 +1,6 @@
 """vit_jax.training.step on 8 simulated devices: the jit and shard_map steps, every mesh,
-gradient accumulation, the weights' moving average, each device's own dropout masks."""
+gradient accumulation, the weights' moving average, each device's own dropout masks, DeiT's
+distillation."""
 
 import dataclasses
 import functools
@@ -15,7 +16,7 @@ from vit_jax.checkpoints.run import manager as manager_lib
 from vit_jax.training import plan as plan_lib
 from vit_jax.training import step as step_lib
 
-from runs import tiny_config
+from runs import constant_teacher, tiny_config
 
 
 def setup_step(config, state=None):
@@ -30,12 +31,14 @@ def setup_step(config, state=None):
   return state, plan.train_step(shardings), plan.mesh
 
 
-def random_batches(mesh, n, batch_size=64, seed=0):
+def random_batches(mesh, n, batch_size=64, seed=0, label=None):
+  """Random images, labelled at random (or all ``label``)."""
   rng = np.random.default_rng(seed)
   out = []
   for _ in range(n):
     images = rng.uniform(-1, 1, (batch_size, 16, 16, 3)).astype(np.float32)
-    labels = np.eye(10, dtype=np.float32)[rng.integers(0, 10, batch_size)]
+    labels = np.eye(10, dtype=np.float32)[rng.integers(0, 10, batch_size) if label is None
+                                          else np.full(batch_size, label)]
     out.append(jax.device_put({'image': images, 'label': labels},
                               sharding.batch_sharding(mesh)))
   return out
@@ -224,3 +227,50 @@ def test_shard_map_mixes_the_global_batch_as_jit_does():
   state, losses, _ = run_steps(tiny_config(step_impl='shard_map', **more), 3)
   np.testing.assert_allclose(losses, jit_losses, rtol=1e-5)
   chex.assert_trees_all_close(state.params, jit_state.params, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_distillation_head_learns_the_teachers_labels_the_class_head_the_labels(tmp_path):
+  """DeiT's hard distillation, with a teacher that answers 0 whatever the image (at 32 px in
+  [-1, 1]: the run's 16 px ImageNet-normalised images are resized and rescaled for it) and
+  labels that are all 3. From zero heads (uniform softmax) the first gradient of each head's
+  bias is half its own target's: 0.5 (0.1 - onehot); without a teacher (timm's training)
+  both heads learn the labels through their mean. A few steps on, the distillation head
+  answers 0 and the class head 3, with the jit and shard_map steps alike."""
+  pp = 'to_rgb|resize(16)|normalize()'
+  config = tiny_config(**SGD, **{'model.pool': 'token', 'model.distill_token': True,
+                                 'schedule.warmup_steps': 0,
+                                 'dataset.pp_train': pp, 'dataset.pp_eval': pp})
+  plan = plan_lib.validate(config)
+  assert plan.teacher is None
+  with config.unlocked():
+    config.distill.teacher = constant_teacher(tmp_path / 'teacher.npz')
+  teacher = plan_lib.validate(config).teacher
+  # The teacher's inputs: the same pixels in [-1, 1], resized (all but the pixels' rounding).
+  pixels = np.random.default_rng(0).integers(0, 256, (2, 16, 16, 3)).astype(np.float32)
+  mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+  chex.assert_trees_all_close(teacher.inputs(((pixels / 255 - mean) / std).astype(np.float32)),
+                              jax.image.resize(pixels / 127.5 - 1, (2, 32, 32, 3), 'bilinear'),
+                              atol=1e-5)
+
+  gradient = jax.jit(lambda params, batch, rng, teacher: step_lib.loss_and_grads(
+      plan.model, plan.step_options, params, batch, rng, teacher=teacher)[1])
+  half = lambda label: 0.5 * (0.1 - np.eye(10, dtype=np.float32)[label])
+  for step_impl in ('jit', 'shard_map'):
+    config.step_impl = step_impl
+    state, step, mesh = setup_step(config)
+    batches = random_batches(mesh, 4, label=3)
+    for given, dist_label in ((teacher, 0), (None, 3)) if step_impl == 'jit' else ():
+      grads = gradient(*jax.device_get((state.params, batches[0], state.rng)), given)
+      chex.assert_trees_all_close((grads['head']['bias'], grads['head_dist']['bias']),
+                                  (half(3), half(dist_label)), atol=1e-6)
+    losses = []
+    for batch in batches:
+      state, metrics = step(state, batch)
+      losses.append(float(metrics['loss']))
+    # Each head's bias has moved towards its own target, the classifier's class.
+    assert [int(np.argmax(state.params[head]['bias'])) for head in ('head', 'head_dist')] == [3, 0]
+    assert losses[-1] < losses[0] / 5, losses
+    if step_impl == 'jit':
+      jit_losses = losses
+  np.testing.assert_allclose(losses, jit_losses, rtol=1e-5)

@@ -94,8 +94,11 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   config_lib.check(config_lib.complete(config))  # Types, None, ranges (the plan's).
   workdir = flags_['workdir'].value
   paths.output_dir(workdir)  # Then the workdir's, before jax and TensorFlow start.
-  if config.get('init_from') and not config.init_from.startswith('hf-hub:'):
-    paths.input_path(config.init_from, 'config.init_from', 'checkpoint (docs/checkpoints.md)')
+  checkpoint_sources = {'init_from': config.get('init_from'),
+                        'distill.teacher': (config.get('distill') or {}).get('teacher')}
+  for field, source in checkpoint_sources.items():
+    if source and not source.startswith('hf-hub:'):
+      paths.input_path(source, f'config.{field}', 'checkpoint (docs/checkpoints.md)')
   data_dir = config.dataset.data_dir  # A local one now; a bucket is read once TensorFlow starts.
   if data_dir and not config.dataset.prepare:
     paths.input_path(data_dir, 'config.dataset.data_dir', 'data folder')
@@ -108,8 +111,9 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   if flags_['peer_timeout'].value <= 0:
     raise errors.ConfigError(f'--peer_timeout={flags_["peer_timeout"].value} must be a number '
                              'of seconds > 0.')
-  if hf_hub.is_hub_id(config.init_from):  # Fetched, or found in the cache, before jax.
-    hf_hub.resolve(config.init_from)
+  for source in checkpoint_sources.values():  # Fetched, or found in the cache, before jax.
+    if hf_hub.is_hub_id(source):
+      hf_hub.resolve(source)
   sources.check_name(config.dataset)  # What needs no data, before jax: nothing written yet.
   coordinator = flags_['coordinator_address'].value
   distributed = flags_['distributed'].value

@@ -126,6 +126,13 @@ FIELDS: dict[str, Field | Group] = {
                       'kept); 0: off.'),
     'mixup_switch_prob': F('float', 0.5, '[0, 1]', "Both on: the share of batches that take "
                            "CutMix (DeiT's 0.5)."),
+    'distill': Group("DeiT's hard-label distillation, for a model with model.distill_token "
+                     '(docs/training.md).', {
+        'teacher': F('path', '', '', "The teacher: any SOURCE init_from takes. Its hard labels "
+                     'of the same (augmented, mixed) images train the distillation head, the '
+                     "labels the class head, half the loss each; '': the heads' mean learns "
+                     "the labels (timm's training without a teacher)."),
+    }),
     'batch_size': F('int', 4096, '>= 1', 'Global, over all devices and processes.'),
     'eval_batch_size': F('int?', None, '>= 1', 'None: batch_size.'),
     'grad_accum_steps': F('int', 1, '>= 1', 'Micro-batches per step (same result, less '

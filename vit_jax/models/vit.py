@@ -419,8 +419,11 @@ class VisionTransformer(nn.Module):
 
   @nn.compact
   def __call__(self, images: Array, *, train: bool = False,
-               corruption: tuple[Array, Array] | None = None) -> Array:
+               corruption: tuple[Array, Array] | None = None, both_heads: bool = False) -> Any:
     """Logits (batch, classes); with ``mpp_outputs``, per-patch predictions.
+
+    ``both_heads``: with ``distill_token``, the class and distillation heads' logits as a pair
+    instead of their mean (DeiT's training with a teacher, ``vit_jax.training.step``).
 
     ``corruption``: masked patch prediction's ``(mask, source)``, both (batch, patches)
     (``vit_jax.models.mpp.corrupt``): patch i's embedding is replaced by patch ``source[i]``'s of
@@ -497,5 +500,6 @@ class VisionTransformer(nn.Module):
                                  bias_init=nn.initializers.constant(self.head_bias_init),
                                  param_dtype=self.param_dtype, name=name)
     if self.distill_token:
-      return (head('head')(x[:, 0]) + head('head_dist')(x[:, 1])) / 2
+      logits = head('head')(x[:, 0]), head('head_dist')(x[:, 1])
+      return logits if both_heads else (logits[0] + logits[1]) / 2
     return head('head')(x)

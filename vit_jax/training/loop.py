@@ -55,6 +55,9 @@ def train_and_evaluate(plan: Plan, workdir: str, evaluators: Sequence[Any] = ()
   manager = manager_lib.make_manager(workdir, every_steps=config.checkpoint_every_steps,
                                      keep=config.keep_checkpoints)
   state = _starting_state(state, state_shardings, manager, plan)
+  if plan.teacher:  # Loaded from its SOURCE by every start: never saved with the state.
+    logging.info('Distilling from %s: its hard labels train the distillation head.',
+                 config.distill.teacher)
   start_step = int(jax.device_get(state.step))
   guard = divergence.Guard(config, workdir)
   guard.start(start_step)
@@ -247,6 +250,8 @@ def _compile(train_step: Callable, inputs: Any, plan: Plan, clock: _Clock) -> _S
   clock.compile = time.perf_counter() - started
   model, config = plan.model, plan.config
   flops = mfu.train_flops_per_image(model, compiled, plan.mesh.size, config.batch_size)
+  if plan.teacher and mfu.analytic_train_flops(model):  # The teacher's forward pass too.
+    flops += plan.teacher.model.forward_flops() or 0
   dtypes = (jnp.dtype(model.dtype).name, _matmul_dtype(model))
   peak, how = mfu.device_peak('bfloat16' if 'bfloat16' in dtypes else 'float32')
   logging.info('Training steps %d-%d, batch %d. MFU: %.4g MFLOP a training image (model '

@@ -15,9 +15,11 @@ from typing import Any
 import flax.linen as nn
 import jax
 import ml_collections
+import numpy as np
 import optax
 from absl import logging
 
+from vit_jax import checkpoints
 from vit_jax import config as config_lib
 from vit_jax.base import cpu, errors, paths, sharding
 from vit_jax.base.sizes import pair
@@ -47,6 +49,7 @@ class Plan:
   pp_eval: preprocess.Pipeline
   schedule: optax.Schedule
   tx: optax.GradientTransformation
+  teacher: step_lib.Teacher | None = None  # config.distill.teacher, loaded.
 
   @property
   def step_options(self) -> StepOptions:
@@ -74,7 +77,7 @@ class Plan:
   def train_step(self, state_shardings: Any) -> Callable:
     """The run's jitted step over its mesh, for a state in ``state_shardings``."""
     return step_lib.make_train_step(self.model, self.tx, self.schedule, self.step_options,
-                                    self.mesh, state_shardings)
+                                    self.mesh, state_shardings, self.teacher)
 
 
 def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | None = None,
@@ -153,8 +156,59 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
   schedule, total = optim.with_phases(optim.make_schedule(config.schedule, total, warmup),
                                       total, config_lib.phases(config))
   tx = optim.make_optimizer(config.optimizer, schedule)
+  teacher = _teacher(config, model, tuple(getattr(train_source, 'class_names', ())))
   return Plan(config, model, train_source, eval_source, num_classes, total, warmup, mesh,
-              pipelines['pp_train'], pipelines['pp_eval'], schedule, tx)
+              pipelines['pp_train'], pipelines['pp_eval'], schedule, tx, teacher)
+
+
+def _teacher(config: ml_collections.ConfigDict, model: nn.Module,
+             class_names: tuple[str, ...]) -> step_lib.Teacher | None:
+  """``config.distill.teacher`` loaded, checked to label the model's classes (by name where
+  both have names) and to take the run's images: resized where only its size differs (the
+  same aspect ratio), rescaled where its mean and std differ (exact, as timm's distillation
+  does); else refused, naming both."""
+  source = config.distill.teacher
+  if not source:
+    return None
+  where = f'config.distill.teacher={source}'
+  if not model.distill_token or mpp.is_on(config):
+    raise errors.ConfigError(f'{where}, but the model has no distillation head to learn from '
+                             'it: set config.model.distill_token=True, or leave the teacher out.')
+  try:
+    loaded = checkpoints.load(source)
+  except errors.UserError as e:
+    raise type(e)(f'config.distill.teacher: {e}') from None
+  theirs, names = loaded.model.num_classes or 0, tuple(loaded.class_names)
+  if theirs != model.num_classes or (names and class_names and names != class_names):
+    described = lambda n, c: f'{n} classes' + (f' ({", ".join(c[:3])}, ...)' if c else '')
+    raise errors.ConfigError(f'{where} labels {described(theirs, names)}, the data has '
+                             f'{described(model.num_classes, class_names)}: name a teacher '
+                             "trained on the data's classes.")
+  run, size = pair(model.image_size), pair(loaded.model.image_size)
+  (ours, ss, so), (its, ts, to) = [_scaling(spec) for spec in (
+      config.dataset.pp_train,
+      loaded.config.dataset.pp_eval if loaded.config else loaded.preprocessing.spec(size))]
+  if run[0] * size[1] != run[1] * size[0] or not (ours and its):
+    raise errors.ConfigError(
+        f'{where} takes {size[0]}x{size[1]} images, {its or "unscaled"}; the run makes '
+        f'{run[0]}x{run[1]}, {ours or "unscaled"} (config.dataset.pp_train): give the run '
+        "the teacher's aspect ratio, and a value_range or normalize to both.")
+  a, b = ts / ss, to - so * ts / ss  # Pixels p = (v - so) / ss; ts * p + to = a * v + b.
+  rescale = None if np.allclose(a, 1) and np.allclose(b, 0) else (
+      tuple(map(float, a)), tuple(map(float, b)))
+  if done := ' and '.join(w for w, on in (('resized', size != run), ('rescaled', rescale)) if on):
+    logging.info('Teacher %s: the run\'s %dx%d images (%s) are %s for it, to %dx%d (%s).',
+                 source, *run, ours, done, *size, its)
+  return step_lib.Teacher(loaded.params, loaded.model, rescale)
+
+
+def _scaling(spec: str) -> tuple[str, np.ndarray, np.ndarray]:
+  """The last ``value_range`` or ``normalize`` of a pipeline (its pixels to the model's values)
+  and its scale and offset per channel; ('', 1, 0) where it has none."""
+  ops = [op.strip() for op in spec.split('|')]
+  ops = [op for op in ops if op.startswith(('value_range', 'normalize'))] or ['']
+  affine = preprocess.parse(ops[-1]).affine if ops[-1] else (1., 0.)
+  return ops[-1], *(np.broadcast_to(np.asarray(v, np.float32), 3) for v in affine)
 
 
 def _check_files(config: ml_collections.ConfigDict) -> None:

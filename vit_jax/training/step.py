@@ -21,6 +21,7 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 from vit_jax.base import sharding
+from vit_jax.base.sizes import pair
 from vit_jax.checkpoints.run import manager as manager_lib
 from vit_jax.models import mpp
 from vit_jax.training import mixing, optim
@@ -40,6 +41,35 @@ class TrainState:
     """The weights' moving average (``config.optimizer.ema_decay``, kept in the optimizer
     state: saved, restored and sharded with it), or None."""
     return optim.ema_params(self.opt_state)
+
+
+@flax.struct.dataclass
+class Teacher:
+  """DeiT's teacher (Touvron et al., 2021, hard-label distillation): a frozen classifier
+  whose hard labels, the argmax of its logits on the step's own (augmented and mixed) images,
+  the distillation head learns. An argument of the jitted step: never trained, not in the
+  optimizer state, not saved (re-loaded from its SOURCE, ``config.distill.teacher``)."""
+
+  params: Any
+  model: nn.Module = flax.struct.field(pytree_node=False)
+  # (a, b) per channel: the teacher's input is a * x + b of the run's (None: x).
+  rescale: tuple[tuple[float, ...], tuple[float, ...]] | None = flax.struct.field(
+      pytree_node=False, default=None)
+
+  def inputs(self, images: jax.Array) -> jax.Array:
+    """The run's ``images`` as the teacher takes them: rescaled, resized (bilinear)."""
+    if self.rescale:
+      images = images * jnp.asarray(self.rescale[0]) + jnp.asarray(self.rescale[1])
+    size = pair(self.model.image_size)
+    if images.shape[1:3] == size:
+      return images
+    return jax.image.resize(images, (images.shape[0], *size, 3), 'bilinear')
+
+  def labels(self, images: jax.Array) -> jax.Array:
+    """Its one-hot hard labels of the run's ``images``."""
+    logits = self.model.apply({'params': jax.lax.stop_gradient(self.params)},
+                              self.inputs(images))
+    return jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1], dtype=jnp.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,18 +116,27 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation, seed:
 def loss_and_grads(model: nn.Module, options: StepOptions, params: Any,
                    batch: dict[str, jax.Array], rng: jax.Array,
                    constrain: Callable = lambda x: x,
-                   gather: Callable = lambda p: p, mixed: bool = False) -> tuple[jax.Array, Any]:
+                   gather: Callable = lambda p: p, mixed: bool = False,
+                   teacher: Teacher | None = None) -> tuple[jax.Array, Any]:
   """Mean loss and its gradients, over ``grad_accum_steps`` micro-batches in sequence.
 
   ``gather`` maps ``params`` to what the model takes, inside the differentiated
   function (the shard_map step gathers its parameter shards there). ``mixed``: the
-  batch has had its mixup/CutMix already (``mixing.mix_global_batch``).
+  batch has had its mixup/CutMix already (``mixing.mix_global_batch``). ``teacher``:
+  the class head learns the labels and the distillation head the teacher's hard labels of
+  the same images, half the loss each (DeiT's hard distillation); None: the heads' mean
+  learns the labels (timm's training of a distilled model without a teacher).
   """
   def mean_loss(p: Any, images: jax.Array, labels: jax.Array, key: jax.Array) -> jax.Array:
     if options.mpp:  # Self-supervised: the labels are not read.
       return mpp.loss(model, options.mpp, gather(p), images, key)
-    logits = model.apply({'params': gather(p)}, images, train=True, rngs={'dropout': key})
-    return optim.loss_fn(options.loss, logits, labels, options.label_smoothing).mean()
+    logits = model.apply({'params': gather(p)}, images, train=True, rngs={'dropout': key},
+                         both_heads=teacher is not None)
+    loss = lambda logits, y, smoothing=options.label_smoothing: optim.loss_fn(
+        options.loss, logits, y, smoothing).mean()
+    if teacher is None:
+      return loss(logits, labels)
+    return (loss(logits[0], labels) + loss(logits[1], teacher.labels(images), 0.)) / 2
 
   grad_fn = jax.value_and_grad(mean_loss)
   if not mixed:
@@ -121,7 +160,8 @@ def loss_and_grads(model: nn.Module, options: StepOptions, params: Any,
 
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                     schedule: optax.Schedule, options: StepOptions,
-                    mesh: jax.sharding.Mesh, state_shardings: Any) -> Callable:
+                    mesh: jax.sharding.Mesh, state_shardings: Any,
+                    teacher: Teacher | None = None) -> Callable:
   """The jitted (state, batch) -> (state, metrics) step; the input state is donated.
 
   'jit': one program for the whole mesh, laid out by XLA (GSPMD) from the state's
@@ -131,6 +171,8 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
   they are used (autodiff turns each gather into a reduce-scatter of the gradients),
   then averages them over the batch axes; the 'tensor' axis stays with XLA inside it.
   The optimizer update then runs on the sharded state, outside the shard_map.
+  ``teacher`` (``loss_and_grads``) is put on the mesh and passed to the step as its third
+  argument; the step returned still takes (state, batch), and lowers so.
   """
 
   def apply_grads(state: TrainState, loss: jax.Array, grads: Any) -> tuple[TrainState, Any]:
@@ -141,7 +183,8 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   if options.impl == 'jit':
-    def step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, Any]:
+    def step(state: TrainState, batch: dict[str, jax.Array],
+             teacher: Teacher | None = None) -> tuple[TrainState, Any]:
       rng = jax.random.fold_in(state.rng, state.step)
       # Parameters stored split over the data axis are gathered once, for the whole step;
       # their gradients are reduce-scattered back to the stored layout.
@@ -149,7 +192,8 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
           state.params, sharding.shardings_for(state.params, mesh))
       with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # For sharding.constrain.
         loss, grads = loss_and_grads(model, options, params, batch, rng,
-                                     lambda x: sharding.constrain(x, 'micro_batches'))
+                                     lambda x: sharding.constrain(x, 'micro_batches'),
+                                     teacher=teacher)
       grads = jax.lax.with_sharding_constraint(grads, state_shardings.params)
       return apply_grads(state, loss, grads)
   else:
@@ -163,30 +207,51 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
           p, 'fsdp', axis=spec.index('fsdp'), tiled=True) if 'fsdp' in spec else p,
           params, specs)
 
-    def per_device(params: Any, batch: dict[str, jax.Array],
-                   rng: jax.Array) -> tuple[jax.Array, Any]:
+    def per_device(params: Any, batch: dict[str, jax.Array], rng: jax.Array,
+                   teacher: Teacher | None = None) -> tuple[jax.Array, Any]:
       # Each device: its own rows, and its own dropout and stochastic-depth key (the
       # step's, folded with its index; mixup already happened on the global batch). A
       # gradient of fsdp shards is already summed over 'fsdp' (the gather's
       # reduce-scatter); the rest is summed here, then all divided by the devices: the mean.
       rng = jax.random.fold_in(rng, jax.lax.axis_index(sharding.BATCH_AXES))
       loss, grads = loss_and_grads(model, options, params, batch, rng, gather=gather,
-                                   mixed=True)
+                                   mixed=True, teacher=teacher)
       grads = jax.tree.map(
           lambda g, spec: jax.lax.psum(g, tuple(a for a in sharding.BATCH_AXES
                                                 if a not in spec)) / devices, grads, specs)
       return jax.lax.pmean(loss, sharding.BATCH_AXES), grads
 
-    grads_fn = jax.shard_map(per_device, mesh=mesh,
-                             in_specs=(specs, P(sharding.BATCH_AXES), P()),
+    # The teacher, where there is one, is whole on each device.
+    in_specs = (specs, P(sharding.BATCH_AXES), P()) + ((P(),) if teacher is not None else ())
+    grads_fn = jax.shard_map(per_device, mesh=mesh, in_specs=in_specs,
                              out_specs=(P(), specs), axis_names=set(sharding.BATCH_AXES),
                              check_vma=False)
 
-    def step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, Any]:
+    def step(state: TrainState, batch: dict[str, jax.Array],
+             *teacher: Teacher) -> tuple[TrainState, Any]:
       rng = jax.random.fold_in(state.rng, state.step)
       batch = mixing.mix_global_batch(batch, rng, options.mix)  # As the jit step: global.
-      loss, grads = grads_fn(state.params, batch, rng)
+      loss, grads = grads_fn(state.params, batch, rng, *teacher)
       return apply_grads(state, loss, grads)
 
-  return jax.jit(step, in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
-                 out_shardings=(state_shardings, sharding.replicated(mesh)), donate_argnums=0)
+  in_shardings = (state_shardings, sharding.batch_sharding(mesh))
+  if teacher is not None:
+    in_shardings += (teacher.replace(params=sharding.shardings_for(teacher.params, mesh)),)
+  jitted = jax.jit(step, in_shardings=in_shardings,
+                   out_shardings=(state_shardings, sharding.replicated(mesh)), donate_argnums=0)
+  return jitted if teacher is None else _WithTeacher(jitted,
+                                                     jax.device_put(teacher, in_shardings[2]))
+
+
+@dataclasses.dataclass(frozen=True)
+class _WithTeacher:
+  """A jitted (state, batch, teacher) step called and lowered as (state, batch)."""
+
+  step: Callable
+  teacher: Teacher
+
+  def __call__(self, state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, Any]:
+    return self.step(state, batch, self.teacher)
+
+  def lower(self, state: Any, batch: Any) -> Any:
+    return self.step.lower(state, batch, self.teacher)
