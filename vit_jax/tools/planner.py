@@ -84,7 +84,8 @@ def lower_steps(config: Any, devices: list, num_train_examples: int, model: Any 
            'params_bytes_per_device': _tree_bytes_per_device(state.params),
            'opt_state_bytes_per_device': _tree_bytes_per_device(state.opt_state),
            # Model FLOPs as the training log and the benchmark count them (vit_jax.training.mfu).
-           'train_flops_per_image': mfu.analytic_train_flops(model),
+           'train_flops_per_image': mfu.analytic_train_flops(
+               model, teacher=plan.teacher and plan.teacher.model),
            'scan': model.scan, 'grad_accum_steps': int(config.grad_accum_steps)}
   eval_batch = batch(config.eval_batch_size, mask=(config.eval_batch_size,))
   return facts, {'train': train_step.lower(state, batch(config.batch_size)),

@@ -249,9 +249,8 @@ def _compile(train_step: Callable, inputs: Any, plan: Plan, clock: _Clock) -> _S
   compiled = train_step.lower(*inputs).compile()
   clock.compile = time.perf_counter() - started
   model, config = plan.model, plan.config
-  flops = mfu.train_flops_per_image(model, compiled, plan.mesh.size, config.batch_size)
-  if plan.teacher and mfu.analytic_train_flops(model):  # The teacher's forward pass too.
-    flops += plan.teacher.model.forward_flops() or 0
+  flops = mfu.train_flops_per_image(model, compiled, plan.mesh.size, config.batch_size,
+                                    plan.teacher and plan.teacher.model)
   dtypes = (jnp.dtype(model.dtype).name, _matmul_dtype(model))
   peak, how = mfu.device_peak('bfloat16' if 'bfloat16' in dtypes else 'float32')
   logging.info('Training steps %d-%d, batch %d. MFU: %.4g MFLOP a training image (model '

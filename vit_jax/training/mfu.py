@@ -22,14 +22,18 @@ from vit_jax.base import accelerators
 from vit_jax.base.cpu import host_cpu
 
 
-def analytic_train_flops(model: Any, all_tokens: bool = False) -> int | None:
-  """Model FLOPs of one image's training step: forward + backward = 3 x forward.
+def analytic_train_flops(model: Any, all_tokens: bool = False,
+                         teacher: Any = None) -> int | None:
+  """Model FLOPs of one image's training step: forward + backward = 3 x forward, and a
+  distillation ``teacher``'s forward pass (a model) where there is one.
 
   ``all_tokens``: as if the last block computed every token's output, as timm's does
   (vit_jax's computes only the class token's there; ``VisionTransformer.head_tokens``).
   """
   forward = model.forward_flops(all_tokens)
-  return None if forward is None else 3 * forward
+  if forward is None:
+    return None
+  return 3 * forward + ((teacher.forward_flops() or 0) if teacher else 0)
 
 
 def cost(compiled: Any) -> dict[str, float]:
@@ -40,10 +44,10 @@ def cost(compiled: Any) -> dict[str, float]:
   return dict(analysis or {})
 
 
-def train_flops_per_image(model: Any, compiled: Any, devices: int,
-                          batch_size: int) -> float | None:
+def train_flops_per_image(model: Any, compiled: Any, devices: int, batch_size: int,
+                          teacher: Any = None) -> float | None:
   """Model FLOPs of one image's training step: analytic, or XLA's for hybrids."""
-  analytic = analytic_train_flops(model)
+  analytic = analytic_train_flops(model, teacher=teacher)
   if analytic:
     return float(analytic)
   flops = cost(compiled).get('flops')
