@@ -278,12 +278,8 @@ def write(model: VisionTransformer, params: Mapping[str, Any],
     raise hub.export_refusal(model, 'timm',
                              f'mlp_dim={model.mlp_dim} (timm makes int(width * mlp_ratio))')
   flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
-  if model.pre_norm:  # timm's pre_norm ViTs embed without a bias: the position embeddings
-    # of the patches take it (both are added to every patch, before any norm).
-    bias = flat.pop('embedding/bias')
-    flat[POSEMB_KEY] = flat[POSEMB_KEY] + np.pad(
-        np.broadcast_to(bias, (model.grid[0] * model.grid[1], width)),
-        ((model.posemb_prefix_rows, 0), (0, 0)))[None].astype(np.float32)
+  if model.pre_norm:  # timm's pre_norm ViTs embed without a bias.
+    hub.fold_patch_bias(model, flat)
   sd = _join_qkv(hub.write_table(hub.expand(TABLE, model.num_layers), flat))
   num_classes = model.num_classes or 0
   size, patch = pair(model.image_size), pair(model.patch_size)
