@@ -283,3 +283,35 @@ def test_fine_tuning_a_distilled_deit_puts_two_fresh_heads_on_it():
   for head in ('head', 'head_dist'):
     chex.assert_trees_all_equal(params[head]['kernel'], np.zeros((32, 10), np.float32))
   chex.assert_trees_all_equal(params['dist'], loaded.params['dist'])
+
+
+_EVA = 'an Eva model (rotary position embeddings: EVA, EVA-02, DINOv3, PE, the *_rope_* ViTs)'
+# tests/data/hub/refused (make_refused_fixtures.py: written by timm) -> what vit_jax names.
+REFUSED = {
+    'eva02': f"timm's eva02_tiny_patch14_224, {_EVA}",
+    'dinov3': f"timm's vit_small_patch16_dinov3, {_EVA}",
+    'pe_core': f"timm's vit_pe_core_tiny_patch16_384, {_EVA}",
+    'rope': f"timm's vit_base_patch16_rope_224, {_EVA}",
+    'hybrid_r': "timm's vit_tiny_r_s16_p8_224, a hybrid with a ResNet stem (vit_jax's "
+                "R+ViT-Ti_16, R26+ViT-S_32 and R50+ViT-B_16 load from the release's .npz files)",
+    'parallel_scaling': "timm's parallel blocks (ParallelScalingBlock: attention and MLP side "
+                        'by side from one fused projection)',
+    'parallel_things': "timm's parallel blocks (ParallelThingsBlock: two attention and two MLP "
+                       'branches side by side)',
+    'respost': "timm's ResPost blocks (ResPostBlock: each branch normalised after it, not "
+               'before)',
+    'diff_attention': "timm's differential attention (attn_layer='diff': two softmax maps, one "
+                      'subtracted)',
+    'no_final_norm': "timm's final_norm=False (no LayerNorm after the blocks)",
+}
+
+
+@pytest.mark.parametrize('name', sorted(REFUSED))
+def test_timm_architectures_without_an_option_are_refused_naming_the_architecture(name):
+  """What timm wrote for an architecture vit_jax cannot compute (its tensors may look like a
+  ViT's: Eva's, a ResPost block's) is refused in one line naming the architecture."""
+  folder = HUB / 'refused' / name
+  with pytest.raises(errors.CheckpointMismatchError) as e:
+    formats.load_folder(folder)
+  assert str(e.value) == (f"{folder}: {REFUSED[name]}, which vit_jax's ViT has no model option "
+                          'for.')

@@ -38,7 +38,9 @@ MEAN_STD = [0.5, 0.5, 0.5]
 def _safetensors_dtypes() -> dict[str, Any]:
   import ml_dtypes
 
-  return {'F64': np.float64, 'F32': np.float32, 'F16': np.float16, 'BF16': ml_dtypes.bfloat16}
+  return {'F64': np.float64, 'F32': np.float32, 'F16': np.float16, 'BF16': ml_dtypes.bfloat16,
+          'I64': np.int64, 'I32': np.int32, 'I16': np.int16, 'I8': np.int8, 'U8': np.uint8,
+          'BOOL': np.bool_}  # Integers (a BatchNorm's count): refused by what holds them.
 
 
 # ---------------------------------------------------------------------------
@@ -86,8 +88,8 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
   out = {}
   for name, t in tensors:
     if t['dtype'] not in dtypes:
-      raise errors.CheckpointError(f'{path}: {name} is of dtype {t["dtype"]}, not a float '
-                                   f'type ({", ".join(dtypes)}).')
+      raise errors.CheckpointError(f'{path}: {name} is of dtype {t["dtype"]}, not one of '
+                                   f'{", ".join(dtypes)}.')
     out[name] = np.frombuffer(t['data'], dtypes[t['dtype']]).reshape(t['shape'])
   return out
 

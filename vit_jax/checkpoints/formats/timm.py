@@ -10,6 +10,7 @@ for loading and for export.
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -99,12 +100,37 @@ _NO_OPTION = (('scale_attn_norm', 'scale_attn_norm (a LayerNorm inside the atten
               ('pool_include_prefix', 'pool_include_prefix (the prefix tokens pooled)'))
 
 
+# timm's ViT-family architectures of other classes, by name (the config.json names its
+# architecture; their tensors can look like a VisionTransformer's), and their blocks and
+# attention that vit_jax has no option for: refused naming the architecture.
+_OTHER_CLASSES = (
+    (('eva*', '*_rope_*', '*_rope', 'vit_pe_*', '*_dinov3', '*_dinov3_*', '*_lingbot',
+      '*_sapiens2'), 'an Eva model (rotary position embeddings: EVA, EVA-02, DINOv3, PE, the '
+     '*_rope_* ViTs)'),
+    (('vit_*_r_s*', 'vit_*_r26_*', 'vit_*_r50_*'), "a hybrid with a ResNet stem (vit_jax's "
+     "R+ViT-Ti_16, R26+ViT-S_32 and R50+ViT-B_16 load from the release's .npz files)"),
+    (('vit_*_resnet*', 'vit_*_mci_*'), 'a hybrid with a ResNet-D or MobileCLIP stem'))
+_BLOCKS = {
+    '<ParallelScalingBlock>': 'parallel blocks (ParallelScalingBlock: attention and MLP side by '
+                              'side from one fused projection)',
+    '<ParallelThingsBlock>': 'parallel blocks (ParallelThingsBlock: two attention and two MLP '
+                             'branches side by side)',
+    '<DiffParallelScalingBlock>': 'parallel blocks with differential attention '
+                                  '(DiffParallelScalingBlock)',
+    '<ResPostBlock>': 'ResPost blocks (ResPostBlock: each branch normalised after it, not '
+                      'before)',
+    'diff': 'differential attention (attn_layer=\'diff\': two softmax maps, one subtracted)'}
+
+
 def arguments(config: Mapping[str, Any], origin: str) -> dict[str, Any]:
   """The arguments timm builds a config.json's model with: its defaults, the named
   architecture's, then ``model_args``; ``img_size`` as timm resolves it."""
   name = config.get('architecture')
   if not isinstance(name, str):
     raise errors.CheckpointError(f'{origin}: config.json has no "architecture" string.')
+  for patterns, what in _OTHER_CLASSES if name not in ARCHITECTURES else ():
+    if any(fnmatch.fnmatchcase(name, p) for p in patterns):
+      raise hub.refuse(origin, f"timm's {name}, {what}")
   model_args = dict(config.get('model_args') or {})
   if name not in ARCHITECTURES and not model_args.get('num_heads'):
     raise errors.CheckpointMismatchError(
@@ -126,7 +152,7 @@ def _check_arguments(a: Mapping[str, Any], origin: str) -> float:
   """Refuses the arguments the model has no option for; the LayerNorms' epsilon."""
   for key, what in _NO_OPTION:
     if a[key] and not (key == 'mlp_layer' and a[key] == SWIGLU_PACKED):
-      raise hub.refuse(origin, f'timm\'s {what.format(a[key])}')
+      raise hub.refuse(origin, f'timm\'s {_BLOCKS.get(a[key]) or what.format(a[key])}')
   if a['mlp_layer'] and a['global_pool'] == 'map':  # Its attn_pool's MLP is not gated.
     raise hub.refuse(origin, "SwiGLUPacked with global_pool='map'")
   if not a['proj_bias']:
@@ -134,7 +160,7 @@ def _check_arguments(a: Mapping[str, Any], origin: str) -> float:
   if a['pos_embed'] != 'learn':
     raise hub.refuse(origin, f'pos_embed={a["pos_embed"]!r} (no position embeddings)')
   if not a['final_norm']:
-    raise hub.refuse(origin, 'final_norm=False (no LayerNorm after the blocks)')
+    raise hub.refuse(origin, "timm's final_norm=False (no LayerNorm after the blocks)")
   if a['global_pool'] not in ('token', 'avg', 'map'):
     raise hub.refuse(origin, f'global_pool={a["global_pool"]!r}',
                      " ('token', 'avg' and 'map' load)")
