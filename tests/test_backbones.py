@@ -303,6 +303,9 @@ REFUSED = {
     'diff_attention': "timm's differential attention (attn_layer='diff': two softmax maps, one "
                       'subtracted)',
     'no_final_norm': "timm's final_norm=False (no LayerNorm after the blocks)",
+    'map_registers': "global_pool='map' over the patches alone, beside 4 prefix tokens, which "
+                     "vit_jax's ViT has no model option for (vit_jax's MAP head pools every "
+                     'token)',
 }
 
 
@@ -313,5 +316,15 @@ def test_timm_architectures_without_an_option_are_refused_naming_the_architectur
   folder = HUB / 'refused' / name
   with pytest.raises(errors.CheckpointMismatchError) as e:
     formats.load_folder(folder)
-  assert str(e.value) == (f"{folder}: {REFUSED[name]}, which vit_jax's ViT has no model option "
-                          'for.')
+  suffix = '' if name == 'map_registers' else ", which vit_jax's ViT has no model option for"
+  assert str(e.value) == f'{folder}: {REFUSED[name]}{suffix}.'
+
+
+def test_a_map_pool_beside_prefix_tokens_is_not_exported_to_timm(tmp_path):
+  """timm's attention pool leaves the prefix tokens out, vit_jax's MAP head reads them."""
+  model, params = tiny(pool='map', class_token=True)
+  with pytest.raises(errors.CheckpointError, match=r"^timm cannot hold .*: pool='map' beside 1 "
+                     r"prefix tokens \(timm's attention pool leaves them out\)\. Export it as "
+                     "format='npz'"):
+    formats.export(model, params, tmp_path / 'folder', 'timm')
+  assert not list(tmp_path.iterdir())

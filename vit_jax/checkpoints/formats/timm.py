@@ -235,6 +235,10 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
   image_size, prefix_posemb = _grid(a, t('pos_embed').shape[1], (ph, pw),
                                     int(class_token) + int(distill_token) + registers, origin)
   pool = {'token': 'token', 'avg': 'gap', 'map': 'map'}[a['global_pool']]
+  if pool == 'map' and class_token + distill_token + registers:
+    raise hub.refuse(origin, f"global_pool='map' over the patches alone, beside "
+                     f'{class_token + distill_token + registers} prefix tokens', " (vit_jax's "
+                     'MAP head pools every token)')
   if pool == 'token' and not class_token:
     raise errors.CheckpointError(f"{origin}: global_pool='token' without a cls_token.")
   layer_scale = _B.format(i=0) + 'ls1' in flat
@@ -296,6 +300,9 @@ def write(model: VisionTransformer, params: Mapping[str, Any],
   if model.norm_epsilon not in (LN_EPSILON, *((CLIP_EPSILON,) if model.pre_norm else ())):
     raise hub.export_refusal(model, 'timm', f'norm_epsilon={model.norm_epsilon:g} (timm\'s '
                              'LayerNorms: 1e-6)', 'transformers')
+  if model.pool == 'map' and model.num_prefix_tokens:
+    raise hub.export_refusal(model, 'timm', f"pool='map' beside {model.num_prefix_tokens} "
+                             "prefix tokens (timm's attention pool leaves them out)")
   if model.gated_mlp and model.pool == 'map':
     raise hub.export_refusal(model, 'timm', "gated_mlp with pool='map' (timm's attention pool "
                              'has a plain MLP)')
