@@ -8,8 +8,9 @@ vit_jax's ``vit_jax.checkpoints.load(FOLDER)`` (the model, its parameters as num
 class names and preprocessing) and timm's ``timm.create_model('local-dir:FOLDER',
 pretrained=True)``. A cell times the import of the library, the first load in the process
 and a second one (the file in the page cache, the library's one-time set-up done); the table
-gives the medians. timm runs in the venv of ``--timm_python`` (torch is no dependency of
-vit_jax), on as many threads as vit_jax's process may use.
+gives the medians (vit_jax's import: jax and vit_jax.checkpoints). timm runs in the venv of
+``--timm_python`` (torch is no dependency of vit_jax), on as many threads as vit_jax's
+process may use.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def cell(kind: str, folder: str) -> dict[str, Any]:
   """One process's times: the import, the first load and a second one (seconds)."""
   start = time.perf_counter()
   if kind == 'vit_jax':
+    import jax  # noqa: F401  (what the load needs: vit_jax's own import is lazy)
+
     from vit_jax import checkpoints
     load = lambda: checkpoints.load(folder)
   else:
