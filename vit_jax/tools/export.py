@@ -129,7 +129,8 @@ def main(argv: list[str]) -> None:
       raise errors.ConfigError('--ema is for --workdir: another checkpoint holds one set of '
                                'weights.')
     loaded = checkpoints.load(source, step=_STEP.value, allow_nonfinite=_ALLOW_NONFINITE.value)
-    checkpoints.export(loaded.model, loaded.params, _OUT.value, fmt, loaded.class_names)
+    checkpoints.export(loaded.model, loaded.params, _OUT.value, fmt, loaded.class_names,
+                       loaded.preprocessing)
     print(f'Wrote {_OUT.value} ({fmt}): {loaded.model.model_name} from {loaded.source}.')
     if _EVALUATE.value:
       exported = read_back(_OUT.value, fmt, loaded.model, loaded.params)

@@ -94,6 +94,7 @@ _DINOV2_SCALES = ('layer_scale1.lambda1', 'layer_scale2.lambda1')
 # Dinov2ForImageClassification (the class token and the patches' mean) where the mean's weights
 # are not zero.
 BACKBONES: dict[str, tuple[dict[str, Any], tuple[hub.Rule, ...], tuple[hub.Rule, ...], str]] = {
+    'vit': ({}, TABLE, CLASSIFIER, _PREFIX),
     'clip_vision_model': (dict(hidden_act='quick_gelu', layer_norm_eps=1e-5), CLIP, (),
                           'vision_model.'),
     'siglip_vision_model': (dict(hidden_act='gelu_pytorch_tanh', layer_norm_eps=1e-6), CLIP, (),
@@ -132,10 +133,15 @@ def _canonical(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
   return out
 
 
-def _read_backbone(model_type: str, config: Mapping[str, Any],
-                   tensors: Mapping[str, np.ndarray], origin: str
-                   ) -> tuple[dict[str, Any], dict[str, np.ndarray], list[str]]:
-  """``read`` of a ``BACKBONES`` model type."""
+def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: str
+         ) -> tuple[dict[str, Any], dict[str, np.ndarray], list[str]]:
+  """(model kwargs, flat parameters, class names) of a transformers folder: ViT's, or a
+  backbone's (``BACKBONES``)."""
+  model_type = config.get('model_type', 'vit')
+  if model_type not in BACKBONES:
+    raise hub.refuse(origin, f'transformers model_type {model_type!r}',
+                     " (model_type 'vit', 'deit' (with teacher), 'dinov2', 'clip_vision_model' "
+                     "and 'siglip_vision_model' load)")
   defaults, table, classifier, prefix = BACKBONES[model_type]
   c = {**DEFAULTS, **defaults, **config}
   if c['num_channels'] != 3:
@@ -144,7 +150,7 @@ def _read_backbone(model_type: str, config: Mapping[str, Any],
   if c['hidden_act'] not in _ACTIVATIONS and not swiglu:
     raise hub.refuse(origin, f'hidden_act={c["hidden_act"]!r}',
                      f" ({', '.join(repr(a) for a in _ACTIVATIONS)} load)")
-  tensors = _canonical(tensors)
+  tensors = _canonical(tensors) if model_type != 'vit' else tensors
   t = hub.Tensors(tensors, origin, prefix if any(k.startswith(prefix) for k in tensors) else '')
   width, heads = int(c['hidden_size']), int(c['num_attention_heads'])
   ph, pw = t(next(k for _, k, layout in table if layout == CONV)).shape[2:]
@@ -153,6 +159,8 @@ def _read_backbone(model_type: str, config: Mapping[str, Any],
   t.prefix = ''
   flat.update(hub.read_table(classifier, t, heads))
   t.check_all_used('transformers')
+  if 'pre_logits/kernel' in flat and c['pooler_act'] != 'tanh':
+    raise hub.refuse(origin, f'pooler_act={c["pooler_act"]!r}', ' (the pre-logits layer: tanh)')
   if model_type == 'deit' and 'head_dist/kernel' not in flat:
     raise hub.refuse(origin, 'a DeiT without its distillation classifier (DeiTModel, '
                      'DeiTForImageClassification: the class token read beside a distillation '
@@ -166,67 +174,29 @@ def _read_backbone(model_type: str, config: Mapping[str, Any],
                        'as vit_jax exports it, loads)')
     flat['head/kernel'] = flat['head/kernel'][:width]
   flat.setdefault('embedding/bias', np.zeros(width, np.float32))  # CLIP embeds without one.
+  image_size = pair(c['image_size'])
+  patches = (image_size[0] // ph) * (image_size[1] // pw)
+  rows, prefix_tokens = flat[POSEMB_KEY].shape[1], ('cls' in flat) + ('dist' in flat)
+  if rows != patches + prefix_tokens:
+    raise errors.CheckpointMismatchError(
+        f'{origin}: the position embeddings have {rows} rows; image_size {image_size} with '
+        f'{ph}x{pw} patches needs {patches + prefix_tokens}.')
   b = _B.format(i=0)
   kwargs = dict(
       num_classes=int(flat['head/kernel'].shape[1]) if 'head/kernel' in flat else None,
-      image_size=pair(c['image_size']), patch_size=(int(ph), int(pw)), hidden_size=width,
+      image_size=image_size, patch_size=(int(ph), int(pw)), hidden_size=width,
       num_layers=depth, num_heads=heads,
       mlp_dim=int(flat[b + 'MlpBlock_3/Dense_1/kernel'].shape[0]), gated_mlp=swiglu,
       pool='map' if 'MAPHead_0/probe' in flat else 'token', class_token='cls' in flat,
       distill_token='dist' in flat, pre_norm='Transformer/pre_norm/scale' in flat,
       layer_scale=float(c['layerscale_value']) if b + 'ls1' in flat else None,
+      qkv_bias=_A.format(i=0) + 'query/bias' in flat,
+      representation_size=(int(flat['pre_logits/bias'].shape[0])
+                           if 'pre_logits/bias' in flat else None),
       norm_epsilon=float(c['layer_norm_eps']),
       activation='silu' if swiglu else _ACTIVATIONS[c['hidden_act']])
   labels = config.get('id2label') or {}
   names = [labels[k] for k in sorted(labels, key=int)] if kwargs['num_classes'] else []
-  return kwargs, flat, [str(n) for n in names]
-
-
-def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: str
-         ) -> tuple[dict[str, Any], dict[str, np.ndarray], list[str]]:
-  """(model kwargs, flat parameters, class names) of a transformers ViT folder."""
-  model_type = config.get('model_type', 'vit')
-  if model_type in BACKBONES:
-    return _read_backbone(model_type, config, tensors, origin)
-  if model_type != 'vit':
-    raise hub.refuse(origin, f'transformers model_type {model_type!r}',
-                     " (model_type 'vit', 'deit' (with teacher), 'dinov2', 'clip_vision_model' "
-                     "and 'siglip_vision_model' load)")
-  c = {**DEFAULTS, **config}
-  if c['hidden_act'] not in _ACTIVATIONS:
-    raise hub.refuse(origin, f'hidden_act={c["hidden_act"]!r}',
-                     " ('gelu', 'gelu_pytorch_tanh' and 'gelu_new' load)")
-  if c['num_channels'] != 3:
-    raise hub.refuse(origin, f'{c["num_channels"]} input channels', ' (RGB: 3)')
-  prefix = _PREFIX if any(k.startswith(_PREFIX) for k in tensors) else ''
-  t = hub.Tensors(tensors, origin, prefix)
-  width, heads = int(c['hidden_size']), int(c['num_attention_heads'])
-  ph, pw = t('embeddings.patch_embeddings.projection.weight').shape[2:]
-  depth = t.blocks('encoder.layer.')
-  flat = hub.read_table(hub.expand(TABLE, depth), t, heads)
-  t.prefix = ''
-  flat.update(hub.read_table(CLASSIFIER, t, heads))
-  t.check_all_used('transformers')
-  if 'pre_logits/kernel' in flat and c['pooler_act'] != 'tanh':
-    raise hub.refuse(origin, f'pooler_act={c["pooler_act"]!r}', ' (the pre-logits layer: tanh)')
-  image_size = pair(c['image_size'])
-  grid = (image_size[0] // ph, image_size[1] // pw)
-  rows = t.tensors[prefix + 'embeddings.position_embeddings'].shape[1]
-  if rows != grid[0] * grid[1] + 1:
-    raise errors.CheckpointMismatchError(
-        f'{origin}: position_embeddings has {rows} rows; image_size {image_size} with '
-        f'{ph}x{pw} patches needs {grid[0] * grid[1] + 1}.')
-  num_classes = int(flat['head/kernel'].shape[1]) if 'head/kernel' in flat else None
-  kwargs = dict(
-      num_classes=num_classes, image_size=image_size, patch_size=(int(ph), int(pw)),
-      hidden_size=width, num_layers=depth, num_heads=heads,
-      mlp_dim=int(c['intermediate_size']), pool='token',
-      qkv_bias=_A.format(i=0) + 'query/bias' in flat,
-      representation_size=(int(flat['pre_logits/bias'].shape[0])
-                           if 'pre_logits/bias' in flat else None),
-      norm_epsilon=float(c['layer_norm_eps']), activation=_ACTIVATIONS[c['hidden_act']])
-  labels = config.get('id2label') or {}
-  names = [labels[k] for k in sorted(labels, key=int)] if num_classes else []
   return kwargs, flat, [str(n) for n in names]
 
 
@@ -380,10 +350,8 @@ def write(model: VisionTransformer, params: Mapping[str, Any], class_names: Sequ
     for name in ('scale', 'bias'):
       flat[f'Transformer/encoder_norm/{name}'] = flat.pop(f'fc_norm/{name}')
   classifier = bool(model.num_classes)
-  if kind == 'vit':
-    table, heads, prefix = TABLE, CLASSIFIER, _PREFIX
-  else:
-    _, table, heads, prefix = BACKBONES[kind]
+  _, table, heads, prefix = BACKBONES[kind]
+  if kind != 'vit':
     bias = np.zeros((model.num_heads, model.hidden_size // model.num_heads), np.float32)
     for i in range(model.num_layers):  # Biases of zero, layer scales of one: the same.
       for n in ('query', 'key', 'value'):
