@@ -101,7 +101,8 @@ def test_timm_export_writes_what_timm_wrote(name, tmp_path):
   """Written back as timm's, a fixture's tensors are timm's own, bit for bit, and what timm
   builds from its config.json is the fixture's architecture; read back, the same model."""
   loaded = formats.load_folder(HUB / name)
-  formats.export(loaded.model, loaded.params, tmp_path, 'timm', loaded.class_names)
+  formats.export(loaded.model, loaded.params, tmp_path, 'timm', loaded.class_names,
+                 loaded.preprocessing)
   theirs, ours = hub.read_weights(HUB / name), hub.read_weights(tmp_path)
   assert sorted(ours) == sorted(theirs)
   chex.assert_trees_all_equal(ours, theirs)
@@ -112,6 +113,7 @@ def test_timm_export_writes_what_timm_wrote(name, tmp_path):
   again = formats.load_folder(tmp_path)
   assert again.model == loaded.model.clone(model_name=again.model.model_name)
   assert again.class_names == loaded.class_names
+  assert again.preprocessing == loaded.preprocessing  # timm's pretrained_cfg, as timm wrote it.
 
 
 def test_a_pre_norm_models_patch_bias_moves_into_the_position_embeddings(tmp_path):

@@ -173,8 +173,9 @@ def export(model: VisionTransformer, params: Mapping[str, Any], out: str | os.Pa
            format: str = NPZ, class_names: Sequence[str] = (),
            preprocessing: EvalSpec | None = None) -> str:
   """Writes ``model``'s ``params`` as ``format``: 'npz' (``out`` is the file), 'timm' or
-  'transformers' (``out`` is a folder of config.json and model.safetensors; transformers'
-  with the image processor of ``preprocessing``, ``Loaded.preprocessing``). Returns ``out``.
+  'transformers' (``out`` is a folder of config.json and model.safetensors, which say
+  ``preprocessing``, ``Loaded.preprocessing``: timm's pretrained_cfg, transformers' image
+  processor). Returns ``out``.
 
   A model the format cannot express (registers in a .npz file, a pre-logits layer in timm,
   a CLIP tower with a classifier in transformers, ...) is refused in one line that names the
@@ -183,8 +184,7 @@ def export(model: VisionTransformer, params: Mapping[str, Any], out: str | os.Pa
     raise errors.ConfigError(f'format={format!r} is not one of {", ".join(EXPORT_FORMATS)}.')
   if format == NPZ:
     release.save_model_npz(out, model, params)
-  elif format == TIMM:
-    timm.export(model, params, out, class_names)
   else:
-    transformers.export(model, params, out, class_names, preprocessing)
+    (timm if format == TIMM else transformers).export(model, params, out, class_names,
+                                                      preprocessing)
   return str(out)

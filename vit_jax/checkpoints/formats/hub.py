@@ -31,8 +31,6 @@ from vit_jax.models import VisionTransformer
 TIMM = 'timm'
 TRANSFORMERS = 'transformers'
 PICKLES = ('pytorch_model.bin', 'open_clip_pytorch_model.bin')
-# vit_jax's pipelines scale pixels to [-1, 1]: mean and std 0.5 in timm's and transformers' terms.
-MEAN_STD = [0.5, 0.5, 0.5]
 
 
 def _safetensors_dtypes() -> dict[str, Any]:

@@ -291,9 +291,11 @@ def preprocessing(config: Mapping[str, Any]) -> EvalSpec:
 
 
 def write(model: VisionTransformer, params: Mapping[str, Any],
-          class_names: Sequence[str] = ()) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+          class_names: Sequence[str] = (), preprocessing: EvalSpec | None = None
+          ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
   """(state dict, config.json) of ``model`` for timm's VisionTransformer: ``timm.create_model(
-  'local-dir:DIR', pretrained=True)`` rebuilds it with the same logits."""
+  'local-dir:DIR', pretrained=True)`` rebuilds it with the same logits; its pretrained_cfg
+  says ``preprocessing`` (the checkpoint's own; default: the releases', [-1, 1])."""
   hub.common_refusals(model, 'timm')
   if model.representation_size is not None:
     raise hub.export_refusal(model, 'timm', 'representation_size (a pre-logits layer)')
@@ -330,10 +332,13 @@ def write(model: VisionTransformer, params: Mapping[str, Any],
   if class_names:
     config['label_names'] = list(class_names)
   config['model_args'] = model_args
+  spec = preprocessing or EvalSpec()
   config['pretrained_cfg'] = dict(
-      input_size=[3, *size], fixed_input_size=True, interpolation='bilinear', crop_pct=1.0,
-      crop_mode='center', mean=hub.MEAN_STD, std=hub.MEAN_STD, num_classes=num_classes,
-      pool_size=None, first_conv='patch_embed.proj', classifier='head')
+      input_size=[3, *size], fixed_input_size=True,
+      interpolation=spec.method.removeprefix('pil_'), crop_pct=spec.crop_pct,
+      crop_mode='squash' if spec.resize == 'squash' else 'center', mean=list(spec.mean),
+      std=list(spec.std), num_classes=num_classes, pool_size=None,
+      first_conv='patch_embed.proj', classifier='head')
   return sd, config
 
 
@@ -370,7 +375,7 @@ def architecture(model: VisionTransformer) -> str:
 
 
 def export(model: VisionTransformer, params: Mapping[str, Any], folder: Any,
-           class_names: Sequence[str] = ()) -> None:
+           class_names: Sequence[str] = (), preprocessing: EvalSpec | None = None) -> None:
   """Writes ``model`` into ``folder`` as timm's ``save_for_hf`` does."""
-  sd, config = write(model, params, class_names)
+  sd, config = write(model, params, class_names, preprocessing)
   hub.write_folder(folder, sd, config)
