@@ -14,7 +14,7 @@ from safetensors.numpy import load_file, save_file
 
 from vit_jax.base import errors
 from vit_jax.checkpoints import formats
-from vit_jax.checkpoints.formats import fit, hub, layout, timm
+from vit_jax.checkpoints.formats import fit, hub, layout, release, timm
 from vit_jax.models import get_model
 
 HUB = pathlib.Path(__file__).resolve().parent / 'data' / 'hub'
@@ -101,7 +101,8 @@ def test_timm_export_writes_what_timm_wrote(name, tmp_path):
   """Written back as timm's, a fixture's tensors are timm's own, bit for bit, and what timm
   builds from its config.json is the fixture's architecture; read back, the same model."""
   loaded = formats.load_folder(HUB / name)
-  formats.export(loaded.model, loaded.params, tmp_path, 'timm', loaded.class_names)
+  formats.export(loaded.model, loaded.params, tmp_path, 'timm', loaded.class_names,
+                 loaded.preprocessing)
   theirs, ours = hub.read_weights(HUB / name), hub.read_weights(tmp_path)
   assert sorted(ours) == sorted(theirs)
   chex.assert_trees_all_equal(ours, theirs)
@@ -112,6 +113,7 @@ def test_timm_export_writes_what_timm_wrote(name, tmp_path):
   again = formats.load_folder(tmp_path)
   assert again.model == loaded.model.clone(model_name=again.model.model_name)
   assert again.class_names == loaded.class_names
+  assert again.preprocessing == loaded.preprocessing  # timm's pretrained_cfg, as timm wrote it.
 
 
 def test_a_pre_norm_models_patch_bias_moves_into_the_position_embeddings(tmp_path):
@@ -133,23 +135,143 @@ def test_a_pre_norm_models_patch_bias_moves_into_the_position_embeddings(tmp_pat
                         outputs(model, params, images)) <= 1e-5
 
 
-@pytest.mark.parametrize('library', ['transformers', 'npz'])
-@pytest.mark.parametrize('options, message', [
-    ({'pre_norm': True}, 'pre_norm'), ({'gated_mlp': True}, 'gated_mlp'),
-    ({'distill_token': True}, 'distill_token'), ({'activation': 'quick_gelu'}, 'quick_gelu'),
+# A fixture -> the transformers class its export is.
+TO_TRANSFORMERS = {
+    'hf_clip_vision': 'CLIPVisionModel', 'hf_siglip_vision': 'SiglipVisionModel',
+    'hf_dinov2': 'Dinov2Model', 'hf_dinov2_swiglu': 'Dinov2Model',
+    'hf_deit_distilled': 'DeiTForImageClassificationWithTeacher',
+    'timm_clip_quickgelu': 'CLIPVisionModel',
+    'timm_deit_distilled': 'DeiTForImageClassificationWithTeacher'}
+
+
+@pytest.mark.parametrize('name', sorted(TO_TRANSFORMERS))
+def test_transformers_export_writes_what_transformers_wrote(name, tmp_path):
+  """Written as transformers' class, a transformers fixture is the folder transformers wrote:
+  the same tensors (names, shapes, values; DINOv2's mask_token, which no output reads, left
+  out), the same bytes where none is left out, the same image processor and sizes. Any
+  fixture reads back as the same model with the same parameters."""
+  loaded = formats.load_folder(HUB / name)
+  formats.export(loaded.model, loaded.params, tmp_path, 'transformers', loaded.class_names,
+                 loaded.preprocessing)
+  config = hub.read_json(tmp_path / 'config.json')
+  assert config['architectures'] == [TO_TRANSFORMERS[name]]
+  if name.startswith('hf_'):
+    theirs = {k: v for k, v in hub.read_weights(HUB / name).items()
+              if k != 'embeddings.mask_token'}
+    chex.assert_trees_all_equal(hub.read_weights(tmp_path), theirs)
+    same = (tmp_path / 'model.safetensors').read_bytes() == (
+        HUB / name / 'model.safetensors').read_bytes()
+    assert same == ('dinov2' not in name)
+    processor = 'preprocessor_config.json'
+    assert hub.read_json(tmp_path / processor) == hub.read_json(HUB / name / processor)
+    fixture = hub.read_json(HUB / name / 'config.json')
+    for key in ('model_type', 'hidden_act', 'layer_norm_eps', 'image_size', 'patch_size',
+                'hidden_size', 'num_hidden_layers', 'num_attention_heads', 'id2label'):
+      if not (key == 'hidden_act' and config.get('use_swiglu_ffn')):  # SwiGLU: silu always.
+        assert config.get(key) == fixture.get(key), key
+  again = formats.load_folder(tmp_path)
+  assert again.model == loaded.model.clone(model_name=again.model.model_name)
+  chex.assert_trees_all_equal(again.params, loaded.params)
+  assert again.class_names == loaded.class_names
+
+
+def tiny(**options):
+  model = get_model('ti16', **{**dict(num_classes=5, hidden_size=32, mlp_dim=64, num_heads=2,
+                                      num_layers=2, patch_size=8, image_size=32), **options})
+  shapes = jax.eval_shape(model.init, jax.random.key(0), np.zeros((1, *model.image_size, 3)))
+  rng = np.random.default_rng(0)
+  return model, jax.tree.map(lambda x: rng.normal(0, 0.2, x.shape).astype(np.float32),
+                             shapes['params'])
+
+
+def test_vit_jax_backbones_export_to_transformers_classes(tmp_path):
+  """vit_jax-made models go to the class that computes them: a gated MLP with layer scale and a
+  classifier to Dinov2ForImageClassification (the patches' mean read with zero weights), CLIP
+  with a patch bias (moved into the position embeddings) to CLIPVisionModel; back the same."""
+  images = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
+  for options, cls in (
+      (dict(gated_mlp=True, activation='silu', layer_scale=1e-5, mlp_dim=88),
+       'Dinov2ForImageClassification'),
+      (dict(num_classes=None, pre_norm=True, activation='quick_gelu', norm_epsilon=1e-5),
+       'CLIPVisionModel')):
+    model, params = tiny(**options)
+    formats.export(model, params, tmp_path / cls, 'transformers')
+    assert hub.read_json(tmp_path / cls / 'config.json')['architectures'] == [cls]
+    again = formats.load_folder(tmp_path / cls)
+    assert relative_error(outputs(again.model, again.params, images),
+                          outputs(model, params, images)) <= 1e-5
+  weights = hub.read_weights(tmp_path / 'Dinov2ForImageClassification')
+  assert weights['classifier.weight'].shape == (5, 64) and 'dinov2.layernorm.weight' in weights
+  weights['classifier.weight'][:, 32:] = 0.1  # A classifier of the mean: not vit_jax's.
+  save_file(weights, tmp_path / 'Dinov2ForImageClassification' / 'model.safetensors',
+            {'format': 'pt'})
+  with pytest.raises(errors.CheckpointMismatchError, match="Dinov2ForImageClassification's "
+                     "classifier of the patch tokens' mean beside the class token"):
+    formats.load_folder(tmp_path / 'Dinov2ForImageClassification')
+
+
+_REFUSED = ('transformers cannot hold ViT (2 layers, width 32, MLP {mlp}, 2 heads, patch 8): '
+            "{what}. Export it as format='timm' (--format=timm), or fine-tune a model without it.")
+
+
+@pytest.mark.parametrize('options, what', [
+    (dict(pre_norm=True), "a classifier on clip_vision_model (CLIPVisionModel has none; "
+     "CLIPForImageClassification pools the patches' mean)"),
+    (dict(pool='map', class_token=False), 'a classifier on siglip_vision_model '
+     "(SiglipVisionModel has none; SiglipForImageClassification pools the patches' mean)"),
+    (dict(distill_token=True, num_classes=None),
+     'a distillation token without classifiers (DeiTModel pools the class token alone)'),
+    (dict(gated_mlp=True, num_classes=None),
+     "gated_mlp with activation='gelu_tanh' (DINOv2's SwiGLU gates with silu)"),
+    (dict(distill_token=True, pre_norm=True),
+     'pre_norm (a LayerNorm before the blocks) with deit'),
+    (dict(layer_scale=0.1, mlp_dim=60), "mlp_dim=60 (Dinov2's is width * mlp_ratio, an int; "
+     'gated: x 2/3, rounded up to 8s)'),
+    (dict(pre_norm=True, num_classes=None, image_size=(32, 48)),
+     'a non-square image_size (32, 48) or patch_size (8, 8) (clip_vision_model is square)'),
+    (dict(layer_scale=0.1, num_registers=4), 'num_registers=4'),
 ])
-def test_what_vit_and_the_release_cannot_hold_is_refused_in_one_line(options, message, library,
-                                                                     tmp_path):
-  """transformers' ViT and the release layout have none of the backbones' options: refused,
-  naming timm, nothing written."""
-  model = get_model('ti16', num_classes=5, hidden_size=32, mlp_dim=64, num_heads=2,
-                    num_layers=2, patch_size=8, image_size=32, **options)
-  params = jax.eval_shape(model.init, jax.random.key(0), np.zeros((1, 32, 32, 3)))['params']
-  out = tmp_path / ('model.npz' if library == 'npz' else 'folder')
+def test_what_transformers_classes_cannot_hold_is_refused_in_one_line(options, what, tmp_path):
+  """The class an option routes to cannot hold the rest: one line naming it and timm; nothing
+  written."""
+  model, params = tiny(**options)
   with pytest.raises(errors.CheckpointError) as e:
-    formats.export(model, params, out, library)
-  assert message in str(e.value) and "format='timm'" in str(e.value)
-  assert '\n' not in str(e.value) and not list(tmp_path.iterdir())
+    formats.export(model, params, tmp_path / 'folder', 'transformers')
+  assert str(e.value) == _REFUSED.format(mlp=model.mlp_dim, what=what)
+  assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize('name', sorted(OPTIONS))
+def test_npz_export_loads_back_with_the_same_outputs(name, tmp_path, reference):
+  """A .npz export of every backbone loads back as the same model, its options (activation,
+  epsilon, ...) read from beside the arrays: the same outputs, no option named by the user."""
+  loaded = formats.load_folder(HUB / name)
+  formats.export(loaded.model, loaded.params, tmp_path / 'm.npz')
+  again = formats.load(str(tmp_path / 'm.npz'))
+  for key, value in OPTIONS[name].items():
+    assert getattr(again.model, key) == value, key
+  chex.assert_trees_all_close(outputs(again.model, again.params, reference['images']),
+                              outputs(loaded.model, loaded.params, reference['images']),
+                              rtol=1e-6, atol=1e-6)
+
+
+def test_a_npz_files_arrays_say_the_options_that_have_arrays(tmp_path):
+  """Without the options written beside them, the arrays still say a LayerNorm before the
+  blocks, a gated MLP, a distillation token, layer scale and q/k norms."""
+  options = dict(pre_norm=True, gated_mlp=True, distill_token=True, layer_scale=1.,
+                 qk_norm=True, qkv_bias=False)
+  model, params = tiny(**options)
+  formats.export(model, params, tmp_path / 'm.npz')
+  with np.load(tmp_path / 'm.npz') as f:
+    arrays = {k: f[k] for k in f.files if k != release.OPTIONS_KEY}
+  assert len(arrays) < len(f.files)
+  np.savez(tmp_path / 'bare.npz', **arrays)
+  again = formats.load(str(tmp_path / 'bare.npz'))
+  for key, value in options.items():
+    assert getattr(again.model, key) == value, key
+  images = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
+  chex.assert_trees_all_close(outputs(again.model, again.params, images),
+                              outputs(model, params, images), rtol=1e-6, atol=1e-6)
 
 
 def test_fine_tuning_a_distilled_deit_puts_two_fresh_heads_on_it():
@@ -163,3 +285,48 @@ def test_fine_tuning_a_distilled_deit_puts_two_fresh_heads_on_it():
   for head in ('head', 'head_dist'):
     chex.assert_trees_all_equal(params[head]['kernel'], np.zeros((32, 10), np.float32))
   chex.assert_trees_all_equal(params['dist'], loaded.params['dist'])
+
+
+_EVA = 'an Eva model (rotary position embeddings: EVA, EVA-02, DINOv3, PE, the *_rope_* ViTs)'
+# tests/data/hub/refused (make_refused_fixtures.py: written by timm) -> what vit_jax names.
+REFUSED = {
+    'eva02': f"timm's eva02_tiny_patch14_224, {_EVA}",
+    'dinov3': f"timm's vit_small_patch16_dinov3, {_EVA}",
+    'pe_core': f"timm's vit_pe_core_tiny_patch16_384, {_EVA}",
+    'rope': f"timm's vit_base_patch16_rope_224, {_EVA}",
+    'hybrid_r': "timm's vit_tiny_r_s16_p8_224, a hybrid with a ResNet stem (vit_jax's "
+                "R+ViT-Ti_16, R26+ViT-S_32 and R50+ViT-B_16 load from the release's .npz files)",
+    'parallel_scaling': "timm's parallel blocks (ParallelScalingBlock: attention and MLP side "
+                        'by side from one fused projection)',
+    'parallel_things': "timm's parallel blocks (ParallelThingsBlock: two attention and two MLP "
+                       'branches side by side)',
+    'respost': "timm's ResPost blocks (ResPostBlock: each branch normalised after it, not "
+               'before)',
+    'diff_attention': "timm's differential attention (attn_layer='diff': two softmax maps, one "
+                      'subtracted)',
+    'no_final_norm': "timm's final_norm=False (no LayerNorm after the blocks)",
+    'map_registers': "global_pool='map' over the patches alone, beside 4 prefix tokens, which "
+                     "vit_jax's ViT has no model option for (vit_jax's MAP head pools every "
+                     'token)',
+}
+
+
+@pytest.mark.parametrize('name', sorted(REFUSED))
+def test_timm_architectures_without_an_option_are_refused_naming_the_architecture(name):
+  """What timm wrote for an architecture vit_jax cannot compute (its tensors may look like a
+  ViT's: Eva's, a ResPost block's) is refused in one line naming the architecture."""
+  folder = HUB / 'refused' / name
+  with pytest.raises(errors.CheckpointMismatchError) as e:
+    formats.load_folder(folder)
+  suffix = '' if name == 'map_registers' else ", which vit_jax's ViT has no model option for"
+  assert str(e.value) == f'{folder}: {REFUSED[name]}{suffix}.'
+
+
+def test_a_map_pool_beside_prefix_tokens_is_not_exported_to_timm(tmp_path):
+  """timm's attention pool leaves the prefix tokens out, vit_jax's MAP head reads them."""
+  model, params = tiny(pool='map', class_token=True)
+  with pytest.raises(errors.CheckpointError, match=r"^timm cannot hold .*: pool='map' beside 1 "
+                     r"prefix tokens \(timm's attention pool leaves them out\)\. Export it as "
+                     "format='npz'"):
+    formats.export(model, params, tmp_path / 'folder', 'timm')
+  assert not list(tmp_path.iterdir())

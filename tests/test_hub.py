@@ -258,12 +258,12 @@ def test_vit_jax_models_export_and_read_back_alike(name, options, library, confi
 @pytest.mark.parametrize('options, library, message', [
     ({'num_registers': 4, 'pool': 'gap', 'class_token': False}, 'transformers',
      "num_registers=4. Export it as format='timm'"),
-    ({'layer_scale': 0.1}, 'transformers', 'layer_scale'),
+    ({'qk_norm': True}, 'transformers', "qk_norm. Export it as format='timm'"),
     ({'representation_size': 16}, 'timm', "representation_size (a pre-logits layer). Export it "
      "as format='npz'"),
     ({'norm_epsilon': 1e-12}, 'timm', "norm_epsilon=1e-12 (timm's LayerNorms: 1e-6). Export it "
      "as format='transformers'"),
-    ({'pool': 'map', 'class_token': True}, 'transformers', "pool='map'"),
+    ({'pool': 'map', 'class_token': True}, 'transformers', 'a class token beside the MAP head'),
     ({'posemb': 'sincos2d'}, 'transformers', "posemb='sincos2d'"),
 ])
 def test_what_a_library_cannot_hold_is_refused_in_one_line(options, library, message, tmp_path):

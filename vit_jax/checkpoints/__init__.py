@@ -44,8 +44,10 @@ def load(source: str, *, step: int | None = None, ema: bool = False,
 
 
 def export(model: Any, params: Mapping[str, Any], out: str | os.PathLike,
-           format: str = 'npz', class_names: Sequence[str] = ()) -> str:
-  """Writes a model's parameters as 'npz', 'timm' or 'transformers' (``formats.export``)."""
+           format: str = 'npz', class_names: Sequence[str] = (),
+           preprocessing: Any = None) -> str:
+  """Writes a model's parameters as 'npz', 'timm' or 'transformers' (``formats.export``;
+  ``preprocessing``: the EvalSpec a transformers folder's image processor does)."""
   from vit_jax.checkpoints import formats  # It imports jax (as in load).
 
-  return formats.export(model, params, out, format, class_names)
+  return formats.export(model, params, out, format, class_names, preprocessing)

@@ -89,7 +89,8 @@ def main(argv: list[str]) -> None:
                              'weights.')
   if source:
     loaded = checkpoints.load(source, step=_STEP.value, allow_nonfinite=_ALLOW_NONFINITE.value)
-    checkpoints.export(loaded.model, loaded.params, _OUT.value, fmt, loaded.class_names)
+    checkpoints.export(loaded.model, loaded.params, _OUT.value, fmt, loaded.class_names,
+                       loaded.preprocessing)
     print(f'Wrote {_OUT.value} ({fmt}): {loaded.model.model_name} from {loaded.source}.')
   else:
     step = export(workdir, _OUT.value, _STEP.value, ema=_EMA.value, format=fmt,

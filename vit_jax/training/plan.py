@@ -229,7 +229,7 @@ def _check_files(config: ml_collections.ConfigDict) -> None:
       elif kind == formats.HF_HUB:
         formats.local_folder(init_from)  # Downloaded (or found in the cache) now.
       elif kind == formats.NPZ:
-        release.load_npz(init_from, arrays=False)  # Damaged? Before anything is written.
+        release.read_npz(init_from, arrays=False)  # Damaged? Before anything is written.
     except errors.UserError as e:
       raise type(e)(f'config.init_from: {e}') from None
   workdir_lib.check_init_from(config)  # init_ema, init_source_grid, init_source_pool.

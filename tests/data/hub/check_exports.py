@@ -24,6 +24,7 @@ max |b|) and exits non-zero if one is above 1e-5.
 
 import json
 import os
+import pathlib
 import sys
 
 TOLERANCE = 1e-5
@@ -44,9 +45,10 @@ def write(out):
   bv = np.load(os.path.join(HERE, 'bv_logits.npz'))
   expected, manifest = {}, {}
 
-  def add(name, library, model, params, images, class_names=()):
+  def add(name, library, model, params, images, class_names=(), preprocessing=None):
     folder = os.path.join(out, name)
-    checkpoints.export(model, params, folder, format=library, class_names=class_names)
+    checkpoints.export(model, params, folder, format=library, class_names=class_names,
+                       preprocessing=preprocessing)
     run = model.clone(attention_impl='einsum')
     expected[f'{name}/images'] = np.asarray(images, np.float32)
     expected[f'{name}/logits'] = np.asarray(run.apply({'params': params}, images))
@@ -92,6 +94,24 @@ def write(out):
   model, params = made('ti16', 5, num_classes=None, representation_size=32, **small)
   add('vj_features_transformers', 'transformers', model, params, images)
 
+  # The backbones (BACKBONES.md): each transformers fixture written back to transformers (with
+  # its image processor), timm's across, and vit_jax-made ones; features-only models' output
+  # is transformers' pooler_output.
+  bb = np.load(os.path.join(HERE, 'backbone_logits.npz'))
+  for name in ('hf_clip_vision', 'hf_siglip_vision', 'hf_dinov2', 'hf_dinov2_swiglu',
+               'hf_deit_distilled', 'timm_clip_quickgelu', 'timm_deit_distilled', 'timm_deit3'):
+    loaded = checkpoints.load(os.path.join(HERE, name))
+    add(f'{name}_to_transformers' if name.startswith('timm') else name, 'transformers',
+        loaded.model, loaded.params, bb['images'], loaded.class_names, loaded.preprocessing)
+  model, params = made('ti16', 6, num_classes=5, gated_mlp=True, activation='silu',
+                       layer_scale=1e-5, **{**small, 'mlp_dim': 88})
+  add('vj_swiglu_transformers', 'transformers', model, params, images)  # Dinov2ForImage...
+  model, params = made('ti16', 7, num_classes=None, pre_norm=True, activation='quick_gelu',
+                       norm_epsilon=1e-5, **small)  # A patch bias CLIP folds into its posemb.
+  add('vj_clip_transformers', 'transformers', model, params, images)
+  model, params = made('ti16', 8, num_classes=None, pool='map', class_token=False, **small)
+  add('vj_siglip_transformers', 'transformers', model, params, images)
+
   np.savez(os.path.join(out, 'expected.npz'), **expected)
   with open(os.path.join(out, 'manifest.json'), 'w') as f:
     json.dump(manifest, f, indent=1)
@@ -107,16 +127,12 @@ def check(out):
 
   import make_fixtures  # noqa: F401  (the torchvision shim, before timm)
   import numpy as np
+  import PIL.Image
   import timm
   import torch
   import transformers
   from check_roundtrip import hub_cache
-  from transformers import (
-    AutoModel,
-    AutoModelForImageClassification,
-    ViTForImageClassification,
-    ViTModel,
-  )
+  from transformers import AutoImageProcessor, AutoModel, AutoModelForImageClassification
 
   torch.set_num_threads(1)
   transformers.utils.logging.disable_progress_bar()
@@ -161,13 +177,29 @@ def check(out):
                                   pretrained_cfg_overlay=overlay, **config['model_args'])
         report(name, 'create_model(ARCH, overlay file+num_classes, **args)', run(model, x), want)
       else:
-        features = config['architectures'] == ['ViTModel']
-        cls, auto = ((ViTModel, AutoModel) if features else
-                     (ViTForImageClassification, AutoModelForImageClassification))
-        report(name, f'{cls.__name__}.from_pretrained(DIR)',
-               run(cls.from_pretrained(folder), x, features), want)
-        report(name, f'{auto.__name__}.from_pretrained(DIR)',
-               run(auto.from_pretrained(folder), x, features), want)
+        cls = getattr(transformers, config['architectures'][0])
+        features = 'ForImageClassification' not in cls.__name__
+        model = cls.from_pretrained(folder)
+        report(name, f'{cls.__name__}.from_pretrained(DIR)', run(model, x, features), want)
+        if cls.__name__ != 'DeiTForImageClassificationWithTeacher':  # Auto: DeiT's other class.
+          auto = AutoModel if features else AutoModelForImageClassification
+          report(name, f'{auto.__name__}.from_pretrained(DIR)',
+                 run(auto.from_pretrained(folder), x, features), want)
+        resaved = os.path.join(root, name)
+        model.save_pretrained(resaved)
+        distinct = len({pathlib.Path(d, 'model.safetensors').read_bytes()
+                        for d in (resaved, folder)})
+        report(name, 'save_pretrained: model.safetensors bit-identical',
+               np.array([2. - distinct]), np.array([1.]))
+        processor = AutoImageProcessor.from_pretrained(folder)
+        fixture = os.path.join(HERE, name)
+        if os.path.exists(os.path.join(fixture, 'preprocessor_config.json')):
+          image = PIL.Image.fromarray(
+              np.random.RandomState(0).randint(0, 256, (40, 52, 3), np.uint8))
+          pixels = [p(image, return_tensors='np')['pixel_values']
+                    for p in (processor, AutoImageProcessor.from_pretrained(fixture))]
+          report(name, f'{type(processor).__name__}: the fixture\'s pixel_values',
+                 pixels[0], pixels[1])
   print(f'{len(failures)} failed' if failures else 'all exports load with the same logits')
   return 1 if failures else 0
 

@@ -54,7 +54,6 @@ ACCEPTED = ('a release or big_vision .npz file, a timm or transformers folder (c
             '(checkpoint.bv-LAST) or a vit_jax workdir (checkpoints/)')
 _WORKDIR_CHECKPOINTS = 'checkpoints'  # vit_jax.checkpoints.run.workdir.CHECKPOINTS
 _READERS = {TIMM: timm.read, TRANSFORMERS: transformers.read}
-_EXPORTERS = {TIMM: timm.export, TRANSFORMERS: transformers.export}
 
 
 def origin(source: str) -> str:
@@ -174,16 +173,21 @@ def resized(loaded: Loaded, image_size: int | tuple[int, int]) -> Loaded:
 
 
 def export(model: VisionTransformer, params: Mapping[str, Any], out: str | os.PathLike,
-           format: str = NPZ, class_names: Sequence[str] = ()) -> str:
+           format: str = NPZ, class_names: Sequence[str] = (),
+           preprocessing: EvalSpec | None = None) -> str:
   """Writes ``model``'s ``params`` as ``format``: 'npz' (``out`` is the file), 'timm' or
-  'transformers' (``out`` is a folder of config.json and model.safetensors). Returns ``out``.
+  'transformers' (``out`` is a folder of config.json and model.safetensors, which say
+  ``preprocessing``, ``Loaded.preprocessing``: timm's pretrained_cfg, transformers' image
+  processor). Returns ``out``.
 
-  A model the format cannot express (layer scale or registers in a .npz file, a pre-logits
-  layer in timm, ...) is refused in one line that names the option and a format that can."""
+  A model the format cannot express (registers in a .npz file, a pre-logits layer in timm,
+  a CLIP tower with a classifier in transformers, ...) is refused in one line that names the
+  option and a format that can."""
   if format not in EXPORT_FORMATS:
     raise errors.ConfigError(f'format={format!r} is not one of {", ".join(EXPORT_FORMATS)}.')
   if format == NPZ:
     release.save_model_npz(out, model, params)
   else:
-    _EXPORTERS[format](model, params, out, class_names)
+    (timm if format == TIMM else transformers).export(model, params, out, class_names,
+                                                      preprocessing)
   return str(out)

@@ -324,12 +324,13 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
 
 
 def npz_architecture(flat: dict[str, Any]) -> dict[str, Any]:
-  """The ``VisionTransformer`` attributes a release file's shapes imply.
+  """The ``VisionTransformer`` attributes a release file's arrays imply.
 
-  ``flat`` is ``flatten(load_npz(path))``. Width, depth,
-  MLP width, heads, patch size, BiT stem, pooling, pre-logits, position
-  embeddings and classes all follow from the arrays; ``image_size`` is the one
-  the position embeddings were trained at (square grids; 224 when unknown).
+  ``flat`` is ``flatten(load_npz(path))``. Width, depth, MLP width, heads, patch size, BiT
+  stem, pooling, pre-logits, position embeddings, classes, and the options that have arrays
+  of their own (a LayerNorm before the blocks, a gated MLP, a distillation token, layer
+  scale, registers, fc_norm, q/k norms, qkv biases) all follow from them; ``image_size`` is
+  the one the position embeddings were trained at (square grids; 224 when unknown).
   """
   ph, pw, _, width = np.shape(flat['embedding/kernel'])
   blocks = sorted({int(k.split('/')[1].rsplit('_', 1)[1]) for k in flat
@@ -337,15 +338,22 @@ def npz_architecture(flat: dict[str, Any]) -> dict[str, Any]:
   if not blocks:
     raise ValueError('The checkpoint has no Transformer/encoderblock_{i}: not a ViT file.')
   block = 'Transformer/encoderblock_0/'
+  attention = block + 'MultiHeadDotProductAttention_1/'
+  mlp_dim = int(np.shape(flat[block + 'MlpBlock_3/Dense_1/kernel'])[0])
   arch: dict[str, Any] = dict(
       hidden_size=int(width), num_layers=len(blocks), patch_size=(int(ph), int(pw)),
-      mlp_dim=int(np.shape(flat[block + 'MlpBlock_3/Dense_0/kernel'])[-1]),
-      num_heads=int(np.shape(flat[block + 'MultiHeadDotProductAttention_1/query/kernel'])[1]),
+      mlp_dim=mlp_dim, num_heads=int(np.shape(flat[attention + 'query/kernel'])[1]),
       pool='token' if 'cls' in flat else
       'map' if any(k.startswith('MAPHead_0/') for k in flat) else 'gap',
       representation_size=(int(np.shape(flat['pre_logits/kernel'])[-1])
                            if 'pre_logits/kernel' in flat else None),
-      posemb='learn' if POSEMB_KEY in flat else 'sincos2d')
+      posemb='learn' if POSEMB_KEY in flat else 'sincos2d',
+      pre_norm='Transformer/pre_norm/scale' in flat,
+      gated_mlp=np.shape(flat[block + 'MlpBlock_3/Dense_0/kernel'])[-1] == 2 * mlp_dim,
+      distill_token='dist' in flat, layer_scale=1. if block + 'ls1' in flat else None,
+      num_registers=int(np.shape(flat['registers'])[1]) if 'registers' in flat else 0,
+      fc_norm='fc_norm/scale' in flat, qk_norm=attention + 'query_ln/scale' in flat,
+      qkv_bias=attention + 'query/bias' in flat)
   stride = 1
   if 'conv_root/kernel' in flat:
     units = {}
@@ -358,7 +366,8 @@ def npz_architecture(flat: dict[str, Any]) -> dict[str, Any]:
     stride = 4 * 2**max(len(arch['resnet_layers']) - 1, 0)
   size = 224
   if arch['posemb'] == 'learn':
-    n = np.shape(flat[POSEMB_KEY])[1] - (arch['pool'] == 'token')
+    n = np.shape(flat[POSEMB_KEY])[1] - ('cls' in flat) - arch['distill_token'] - arch[
+        'num_registers']
     side = math.isqrt(n)
     if side * side == n:
       size = side * stride * int(ph)
@@ -366,23 +375,28 @@ def npz_architecture(flat: dict[str, Any]) -> dict[str, Any]:
   return arch
 
 
+_SHAPE = ('hidden_size', 'num_layers', 'mlp_dim', 'num_heads', 'patch_size')
+
+
 def model_of(flat: dict[str, Any], origin: str, model_name: str | None = None,
              image_size: int | tuple[int, int] | None = None,
              class_names: tuple[str, ...] = (),
-             source_grid: tuple[int, int] | None = None) -> Loaded:
-  """Release-layout arrays as a model with its parameters (``load_npz_model``)."""
-  arch = npz_architecture(flat)
+             source_grid: tuple[int, int] | None = None,
+             options: dict[str, Any] | None = None) -> Loaded:
+  """Release-layout arrays as a model with its parameters (``load_npz_model``); ``options``:
+  the config.model options an exported file records beside them (its activation, ...)."""
+  arch = {**npz_architecture(flat), **{k: tuple(v) if isinstance(v, list) else v
+                                       for k, v in (options or {}).items() if k != 'name'}}
   size = arch.pop('image_size') if image_size is None else image_size
   arch.pop('image_size', None)
   num_classes = int(np.shape(flat['head/kernel'])[-1]) if 'head/kernel' in flat else None
-  file_options = {k: arch[k] for k in ('pool', 'representation_size', 'posemb')}
+  file_options = {k: v for k, v in arch.items() if k not in (*_SHAPE, 'resnet_layers')}
   if model_name:
     model = get_model(model_name, num_classes=num_classes, image_size=size, **file_options)
   else:
-    shape_keys = ('hidden_size', 'num_layers', 'mlp_dim', 'num_heads', 'patch_size')
     matches = [n for n in registry.list_models()
                if all(pair(v) == pair(arch[k]) if k == 'patch_size' else v == arch[k]
-                      for k, v in registry.model_kwargs(n).items() if k in shape_keys)
+                      for k, v in registry.model_kwargs(n).items() if k in _SHAPE)
                and registry.model_kwargs(n).get('resnet_layers') == arch.get('resnet_layers')]
     if matches:
       model = get_model(matches[0], num_classes=num_classes, image_size=size, **file_options)

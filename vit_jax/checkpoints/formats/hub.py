@@ -24,20 +24,21 @@ from typing import Any
 import numpy as np
 
 from vit_jax.base import errors, paths
+from vit_jax.checkpoints.formats.layout import POSEMB_KEY
 from vit_jax.checkpoints.hf_hub import CONFIG, WEIGHTS, WEIGHTS_INDEX
 from vit_jax.models import VisionTransformer
 
 TIMM = 'timm'
 TRANSFORMERS = 'transformers'
 PICKLES = ('pytorch_model.bin', 'open_clip_pytorch_model.bin')
-# vit_jax's pipelines scale pixels to [-1, 1]: mean and std 0.5 in timm's and transformers' terms.
-MEAN_STD = [0.5, 0.5, 0.5]
 
 
 def _safetensors_dtypes() -> dict[str, Any]:
   import ml_dtypes
 
-  return {'F64': np.float64, 'F32': np.float32, 'F16': np.float16, 'BF16': ml_dtypes.bfloat16}
+  return {'F64': np.float64, 'F32': np.float32, 'F16': np.float16, 'BF16': ml_dtypes.bfloat16,
+          'I64': np.int64, 'I32': np.int32, 'I16': np.int16, 'I8': np.int8, 'U8': np.uint8,
+          'BOOL': np.bool_}  # Integers (a BatchNorm's count): refused by what holds them.
 
 
 # ---------------------------------------------------------------------------
@@ -85,8 +86,8 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
   out = {}
   for name, t in tensors:
     if t['dtype'] not in dtypes:
-      raise errors.CheckpointError(f'{path}: {name} is of dtype {t["dtype"]}, not a float '
-                                   f'type ({", ".join(dtypes)}).')
+      raise errors.CheckpointError(f'{path}: {name} is of dtype {t["dtype"]}, not one of '
+                                   f'{", ".join(dtypes)}.')
     out[name] = np.frombuffer(t['data'], dtypes[t['dtype']]).reshape(t['shape'])
   return out
 
@@ -114,14 +115,16 @@ def read_weights(folder: str | os.PathLike) -> dict[str, np.ndarray]:
 
 
 def write_folder(folder: str | os.PathLike, tensors: Mapping[str, np.ndarray],
-                 config: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> None:
-  """Writes ``config.json`` and ``model.safetensors`` (and ``extra`` JSON files) into ``folder``."""
+                 config: Mapping[str, Any], extra: Mapping[str, Any] | None = None,
+                 metadata: dict[str, str] | None = None) -> None:
+  """Writes ``config.json`` and ``model.safetensors`` (with ``metadata``: transformers'
+  ``{'format': 'pt'}``) and ``extra`` JSON files into ``folder``."""
   import safetensors.numpy
 
   root = paths.path(folder)
   root.mkdir(parents=True, exist_ok=True)
   arrays = {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
-  (root / WEIGHTS).write_bytes(safetensors.numpy.save(arrays))
+  (root / WEIGHTS).write_bytes(safetensors.numpy.save(arrays, metadata))
   for name, content in {CONFIG: config, **(extra or {})}.items():
     (root / name).write_text(json.dumps(content, indent=2) + '\n')
 
@@ -277,6 +280,23 @@ def export_refusal(model: VisionTransformer, library: str, what: str,
   return errors.CheckpointError(
       f'{library} cannot hold {model.model_name or "this model"}: {what}. Export it as '
       f"format='{other}' (--format={other}), or fine-tune a model without it.")
+
+
+def fold_patch_bias(model: VisionTransformer, flat: dict[str, np.ndarray]) -> None:
+  """For a library whose patch embedding has no bias (timm's pre_norm ViTs, CLIP's): the bias
+  moves into the patches' position embeddings (both are added to every patch, before any
+  norm)."""
+  bias = flat.pop('embedding/bias')
+  flat[POSEMB_KEY] = flat[POSEMB_KEY] + np.pad(
+      np.broadcast_to(bias, (model.grid[0] * model.grid[1], model.hidden_size)),
+      ((model.posemb_prefix_rows, 0), (0, 0)))[None].astype(np.float32)
+
+
+def embed_prefix(model: VisionTransformer, flat: dict[str, np.ndarray]) -> None:
+  """Zero position-embedding rows for the prefix tokens that ``model`` embeds without one,
+  for a library that embeds every token: [cls; x + pe] is [cls + 0; x + pe]."""
+  rows = model.num_prefix_tokens - model.posemb_prefix_rows
+  flat[POSEMB_KEY] = np.pad(flat[POSEMB_KEY], ((0, 0), (rows, 0), (0, 0)))
 
 
 def common_refusals(model: VisionTransformer, library: str) -> None:

@@ -2,12 +2,15 @@
 
 Flat numpy archives of float32 arrays in the release layout (``layout``). ``load_npz`` also
 reads big_vision's .npz files (their names mapped by ``big_vision.canonical``); ``save_npz``
-always writes the release layout, which the release code and timm read.
+always writes the release layout, which the release code and timm read, with a model's
+options beside it where the release's readers would not compute what it does
+(``save_model_npz``).
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import zipfile
 import zlib
@@ -17,10 +20,9 @@ from typing import Any
 import numpy as np
 
 from vit_jax.base import errors, paths
-from vit_jax.checkpoints.formats import big_vision
-from vit_jax.checkpoints.formats.fit import adapt, model_of
+from vit_jax.checkpoints.formats import big_vision, hub
+from vit_jax.checkpoints.formats.fit import adapt, model_of, model_options
 from vit_jax.checkpoints.formats.layout import (
-  POSEMB_KEY,
   Loaded,
   Params,
   check_finite,
@@ -34,16 +36,26 @@ from vit_jax.models.vit import LN_EPSILON
 
 _CHUNK = 64 << 20  # Bytes per write of a file built in memory (save_npz).
 _ZIP_MAGIC, _NPY_MAGIC = b'PK\x03\x04', b'\x93NUMPY'
+# An exported model's config.model options (``fit.model_options``), as a JSON string, where the
+# release's reader would not compute what it does from the arrays alone (``npz_problem``).
+OPTIONS_KEY = 'config.model'
 
 
-def load_npz(path: str | os.PathLike, arrays: bool = True) -> Params | None:
+def load_npz(path: str | os.PathLike) -> Params:
   """Reads a release (or big_vision) .npz file into the nested release layout.
 
   ``path`` is local or on any filesystem ``vit_jax.base.paths`` reads (``gs://vit_models/...``):
   it is read through epath, never ``open``. A missing or unreachable file is a
-  ``errors.MissingFileError``. ``arrays=False``: only its first bytes and its zip directory
-  are read, for their errors (a damaged or partial file), before a run writes anything.
+  ``errors.MissingFileError``.
   """
+  return unflatten(read_npz(path)[0])
+
+
+def read_npz(path: str | os.PathLike,
+             arrays: bool = True) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+  """(the flat release-layout arrays, the config.model options recorded beside them) of a
+  .npz file (``load_npz``). ``arrays=False``: only its first bytes and its zip directory are
+  read, for their errors (a damaged or partial file), before a run writes anything: None."""
   if not paths.is_file(path):
     raise errors.MissingFileError(f'No checkpoint file at {path}: name a release .npz file (the '
                                   'docs/checkpoints.md says where to get them).')
@@ -74,12 +86,14 @@ def load_npz(path: str | os.PathLike, arrays: bool = True) -> Params | None:
     raise
   if flat is None:
     return None
+  options = json.loads(str(flat.pop(OPTIONS_KEY))) if OPTIONS_KEY in flat else {}
   flat = big_vision.canonical(flat, path)
   check_finite(flat, path)
-  return unflatten(flat)
+  return flat, options
 
 
-def save_npz(path: str | os.PathLike, params: Mapping[str, Any]) -> None:
+def save_npz(path: str | os.PathLike, params: Mapping[str, Any],
+             options: Mapping[str, Any] | None = None) -> None:
   """Writes params (any layout, dtype or sharding) as a release-layout .npz file.
 
   ``path`` is local or remote (``gs://``: ``vit_jax.base.paths``). The file appears
@@ -88,7 +102,9 @@ def save_npz(path: str | os.PathLike, params: Mapping[str, Any]) -> None:
   writers are not.
   """
   path = paths.path(path)
-  flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
+  flat: dict[str, Any] = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
+  if options:
+    flat[OPTIONS_KEY] = np.array(json.dumps(options))
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.parent / f'.{path.name}.tmp-{os.getpid()}'
   if paths.is_remote(path):
@@ -106,8 +122,9 @@ def save_npz(path: str | os.PathLike, params: Mapping[str, Any]) -> None:
 
 
 def npz_problem(model: VisionTransformer) -> str:
-  """What of ``model`` a release .npz file cannot record ('' if nothing): the file is read back
-  by its arrays alone, as the release's ViT (tanh GELU, LayerNorm epsilon 1e-6)."""
+  """What of ``model`` the release's readers (its code, timm's) would not compute from a .npz
+  file's arrays ('' if nothing): they read the release's ViT (tanh GELU, LayerNorm epsilon
+  1e-6). vit_jax's own reader reads such an export by the options written beside them."""
   if model.layer_scale is not None:
     return f'layer_scale={model.layer_scale} (ls1, ls2: no such arrays in the release layout)'
   if model.num_registers:
@@ -121,7 +138,9 @@ def npz_problem(model: VisionTransformer) -> str:
     return f'activation={model.activation!r} (a release file is read with the tanh GELU)'
   if model.norm_epsilon != LN_EPSILON:
     return f'norm_epsilon={model.norm_epsilon:g} (a release file is read with 1e-6)'
-  for option in ('pre_norm', 'gated_mlp', 'distill_token'):
+  if model.norm != 'layernorm':
+    return f'norm={model.norm!r} (a release file is read with LayerNorms)'
+  for option in ('pre_norm', 'gated_mlp', 'distill_token', 'parallel_block', 'qk_norm'):
     if getattr(model, option):
       return f'{option}=True (a release file is read as the release\'s ViT)'
   return ''
@@ -129,19 +148,13 @@ def npz_problem(model: VisionTransformer) -> str:
 
 def save_model_npz(path: str | os.PathLike, model: VisionTransformer,
                    params: Mapping[str, Any]) -> None:
-  """``save_npz`` of a model's parameters, refused where the layout cannot say what ``model``
-  computes (``npz_problem``); a class token without a position embedding gets a zero row."""
-  if problem := npz_problem(model):
-    raise errors.CheckpointError(
-        f'A release .npz file cannot hold {model.model_name or "this model"}: {problem}. '
-        "Export it with format='timm' (python -m vit_jax.tools.export --format=timm).")
-  params = to_release(params)
-  if model.posemb == 'learn' and model.num_prefix_tokens and not model.prefix_posemb:
-    flat = flatten(params)
-    posemb = to_host(flat[POSEMB_KEY])
-    flat[POSEMB_KEY] = np.concatenate([np.zeros_like(posemb[:, :1]), posemb], axis=1)
-    params = unflatten(flat)
-  save_npz(path, params)
+  """``save_npz`` of a model's parameters; prefix tokens without position embeddings get zero
+  rows. Where the release's reader would not compute what ``model`` does (``npz_problem``),
+  its config.model options go beside the arrays (``OPTIONS_KEY``): ``load`` reads them."""
+  flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
+  if model.posemb == 'learn':
+    hub.embed_prefix(model, flat)
+  save_npz(path, flat, model_options(model) if npz_problem(model) else None)
 
 
 def load_pretrained(path: str | os.PathLike, init_params: Mapping[str, Any], model_config: Any,
@@ -174,6 +187,6 @@ def load_npz_model(path: str | os.PathLike, model_name: str | None = None,
   (``adapt``). Mismatches raise ``errors.CheckpointMismatchError``, which says what the
   file holds.
   """
-  flat = flatten(load_npz(path))
+  flat, options = read_npz(path)
   big_vision.check_source_pool(path, flat, pool, keep_head=True)
-  return model_of(flat, str(path), model_name, image_size, class_names, source_grid)
+  return model_of(flat, str(path), model_name, image_size, class_names, source_grid, options)

@@ -10,6 +10,7 @@ for loading and for export.
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -99,12 +100,37 @@ _NO_OPTION = (('scale_attn_norm', 'scale_attn_norm (a LayerNorm inside the atten
               ('pool_include_prefix', 'pool_include_prefix (the prefix tokens pooled)'))
 
 
+# timm's ViT-family architectures of other classes, by name (the config.json names its
+# architecture; their tensors can look like a VisionTransformer's), and their blocks and
+# attention that vit_jax has no option for: refused naming the architecture.
+_OTHER_CLASSES = (
+    (('eva*', '*_rope_*', '*_rope', 'vit_pe_*', '*_dinov3', '*_dinov3_*', '*_lingbot',
+      '*_sapiens2'), 'an Eva model (rotary position embeddings: EVA, EVA-02, DINOv3, PE, the '
+     '*_rope_* ViTs)'),
+    (('vit_*_r_s*', 'vit_*_r26_*', 'vit_*_r50_*'), "a hybrid with a ResNet stem (vit_jax's "
+     "R+ViT-Ti_16, R26+ViT-S_32 and R50+ViT-B_16 load from the release's .npz files)"),
+    (('vit_*_resnet*', 'vit_*_mci_*'), 'a hybrid with a ResNet-D or MobileCLIP stem'))
+_BLOCKS = {
+    '<ParallelScalingBlock>': 'parallel blocks (ParallelScalingBlock: attention and MLP side by '
+                              'side from one fused projection)',
+    '<ParallelThingsBlock>': 'parallel blocks (ParallelThingsBlock: two attention and two MLP '
+                             'branches side by side)',
+    '<DiffParallelScalingBlock>': 'parallel blocks with differential attention '
+                                  '(DiffParallelScalingBlock)',
+    '<ResPostBlock>': 'ResPost blocks (ResPostBlock: each branch normalised after it, not '
+                      'before)',
+    'diff': 'differential attention (attn_layer=\'diff\': two softmax maps, one subtracted)'}
+
+
 def arguments(config: Mapping[str, Any], origin: str) -> dict[str, Any]:
   """The arguments timm builds a config.json's model with: its defaults, the named
   architecture's, then ``model_args``; ``img_size`` as timm resolves it."""
   name = config.get('architecture')
   if not isinstance(name, str):
     raise errors.CheckpointError(f'{origin}: config.json has no "architecture" string.')
+  for patterns, what in _OTHER_CLASSES if name not in ARCHITECTURES else ():
+    if any(fnmatch.fnmatchcase(name, p) for p in patterns):
+      raise hub.refuse(origin, f"timm's {name}, {what}")
   model_args = dict(config.get('model_args') or {})
   if name not in ARCHITECTURES and not model_args.get('num_heads'):
     raise errors.CheckpointMismatchError(
@@ -126,7 +152,7 @@ def _check_arguments(a: Mapping[str, Any], origin: str) -> float:
   """Refuses the arguments the model has no option for; the LayerNorms' epsilon."""
   for key, what in _NO_OPTION:
     if a[key] and not (key == 'mlp_layer' and a[key] == SWIGLU_PACKED):
-      raise hub.refuse(origin, f'timm\'s {what.format(a[key])}')
+      raise hub.refuse(origin, f'timm\'s {_BLOCKS.get(a[key]) or what.format(a[key])}')
   if a['mlp_layer'] and a['global_pool'] == 'map':  # Its attn_pool's MLP is not gated.
     raise hub.refuse(origin, "SwiGLUPacked with global_pool='map'")
   if not a['proj_bias']:
@@ -134,7 +160,7 @@ def _check_arguments(a: Mapping[str, Any], origin: str) -> float:
   if a['pos_embed'] != 'learn':
     raise hub.refuse(origin, f'pos_embed={a["pos_embed"]!r} (no position embeddings)')
   if not a['final_norm']:
-    raise hub.refuse(origin, 'final_norm=False (no LayerNorm after the blocks)')
+    raise hub.refuse(origin, "timm's final_norm=False (no LayerNorm after the blocks)")
   if a['global_pool'] not in ('token', 'avg', 'map'):
     raise hub.refuse(origin, f'global_pool={a["global_pool"]!r}',
                      " ('token', 'avg' and 'map' load)")
@@ -209,6 +235,10 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
   image_size, prefix_posemb = _grid(a, t('pos_embed').shape[1], (ph, pw),
                                     int(class_token) + int(distill_token) + registers, origin)
   pool = {'token': 'token', 'avg': 'gap', 'map': 'map'}[a['global_pool']]
+  if pool == 'map' and class_token + distill_token + registers:
+    raise hub.refuse(origin, f"global_pool='map' over the patches alone, beside "
+                     f'{class_token + distill_token + registers} prefix tokens', " (vit_jax's "
+                     'MAP head pools every token)')
   if pool == 'token' and not class_token:
     raise errors.CheckpointError(f"{origin}: global_pool='token' without a cls_token.")
   layer_scale = _B.format(i=0) + 'ls1' in flat
@@ -261,15 +291,20 @@ def preprocessing(config: Mapping[str, Any]) -> EvalSpec:
 
 
 def write(model: VisionTransformer, params: Mapping[str, Any],
-          class_names: Sequence[str] = ()) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+          class_names: Sequence[str] = (), preprocessing: EvalSpec | None = None
+          ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
   """(state dict, config.json) of ``model`` for timm's VisionTransformer: ``timm.create_model(
-  'local-dir:DIR', pretrained=True)`` rebuilds it with the same logits."""
+  'local-dir:DIR', pretrained=True)`` rebuilds it with the same logits; its pretrained_cfg
+  says ``preprocessing`` (the checkpoint's own; default: the releases', [-1, 1])."""
   hub.common_refusals(model, 'timm')
   if model.representation_size is not None:
     raise hub.export_refusal(model, 'timm', 'representation_size (a pre-logits layer)')
   if model.norm_epsilon not in (LN_EPSILON, *((CLIP_EPSILON,) if model.pre_norm else ())):
     raise hub.export_refusal(model, 'timm', f'norm_epsilon={model.norm_epsilon:g} (timm\'s '
                              'LayerNorms: 1e-6)', 'transformers')
+  if model.pool == 'map' and model.num_prefix_tokens:
+    raise hub.export_refusal(model, 'timm', f"pool='map' beside {model.num_prefix_tokens} "
+                             "prefix tokens (timm's attention pool leaves them out)")
   if model.gated_mlp and model.pool == 'map':
     raise hub.export_refusal(model, 'timm', "gated_mlp with pool='map' (timm's attention pool "
                              'has a plain MLP)')
@@ -278,12 +313,8 @@ def write(model: VisionTransformer, params: Mapping[str, Any],
     raise hub.export_refusal(model, 'timm',
                              f'mlp_dim={model.mlp_dim} (timm makes int(width * mlp_ratio))')
   flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
-  if model.pre_norm:  # timm's pre_norm ViTs embed without a bias: the position embeddings
-    # of the patches take it (both are added to every patch, before any norm).
-    bias = flat.pop('embedding/bias')
-    flat[POSEMB_KEY] = flat[POSEMB_KEY] + np.pad(
-        np.broadcast_to(bias, (model.grid[0] * model.grid[1], width)),
-        ((model.posemb_prefix_rows, 0), (0, 0)))[None].astype(np.float32)
+  if model.pre_norm:  # timm's pre_norm ViTs embed without a bias.
+    hub.fold_patch_bias(model, flat)
   sd = _join_qkv(hub.write_table(hub.expand(TABLE, model.num_layers), flat))
   num_classes = model.num_classes or 0
   size, patch = pair(model.image_size), pair(model.patch_size)
@@ -301,10 +332,13 @@ def write(model: VisionTransformer, params: Mapping[str, Any],
   if class_names:
     config['label_names'] = list(class_names)
   config['model_args'] = model_args
+  spec = preprocessing or EvalSpec()
   config['pretrained_cfg'] = dict(
-      input_size=[3, *size], fixed_input_size=True, interpolation='bilinear', crop_pct=1.0,
-      crop_mode='center', mean=hub.MEAN_STD, std=hub.MEAN_STD, num_classes=num_classes,
-      pool_size=None, first_conv='patch_embed.proj', classifier='head')
+      input_size=[3, *size], fixed_input_size=True,
+      interpolation=spec.method.removeprefix('pil_'), crop_pct=spec.crop_pct,
+      crop_mode='squash' if spec.resize == 'squash' else 'center', mean=list(spec.mean),
+      std=list(spec.std), num_classes=num_classes, pool_size=None,
+      first_conv='patch_embed.proj', classifier='head')
   return sd, config
 
 
@@ -341,7 +375,7 @@ def architecture(model: VisionTransformer) -> str:
 
 
 def export(model: VisionTransformer, params: Mapping[str, Any], folder: Any,
-           class_names: Sequence[str] = ()) -> None:
+           class_names: Sequence[str] = (), preprocessing: EvalSpec | None = None) -> None:
   """Writes ``model`` into ``folder`` as timm's ``save_for_hf`` does."""
-  sd, config = write(model, params, class_names)
+  sd, config = write(model, params, class_names, preprocessing)
   hub.write_folder(folder, sd, config)

@@ -5,6 +5,7 @@ and SigLIP's vision towers, DINOv2, distilled DeiT) load by their own tables."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -88,10 +89,12 @@ TABLE: tuple[hub.Rule, ...] = (
 CLASSIFIER: tuple[hub.Rule, ...] = hub.dense('head', 'classifier')
 _DINOV2_SCALES = ('layer_scale1.lambda1', 'layer_scale2.lambda1')
 # model_type -> (config defaults, the table, the tables of a classifier head, the prefix of the
-# rest in a classifier). Classifiers that pool otherwise (Dinov2ForImageClassification: the
-# class token and the patches' mean; DeiTForImageClassification: the class token only, beside
-# a distillation token) are refused: they hold tensors these tables do not name.
+# rest in a classifier). Classifiers that pool otherwise are refused: DeiTForImageClassification
+# (the class token only, beside a distillation token: tensors these tables do not name) and
+# Dinov2ForImageClassification (the class token and the patches' mean) where the mean's weights
+# are not zero.
 BACKBONES: dict[str, tuple[dict[str, Any], tuple[hub.Rule, ...], tuple[hub.Rule, ...], str]] = {
+    'vit': ({}, TABLE, CLASSIFIER, _PREFIX),
     'clip_vision_model': (dict(hidden_act='quick_gelu', layer_norm_eps=1e-5), CLIP, (),
                           'vision_model.'),
     'siglip_vision_model': (dict(hidden_act='gelu_pytorch_tanh', layer_norm_eps=1e-6), CLIP, (),
@@ -99,7 +102,8 @@ BACKBONES: dict[str, tuple[dict[str, Any], tuple[hub.Rule, ...], tuple[hub.Rule,
     'dinov2': (dict(hidden_act='gelu', layer_norm_eps=1e-6, layerscale_value=1.),
                _vit_like(('mlp.fc1', 'mlp.fc2'), ('norm1', 'norm2'), _DINOV2_SCALES)
                + hub.dense(_B + 'MlpBlock_3/Dense_0', _L + 'mlp.weights_in')  # use_swiglu_ffn's.
-               + hub.dense(_B + 'MlpBlock_3/Dense_1', _L + 'mlp.weights_out'), (), 'dinov2.'),
+               + hub.dense(_B + 'MlpBlock_3/Dense_1', _L + 'mlp.weights_out'),
+               hub.dense('head', 'classifier'), 'dinov2.'),
     'deit': (dict(hidden_act='gelu', layer_norm_eps=1e-12),
              _vit_like(('intermediate.dense', 'output.dense')),
              (*hub.dense('head', 'cls_classifier'),
@@ -129,10 +133,15 @@ def _canonical(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
   return out
 
 
-def _read_backbone(model_type: str, config: Mapping[str, Any],
-                   tensors: Mapping[str, np.ndarray], origin: str
-                   ) -> tuple[dict[str, Any], dict[str, np.ndarray], list[str]]:
-  """``read`` of a ``BACKBONES`` model type."""
+def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: str
+         ) -> tuple[dict[str, Any], dict[str, np.ndarray], list[str]]:
+  """(model kwargs, flat parameters, class names) of a transformers folder: ViT's, or a
+  backbone's (``BACKBONES``)."""
+  model_type = config.get('model_type', 'vit')
+  if model_type not in BACKBONES:
+    raise hub.refuse(origin, f'transformers model_type {model_type!r}',
+                     " (model_type 'vit', 'deit' (with teacher), 'dinov2', 'clip_vision_model' "
+                     "and 'siglip_vision_model' load)")
   defaults, table, classifier, prefix = BACKBONES[model_type]
   c = {**DEFAULTS, **defaults, **config}
   if c['num_channels'] != 3:
@@ -141,7 +150,7 @@ def _read_backbone(model_type: str, config: Mapping[str, Any],
   if c['hidden_act'] not in _ACTIVATIONS and not swiglu:
     raise hub.refuse(origin, f'hidden_act={c["hidden_act"]!r}',
                      f" ({', '.join(repr(a) for a in _ACTIVATIONS)} load)")
-  tensors = _canonical(tensors)
+  tensors = _canonical(tensors) if model_type != 'vit' else tensors
   t = hub.Tensors(tensors, origin, prefix if any(k.startswith(prefix) for k in tensors) else '')
   width, heads = int(c['hidden_size']), int(c['num_attention_heads'])
   ph, pw = t(next(k for _, k, layout in table if layout == CONV)).shape[2:]
@@ -150,74 +159,44 @@ def _read_backbone(model_type: str, config: Mapping[str, Any],
   t.prefix = ''
   flat.update(hub.read_table(classifier, t, heads))
   t.check_all_used('transformers')
+  if 'pre_logits/kernel' in flat and c['pooler_act'] != 'tanh':
+    raise hub.refuse(origin, f'pooler_act={c["pooler_act"]!r}', ' (the pre-logits layer: tanh)')
   if model_type == 'deit' and 'head_dist/kernel' not in flat:
     raise hub.refuse(origin, 'a DeiT without its distillation classifier (DeiTModel, '
                      'DeiTForImageClassification: the class token read beside a distillation '
                      'token)', ' (DeiTForImageClassificationWithTeacher loads)')
   if model_type == 'siglip_vision_model' and 'MAPHead_0/probe' not in flat:
     raise hub.refuse(origin, 'a SigLIP vision tower without its head (vision_use_head=False)')
+  if model_type == 'dinov2' and 'head/kernel' in flat:  # Dinov2ForImageClassification's.
+    if np.any(flat['head/kernel'][width:]):
+      raise hub.refuse(origin, "Dinov2ForImageClassification's classifier of the patch tokens' "
+                       'mean beside the class token', ' (one with zero weights for the mean, '
+                       'as vit_jax exports it, loads)')
+    flat['head/kernel'] = flat['head/kernel'][:width]
   flat.setdefault('embedding/bias', np.zeros(width, np.float32))  # CLIP embeds without one.
+  image_size = pair(c['image_size'])
+  patches = (image_size[0] // ph) * (image_size[1] // pw)
+  rows, prefix_tokens = flat[POSEMB_KEY].shape[1], ('cls' in flat) + ('dist' in flat)
+  if rows != patches + prefix_tokens:
+    raise errors.CheckpointMismatchError(
+        f'{origin}: the position embeddings have {rows} rows; image_size {image_size} with '
+        f'{ph}x{pw} patches needs {patches + prefix_tokens}.')
   b = _B.format(i=0)
   kwargs = dict(
       num_classes=int(flat['head/kernel'].shape[1]) if 'head/kernel' in flat else None,
-      image_size=pair(c['image_size']), patch_size=(int(ph), int(pw)), hidden_size=width,
+      image_size=image_size, patch_size=(int(ph), int(pw)), hidden_size=width,
       num_layers=depth, num_heads=heads,
       mlp_dim=int(flat[b + 'MlpBlock_3/Dense_1/kernel'].shape[0]), gated_mlp=swiglu,
       pool='map' if 'MAPHead_0/probe' in flat else 'token', class_token='cls' in flat,
       distill_token='dist' in flat, pre_norm='Transformer/pre_norm/scale' in flat,
       layer_scale=float(c['layerscale_value']) if b + 'ls1' in flat else None,
+      qkv_bias=_A.format(i=0) + 'query/bias' in flat,
+      representation_size=(int(flat['pre_logits/bias'].shape[0])
+                           if 'pre_logits/bias' in flat else None),
       norm_epsilon=float(c['layer_norm_eps']),
       activation='silu' if swiglu else _ACTIVATIONS[c['hidden_act']])
   labels = config.get('id2label') or {}
   names = [labels[k] for k in sorted(labels, key=int)] if kwargs['num_classes'] else []
-  return kwargs, flat, [str(n) for n in names]
-
-
-def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: str
-         ) -> tuple[dict[str, Any], dict[str, np.ndarray], list[str]]:
-  """(model kwargs, flat parameters, class names) of a transformers ViT folder."""
-  model_type = config.get('model_type', 'vit')
-  if model_type in BACKBONES:
-    return _read_backbone(model_type, config, tensors, origin)
-  if model_type != 'vit':
-    raise hub.refuse(origin, f'transformers model_type {model_type!r}',
-                     " (model_type 'vit', 'deit' (with teacher), 'dinov2', 'clip_vision_model' "
-                     "and 'siglip_vision_model' load)")
-  c = {**DEFAULTS, **config}
-  if c['hidden_act'] not in _ACTIVATIONS:
-    raise hub.refuse(origin, f'hidden_act={c["hidden_act"]!r}',
-                     " ('gelu', 'gelu_pytorch_tanh' and 'gelu_new' load)")
-  if c['num_channels'] != 3:
-    raise hub.refuse(origin, f'{c["num_channels"]} input channels', ' (RGB: 3)')
-  prefix = _PREFIX if any(k.startswith(_PREFIX) for k in tensors) else ''
-  t = hub.Tensors(tensors, origin, prefix)
-  width, heads = int(c['hidden_size']), int(c['num_attention_heads'])
-  ph, pw = t('embeddings.patch_embeddings.projection.weight').shape[2:]
-  depth = t.blocks('encoder.layer.')
-  flat = hub.read_table(hub.expand(TABLE, depth), t, heads)
-  t.prefix = ''
-  flat.update(hub.read_table(CLASSIFIER, t, heads))
-  t.check_all_used('transformers')
-  if 'pre_logits/kernel' in flat and c['pooler_act'] != 'tanh':
-    raise hub.refuse(origin, f'pooler_act={c["pooler_act"]!r}', ' (the pre-logits layer: tanh)')
-  image_size = pair(c['image_size'])
-  grid = (image_size[0] // ph, image_size[1] // pw)
-  rows = t.tensors[prefix + 'embeddings.position_embeddings'].shape[1]
-  if rows != grid[0] * grid[1] + 1:
-    raise errors.CheckpointMismatchError(
-        f'{origin}: position_embeddings has {rows} rows; image_size {image_size} with '
-        f'{ph}x{pw} patches needs {grid[0] * grid[1] + 1}.')
-  num_classes = int(flat['head/kernel'].shape[1]) if 'head/kernel' in flat else None
-  kwargs = dict(
-      num_classes=num_classes, image_size=image_size, patch_size=(int(ph), int(pw)),
-      hidden_size=width, num_layers=depth, num_heads=heads,
-      mlp_dim=int(c['intermediate_size']), pool='token',
-      qkv_bias=_A.format(i=0) + 'query/bias' in flat,
-      representation_size=(int(flat['pre_logits/bias'].shape[0])
-                           if 'pre_logits/bias' in flat else None),
-      norm_epsilon=float(c['layer_norm_eps']), activation=_ACTIVATIONS[c['hidden_act']])
-  labels = config.get('id2label') or {}
-  names = [labels[k] for k in sorted(labels, key=int)] if num_classes else []
   return kwargs, flat, [str(n) for n in names]
 
 
@@ -244,49 +223,148 @@ def preprocessing(processor: Mapping[str, Any] | None) -> EvalSpec:
                   std=tuple(p.get('image_std', (0.5,) * 3)) if normalize else (1.,) * 3)
 
 
-def write(model: VisionTransformer, params: Mapping[str, Any], class_names: Sequence[str] = ()
-          ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-  """(state dict, config.json) of ``model`` for transformers' ViTForImageClassification (a
-  model without classes: ViTModel, its pre-logits layer as the pooler)."""
-  hub.common_refusals(model, 'transformers')
+# What vit_jax's options are written as: the class of each model_type (a classifier's, a
+# features-only model's; None: the class has no such form), its image processor, and the
+# option that routes a model to it (``model_type``).
+_CLASSES = {'vit': ('ViTForImageClassification', 'ViTModel', 'ViTImageProcessor'),
+            'deit': ('DeiTForImageClassificationWithTeacher', None, 'DeiTImageProcessor'),
+            'siglip_vision_model': (None, 'SiglipVisionModel', 'SiglipImageProcessor'),
+            'clip_vision_model': (None, 'CLIPVisionModel', 'CLIPImageProcessor'),
+            'dinov2': ('Dinov2ForImageClassification', 'Dinov2Model', 'BitImageProcessor')}
+_HIDDEN_ACT = {'gelu': 'gelu', 'gelu_tanh': 'gelu_pytorch_tanh', 'quick_gelu': 'quick_gelu',
+               'silu': 'silu'}
+
+
+def model_type(model: VisionTransformer) -> str:
+  """The transformers model_type that computes ``model``: DeiT for a distillation token,
+  SigLIP's vision tower for a MAP head, CLIP's for a LayerNorm before the blocks, DINOv2 for
+  layer scale or a gated MLP, else ViT."""
+  for kind, option in (('deit', model.distill_token), ('siglip_vision_model', model.pool == 'map'),
+                       ('clip_vision_model', model.pre_norm),
+                       ('dinov2', model.gated_mlp or model.layer_scale is not None)):
+    if option:
+      return kind
+  return 'vit'
+
+
+def _refusal(model: VisionTransformer, kind: str) -> tuple[str, str]:
+  """(what of ``model`` the class of ``kind`` cannot hold, the format that can), or ('', '')."""
+  classifier, features, _ = _CLASSES[kind]
+  cls = classifier if model.num_classes else features
+  size, patch = pair(model.image_size), pair(model.patch_size)
+  others = {'pre_norm (a LayerNorm before the blocks)': model.pre_norm,
+            'layer_scale': model.layer_scale is not None, 'gated_mlp': model.gated_mlp}
+  allowed = {'clip_vision_model': ('pre_norm',), 'dinov2': ('layer_scale', 'gated_mlp')}
   for bad, what in (
       (model.num_registers > 0, f'num_registers={model.num_registers}'),
-      (model.layer_scale is not None, 'layer_scale'),
-      (not model.has_class_token, 'no class token'),
-      (model.pool != 'token', f'pool={model.pool!r} (its classifier reads the class token)'),
       (model.qk_norm, 'qk_norm'),
-      (model.pre_norm, 'pre_norm (a LayerNorm before the blocks)'),
-      (model.gated_mlp, 'gated_mlp'),
-      (model.distill_token, 'distill_token (ViT has no distillation token)'),
-      (model.activation not in ('gelu', 'gelu_tanh'), f'activation={model.activation!r}'),
+      (model.activation not in _HIDDEN_ACT, f'activation={model.activation!r}'),
+      (kind != 'vit' and (size[0] != size[1] or patch[0] != patch[1]),
+       f'a non-square image_size {size} or patch_size {patch} ({kind} is square)'),
+      (kind != 'vit' and model.representation_size is not None,
+       f'representation_size (a pre-logits layer: {kind} has none)'),
       (model.representation_size is not None and bool(model.num_classes),
-       'a pre-logits layer before the classifier (ViTForImageClassification has none)')):
+       'a pre-logits layer before the classifier (ViTForImageClassification has none)'),
+      (model.fc_norm and (model.pool != 'token' or model.distill_token),
+       f'fc_norm with pool={model.pool!r}'),
+      (kind == 'siglip_vision_model' and model.has_class_token,
+       'a class token beside the MAP head (SigLIP has none)'),
+      (kind != 'siglip_vision_model' and (not model.has_class_token or model.pool != 'token'),
+       f'pool={model.pool!r} (its classifier reads the class token)'),
+      (kind == 'dinov2' and model.gated_mlp and model.activation != 'silu',
+       f'gated_mlp with activation={model.activation!r} (DINOv2\'s SwiGLU gates with silu)'),
+      (cls is None, f'a classifier on {kind} ({features} has none; '
+                    f'{features.replace("VisionModel", "ForImageClassification")} pools the '
+                    "patches' mean)" if features else
+                    'a distillation token without classifiers (DeiTModel pools the class '
+                    'token alone)'),
+      *((on, f'{what} with {kind}') for what, on in others.items()
+        if what.split()[0] not in allowed.get(kind, ()))):
     if bad:
-      raise hub.export_refusal(model, 'transformers', what,
-                               'npz' if 'pre-logits' in what else 'timm')
+      return what, 'npz' if 'pre-logits layer before' in what else 'timm'
+  return '', ''
+
+
+def _canonical_inverse(sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """The inverse of ``_canonical``: CLIP's class and position embeddings without the leading
+  axes, SigLIP head's q, k, v packed into ``in_proj``."""
+  for key in list(sd):
+    if key.endswith('embeddings.class_embedding'):
+      sd[key] = sd[key].reshape(-1)
+    elif key.endswith('embeddings.position_embedding.weight'):
+      sd[key] = sd[key][0]
+    elif m := re.fullmatch(r'(.*head\.attention\.)q_proj\.(weight|bias)', key):
+      sd[f'{m.group(1)}in_proj_{m.group(2)}'] = np.concatenate(
+          [sd.pop(f'{m.group(1)}{n}_proj.{m.group(2)}') for n in 'qkv'])
+  return sd
+
+
+def _config(kind: str, model: VisionTransformer) -> dict[str, Any]:
+  """The config.json fields of ``kind`` that say ``model`` (the rest: the class' defaults)."""
+  size, patch = pair(model.image_size), pair(model.patch_size)
+  config: dict[str, Any] = dict(
+      model_type=kind, hidden_size=model.hidden_size, num_hidden_layers=model.num_layers,
+      num_attention_heads=model.num_heads, intermediate_size=model.mlp_dim,
+      hidden_act=_HIDDEN_ACT[model.activation], layer_norm_eps=model.norm_epsilon,
+      image_size=size[0] if size[0] == size[1] else list(size),
+      patch_size=patch[0] if patch[0] == patch[1] else list(patch), num_channels=3,
+      dtype='float32')
+  if kind in ('clip_vision_model', 'siglip_vision_model'):
+    return {**config, 'attention_dropout': 0.0,
+            **({'vision_use_head': True} if kind == 'siglip_vision_model' else {})}
+  config.update(qkv_bias=model.qkv_bias or kind != 'vit', hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0, initializer_range=0.02)
+  if kind == 'dinov2':  # Its MLP's width: width * mlp_ratio (an int), gated x 2/3 to 8s.
+    del config['intermediate_size']
+    width = lambda r: (int(r * model.hidden_size * 2 / 3) + 7) // 8 * 8 if model.gated_mlp else (
+        r * model.hidden_size)
+    ratio = next((r for r in range(1, 17) if width(r) == model.mlp_dim), None)
+    if ratio is None:
+      raise hub.export_refusal(model, 'transformers', f'mlp_dim={model.mlp_dim} (Dinov2\'s is '
+                               'width * mlp_ratio, an int; gated: x 2/3, rounded up to 8s)',
+                               'timm')
+    return {**config, 'mlp_ratio': ratio, 'use_swiglu_ffn': model.gated_mlp,
+            'layerscale_value': model.layer_scale or 1.0, 'use_mask_token': False,
+            'drop_path_rate': 0.0, 'apply_layernorm': True}
+  return {**config, 'encoder_stride': patch[0], 'pooler_act': 'tanh',
+          'pooler_output_size': model.representation_size or model.hidden_size}
+
+
+def write(model: VisionTransformer, params: Mapping[str, Any], class_names: Sequence[str] = ()
+          ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+  """(state dict, config.json) of ``model`` as the transformers class that computes it
+  (``model_type``): ViTForImageClassification or ViTModel (its pre-logits layer the pooler),
+  DeiTForImageClassificationWithTeacher, SiglipVisionModel, CLIPVisionModel,
+  Dinov2ForImageClassification (the patches' mean read with zero weights) or Dinov2Model."""
+  hub.common_refusals(model, 'transformers')
+  kind = model_type(model)
+  what, other = _refusal(model, kind)
+  if what:
+    raise hub.export_refusal(model, 'transformers', what, other)
+  config = _config(kind, model)
   flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
-  if not model.prefix_posemb:  # [cls; x + pe] is [cls + 0; x + pe].
-    posemb = flat[POSEMB_KEY]
-    flat[POSEMB_KEY] = np.concatenate([np.zeros_like(posemb[:, :1]), posemb], axis=1)
+  if kind == 'clip_vision_model':  # CLIP embeds the patches without a bias.
+    hub.fold_patch_bias(model, flat)
+  hub.embed_prefix(model, flat)
   if model.fc_norm:  # Norm then the class token, or the class token then norm: the same.
     for name in ('scale', 'bias'):
       flat[f'Transformer/encoder_norm/{name}'] = flat.pop(f'fc_norm/{name}')
   classifier = bool(model.num_classes)
-  sd = hub.write_table(hub.expand(TABLE, model.num_layers, _PREFIX if classifier else ''), flat)
-  sd.update(hub.write_table(CLASSIFIER, flat))
-
-  size, patch = pair(model.image_size), pair(model.patch_size)
-  config: dict[str, Any] = dict(
-      architectures=['ViTForImageClassification' if classifier else 'ViTModel'],
-      model_type='vit', hidden_size=model.hidden_size, num_hidden_layers=model.num_layers,
-      num_attention_heads=model.num_heads, intermediate_size=model.mlp_dim,
-      hidden_act='gelu' if model.activation == 'gelu' else 'gelu_pytorch_tanh',
-      layer_norm_eps=model.norm_epsilon,
-      image_size=size[0] if size[0] == size[1] else list(size),
-      patch_size=patch[0] if patch[0] == patch[1] else list(patch), num_channels=3,
-      qkv_bias=model.qkv_bias, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-      initializer_range=0.02, encoder_stride=patch[0], pooler_act='tanh',
-      pooler_output_size=model.representation_size or model.hidden_size, dtype='float32')
+  _, table, heads, prefix = BACKBONES[kind]
+  if kind != 'vit':
+    bias = np.zeros((model.num_heads, model.hidden_size // model.num_heads), np.float32)
+    for i in range(model.num_layers):  # Biases of zero, layer scales of one: the same.
+      for n in ('query', 'key', 'value'):
+        flat.setdefault(_A.format(i=i) + n + '/bias', bias)
+      for n in ('ls1', 'ls2') if kind == 'dinov2' else ():
+        flat.setdefault(_B.format(i=i) + n, np.ones(model.hidden_size, np.float32))
+    table = [r for r in table if '.mlp.' not in r[1] or ('.mlp.weights_' in r[1]) == (
+        model.gated_mlp and kind == 'dinov2')]
+    if kind == 'dinov2' and classifier:  # Its classifier reads [class token; patches' mean].
+      flat['head/kernel'] = np.pad(flat['head/kernel'], ((0, model.hidden_size), (0, 0)))
+  sd = hub.write_table(hub.expand(table, model.num_layers, prefix if classifier else ''), flat)
+  sd = _canonical_inverse({**sd, **hub.write_table(heads, flat)})
+  config['architectures'] = [_CLASSES[kind][0 if classifier else 1]]
   if classifier:
     names = list(class_names) or [f'LABEL_{i}' for i in range(model.num_classes)]
     config['id2label'] = {str(i): n for i, n in enumerate(names)}
@@ -294,18 +372,42 @@ def write(model: VisionTransformer, params: Mapping[str, Any], class_names: Sequ
   return sd, config
 
 
-def preprocessor_config(model: VisionTransformer) -> dict[str, Any]:
-  """transformers' ViTImageProcessor settings for a vit_jax model: resize, scale to [-1, 1]."""
+_RESAMPLE_NUMBER = {method.removeprefix('pil_'): n for n, method in _RESAMPLE.items()}
+
+
+def preprocessor_config(model: VisionTransformer, spec: EvalSpec | None = None
+                        ) -> dict[str, Any]:
+  """The image processor's settings for ``model`` that do ``spec`` (the checkpoint's own
+  preprocessing; default: the releases', a resize to the input, [-1, 1]): its family's
+  processor, or one that has the resize and crop ``spec`` needs (CLIP's and Bit's resize the
+  shorter side, those and DeiT's crop)."""
+  spec = spec or EvalSpec()
   h, w = pair(model.image_size)
-  return dict(image_processor_type='ViTImageProcessor', do_resize=True,
-              size=dict(height=h, width=w), resample=2, do_rescale=True,
-              rescale_factor=1 / 255, do_normalize=True, image_mean=hub.MEAN_STD,
-              image_std=hub.MEAN_STD)
+  scaled = [math.floor(s / spec.crop_pct + 1e-6) for s in (h, w)]
+  shorter, crop = spec.resize == 'shorter', scaled != [h, w]
+  processor = _CLASSES[model_type(model)][2]
+  if shorter and processor not in ('CLIPImageProcessor', 'BitImageProcessor'):
+    processor = 'BitImageProcessor'
+  elif crop and processor in ('ViTImageProcessor', 'SiglipImageProcessor'):
+    processor = 'DeiTImageProcessor'
+  config: dict[str, Any] = {}
+  if processor != 'ViTImageProcessor' and processor != 'SiglipImageProcessor':
+    config.update(crop_size=dict(height=h, width=w), do_center_crop=crop or shorter)
+  if processor != 'ViTImageProcessor' and processor != 'DeiTImageProcessor':
+    config['do_convert_rgb'] = True
+  method = spec.method.removeprefix('pil_')
+  return dict(sorted(dict(
+      config, do_normalize=True, do_rescale=True, do_resize=True, image_mean=list(spec.mean),
+      image_processor_type=processor, image_std=list(spec.std),
+      resample=_RESAMPLE_NUMBER.get(method, 2), rescale_factor=1 / 255,
+      size=dict(shortest_edge=scaled[0]) if shorter else dict(height=scaled[0],
+                                                              width=scaled[1])).items()))
 
 
 def export(model: VisionTransformer, params: Mapping[str, Any], folder: Any,
-           class_names: Sequence[str] = ()) -> None:
+           class_names: Sequence[str] = (), preprocessing: EvalSpec | None = None) -> None:
   """Writes ``model`` into ``folder`` as ``save_pretrained`` does, with its image processor's
-  preprocessor_config.json."""
+  preprocessor_config.json (``preprocessing``: the checkpoint's own)."""
   sd, config = write(model, params, class_names)
-  hub.write_folder(folder, sd, config, {hf_hub.PREPROCESSOR: preprocessor_config(model)})
+  hub.write_folder(folder, sd, config, {hf_hub.PREPROCESSOR: preprocessor_config(
+      model, preprocessing)}, metadata={'format': 'pt'})
