@@ -1,11 +1,11 @@
-"""Writes vit_jax/checkpoints/formats/timm_architectures.py: timm's ViT architectures and their
+"""Writes vit_jax/checkpoints/formats/timm_architectures.json: timm's ViT architectures and their
 defaults.
 
 timm's config.json names an architecture and records only the keyword arguments given to
 `create_model` (README.md beside this file), so a reader also needs each architecture's own
 defaults (num_heads, class_token, global_pool, act_layer, ...): this script asks timm for them,
-without building a model, and writes them as a Python table. Run in the fixtures' venv
-(make_fixtures.py: torch CPU, timm 1.0.31), from the repository root:
+without building a model, and writes them as a JSON table, one architecture a line. Run in the
+fixtures' venv (make_fixtures.py: torch CPU, timm 1.0.31), from the repository root:
 
     python tests/data/hub/make_timm_architectures.py
 
@@ -17,6 +17,7 @@ block and MLP types) are written as strings naming them, which vit_jax refuses b
 
 import contextlib
 import functools
+import json
 import os
 import sys
 
@@ -27,7 +28,7 @@ import timm.models.deit as deit  # noqa: E402
 import timm.models.vision_transformer as vision_transformer  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', '..', 'vit_jax',
-                   'checkpoints', 'formats', 'timm_architectures.py')
+                   'checkpoints', 'formats', 'timm_architectures.json')
 
 
 class _Recorded(Exception):
@@ -61,31 +62,14 @@ def main():
       continue
     with contextlib.suppress(_Recorded):
       entry(pretrained=False)
-  lines = [
-      f'"""timm\'s ViT architectures (timm {timm.__version__}) and the keyword arguments each '
-      'passes to its model.',
-      '',
-      'Written by tests/data/hub/make_timm_architectures.py (run where timm is installed); do not',
-      'edit. A timm config.json names one of these and records only the arguments given on top',
-      "(`model_args`); timm's VisionTransformer defaults fill the rest. Values that are layers",
-      '(norm, activation, block and MLP types) are strings in angle brackets.',
-      '"""',
-      '',
-      f'TIMM_VERSION = {timm.__version__!r}',
-      '',
-      'ARCHITECTURES: dict[str, dict] = {',
-  ]
-  for name in sorted(recorded):
-    items = [f'{k}={describe(v)!r}' for k, v in sorted(recorded[name].items())]
-    line = f'    {name!r}: dict('
-    for i, item in enumerate(items):
-      item += ')' if i == len(items) - 1 else ','
-      if len(line) + len(item) + 1 > 100:
-        lines.append(line.rstrip())
-        line = ' ' * 8
-      line += item + ' '
-    lines.append(line.rstrip() + ',')
-  lines.append('}')
+  names = sorted(recorded)
+  lines = ['{', '"written_by": "tests/data/hub/make_timm_architectures.py, from timm\'s '
+           'registry: do not edit",', f'"timm_version": {json.dumps(timm.__version__)},', '"architectures": {']
+  for i, name in enumerate(names):
+    arguments = {k: describe(v) for k, v in recorded[name].items()}
+    lines.append(f'{json.dumps(name)}: {json.dumps(arguments, sort_keys=True)}'
+                 + (',' if i < len(names) - 1 else ''))
+  lines += ['}', '}']
   with open(OUT, 'w') as f:
     f.write('\n'.join(lines) + '\n')
   print(f'{len(recorded)} architectures -> {os.path.normpath(OUT)}')

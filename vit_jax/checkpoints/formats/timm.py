@@ -2,7 +2,7 @@
 
 The architecture is read, never guessed: timm's config.json records only the arguments given
 to ``create_model`` (``model_args``), so the named architecture's own defaults come from
-``timm_architectures`` (timm's registry, tabled), and the arrays say the rest (class token,
+``timm_architectures.json`` (timm's registry, tabled), and the arrays say the rest (class token,
 registers, layer scale, position embeddings of the prefix tokens, fc_norm, qkv biases). What
 the model has no option for is refused in one line that names it. ``TABLE`` names every tensor,
 for loading and for export.
@@ -11,6 +11,8 @@ for loading and for export.
 from __future__ import annotations
 
 import fnmatch
+import json
+import pathlib
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -22,11 +24,15 @@ from vit_jax.base.sizes import pair
 from vit_jax.checkpoints.formats import hub
 from vit_jax.checkpoints.formats.hub import CONV, SAME
 from vit_jax.checkpoints.formats.layout import POSEMB_KEY, flatten, to_host, to_release
-from vit_jax.checkpoints.formats.timm_architectures import ARCHITECTURES
 from vit_jax.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, EvalSpec
 from vit_jax.models import VisionTransformer
 from vit_jax.models.vit import LN_EPSILON
 
+# timm's ViT architectures (timm 1.0.31) and the keyword arguments each passes to its model,
+# read from timm's registry by tests/data/hub/make_timm_architectures.py. Values that are layers
+# (norm, activation, block and MLP types) are strings in angle brackets.
+ARCHITECTURES: dict[str, dict[str, Any]] = json.loads(
+    (pathlib.Path(__file__).parent / 'timm_architectures.json').read_text())['architectures']
 _B = 'Transformer/encoderblock_{i}/'
 _A = _B + 'MultiHeadDotProductAttention_1/'
 _M = 'MAPHead_0/'
@@ -89,7 +95,7 @@ _ACTIVATIONS = {None: 'gelu', 'gelu': 'gelu', 'gelu_tanh': 'gelu_tanh',
                 'quick_gelu': 'quick_gelu', 'silu': 'silu', '<SiLU>': 'silu'}
 _LAYER_NORM = re.compile(r'^<LayerNorm\(eps=([0-9.e+-]+)\)>$')
 CLIP_EPSILON = 1e-5  # The LayerNorms of timm's CLIP architectures.
-# timm's SwiGLUPacked (DINOv2-g), as timm_architectures records it: vit_jax's gated_mlp.
+# timm's SwiGLUPacked (DINOv2-g), as ARCHITECTURES records it: vit_jax's gated_mlp.
 SWIGLU_PACKED = "<GluMlp(act_layer=<class 'torch.nn.modules.activation.SiLU'>, gate_last=False)>"
 # What the model has no option for: refused by name where the arguments ask for it.
 _NO_OPTION = (('scale_attn_norm', 'scale_attn_norm (a LayerNorm inside the attention)'),
