@@ -64,7 +64,8 @@ def main():
       entry(pretrained=False)
   names = sorted(recorded)
   lines = ['{', '"written_by": "tests/data/hub/make_timm_architectures.py, from timm\'s '
-           'registry: do not edit",', f'"timm_version": {json.dumps(timm.__version__)},', '"architectures": {']
+           'registry: do not edit",', f'"timm_version": {json.dumps(timm.__version__)},',
+           '"architectures": {']
   for i, name in enumerate(names):
     arguments = {k: describe(v) for k, v in recorded[name].items()}
     lines.append(f'{json.dumps(name)}: {json.dumps(arguments, sort_keys=True)}'
