@@ -46,7 +46,7 @@ def decode() -> Op:
 
   def op(image: Any, rng: np.random.Generator) -> np.ndarray:
     if not isinstance(image, bytes):
-      return to_rgb()(image, rng)
+      return _rgb(image)
     array = cv2.imdecode(np.frombuffer(image, np.uint8), flags)
     if array is None:
       raise ValueError('decode: the bytes are not an image OpenCV can read.')
@@ -54,12 +54,14 @@ def decode() -> Op:
   return op
 
 
+def _rgb(image: Any, rng: np.random.Generator | None = None) -> np.ndarray:
+  array = as_array(image)
+  return np.repeat(array, 3, axis=-1) if array.shape[-1] == 1 else array[..., :3]
+
+
 def to_rgb() -> Op:
   """Any image -> RGB (greyscale replicated to three channels)."""
-  def op(image: Any, rng: np.random.Generator) -> np.ndarray:
-    array = as_array(image)
-    return np.repeat(array, 3, axis=-1) if array.shape[-1] == 1 else array[..., :3]
-  return op
+  return _rgb
 
 
 # Resize methods: 'bilinear' is OpenCV's (as tf.image.resize: no antialiasing, big_vision's and
@@ -197,16 +199,19 @@ def _affine(lo: float = -1., hi: float = 1.) -> tuple[float, float]:
   return (hi - lo) / 255., lo
 
 
-def value_range(lo: float = -1., hi: float = 1.) -> Op:
-  """uint8 [0, 255] -> float32 [lo, hi]."""
-  scale, offset = _affine(lo, hi)
-
+def _scaling(scale: Any, offset: Any) -> Op:
+  """uint8 -> float32 x * scale + offset (per channel where they are arrays)."""
   def op(image: Any, rng: np.random.Generator) -> np.ndarray:
     array = as_array(image).astype(np.float32)
     array *= scale
     array += offset
     return array
   return op
+
+
+def value_range(lo: float = -1., hi: float = 1.) -> Op:
+  """uint8 [0, 255] -> float32 [lo, hi]."""
+  return _scaling(*_affine(lo, hi))
 
 
 def _normalize_affine(mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD
@@ -218,18 +223,14 @@ def _normalize_affine(mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float
 def normalize(mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD) -> Op:
   """uint8 [0, 255] -> float32 (x / 255 - mean) / std per channel (timm's and transformers'
   normalisation; mean = std = 0.5 is ``value_range(-1, 1)``)."""
-  scale, offset = _normalize_affine(mean, std)
-
-  def op(image: Any, rng: np.random.Generator) -> np.ndarray:
-    return as_array(image).astype(np.float32) * scale + offset
-  return op
+  return _scaling(*_normalize_affine(mean, std))
 
 
 def randaug(num_layers: int = 2, magnitude: float = 10.) -> Op:
   """big_vision's RandAugment: ``num_layers`` of its 16 TF ops at ``magnitude``
   (``randaugment.BigVision``)."""
   augment = randaugment.BigVision(num_layers, magnitude)
-  return lambda image, rng: augment(randaugment.as_rgb(image), rng)
+  return lambda image, rng: augment(_rgb(image), rng)
 
 
 def rand_augment(config_str: str = 'rand-m9-mstd0.5-inc1',
@@ -237,7 +238,7 @@ def rand_augment(config_str: str = 'rand-m9-mstd0.5-inc1',
   """timm's RandAugment from its config string (DeiT's ``'rand-m9-mstd0.5-inc1'``), PIL ops
   filled with ``fill`` (``randaugment.Timm``)."""
   augment = randaugment.Timm(config_str, fill)
-  return lambda image, rng: augment(randaugment.as_rgb(image), rng)
+  return lambda image, rng: augment(_rgb(image), rng)
 
 
 OPS: dict[str, Callable[..., Op]] = {

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from typing import Any
 
 import cv2
 import numpy as np
@@ -219,9 +218,6 @@ def cutout(image: np.ndarray, pad: int, center_y: int, center_x: int,
   return out
 
 
-BIG_VISION_OPS = ('AutoContrast', 'Equalize', 'Invert', 'Rotate', 'Posterize', 'Solarize',
-                  'Color', 'Contrast', 'Brightness', 'Sharpness', 'ShearX', 'ShearY',
-                  'TranslateX', 'TranslateY', 'Cutout', 'SolarizeAdd')
 _BIG_VISION_FN: dict[str, Callable[..., np.ndarray]] = {
     'AutoContrast': autocontrast, 'Equalize': equalize, 'Invert': invert, 'Rotate': rotate,
     'Posterize': posterize, 'Solarize': solarize, 'Color': color, 'Contrast': contrast,
@@ -229,6 +225,7 @@ _BIG_VISION_FN: dict[str, Callable[..., np.ndarray]] = {
     'TranslateX': translate_x, 'TranslateY': translate_y, 'Cutout': cutout,
     'SolarizeAdd': solarize_add,
 }
+BIG_VISION_OPS = tuple(_BIG_VISION_FN)  # In this order: the draws index it.
 
 
 def _signed(rng: np.random.Generator, value: float) -> float:
@@ -423,9 +420,3 @@ class Timm:
   def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return self.apply(image, self.plan(rng))
 
-
-def as_rgb(image: Any) -> np.ndarray:
-  array = np.asarray(image)
-  if array.ndim == 2:
-    array = array[..., None]
-  return np.repeat(array, 3, axis=-1) if array.shape[-1] == 1 else array[..., :3]

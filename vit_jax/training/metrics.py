@@ -20,6 +20,7 @@ from etils import epath
 
 from vit_jax.base import errors
 from vit_jax.checkpoints.run import record
+from vit_jax.checkpoints.run import workdir as workdir_lib
 
 
 def have_tensorflow() -> bool:
@@ -118,9 +119,7 @@ class MetricsLog:
         self.lines.append(line)
         self._note(row)
     if self.lines != old:
-      tmp = self.jsonl.parent / f'.{self.jsonl.name}.tmp'
-      tmp.write_text(''.join(self.lines))
-      tmp.replace(self.jsonl)
+      workdir_lib.write_atomically(self.jsonl, ''.join(self.lines))
 
   def _note(self, row: dict[str, float]) -> None:
     self.rows.setdefault(int(row['step']), {}).update(row)
