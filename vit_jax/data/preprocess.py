@@ -195,35 +195,28 @@ def random_erase(prob: float = 0.25, area_min: float = 0.02, area_max: float = 1
   return op
 
 
-def _affine(lo: float = -1., hi: float = 1.) -> tuple[float, float]:
-  return (hi - lo) / 255., lo
-
-
 def _scaling(scale: Any, offset: Any) -> Op:
-  """uint8 -> float32 x * scale + offset (per channel where they are arrays)."""
+  """uint8 -> float32 x * scale + offset (per channel where they are arrays); the op keeps
+  them (``scale_offset``: the pipeline's ``affine``, which ``on_device`` applies in jax)."""
   def op(image: Any, rng: np.random.Generator) -> np.ndarray:
     array = as_array(image).astype(np.float32)
     array *= scale
     array += offset
     return array
+  op.scale_offset = (scale, offset)
   return op
 
 
 def value_range(lo: float = -1., hi: float = 1.) -> Op:
   """uint8 [0, 255] -> float32 [lo, hi]."""
-  return _scaling(*_affine(lo, hi))
-
-
-def _normalize_affine(mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD
-                      ) -> tuple[np.ndarray, np.ndarray]:
-  mean, std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
-  return 1. / (255. * std), -mean / std
+  return _scaling((hi - lo) / 255., lo)
 
 
 def normalize(mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD) -> Op:
   """uint8 [0, 255] -> float32 (x / 255 - mean) / std per channel (timm's and transformers'
   normalisation; mean = std = 0.5 is ``value_range(-1, 1)``)."""
-  return _scaling(*_normalize_affine(mean, std))
+  mean, std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
+  return _scaling(1. / (255. * std), -mean / std)
 
 
 def randaug(num_layers: int = 2, magnitude: float = 10.) -> Op:
@@ -248,7 +241,7 @@ OPS: dict[str, Callable[..., Op]] = {
     'rand_augment': rand_augment, 'random_erase': random_erase,
 }
 _CALL = re.compile(r'^\s*(\w+)\s*(?:\((.*)\))?\s*$')
-_SCALINGS = {'value_range': _affine, 'normalize': _normalize_affine}  # uint8 -> float32
+_SCALINGS = ('value_range', 'normalize')  # uint8 -> float32
 
 
 def _run(ops: list[Op], image: Any, rng: np.random.Generator) -> np.ndarray:
@@ -297,7 +290,7 @@ def parse(spec: str) -> Pipeline:
     scaled = scaled or m.group(1) in _SCALINGS
     args = ast.literal_eval(f'({m.group(2)},)') if m.group(2) else ()
     ops.append(OPS[m.group(1)](*args))
-    affine = _SCALINGS[m.group(1)](*args) if m.group(1) in _SCALINGS else None
+    affine = getattr(ops[-1], 'scale_offset', None)
   return Pipeline(spec, ops, affine)
 
 
