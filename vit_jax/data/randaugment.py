@@ -313,11 +313,6 @@ def timm_args(name: str, magnitude: float, rng: np.random.Generator) -> tuple:
   return big_vision_args(name, magnitude, rng, ())
 
 
-def _timm_solarize_add(image: Image.Image, add: int, threshold: int = 128) -> Image.Image:
-  lut = [min(255, i + add) if i < threshold else i for i in range(256)]
-  return image.point(lut * len(image.getbands()))
-
-
 def timm_apply(image: Image.Image, name: str, args: tuple, fill: tuple[int, ...],
                resample: Image.Resampling = Image.Resampling.BICUBIC) -> Image.Image:
   """timm's op ``name`` (PIL) with ``args``."""
@@ -337,7 +332,8 @@ def timm_apply(image: Image.Image, name: str, args: tuple, fill: tuple[int, ...]
   if base == 'Solarize':
     return ImageOps.solarize(image, args[0])
   if base == 'SolarizeAdd':
-    return _timm_solarize_add(image, args[0])
+    lut = [min(255, i + args[0]) if i < 128 else i for i in range(256)]
+    return image.point(lut * len(image.getbands()))
   if base in ('Color', 'Contrast', 'Brightness', 'Sharpness'):
     return getattr(ImageEnhance, base)(image).enhance(args[0])
   w, h = image.size

@@ -23,10 +23,6 @@ from vit_jax.checkpoints.run import record
 from vit_jax.checkpoints.run import workdir as workdir_lib
 
 
-def have_tensorflow() -> bool:
-  return importlib.util.find_spec('tensorflow') is not None
-
-
 class ScalarWriter:
   """``write_scalars(step, {tag: value})``, ``write_hparams`` and ``close()``, as clu's
   writers."""
@@ -73,7 +69,7 @@ def writer(logdir: str) -> Any:
   Not clu's ``AsyncWriter``: a write that fails there is logged as a traceback from its
   thread; here it raises where it was asked for (a log line: a few ms every N steps).
   """
-  if not have_tensorflow():
+  if importlib.util.find_spec('tensorflow') is None:
     return ScalarWriter(logdir)
   from clu import metric_writers
 
