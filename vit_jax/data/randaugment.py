@@ -344,6 +344,10 @@ def timm_apply(image: Image.Image, name: str, args: tuple, fill: tuple[int, ...]
 
 
 _TIMM_SECTION = re.compile(r'^([a-z]+)(\d.*)$')
+_TIMM_SECTIONS = {  # A section's key: (the attribute it sets, how its value is read).
+    'm': ('magnitude', lambda v: float(int(v))), 'n': ('num_layers', int), 'p': ('prob', float),
+    'mstd': ('magnitude_std', lambda v: math.inf if float(v) > 100 else float(v)),
+    'mmax': ('magnitude_max', lambda v: float(int(v)))}
 
 
 class Timm:
@@ -363,21 +367,12 @@ class Timm:
       match = _TIMM_SECTION.match(section)
       key, value = match.groups() if match else (section, '')
       try:
-        if key == 'm':
-          self.magnitude = float(int(value))
-        elif key == 'n':
-          self.num_layers = int(value)
-        elif key == 'p':
-          self.prob = float(value)
-        elif key == 'mstd':
-          self.magnitude_std = math.inf if float(value) > 100 else float(value)
-        elif key == 'mmax':
-          self.magnitude_max = float(int(value))
-        elif key == 'inc' and value == '1':
+        if key == 'inc' and value == '1':
           increasing = True
         else:
-          raise ValueError
-      except ValueError:
+          attr, read = _TIMM_SECTIONS[key]
+          setattr(self, attr, read(value))
+      except (KeyError, ValueError):
         raise ValueError(
             f'rand_augment({config_str!r}): cannot read the section {section!r}. Known: m9 '
             '(magnitude), n2 (layers), p0.5 (probability), mstd0.5 (magnitude noise), mmax10, '
