@@ -318,12 +318,8 @@ def timm_apply(image: Image.Image, name: str, args: tuple, fill: tuple[int, ...]
   """timm's op ``name`` (PIL) with ``args``."""
   base = name.removesuffix('Increasing')
   affine = dict(resample=resample, fillcolor=fill)
-  if base == 'AutoContrast':
-    return ImageOps.autocontrast(image)
-  if base == 'Equalize':
-    return ImageOps.equalize(image)
-  if base == 'Invert':
-    return ImageOps.invert(image)
+  if base in ('AutoContrast', 'Equalize', 'Invert'):  # ImageOps.autocontrast, ...
+    return getattr(ImageOps, base.lower())(image)
   if base == 'Rotate':
     return image.rotate(args[0], **affine)
   if base == 'Posterize':  # PIL's mask; bits 0 (at M = 10) is black, as in the PIL of DeiT's
