@@ -325,21 +325,19 @@ def main() -> None:
   """The CLI; its flags exist only when this module runs as a script."""
   source = paths.DEFINE_path('source', None, 'Image folder, IDX directory, manifest or i21k.')
   out = paths.DEFINE_path('out', None, 'Output directory.')
-  shards = flags.DEFINE_integer('shards', 16, 'Shards per split.')
-  kind = flags.DEFINE_enum('kind', 'auto', ['auto', 'folder', 'idx', 'manifest', 'i21k'],
-                           'Source kind.')
-  val_fraction = flags.DEFINE_float(
-      'val_fraction', 0.02, 'i21k, or one folder of unlabelled images: the share of '
-      'validation images.')
-  seed = flags.DEFINE_integer('seed', 0, 'i21k, one unlabelled folder: the validation split\'s '
-                              'seed.')
-  workers = flags.DEFINE_integer('workers', None, 'Decoding processes (default: all cores).')
-  overwrite = flags.DEFINE_bool('overwrite', False, 'Replace an existing output.')
-  name = flags.DEFINE_string('name', '', 'Dataset name in the metadata.')
-  max_pixels = flags.DEFINE_integer(
-      'max_pixels', MAX_PIXELS, 'Images of more pixels are skipped and listed, not decoded '
-      '(default: PIL\'s decompression-bomb limit).')
-  progress_every = flags.DEFINE_float('progress_every', 10., 'Seconds between progress lines.')
+  options = [  # convert's keyword arguments, by their names.
+      flags.DEFINE_integer('shards', 16, 'Shards per split.'),
+      flags.DEFINE_enum('kind', 'auto', ['auto', 'folder', 'idx', 'manifest', 'i21k'],
+                        'Source kind.'),
+      flags.DEFINE_float('val_fraction', 0.02, 'i21k, or one folder of unlabelled images: the '
+                         'share of validation images.'),
+      flags.DEFINE_integer('seed', 0, 'i21k, one unlabelled folder: the validation split\'s seed.'),
+      flags.DEFINE_integer('workers', None, 'Decoding processes (default: all cores).'),
+      flags.DEFINE_bool('overwrite', False, 'Replace an existing output.'),
+      flags.DEFINE_string('name', '', 'Dataset name in the metadata.'),
+      flags.DEFINE_integer('max_pixels', MAX_PIXELS, 'Images of more pixels are skipped and '
+                           'listed, not decoded (default: PIL\'s decompression-bomb limit).'),
+      flags.DEFINE_float('progress_every', 10., 'Seconds between progress lines.')]
   flags.mark_flags_as_required(['source', 'out'])
 
   def run(argv: list[str]) -> None:
@@ -347,10 +345,7 @@ def main() -> None:
       raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
     paths.input_path(source.value, 'source', 'image folder, IDX folder, manifest or i21k folder')
     paths.output_path(out.value, 'out', folder=True)
-    convert(source.value, out.value, shards=shards.value, kind=kind.value,
-            val_fraction=val_fraction.value, seed=seed.value, workers=workers.value,
-            overwrite=overwrite.value, name=name.value, max_pixels=max_pixels.value,
-            progress_every=progress_every.value)
+    convert(source.value, out.value, **{o.name: o.value for o in options})
   errors.run(run)
 
 
