@@ -99,10 +99,8 @@ def scan_folder(source: epath.Path, val_fraction: float = 0.02,
         '...): use SPLIT/CLASS/ folders (labelled), SPLIT/ folders of images, or only images '
         '(unlabelled). Move one or the other out.')
   if images:  # One unlabelled folder: split by a hash of each name.
-    def flat() -> Iterator[Item]:
-      for path in images:
-        yield _hash_split(path.name, val_fraction, seed), path.name, [], str(path)
-    return [], flat(), len(images)
+    return [], ((_hash_split(p.name, val_fraction, seed), p.name, [], str(p))
+                for p in images), len(images)
   splits = dirs
   if not splits:
     raise errors.DataError(f'{source} holds no SPLIT/CLASS/ folders and no images.')
@@ -110,11 +108,8 @@ def scan_folder(source: epath.Path, val_fraction: float = 0.02,
                            for p in _visible(_folder(split, 'split')))
                 for split in splits}
   if all(unlabelled.values()):
-    def loose() -> Iterator[Item]:
-      for split in splits:
-        for path in _visible(split):
-          yield split.name, f'{split.name}/{path.name}', [], str(path)
-    return [], loose(), sum(len(_visible(s)) for s in splits)
+    return [], ((s.name, f'{s.name}/{p.name}', [], str(p)) for s in splits
+                for p in _visible(s)), sum(len(_visible(s)) for s in splits)
   if any(unlabelled.values()):
     raise errors.DataError(
         f'{source}: the splits {sorted(s.name for s in splits if unlabelled[s])} hold images '
@@ -131,26 +126,18 @@ def scan_folder(source: epath.Path, val_fraction: float = 0.02,
     raise errors.DataError(f'{source} holds no images: its class folders ({", ".join(empty[:3])}'
                            f'{", ..." if len(empty) > 3 else ""}) are empty. Put the images in '
                            'SPLIT/CLASS/ folders.')
-
-  def items() -> Iterator[Item]:
-    for split in splits:
-      for cls in folders[split]:
-        for path in sorted(cls.iterdir()):
-          yield split.name, f'{split.name}/{cls.name}/{path.name}', [index[cls.name]], str(path)
-  return classes, items(), total
+  return classes, ((s.name, f'{s.name}/{c.name}/{p.name}', [index[c.name]], str(p))
+                   for s in splits for c in folders[s] for p in sorted(c.iterdir())), total
 
 
 def scan_idx(source: epath.Path) -> tuple[list[str], Iterator[Item], int | None]:
   data = {split: sources.idx_dataset(source, split) for split in ('train', 'test')}
-
-  def items() -> Iterator[Item]:
-    for split, split_data in data.items():
-      for i in range(len(split_data)):
-        yield split, f'{split}/{i:06d}', [int(split_data.labels[i])], split_data.images[i, ..., 0]
+  items = ((split, f'{split}/{i:06d}', [int(d.labels[i])], d.images[i, ..., 0])
+           for split, d in data.items() for i in range(len(d)))
   names = [str(i) for i in range(10)]
   if 'fashion' in source.name.lower():
     names = list(sources.FASHION_MNIST_CLASSES)
-  return names, items(), sum(len(d) for d in data.values())
+  return names, items, sum(len(d) for d in data.values())
 
 
 def _manifest_rows(source: epath.Path) -> Iterator[tuple[str, list[str], str]]:
@@ -178,12 +165,9 @@ def scan_manifest(source: epath.Path) -> tuple[list[str], Iterator[Item], int | 
   rows = [labels for _, labels, _ in _manifest_rows(source)]
   classes = sorted({label for labels in rows for label in labels})
   index = {name: i for i, name in enumerate(classes)}
-
-  def items() -> Iterator[Item]:
-    for path, labels, split in _manifest_rows(source):
-      full = path if os.path.isabs(path) else str(source.parent / path)
-      yield split, path, sorted(index[label] for label in labels), full
-  return classes, items(), len(rows)
+  return classes, ((split, path, sorted(index[label] for label in labels),
+                    path if os.path.isabs(path) else str(source.parent / path))
+                   for path, labels, split in _manifest_rows(source)), len(rows)
 
 
 def scan_i21k(source: epath.Path, val_fraction: float,
@@ -341,21 +325,19 @@ def main() -> None:
   """The CLI; its flags exist only when this module runs as a script."""
   source = paths.DEFINE_path('source', None, 'Image folder, IDX directory, manifest or i21k.')
   out = paths.DEFINE_path('out', None, 'Output directory.')
-  shards = flags.DEFINE_integer('shards', 16, 'Shards per split.')
-  kind = flags.DEFINE_enum('kind', 'auto', ['auto', 'folder', 'idx', 'manifest', 'i21k'],
-                           'Source kind.')
-  val_fraction = flags.DEFINE_float(
-      'val_fraction', 0.02, 'i21k, or one folder of unlabelled images: the share of '
-      'validation images.')
-  seed = flags.DEFINE_integer('seed', 0, 'i21k, one unlabelled folder: the validation split\'s '
-                              'seed.')
-  workers = flags.DEFINE_integer('workers', None, 'Decoding processes (default: all cores).')
-  overwrite = flags.DEFINE_bool('overwrite', False, 'Replace an existing output.')
-  name = flags.DEFINE_string('name', '', 'Dataset name in the metadata.')
-  max_pixels = flags.DEFINE_integer(
-      'max_pixels', MAX_PIXELS, 'Images of more pixels are skipped and listed, not decoded '
-      '(default: PIL\'s decompression-bomb limit).')
-  progress_every = flags.DEFINE_float('progress_every', 10., 'Seconds between progress lines.')
+  options = [  # convert's keyword arguments, by their names.
+      flags.DEFINE_integer('shards', 16, 'Shards per split.'),
+      flags.DEFINE_enum('kind', 'auto', ['auto', 'folder', 'idx', 'manifest', 'i21k'],
+                        'Source kind.'),
+      flags.DEFINE_float('val_fraction', 0.02, 'i21k, or one folder of unlabelled images: the '
+                         'share of validation images.'),
+      flags.DEFINE_integer('seed', 0, 'i21k, one unlabelled folder: the validation split\'s seed.'),
+      flags.DEFINE_integer('workers', None, 'Decoding processes (default: all cores).'),
+      flags.DEFINE_bool('overwrite', False, 'Replace an existing output.'),
+      flags.DEFINE_string('name', '', 'Dataset name in the metadata.'),
+      flags.DEFINE_integer('max_pixels', MAX_PIXELS, 'Images of more pixels are skipped and '
+                           'listed, not decoded (default: PIL\'s decompression-bomb limit).'),
+      flags.DEFINE_float('progress_every', 10., 'Seconds between progress lines.')]
   flags.mark_flags_as_required(['source', 'out'])
 
   def run(argv: list[str]) -> None:
@@ -363,10 +345,7 @@ def main() -> None:
       raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
     paths.input_path(source.value, 'source', 'image folder, IDX folder, manifest or i21k folder')
     paths.output_path(out.value, 'out', folder=True)
-    convert(source.value, out.value, shards=shards.value, kind=kind.value,
-            val_fraction=val_fraction.value, seed=seed.value, workers=workers.value,
-            overwrite=overwrite.value, name=name.value, max_pixels=max_pixels.value,
-            progress_every=progress_every.value)
+    convert(source.value, out.value, **{o.name: o.value for o in options})
   errors.run(run)
 
 

@@ -46,7 +46,7 @@ def decode() -> Op:
 
   def op(image: Any, rng: np.random.Generator) -> np.ndarray:
     if not isinstance(image, bytes):
-      return to_rgb()(image, rng)
+      return _rgb(image)
     array = cv2.imdecode(np.frombuffer(image, np.uint8), flags)
     if array is None:
       raise ValueError('decode: the bytes are not an image OpenCV can read.')
@@ -54,12 +54,14 @@ def decode() -> Op:
   return op
 
 
+def _rgb(image: Any, rng: np.random.Generator | None = None) -> np.ndarray:
+  array = as_array(image)
+  return np.repeat(array, 3, axis=-1) if array.shape[-1] == 1 else array[..., :3]
+
+
 def to_rgb() -> Op:
   """Any image -> RGB (greyscale replicated to three channels)."""
-  def op(image: Any, rng: np.random.Generator) -> np.ndarray:
-    array = as_array(image)
-    return np.repeat(array, 3, axis=-1) if array.shape[-1] == 1 else array[..., :3]
-  return op
+  return _rgb
 
 
 # Resize methods: 'bilinear' is OpenCV's (as tf.image.resize: no antialiasing, big_vision's and
@@ -193,43 +195,35 @@ def random_erase(prob: float = 0.25, area_min: float = 0.02, area_max: float = 1
   return op
 
 
-def _affine(lo: float = -1., hi: float = 1.) -> tuple[float, float]:
-  return (hi - lo) / 255., lo
-
-
-def value_range(lo: float = -1., hi: float = 1.) -> Op:
-  """uint8 [0, 255] -> float32 [lo, hi]."""
-  scale, offset = _affine(lo, hi)
-
+def _scaling(scale: Any, offset: Any) -> Op:
+  """uint8 -> float32 x * scale + offset (per channel where they are arrays); the op keeps
+  them (``scale_offset``: the pipeline's ``affine``, which ``on_device`` applies in jax)."""
   def op(image: Any, rng: np.random.Generator) -> np.ndarray:
     array = as_array(image).astype(np.float32)
     array *= scale
     array += offset
     return array
+  op.scale_offset = (scale, offset)
   return op
 
 
-def _normalize_affine(mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD
-                      ) -> tuple[np.ndarray, np.ndarray]:
-  mean, std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
-  return 1. / (255. * std), -mean / std
+def value_range(lo: float = -1., hi: float = 1.) -> Op:
+  """uint8 [0, 255] -> float32 [lo, hi]."""
+  return _scaling((hi - lo) / 255., lo)
 
 
 def normalize(mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD) -> Op:
   """uint8 [0, 255] -> float32 (x / 255 - mean) / std per channel (timm's and transformers'
   normalisation; mean = std = 0.5 is ``value_range(-1, 1)``)."""
-  scale, offset = _normalize_affine(mean, std)
-
-  def op(image: Any, rng: np.random.Generator) -> np.ndarray:
-    return as_array(image).astype(np.float32) * scale + offset
-  return op
+  mean, std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
+  return _scaling(1. / (255. * std), -mean / std)
 
 
 def randaug(num_layers: int = 2, magnitude: float = 10.) -> Op:
   """big_vision's RandAugment: ``num_layers`` of its 16 TF ops at ``magnitude``
   (``randaugment.BigVision``)."""
   augment = randaugment.BigVision(num_layers, magnitude)
-  return lambda image, rng: augment(randaugment.as_rgb(image), rng)
+  return lambda image, rng: augment(_rgb(image), rng)
 
 
 def rand_augment(config_str: str = 'rand-m9-mstd0.5-inc1',
@@ -237,7 +231,7 @@ def rand_augment(config_str: str = 'rand-m9-mstd0.5-inc1',
   """timm's RandAugment from its config string (DeiT's ``'rand-m9-mstd0.5-inc1'``), PIL ops
   filled with ``fill`` (``randaugment.Timm``)."""
   augment = randaugment.Timm(config_str, fill)
-  return lambda image, rng: augment(randaugment.as_rgb(image), rng)
+  return lambda image, rng: augment(_rgb(image), rng)
 
 
 OPS: dict[str, Callable[..., Op]] = {
@@ -247,7 +241,7 @@ OPS: dict[str, Callable[..., Op]] = {
     'rand_augment': rand_augment, 'random_erase': random_erase,
 }
 _CALL = re.compile(r'^\s*(\w+)\s*(?:\((.*)\))?\s*$')
-_SCALINGS = {'value_range': _affine, 'normalize': _normalize_affine}  # uint8 -> float32
+_SCALINGS = ('value_range', 'normalize')  # uint8 -> float32
 
 
 def _run(ops: list[Op], image: Any, rng: np.random.Generator) -> np.ndarray:
@@ -296,7 +290,7 @@ def parse(spec: str) -> Pipeline:
     scaled = scaled or m.group(1) in _SCALINGS
     args = ast.literal_eval(f'({m.group(2)},)') if m.group(2) else ()
     ops.append(OPS[m.group(1)](*args))
-    affine = _SCALINGS[m.group(1)](*args) if m.group(1) in _SCALINGS else None
+    affine = getattr(ops[-1], 'scale_offset', None)
   return Pipeline(spec, ops, affine)
 
 

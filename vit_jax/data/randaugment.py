@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from typing import Any
 
 import cv2
 import numpy as np
@@ -219,9 +218,6 @@ def cutout(image: np.ndarray, pad: int, center_y: int, center_x: int,
   return out
 
 
-BIG_VISION_OPS = ('AutoContrast', 'Equalize', 'Invert', 'Rotate', 'Posterize', 'Solarize',
-                  'Color', 'Contrast', 'Brightness', 'Sharpness', 'ShearX', 'ShearY',
-                  'TranslateX', 'TranslateY', 'Cutout', 'SolarizeAdd')
 _BIG_VISION_FN: dict[str, Callable[..., np.ndarray]] = {
     'AutoContrast': autocontrast, 'Equalize': equalize, 'Invert': invert, 'Rotate': rotate,
     'Posterize': posterize, 'Solarize': solarize, 'Color': color, 'Contrast': contrast,
@@ -229,6 +225,7 @@ _BIG_VISION_FN: dict[str, Callable[..., np.ndarray]] = {
     'TranslateX': translate_x, 'TranslateY': translate_y, 'Cutout': cutout,
     'SolarizeAdd': solarize_add,
 }
+BIG_VISION_OPS = tuple(_BIG_VISION_FN)  # In this order: the draws index it.
 
 
 def _signed(rng: np.random.Generator, value: float) -> float:
@@ -316,22 +313,13 @@ def timm_args(name: str, magnitude: float, rng: np.random.Generator) -> tuple:
   return big_vision_args(name, magnitude, rng, ())
 
 
-def _timm_solarize_add(image: Image.Image, add: int, threshold: int = 128) -> Image.Image:
-  lut = [min(255, i + add) if i < threshold else i for i in range(256)]
-  return image.point(lut * len(image.getbands()))
-
-
 def timm_apply(image: Image.Image, name: str, args: tuple, fill: tuple[int, ...],
                resample: Image.Resampling = Image.Resampling.BICUBIC) -> Image.Image:
   """timm's op ``name`` (PIL) with ``args``."""
   base = name.removesuffix('Increasing')
   affine = dict(resample=resample, fillcolor=fill)
-  if base == 'AutoContrast':
-    return ImageOps.autocontrast(image)
-  if base == 'Equalize':
-    return ImageOps.equalize(image)
-  if base == 'Invert':
-    return ImageOps.invert(image)
+  if base in ('AutoContrast', 'Equalize', 'Invert'):  # ImageOps.autocontrast, ...
+    return getattr(ImageOps, base.lower())(image)
   if base == 'Rotate':
     return image.rotate(args[0], **affine)
   if base == 'Posterize':  # PIL's mask; bits 0 (at M = 10) is black, as in the PIL of DeiT's
@@ -340,7 +328,8 @@ def timm_apply(image: Image.Image, name: str, args: tuple, fill: tuple[int, ...]
   if base == 'Solarize':
     return ImageOps.solarize(image, args[0])
   if base == 'SolarizeAdd':
-    return _timm_solarize_add(image, args[0])
+    lut = [min(255, i + args[0]) if i < 128 else i for i in range(256)]
+    return image.point(lut * len(image.getbands()))
   if base in ('Color', 'Contrast', 'Brightness', 'Sharpness'):
     return getattr(ImageEnhance, base)(image).enhance(args[0])
   w, h = image.size
@@ -351,6 +340,10 @@ def timm_apply(image: Image.Image, name: str, args: tuple, fill: tuple[int, ...]
 
 
 _TIMM_SECTION = re.compile(r'^([a-z]+)(\d.*)$')
+_TIMM_SECTIONS = {  # A section's key: (the attribute it sets, how its value is read).
+    'm': ('magnitude', lambda v: float(int(v))), 'n': ('num_layers', int), 'p': ('prob', float),
+    'mstd': ('magnitude_std', lambda v: math.inf if float(v) > 100 else float(v)),
+    'mmax': ('magnitude_max', lambda v: float(int(v)))}
 
 
 class Timm:
@@ -370,21 +363,12 @@ class Timm:
       match = _TIMM_SECTION.match(section)
       key, value = match.groups() if match else (section, '')
       try:
-        if key == 'm':
-          self.magnitude = float(int(value))
-        elif key == 'n':
-          self.num_layers = int(value)
-        elif key == 'p':
-          self.prob = float(value)
-        elif key == 'mstd':
-          self.magnitude_std = math.inf if float(value) > 100 else float(value)
-        elif key == 'mmax':
-          self.magnitude_max = float(int(value))
-        elif key == 'inc' and value == '1':
+        if key == 'inc' and value == '1':
           increasing = True
         else:
-          raise ValueError
-      except ValueError:
+          attr, read = _TIMM_SECTIONS[key]
+          setattr(self, attr, read(value))
+      except (KeyError, ValueError):
         raise ValueError(
             f'rand_augment({config_str!r}): cannot read the section {section!r}. Known: m9 '
             '(magnitude), n2 (layers), p0.5 (probability), mstd0.5 (magnitude noise), mmax10, '
@@ -423,9 +407,3 @@ class Timm:
   def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return self.apply(image, self.plan(rng))
 
-
-def as_rgb(image: Any) -> np.ndarray:
-  array = np.asarray(image)
-  if array.ndim == 2:
-    array = array[..., None]
-  return np.repeat(array, 3, axis=-1) if array.shape[-1] == 1 else array[..., :3]

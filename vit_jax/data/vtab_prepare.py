@@ -199,14 +199,6 @@ def _url_infos(builder: Any) -> dict[str, Any]:
   return {url: infos[url]} if url in infos else dict(infos)
 
 
-def _download_bytes(builder: Any) -> int | None:
-  return sum(int(i.size) for i in _url_infos(builder).values()) or None
-
-
-def _manual_missing(name: str, folder: str) -> bool:
-  return any(not os.path.exists(os.path.join(folder, m)) for m in MANUAL_MARKS.get(name, ()))
-
-
 def _download_files(builder: Any) -> dict[str, str]:
   """{URL: file name} of what ``builder`` downloads; TFDS takes a file of that name from its
   manual_dir instead of downloading it."""
@@ -254,8 +246,9 @@ def prepare_one(tfds_name: str, tasks: list[str], data_dir: str, manual_dir: str
       return Outcome(tfds_name, tasks, 'manual',
                      MANUAL[name].format(dir=folder, built=built, data_dir=data_dir))
     return Outcome(tfds_name, tasks, 'failed', ' '.join(str(e).split())[:300])
-  download = None if name in MANUAL else _download_bytes(builder)
-  if name in MANUAL and _manual_missing(name, folder):
+  download = None if name in MANUAL else (
+      sum(int(i.size) for i in _url_infos(builder).values()) or None)
+  if any(not os.path.exists(os.path.join(folder, m)) for m in MANUAL_MARKS.get(name, ())):
     return Outcome(tfds_name, tasks, 'manual', MANUAL[name].format(dir=folder))
   files = {} if name in MANUAL else _download_files(builder)
   if any(not os.path.exists(os.path.join(folder, f)) for f in files.values()):

@@ -11,6 +11,7 @@ import importlib
 
 import ml_collections
 
+from vit_jax import config as config_lib
 from vit_jax.base import errors
 from vit_jax.evals.base import Context, Evaluator
 
@@ -18,14 +19,10 @@ __all__ = ['Context', 'Evaluator', 'from_config', 'headline']
 
 
 def evaluator_class(name: str, type_: str) -> type[Evaluator]:
-  """The ``Evaluator`` of module ``vit_jax.evals.<type_>``."""
-  try:
-    return importlib.import_module(f'vit_jax.evals.{type_}').Evaluator
-  except ModuleNotFoundError as e:
-    if e.name != f'vit_jax.evals.{type_}':
-      raise
-    raise errors.ConfigError(f'config.evals.{name}.type={type_!r} is not an evaluator: '
-                             'classification, real, fewshot or mpp.') from None
+  """The ``Evaluator`` of module ``vit_jax.evals.<type_>``; a ConfigError naming the entry
+  where ``type_`` is not one of ``vit_jax.config.EVAL_TYPES``."""
+  config_lib.eval_fields(type_, f'config.evals.{name}')
+  return importlib.import_module(f'vit_jax.evals.{type_}').Evaluator
 
 
 def from_config(ctx: Context, names: list[str] | None = None) -> list[Evaluator]:

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax.base import errors, sharding
-from vit_jax.evals import base
+from vit_jax.evals import base, classification
 from vit_jax.models import mpp
 
 
@@ -68,9 +68,8 @@ class Evaluator(base.Evaluator):
     """{'color_accuracy', 'loss', 'examples' (images), 'patches' (corrupted, scored)}."""
     batches = base.batches(self.source, self.pp, self.ctx, 0)  # No label is read.
     totals = base.sums(self.step, params, batches, base.meter(self, len(self.source)), 'images')
-    count = max(totals['count'], 1.)
-    return {self.metric: totals['correct'] / count, 'loss': totals['loss'] / count,
-            'examples': totals['images'], 'patches': totals['count']}
+    return classification.metrics(totals, self.metric) | {'examples': totals['images'],
+                                                           'patches': totals['count']}
 
   def describe(self, metrics: dict[str, float]) -> str:
     return (f'{self.metric} {metrics[self.metric]:.4f} (masked-patch colour accuracy), loss '

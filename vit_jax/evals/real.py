@@ -7,7 +7,7 @@ ReaL paper and big_vision's evaluator (about 3,160 of them). The paper's table 2
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -37,7 +37,8 @@ class Evaluator(classification.Evaluator):
     return cls(name, entry.every_steps, ctx, source, pp)
 
   def batches(self) -> Iterator[dict[str, Any]]:
-    return labelled_only(super().batches())
+    """The split's batches with every row whose label set is empty left out of the counts."""
+    return map(_labelled_only, super().batches())
 
   def run(self, params: Any) -> dict[str, float]:
     result = super().run(params)
@@ -50,9 +51,3 @@ class Evaluator(classification.Evaluator):
 def _labelled_only(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
   """The batch with the rows that have no label masked out (sharded like the batch)."""
   return {**batch, 'mask': batch['mask'] * (jnp.max(batch['label'], -1) > 0)}
-
-
-def labelled_only(batches: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-  """``batches`` with every row whose label set is empty left out of the counts."""
-  for batch in batches:
-    yield _labelled_only(batch)

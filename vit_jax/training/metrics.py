@@ -20,10 +20,7 @@ from etils import epath
 
 from vit_jax.base import errors
 from vit_jax.checkpoints.run import record
-
-
-def have_tensorflow() -> bool:
-  return importlib.util.find_spec('tensorflow') is not None
+from vit_jax.checkpoints.run import workdir as workdir_lib
 
 
 class ScalarWriter:
@@ -72,7 +69,7 @@ def writer(logdir: str) -> Any:
   Not clu's ``AsyncWriter``: a write that fails there is logged as a traceback from its
   thread; here it raises where it was asked for (a log line: a few ms every N steps).
   """
-  if not have_tensorflow():
+  if importlib.util.find_spec('tensorflow') is None:
     return ScalarWriter(logdir)
   from clu import metric_writers
 
@@ -118,9 +115,7 @@ class MetricsLog:
         self.lines.append(line)
         self._note(row)
     if self.lines != old:
-      tmp = self.jsonl.parent / f'.{self.jsonl.name}.tmp'
-      tmp.write_text(''.join(self.lines))
-      tmp.replace(self.jsonl)
+      workdir_lib.write_atomically(self.jsonl, ''.join(self.lines))
 
   def _note(self, row: dict[str, float]) -> None:
     self.rows.setdefault(int(row['step']), {}).update(row)

@@ -124,8 +124,13 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
   train_source = eval_source = None
   num_classes = int(config.dataset.num_classes)
   if with_data:
-    train_source, eval_source = (_source(config, split) for split in (
-        config.dataset.train_split, config.dataset.eval_split))
+    try:
+      train_source, eval_source = (sources.get_source(config.dataset, split) for split in (
+          config.dataset.train_split, config.dataset.eval_split))
+    except FileNotFoundError as e:
+      raise errors.MissingFileError(f'config.dataset ({config.dataset.name!r}): {e}') from None
+    except ValueError as e:
+      raise errors.ConfigError(f'config.dataset ({config.dataset.name!r}): {e}') from None
     num_classes = num_classes or train_source.num_classes
     if not self_supervised and not train_source.num_classes:
       raise errors.ConfigError(
@@ -274,15 +279,6 @@ def _check_batches(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -
   if (config.batch_size // devices) % accum:
     raise errors.ConfigError(f'config.grad_accum_steps={accum} does not divide the per-device '
                              f'batch {config.batch_size // devices}.')
-
-
-def _source(config: ml_collections.ConfigDict, split: str) -> Any:
-  try:
-    return sources.get_source(config.dataset, split)
-  except FileNotFoundError as e:
-    raise errors.MissingFileError(f'config.dataset ({config.dataset.name!r}): {e}') from None
-  except ValueError as e:
-    raise errors.ConfigError(f'config.dataset ({config.dataset.name!r}): {e}') from None
 
 
 def _check_image_size(model: nn.Module, configured: Any) -> None:
