@@ -15,18 +15,8 @@ from absl import logging
 
 from vit_jax.base import errors
 from vit_jax.base.sizes import pair
-from vit_jax.checkpoints.formats.layout import (
-  POSEMB_KEY,
-  PRETRAINING_ONLY,
-  Loaded,
-  Params,
-  flatten,
-  is_scanned,
-  to_model_layout,
-  to_release,
-  unflatten,
-  unwrap,
-)
+from vit_jax.checkpoints.formats import layout
+from vit_jax.checkpoints.formats.layout import POSEMB_KEY, PRETRAINING_ONLY, Loaded, Params, flatten
 from vit_jax.models import VisionTransformer, get_model, registry
 
 _BLOCK = re.compile(r'^Transformer/encoderblock_(\d+)/')
@@ -275,8 +265,8 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
     errors.CheckpointMismatchError: listing missing, extra and mis-shaped keys.
   """
   model = _as_model(model_config)
-  init = unwrap(init_params)
-  target = flatten(to_release(init))
+  init = layout.unwrap(init_params)
+  target = flatten(layout.to_release(init))
   log = lambda msg, *args: logging.info('init from %s: ' + msg, origin, *args)
   source, prefix_rows = _move_prefix_posemb(dict(source), model, source_model, log)
 
@@ -320,7 +310,7 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
     if f'{head}/kernel' in target:
       log('%s: new zero-initialised classifier %s', head, target[f'{head}/kernel'].shape)
   log('%d arrays loaded', len(target))
-  return to_model_layout(unflatten(loaded), scanned=is_scanned(init))
+  return layout.to_model_layout(layout.unflatten(loaded), scanned=layout.is_scanned(init))
 
 
 def npz_architecture(flat: dict[str, Any]) -> dict[str, Any]:

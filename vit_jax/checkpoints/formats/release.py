@@ -20,17 +20,9 @@ from typing import Any
 import numpy as np
 
 from vit_jax.base import errors, paths
-from vit_jax.checkpoints.formats import big_vision, hub
+from vit_jax.checkpoints.formats import big_vision, hub, layout
 from vit_jax.checkpoints.formats.fit import adapt, model_of, model_options
-from vit_jax.checkpoints.formats.layout import (
-  Loaded,
-  Params,
-  check_finite,
-  flatten,
-  to_host,
-  to_release,
-  unflatten,
-)
+from vit_jax.checkpoints.formats.layout import Loaded, Params, check_finite, flatten, to_host
 from vit_jax.models import VisionTransformer
 from vit_jax.models.vit import LN_EPSILON
 
@@ -48,7 +40,7 @@ def load_npz(path: str | os.PathLike) -> Params:
   it is read through epath, never ``open``. A missing or unreachable file is a
   ``errors.MissingFileError``.
   """
-  return unflatten(read_npz(path)[0])
+  return layout.unflatten(read_npz(path)[0])
 
 
 def read_npz(path: str | os.PathLike,
@@ -102,7 +94,7 @@ def save_npz(path: str | os.PathLike, params: Mapping[str, Any],
   writers are not.
   """
   path = paths.path(path)
-  flat: dict[str, Any] = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
+  flat: dict[str, Any] = {k: to_host(v) for k, v in flatten(layout.to_release(params)).items()}
   if options:
     flat[OPTIONS_KEY] = np.array(json.dumps(options))
   path.parent.mkdir(parents=True, exist_ok=True)
@@ -151,7 +143,7 @@ def save_model_npz(path: str | os.PathLike, model: VisionTransformer,
   """``save_npz`` of a model's parameters; prefix tokens without position embeddings get zero
   rows. Where the release's reader would not compute what ``model`` does (``npz_problem``),
   its config.model options go beside the arrays (``OPTIONS_KEY``): ``load`` reads them."""
-  flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
+  flat = {k: to_host(v) for k, v in flatten(layout.to_release(params)).items()}
   if model.posemb == 'learn':
     hub.embed_prefix(model, flat)
   save_npz(path, flat, model_options(model) if npz_problem(model) else None)
