@@ -396,7 +396,14 @@ def model_of(flat: dict[str, Any], origin: str, model_name: str | None = None,
                      f'{p[0]}x{p[1]} patches{", hybrid" if "resnet_layers" in arch else ""})')
       model = get_model('b16', num_classes=num_classes, image_size=size,
                         model_name=description, **arch)
+  return Loaded(model, fitted(flat, model, origin, source_grid), tuple(class_names), origin)
+
+
+def fitted(flat: Mapping[str, Any], model: VisionTransformer, origin: str,
+           source_grid: tuple[int, int] | None = None,
+           source_model: VisionTransformer | None = None) -> Params:
+  """``adapt`` of ``flat`` to ``model``'s own shapes, its classifier kept."""
   init = jax.eval_shape(model.init, jax.random.key(0),
-                        jax.ShapeDtypeStruct((1, *pair(size), 3), np.float32))['params']
-  params = adapt(flat, init, model, keep_head=True, source_grid=source_grid, origin=origin)
-  return Loaded(model, params, tuple(class_names), origin)
+                        jax.ShapeDtypeStruct((1, *pair(model.image_size), 3), np.float32))
+  return adapt(flat, init['params'], model, keep_head=True, source_grid=source_grid,
+               origin=origin, source_model=source_model)

@@ -283,8 +283,9 @@ def embed_prefix(model: VisionTransformer, flat: dict[str, np.ndarray]) -> None:
   flat[POSEMB_KEY] = np.pad(flat[POSEMB_KEY], ((0, 0), (rows, 0), (0, 0)))
 
 
-def common_refusals(model: VisionTransformer, library: str) -> None:
-  """What neither library's ViT computes."""
+def check_export(model: VisionTransformer, library: str, more: Iterable[tuple] = ()) -> None:
+  """Refuses (``export_refusal``) what neither library's ViT computes, then the first of the
+  library's own ``more`` checks: (whether ``model`` has it, what it is[, the format that can])."""
   checks = (
       (model.resnet_layers is not None, 'a hybrid (BiT stem)'),
       (model.posemb != 'learn', f'posemb={model.posemb!r} (fixed position embeddings)'),
@@ -292,6 +293,6 @@ def common_refusals(model: VisionTransformer, library: str) -> None:
       (model.norm != 'layernorm', f'norm={model.norm!r}'),
       (bool(model.mpp_outputs), 'mpp_outputs (masked patch prediction)'),
   )
-  for bad, what in checks:
+  for bad, what, *other in (*checks, *more):
     if bad:
-      raise export_refusal(model, library, what)
+      raise export_refusal(model, library, what, *other)

@@ -117,25 +117,23 @@ def npz_problem(model: VisionTransformer) -> str:
   """What of ``model`` the release's readers (its code, timm's) would not compute from a .npz
   file's arrays ('' if nothing): they read the release's ViT (tanh GELU, LayerNorm epsilon
   1e-6). vit_jax's own reader reads such an export by the options written beside them."""
-  if model.layer_scale is not None:
-    return f'layer_scale={model.layer_scale} (ls1, ls2: no such arrays in the release layout)'
-  if model.num_registers:
-    return f'num_registers={model.num_registers} (no register tokens in the release layout)'
-  if model.fc_norm:
-    return 'fc_norm=True (the release normalises before pooling)'
-  if model.has_class_token != (model.pool == 'token'):
-    return (f'class_token={model.has_class_token} with pool={model.pool!r} (a release file '
-            "has a class token exactly where it pools it)")
-  if model.activation != 'gelu_tanh':
-    return f'activation={model.activation!r} (a release file is read with the tanh GELU)'
-  if model.norm_epsilon != LN_EPSILON:
-    return f'norm_epsilon={model.norm_epsilon:g} (a release file is read with 1e-6)'
-  if model.norm != 'layernorm':
-    return f'norm={model.norm!r} (a release file is read with LayerNorms)'
-  for option in ('pre_norm', 'gated_mlp', 'distill_token', 'parallel_block', 'qk_norm'):
-    if getattr(model, option):
-      return f'{option}=True (a release file is read as the release\'s ViT)'
-  return ''
+  problems = (
+      (model.layer_scale is not None,
+       f'layer_scale={model.layer_scale} (ls1, ls2: no such arrays in the release layout)'),
+      (model.num_registers,
+       f'num_registers={model.num_registers} (no register tokens in the release layout)'),
+      (model.fc_norm, 'fc_norm=True (the release normalises before pooling)'),
+      (model.has_class_token != (model.pool == 'token'),
+       f'class_token={model.has_class_token} with pool={model.pool!r} (a release file has a '
+       'class token exactly where it pools it)'),
+      (model.activation != 'gelu_tanh',
+       f'activation={model.activation!r} (a release file is read with the tanh GELU)'),
+      (model.norm_epsilon != LN_EPSILON,
+       f'norm_epsilon={model.norm_epsilon:g} (a release file is read with 1e-6)'),
+      (model.norm != 'layernorm', f'norm={model.norm!r} (a release file is read with LayerNorms)'),
+      *((getattr(model, option), f'{option}=True (a release file is read as the release\'s ViT)')
+        for option in ('pre_norm', 'gated_mlp', 'distill_token', 'parallel_block', 'qk_norm')))
+  return next((what for bad, what in problems if bad), '')
 
 
 def save_model_npz(path: str | os.PathLike, model: VisionTransformer,

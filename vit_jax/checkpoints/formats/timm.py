@@ -302,22 +302,17 @@ def write(model: VisionTransformer, params: Mapping[str, Any],
   """(state dict, config.json) of ``model`` for timm's VisionTransformer: ``timm.create_model(
   'local-dir:DIR', pretrained=True)`` rebuilds it with the same logits; its pretrained_cfg
   says ``preprocessing`` (the checkpoint's own; default: the releases', [-1, 1])."""
-  hub.common_refusals(model, 'timm')
-  if model.representation_size is not None:
-    raise hub.export_refusal(model, 'timm', 'representation_size (a pre-logits layer)')
-  if model.norm_epsilon not in (LN_EPSILON, *((CLIP_EPSILON,) if model.pre_norm else ())):
-    raise hub.export_refusal(model, 'timm', f'norm_epsilon={model.norm_epsilon:g} (timm\'s '
-                             'LayerNorms: 1e-6)', 'transformers')
-  if model.pool == 'map' and model.num_prefix_tokens:
-    raise hub.export_refusal(model, 'timm', f"pool='map' beside {model.num_prefix_tokens} "
-                             "prefix tokens (timm's attention pool leaves them out)")
-  if model.gated_mlp and model.pool == 'map':
-    raise hub.export_refusal(model, 'timm', "gated_mlp with pool='map' (timm's attention pool "
-                             'has a plain MLP)')
   width, hidden = model.hidden_size, model.mlp_dim * (1 + model.gated_mlp)  # fc1's outputs.
-  if int(width * (hidden / width)) != hidden:
-    raise hub.export_refusal(model, 'timm',
-                             f'mlp_dim={model.mlp_dim} (timm makes int(width * mlp_ratio))')
+  hub.check_export(model, 'timm', (
+      (model.representation_size is not None, 'representation_size (a pre-logits layer)'),
+      (model.norm_epsilon not in (LN_EPSILON, *((CLIP_EPSILON,) if model.pre_norm else ())),
+       f'norm_epsilon={model.norm_epsilon:g} (timm\'s LayerNorms: 1e-6)', 'transformers'),
+      (model.pool == 'map' and model.num_prefix_tokens, f"pool='map' beside "
+       f"{model.num_prefix_tokens} prefix tokens (timm's attention pool leaves them out)"),
+      (model.gated_mlp and model.pool == 'map',
+       "gated_mlp with pool='map' (timm's attention pool has a plain MLP)"),
+      (int(width * (hidden / width)) != hidden,
+       f'mlp_dim={model.mlp_dim} (timm makes int(width * mlp_ratio))')))
   flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
   if model.pre_norm:  # timm's pre_norm ViTs embed without a bias.
     hub.fold_patch_bias(model, flat)

@@ -247,15 +247,15 @@ def model_type(model: VisionTransformer) -> str:
   return 'vit'
 
 
-def _refusal(model: VisionTransformer, kind: str) -> tuple[str, str]:
-  """(what of ``model`` the class of ``kind`` cannot hold, the format that can), or ('', '')."""
+def _refusals(model: VisionTransformer, kind: str) -> list[tuple[bool, str, str]]:
+  """(whether ``model`` has it, what the class of ``kind`` cannot hold, the format that can)."""
   classifier, features, _ = _CLASSES[kind]
   cls = classifier if model.num_classes else features
   size, patch = pair(model.image_size), pair(model.patch_size)
   others = {'pre_norm (a LayerNorm before the blocks)': model.pre_norm,
             'layer_scale': model.layer_scale is not None, 'gated_mlp': model.gated_mlp}
   allowed = {'clip_vision_model': ('pre_norm',), 'dinov2': ('layer_scale', 'gated_mlp')}
-  for bad, what in (
+  checks = (
       (model.num_registers > 0, f'num_registers={model.num_registers}'),
       (model.qk_norm, 'qk_norm'),
       (model.activation not in _HIDDEN_ACT, f'activation={model.activation!r}'),
@@ -279,10 +279,9 @@ def _refusal(model: VisionTransformer, kind: str) -> tuple[str, str]:
                     'a distillation token without classifiers (DeiTModel pools the class '
                     'token alone)'),
       *((on, f'{what} with {kind}') for what, on in others.items()
-        if what.split()[0] not in allowed.get(kind, ()))):
-    if bad:
-      return what, 'npz' if 'pre-logits layer before' in what else 'timm'
-  return '', ''
+        if what.split()[0] not in allowed.get(kind, ())))
+  return [(bad, what, 'npz' if 'pre-logits layer before' in what else 'timm')
+          for bad, what in checks]
 
 
 def _canonical_inverse(sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -336,11 +335,8 @@ def write(model: VisionTransformer, params: Mapping[str, Any], class_names: Sequ
   (``model_type``): ViTForImageClassification or ViTModel (its pre-logits layer the pooler),
   DeiTForImageClassificationWithTeacher, SiglipVisionModel, CLIPVisionModel,
   Dinov2ForImageClassification (the patches' mean read with zero weights) or Dinov2Model."""
-  hub.common_refusals(model, 'transformers')
   kind = model_type(model)
-  what, other = _refusal(model, kind)
-  if what:
-    raise hub.export_refusal(model, 'transformers', what, other)
+  hub.check_export(model, 'transformers', _refusals(model, kind))
   config = _config(kind, model)
   flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
   if kind == 'clip_vision_model':  # CLIP embeds the patches without a bias.
