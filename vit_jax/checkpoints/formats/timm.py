@@ -22,6 +22,7 @@ import numpy as np
 from vit_jax.base import errors
 from vit_jax.base.sizes import pair
 from vit_jax.checkpoints.formats import hub
+from vit_jax.checkpoints.formats.fit import npz_architecture
 from vit_jax.checkpoints.formats.hub import CONV, SAME
 from vit_jax.checkpoints.formats.layout import POSEMB_KEY, flatten, to_host, to_release
 from vit_jax.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, EvalSpec
@@ -159,20 +160,18 @@ def _check_arguments(a: Mapping[str, Any], origin: str) -> float:
   for key, what in _NO_OPTION:
     if a[key] and not (key == 'mlp_layer' and a[key] == SWIGLU_PACKED):
       raise hub.refuse(origin, f'timm\'s {_BLOCKS.get(a[key]) or what.format(a[key])}')
-  if a['mlp_layer'] and a['global_pool'] == 'map':  # Its attn_pool's MLP is not gated.
-    raise hub.refuse(origin, "SwiGLUPacked with global_pool='map'")
-  if not a['proj_bias']:
-    raise hub.refuse(origin, 'proj_bias=False (no bias in the attention output)')
-  if a['pos_embed'] != 'learn':
-    raise hub.refuse(origin, f'pos_embed={a["pos_embed"]!r} (no position embeddings)')
-  if not a['final_norm']:
-    raise hub.refuse(origin, "timm's final_norm=False (no LayerNorm after the blocks)")
-  if a['global_pool'] not in ('token', 'avg', 'map'):
-    raise hub.refuse(origin, f'global_pool={a["global_pool"]!r}',
-                     " ('token', 'avg' and 'map' load)")
-  if a['act_layer'] not in _ACTIVATIONS:
-    raise hub.refuse(origin, f'act_layer={a["act_layer"]!r}',
-                     " (activation: 'gelu', 'gelu_tanh', 'quick_gelu', 'silu')")
+  for bad, what, *hint in (
+      (a['mlp_layer'] and a['global_pool'] == 'map',  # Its attn_pool's MLP is not gated.
+       "SwiGLUPacked with global_pool='map'"),
+      (not a['proj_bias'], 'proj_bias=False (no bias in the attention output)'),
+      (a['pos_embed'] != 'learn', f'pos_embed={a["pos_embed"]!r} (no position embeddings)'),
+      (not a['final_norm'], "timm's final_norm=False (no LayerNorm after the blocks)"),
+      (a['global_pool'] not in ('token', 'avg', 'map'), f'global_pool={a["global_pool"]!r}',
+       " ('token', 'avg' and 'map' load)"),
+      (a['act_layer'] not in _ACTIVATIONS, f'act_layer={a["act_layer"]!r}',
+       " (activation: 'gelu', 'gelu_tanh', 'quick_gelu', 'silu')")):
+    if bad:
+      raise hub.refuse(origin, what, *hint)
   if a['norm_layer'] in (None, 'layernorm'):
     return LN_EPSILON
   m = _LAYER_NORM.match(str(a['norm_layer']))
@@ -247,19 +246,12 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
                      'MAP head pools every token)')
   if pool == 'token' and not class_token:
     raise errors.CheckpointError(f"{origin}: global_pool='token' without a cls_token.")
-  layer_scale = _B.format(i=0) + 'ls1' in flat
-  kwargs = dict(
+  kwargs = dict(  # What the arrays say (as a .npz file's), then what the arguments say.
+      npz_architecture(flat),
       num_classes=int(flat['head/kernel'].shape[1]) if 'head/kernel' in flat else None,
-      image_size=image_size, patch_size=(int(ph), int(pw)), hidden_size=int(width),
-      num_layers=depth, num_heads=heads,
-      mlp_dim=int(flat[_B.format(i=0) + 'MlpBlock_3/Dense_1/kernel'].shape[0]),
-      gated_mlp=bool(a['mlp_layer']), pre_norm='Transformer/pre_norm/scale' in flat,
-      pool=pool, class_token=class_token, distill_token=distill_token, num_registers=registers,
-      prefix_posemb=prefix_posemb, fc_norm='fc_norm/scale' in flat,
-      layer_scale=float(a['init_values'] or 1e-6) if layer_scale else None,
-      qkv_bias=_A.format(i=0) + 'query/bias' in flat,
-      qk_norm=_A.format(i=0) + 'query_ln/scale' in flat, norm_epsilon=epsilon,
-      activation=_ACTIVATIONS[a['act_layer']])
+      image_size=image_size, gated_mlp=bool(a['mlp_layer']), pool=pool, class_token=class_token,
+      prefix_posemb=prefix_posemb, norm_epsilon=epsilon, activation=_ACTIVATIONS[a['act_layer']],
+      layer_scale=float(a['init_values'] or 1e-6) if _B.format(i=0) + 'ls1' in flat else None)
   pretrained = config.get('pretrained_cfg') or {}
   names = config.get('label_names') or pretrained.get('label_names') or []
   return kwargs, flat, [str(n) for n in names]

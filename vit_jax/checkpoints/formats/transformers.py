@@ -16,6 +16,7 @@ from vit_jax.base import errors
 from vit_jax.base.sizes import pair
 from vit_jax.checkpoints import hf_hub
 from vit_jax.checkpoints.formats import hub
+from vit_jax.checkpoints.formats.fit import npz_architecture
 from vit_jax.checkpoints.formats.hub import CONV, SAME
 from vit_jax.checkpoints.formats.layout import POSEMB_KEY, flatten, to_host, to_release
 from vit_jax.data.preprocess import EvalSpec
@@ -181,19 +182,12 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
     raise errors.CheckpointMismatchError(
         f'{origin}: the position embeddings have {rows} rows; image_size {image_size} with '
         f'{ph}x{pw} patches needs {patches + prefix_tokens}.')
-  b = _B.format(i=0)
-  kwargs = dict(
+  kwargs = dict(  # What the arrays say (as a .npz file's), then what config.json says.
+      npz_architecture(flat),
       num_classes=int(flat['head/kernel'].shape[1]) if 'head/kernel' in flat else None,
-      image_size=image_size, patch_size=(int(ph), int(pw)), hidden_size=width,
-      num_layers=depth, num_heads=heads,
-      mlp_dim=int(flat[b + 'MlpBlock_3/Dense_1/kernel'].shape[0]), gated_mlp=swiglu,
-      pool='map' if 'MAPHead_0/probe' in flat else 'token', class_token='cls' in flat,
-      distill_token='dist' in flat, pre_norm='Transformer/pre_norm/scale' in flat,
-      layer_scale=float(c['layerscale_value']) if b + 'ls1' in flat else None,
-      qkv_bias=_A.format(i=0) + 'query/bias' in flat,
-      representation_size=(int(flat['pre_logits/bias'].shape[0])
-                           if 'pre_logits/bias' in flat else None),
-      norm_epsilon=float(c['layer_norm_eps']),
+      image_size=image_size, hidden_size=width, gated_mlp=swiglu, class_token='cls' in flat,
+      pool='map' if 'MAPHead_0/probe' in flat else 'token', norm_epsilon=float(c['layer_norm_eps']),
+      layer_scale=float(c['layerscale_value']) if _B.format(i=0) + 'ls1' in flat else None,
       activation='silu' if swiglu else _ACTIVATIONS[c['hidden_act']])
   labels = config.get('id2label') or {}
   names = [labels[k] for k in sorted(labels, key=int)] if kwargs['num_classes'] else []
