@@ -178,7 +178,10 @@ def export(model: VisionTransformer, params: Mapping[str, Any], out: str | os.Pa
     raise errors.ConfigError(f'format={format!r} is not one of {", ".join(EXPORT_FORMATS)}.')
   if format == NPZ:
     release.save_model_npz(out, model, params)
-  else:
-    (timm if format == TIMM else transformers).export(model, params, out, class_names,
-                                                      preprocessing)
+  elif format == TIMM:  # As timm's save_for_hf writes it.
+    hub.write_folder(out, *timm.write(model, params, class_names, preprocessing))
+  else:  # As save_pretrained writes it, with its image processor's preprocessor_config.json.
+    processor = {hf_hub.PREPROCESSOR: transformers.preprocessor_config(model, preprocessing)}
+    hub.write_folder(out, *transformers.write(model, params, class_names), processor,
+                     metadata={'format': 'pt'})
   return str(out)

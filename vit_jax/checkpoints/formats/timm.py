@@ -346,29 +346,20 @@ def architecture(model: VisionTransformer) -> str:
   distilled DeiT's class, DINOv2-g's SwiGLUPacked MLP, CLIP's LayerNorm epsilon (1e-5)."""
   size = _SIZES.get((model.hidden_size, model.num_layers, model.num_heads), 'base')
   (h, w), (ph, pw) = pair(model.image_size), pair(model.patch_size)
-  if model.distill_token:
-    family = 'deit_{}_distilled_patch{}_{}', 'deit_base_distilled_patch16_224'
-  elif model.gated_mlp:
-    family = ('vit_giant_patch14_dinov2',) * 2  # timm's one SwiGLUPacked ViT.
-  elif model.pre_norm and model.norm_epsilon == CLIP_EPSILON:
-    family = 'vit_{}_patch{}_clip_{}', 'vit_base_patch16_clip_224'
-  elif model.pool == 'map':
-    family = 'vit_{}_patch{}_siglip_{}', 'vit_base_patch16_siglip_224'
-  elif model.num_registers:
-    registers = f'_reg{model.num_registers}_gap_'
-    family = 'vit_{}_patch{}' + registers + '{}', 'vit_base_patch16_reg4_gap_256'
-  elif model.layer_scale is not None and not model.prefix_posemb:
-    family = 'deit3_{}_patch{}_{}', 'deit3_base_patch16_224'
-  elif model.pool == 'gap' and not model.has_class_token and not model.fc_norm:
-    family = 'vit_{}_patch{}_gap_{}', 'vit_base_patch16_gap_224'
-  else:
-    family = 'vit_{}_patch{}_{}', 'vit_base_patch16_224'
+  families = (  # (whether the model is of it, its names' pattern, its base architecture).
+      (model.distill_token, 'deit_{}_distilled_patch{}_{}', 'deit_base_distilled_patch16_224'),
+      (model.gated_mlp, *('vit_giant_patch14_dinov2',) * 2),  # timm's one SwiGLUPacked ViT.
+      (model.pre_norm and model.norm_epsilon == CLIP_EPSILON, 'vit_{}_patch{}_clip_{}',
+       'vit_base_patch16_clip_224'),
+      (model.pool == 'map', 'vit_{}_patch{}_siglip_{}', 'vit_base_patch16_siglip_224'),
+      (model.num_registers, f'vit_{{}}_patch{{}}_reg{model.num_registers}_gap_{{}}',
+       'vit_base_patch16_reg4_gap_256'),
+      (model.layer_scale is not None and not model.prefix_posemb, 'deit3_{}_patch{}_{}',
+       'deit3_base_patch16_224'),
+      (model.pool == 'gap' and not model.has_class_token and not model.fc_norm,
+       'vit_{}_patch{}_gap_{}', 'vit_base_patch16_gap_224'),
+      (True, 'vit_{}_patch{}_{}', 'vit_base_patch16_224'))
+  family = next(f[1:] for f in families if f[0])
   name = family[0].format(size, ph, h)
   return name if name in ARCHITECTURES and h == w and ph == pw else family[1]
 
-
-def export(model: VisionTransformer, params: Mapping[str, Any], folder: Any,
-           class_names: Sequence[str] = (), preprocessing: EvalSpec | None = None) -> None:
-  """Writes ``model`` into ``folder`` as timm's ``save_for_hf`` does."""
-  sd, config = write(model, params, class_names, preprocessing)
-  hub.write_folder(folder, sd, config)

@@ -14,7 +14,6 @@ import numpy as np
 
 from vit_jax.base import errors
 from vit_jax.base.sizes import pair
-from vit_jax.checkpoints import hf_hub
 from vit_jax.checkpoints.formats import hub
 from vit_jax.checkpoints.formats.fit import npz_architecture
 from vit_jax.checkpoints.formats.hub import CONV, SAME
@@ -393,11 +392,3 @@ def preprocessor_config(model: VisionTransformer, spec: EvalSpec | None = None
       size=dict(shortest_edge=scaled[0]) if shorter else dict(height=scaled[0],
                                                               width=scaled[1])).items()))
 
-
-def export(model: VisionTransformer, params: Mapping[str, Any], folder: Any,
-           class_names: Sequence[str] = (), preprocessing: EvalSpec | None = None) -> None:
-  """Writes ``model`` into ``folder`` as ``save_pretrained`` does, with its image processor's
-  preprocessor_config.json (``preprocessing``: the checkpoint's own)."""
-  sd, config = write(model, params, class_names)
-  hub.write_folder(folder, sd, config, {hf_hub.PREPROCESSOR: preprocessor_config(
-      model, preprocessing)}, metadata={'format': 'pt'})
