@@ -4,6 +4,7 @@ resized between grids, prefix tokens' rows moved, a fresh head, and every mismat
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 from collections.abc import Mapping
@@ -116,12 +117,8 @@ def _as_model(model_config: Any) -> VisionTransformer:
 
 def _index_ranges(indices: list[int]) -> str:
   """[0, 1, 2, 5] -> '0-2,5'."""
-  runs: list[list[int]] = []
-  for i in sorted(indices):
-    if runs and i == runs[-1][-1] + 1:
-      runs[-1].append(i)
-    else:
-      runs.append([i])
+  runs = [[i for _, i in run] for _, run in  # A run: the same index minus its position.
+          itertools.groupby(enumerate(sorted(indices)), lambda p: p[1] - p[0])]
   return ','.join(f'{r[0]}-{r[-1]}' if len(r) > 1 else str(r[0]) for r in runs)
 
 
