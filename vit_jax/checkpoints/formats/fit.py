@@ -111,8 +111,7 @@ def _as_model(model_config: Any) -> VisionTransformer:
   cfg = dict(model_config)
   if 'name' not in cfg:
     raise ValueError('model_config needs a "name" (e.g. "b16") or must be the model itself.')
-  name = cfg.pop('name')
-  return get_model(name, num_classes=cfg.pop('num_classes', None), **cfg)
+  return get_model(cfg.pop('name'), num_classes=cfg.pop('num_classes', None), **cfg)
 
 
 def _index_ranges(indices: list[int]) -> str:

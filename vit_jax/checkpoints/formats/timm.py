@@ -233,8 +233,7 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
            if not any(rule[1].startswith(p) and not wanted(a) for p, wanted, *_ in _OPTIONAL)]
   flat = hub.read_table(hub.expand(table, depth), t, heads)
   t.check_all_used('timm')
-  if 'embedding/bias' not in flat:  # timm's pre_norm ViTs (CLIP) embed without a bias.
-    flat['embedding/bias'] = np.zeros(width, np.float32)
+  flat.setdefault('embedding/bias', np.zeros(width, np.float32))  # pre_norm ViTs (CLIP): none.
   class_token, distill_token = 'cls' in flat, 'dist' in flat
   registers = int(flat['registers'].shape[1]) if 'registers' in flat else 0
   image_size, prefix_posemb = _grid(a, t('pos_embed').shape[1], (ph, pw),
@@ -252,9 +251,8 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
       image_size=image_size, gated_mlp=bool(a['mlp_layer']), pool=pool, class_token=class_token,
       prefix_posemb=prefix_posemb, norm_epsilon=epsilon, activation=_ACTIVATIONS[a['act_layer']],
       layer_scale=float(a['init_values'] or 1e-6) if _B.format(i=0) + 'ls1' in flat else None)
-  pretrained = config.get('pretrained_cfg') or {}
-  names = config.get('label_names') or pretrained.get('label_names') or []
-  return kwargs, flat, [str(n) for n in names]
+  names = config.get('label_names') or (config.get('pretrained_cfg') or {}).get('label_names')
+  return kwargs, flat, [str(n) for n in names or []]
 
 
 def _grid(args: Mapping[str, Any], rows: int, patch: tuple[int, int], prefix: int,
