@@ -354,7 +354,7 @@ def npz_architecture(flat: dict[str, Any]) -> dict[str, Any]:
   if arch['posemb'] == 'learn':
     n = np.shape(flat[POSEMB_KEY])[1] - ('cls' in flat) - arch['distill_token'] - arch[
         'num_registers']
-    side = math.isqrt(n)
+    side = math.isqrt(max(n, 0))  # A timm ViT's can have fewer rows than prefix tokens.
     if side * side == n:
       size = side * stride * int(ph)
   arch['image_size'] = size
