@@ -330,3 +330,14 @@ def test_a_map_pool_beside_prefix_tokens_is_not_exported_to_timm(tmp_path):
                      "format='npz'"):
     formats.export(model, params, tmp_path / 'folder', 'timm')
   assert not list(tmp_path.iterdir())
+
+
+def test_a_timm_vit_with_fewer_position_rows_than_prefix_tokens_loads(tmp_path):
+  """One patch, four registers without position embeddings: the arrays' square-grid guess of
+  the image size has a negative count of patches to take a root of."""
+  model = get_model('ti16', num_classes=None, image_size=16, num_registers=4, prefix_posemb=False)
+  shapes = jax.eval_shape(model.init, jax.random.key(0), np.zeros((1, 16, 16, 3)))['params']
+  formats.export(model, jax.tree.map(lambda s: np.full(s.shape, .01, np.float32), shapes),
+                 tmp_path, 'timm')
+  loaded = formats.load_folder(tmp_path)
+  assert (loaded.model.image_size, loaded.model.num_registers) == ((16, 16), 4)

@@ -30,14 +30,11 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jax
-import numpy as np
-
 from vit_jax.base import errors, paths
 from vit_jax.base.sizes import pair
 from vit_jax.checkpoints import hf_hub
 from vit_jax.checkpoints.formats import big_vision, hub, release, timm, transformers
-from vit_jax.checkpoints.formats.fit import adapt, model_of
+from vit_jax.checkpoints.formats.fit import fitted, model_of
 from vit_jax.checkpoints.formats.layout import Loaded, check_finite, flatten, to_release
 from vit_jax.data.preprocess import EvalSpec
 from vit_jax.models import VisionTransformer, get_model
@@ -142,10 +139,7 @@ def load_folder(folder: str | os.PathLike, origin: str | None = None) -> Loaded:
   check_finite(flat, origin)
   num_classes = kwargs.pop('num_classes')
   model = get_model('b16', num_classes=num_classes, **kwargs)
-  init = jax.eval_shape(model.init, jax.random.key(0),
-                        jax.ShapeDtypeStruct((1, *pair(model.image_size), 3), np.float32))
-  params = adapt(flat, init['params'], model, keep_head=True, source_grid=model.grid,
-                 origin=origin, source_model=model)
+  params = fitted(flat, model, origin, model.grid, source_model=model)
   names = tuple(class_names) if len(class_names) == (num_classes or 0) else ()
   return Loaded(model, params, names, f'{origin} ({kind})', preprocessing=preprocessing(folder))
 
@@ -165,10 +159,7 @@ def resized(loaded: Loaded, image_size: int | tuple[int, int]) -> Loaded:
   if pair(image_size) == pair(model.image_size):
     return loaded
   new = model.clone(image_size=pair(image_size))
-  init = jax.eval_shape(new.init, jax.random.key(0),
-                        jax.ShapeDtypeStruct((1, *pair(image_size), 3), np.float32))['params']
-  params = adapt(flatten(to_release(loaded.params)), init, new, keep_head=True,
-                 source_grid=model.grid, origin=loaded.source, source_model=model)
+  params = fitted(flatten(to_release(loaded.params)), new, loaded.source, model.grid, model)
   return dataclasses.replace(loaded, model=new, params=params)
 
 
@@ -187,7 +178,10 @@ def export(model: VisionTransformer, params: Mapping[str, Any], out: str | os.Pa
     raise errors.ConfigError(f'format={format!r} is not one of {", ".join(EXPORT_FORMATS)}.')
   if format == NPZ:
     release.save_model_npz(out, model, params)
-  else:
-    (timm if format == TIMM else transformers).export(model, params, out, class_names,
-                                                      preprocessing)
+  elif format == TIMM:  # As timm's save_for_hf writes it.
+    hub.write_folder(out, *timm.write(model, params, class_names, preprocessing))
+  else:  # As save_pretrained writes it, with its image processor's preprocessor_config.json.
+    processor = {hf_hub.PREPROCESSOR: transformers.preprocessor_config(model, preprocessing)}
+    hub.write_folder(out, *transformers.write(model, params, class_names), processor,
+                     metadata={'format': 'pt'})
   return str(out)

@@ -22,13 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax.base import errors, paths
-from vit_jax.checkpoints.formats.layout import (
-  POSEMB_KEY,
-  check_finite,
-  flatten,
-  to_release,
-  unflatten,
-)
+from vit_jax.checkpoints.formats import layout
+from vit_jax.checkpoints.formats.layout import POSEMB_KEY, check_finite, flatten, to_release
 
 PREFIX = 'checkpoint.bv'
 LAST = '-LAST'
@@ -114,7 +109,7 @@ def canonical(flat: dict[str, np.ndarray], path: Any) -> dict[str, np.ndarray]:
     raise errors.CheckpointError(
         f'{path} is not a ViT release checkpoint: expected keys such as "embedding/kernel" '
         f'and "Transformer/encoder_norm/scale", found {len(flat)} keys ({sample}).')
-  return flatten(to_release(unflatten(renamed)))
+  return flatten(to_release(layout.unflatten(renamed)))
 
 
 # big_vision's pool types (big_vision/models/vit.py) -> ours; '0' (the output of the first

@@ -4,6 +4,7 @@ resized between grids, prefix tokens' rows moved, a fresh head, and every mismat
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 from collections.abc import Mapping
@@ -15,18 +16,8 @@ from absl import logging
 
 from vit_jax.base import errors
 from vit_jax.base.sizes import pair
-from vit_jax.checkpoints.formats.layout import (
-  POSEMB_KEY,
-  PRETRAINING_ONLY,
-  Loaded,
-  Params,
-  flatten,
-  is_scanned,
-  to_model_layout,
-  to_release,
-  unflatten,
-  unwrap,
-)
+from vit_jax.checkpoints.formats import layout
+from vit_jax.checkpoints.formats.layout import POSEMB_KEY, PRETRAINING_ONLY, Loaded, Params, flatten
 from vit_jax.models import VisionTransformer, get_model, registry
 
 _BLOCK = re.compile(r'^Transformer/encoderblock_(\d+)/')
@@ -120,18 +111,13 @@ def _as_model(model_config: Any) -> VisionTransformer:
   cfg = dict(model_config)
   if 'name' not in cfg:
     raise ValueError('model_config needs a "name" (e.g. "b16") or must be the model itself.')
-  name = cfg.pop('name')
-  return get_model(name, num_classes=cfg.pop('num_classes', None), **cfg)
+  return get_model(cfg.pop('name'), num_classes=cfg.pop('num_classes', None), **cfg)
 
 
 def _index_ranges(indices: list[int]) -> str:
   """[0, 1, 2, 5] -> '0-2,5'."""
-  runs: list[list[int]] = []
-  for i in sorted(indices):
-    if runs and i == runs[-1][-1] + 1:
-      runs[-1].append(i)
-    else:
-      runs.append([i])
+  runs = [[i for _, i in run] for _, run in  # A run: the same index minus its position.
+          itertools.groupby(enumerate(sorted(indices)), lambda p: p[1] - p[0])]
   return ','.join(f'{r[0]}-{r[-1]}' if len(r) > 1 else str(r[0]) for r in runs)
 
 
@@ -275,8 +261,8 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
     errors.CheckpointMismatchError: listing missing, extra and mis-shaped keys.
   """
   model = _as_model(model_config)
-  init = unwrap(init_params)
-  target = flatten(to_release(init))
+  init = layout.unwrap(init_params)
+  target = flatten(layout.to_release(init))
   log = lambda msg, *args: logging.info('init from %s: ' + msg, origin, *args)
   source, prefix_rows = _move_prefix_posemb(dict(source), model, source_model, log)
 
@@ -320,7 +306,7 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
     if f'{head}/kernel' in target:
       log('%s: new zero-initialised classifier %s', head, target[f'{head}/kernel'].shape)
   log('%d arrays loaded', len(target))
-  return to_model_layout(unflatten(loaded), scanned=is_scanned(init))
+  return layout.to_model_layout(layout.unflatten(loaded), scanned=layout.is_scanned(init))
 
 
 def npz_architecture(flat: dict[str, Any]) -> dict[str, Any]:
@@ -368,7 +354,7 @@ def npz_architecture(flat: dict[str, Any]) -> dict[str, Any]:
   if arch['posemb'] == 'learn':
     n = np.shape(flat[POSEMB_KEY])[1] - ('cls' in flat) - arch['distill_token'] - arch[
         'num_registers']
-    side = math.isqrt(n)
+    side = math.isqrt(max(n, 0))  # A timm ViT's can have fewer rows than prefix tokens.
     if side * side == n:
       size = side * stride * int(ph)
   arch['image_size'] = size
@@ -406,7 +392,14 @@ def model_of(flat: dict[str, Any], origin: str, model_name: str | None = None,
                      f'{p[0]}x{p[1]} patches{", hybrid" if "resnet_layers" in arch else ""})')
       model = get_model('b16', num_classes=num_classes, image_size=size,
                         model_name=description, **arch)
+  return Loaded(model, fitted(flat, model, origin, source_grid), tuple(class_names), origin)
+
+
+def fitted(flat: Mapping[str, Any], model: VisionTransformer, origin: str,
+           source_grid: tuple[int, int] | None = None,
+           source_model: VisionTransformer | None = None) -> Params:
+  """``adapt`` of ``flat`` to ``model``'s own shapes, its classifier kept."""
   init = jax.eval_shape(model.init, jax.random.key(0),
-                        jax.ShapeDtypeStruct((1, *pair(size), 3), np.float32))['params']
-  params = adapt(flat, init, model, keep_head=True, source_grid=source_grid, origin=origin)
-  return Loaded(model, params, tuple(class_names), origin)
+                        jax.ShapeDtypeStruct((1, *pair(model.image_size), 3), np.float32))
+  return adapt(flat, init['params'], model, keep_head=True, source_grid=source_grid,
+               origin=origin, source_model=source_model)

@@ -143,32 +143,16 @@ HEADS_OUT = 'heads_out'  # (width, heads * head_dim): the release's (heads, head
 Rule = tuple[str, str, str]
 
 
-def _to_release(layout: str, x: np.ndarray, heads: int) -> np.ndarray:
-  if layout == LINEAR:
-    return x.T
-  if layout == CONV:
-    return x.transpose(2, 3, 1, 0)
-  if layout == HEADS_IN:
-    return x.T.reshape(x.shape[1], heads, -1)
-  if layout == HEADS_BIAS:
-    return x.reshape(heads, -1)
-  if layout == HEADS_OUT:
-    return x.T.reshape(heads, -1, x.shape[0])
-  return x
-
-
-def _to_library(layout: str, x: np.ndarray) -> np.ndarray:
-  if layout == LINEAR:
-    return x.T
-  if layout == CONV:
-    return x.transpose(3, 2, 0, 1)
-  if layout == HEADS_IN:
-    return x.reshape(x.shape[0], -1).T
-  if layout == HEADS_BIAS:
-    return x.reshape(-1)
-  if layout == HEADS_OUT:
-    return x.reshape(-1, x.shape[-1]).T
-  return x
+# layout -> (library array -> release array, given the heads; release array -> library array).
+_CONVERSIONS = {
+    LINEAR: (lambda x, heads: x.T, lambda x: x.T),
+    CONV: (lambda x, heads: x.transpose(2, 3, 1, 0), lambda x: x.transpose(3, 2, 0, 1)),
+    HEADS_IN: (lambda x, heads: x.T.reshape(x.shape[1], heads, -1),
+               lambda x: x.reshape(x.shape[0], -1).T),
+    HEADS_BIAS: (lambda x, heads: x.reshape(heads, -1), lambda x: x.reshape(-1)),
+    HEADS_OUT: (lambda x, heads: x.T.reshape(heads, -1, x.shape[0]),
+                lambda x: x.reshape(-1, x.shape[-1]).T),
+    SAME: (lambda x, heads: x, lambda x: x)}
 
 
 def expand(rules: Iterable[Rule], depth: int, prefix: str = '') -> list[Rule]:
@@ -202,13 +186,13 @@ def attention(ours: str, theirs: Sequence[str]) -> tuple[Rule, ...]:
 
 def read_table(rules: Iterable[Rule], t: Tensors, heads: int) -> dict[str, np.ndarray]:
   """The release-layout arrays of the library tensors the rules name (those present)."""
-  return {ours: _to_release(layout, t(theirs), heads)
+  return {ours: _CONVERSIONS[layout][0](t(theirs), heads)
           for ours, theirs, layout in rules if theirs in t}
 
 
 def write_table(rules: Iterable[Rule], flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
   """The library tensors of the release-layout arrays the rules name (those present)."""
-  return {theirs: _to_library(layout, np.asarray(flat[ours]))
+  return {theirs: _CONVERSIONS[layout][1](np.asarray(flat[ours]))
           for ours, theirs, layout in rules if ours in flat}
 
 
@@ -299,8 +283,9 @@ def embed_prefix(model: VisionTransformer, flat: dict[str, np.ndarray]) -> None:
   flat[POSEMB_KEY] = np.pad(flat[POSEMB_KEY], ((0, 0), (rows, 0), (0, 0)))
 
 
-def common_refusals(model: VisionTransformer, library: str) -> None:
-  """What neither library's ViT computes."""
+def check_export(model: VisionTransformer, library: str, more: Iterable[tuple] = ()) -> None:
+  """Refuses (``export_refusal``) what neither library's ViT computes, then the first of the
+  library's own ``more`` checks: (whether ``model`` has it, what it is[, the format that can])."""
   checks = (
       (model.resnet_layers is not None, 'a hybrid (BiT stem)'),
       (model.posemb != 'learn', f'posemb={model.posemb!r} (fixed position embeddings)'),
@@ -308,6 +293,6 @@ def common_refusals(model: VisionTransformer, library: str) -> None:
       (model.norm != 'layernorm', f'norm={model.norm!r}'),
       (bool(model.mpp_outputs), 'mpp_outputs (masked patch prediction)'),
   )
-  for bad, what in checks:
+  for bad, what, *other in (*checks, *more):
     if bad:
-      raise export_refusal(model, library, what)
+      raise export_refusal(model, library, what, *other)

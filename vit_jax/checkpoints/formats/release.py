@@ -20,17 +20,9 @@ from typing import Any
 import numpy as np
 
 from vit_jax.base import errors, paths
-from vit_jax.checkpoints.formats import big_vision, hub
+from vit_jax.checkpoints.formats import big_vision, hub, layout
 from vit_jax.checkpoints.formats.fit import adapt, model_of, model_options
-from vit_jax.checkpoints.formats.layout import (
-  Loaded,
-  Params,
-  check_finite,
-  flatten,
-  to_host,
-  to_release,
-  unflatten,
-)
+from vit_jax.checkpoints.formats.layout import Loaded, Params, check_finite, flatten, to_host
 from vit_jax.models import VisionTransformer
 from vit_jax.models.vit import LN_EPSILON
 
@@ -48,7 +40,7 @@ def load_npz(path: str | os.PathLike) -> Params:
   it is read through epath, never ``open``. A missing or unreachable file is a
   ``errors.MissingFileError``.
   """
-  return unflatten(read_npz(path)[0])
+  return layout.unflatten(read_npz(path)[0])
 
 
 def read_npz(path: str | os.PathLike,
@@ -102,7 +94,7 @@ def save_npz(path: str | os.PathLike, params: Mapping[str, Any],
   writers are not.
   """
   path = paths.path(path)
-  flat: dict[str, Any] = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
+  flat: dict[str, Any] = {k: to_host(v) for k, v in flatten(layout.to_release(params)).items()}
   if options:
     flat[OPTIONS_KEY] = np.array(json.dumps(options))
   path.parent.mkdir(parents=True, exist_ok=True)
@@ -125,25 +117,23 @@ def npz_problem(model: VisionTransformer) -> str:
   """What of ``model`` the release's readers (its code, timm's) would not compute from a .npz
   file's arrays ('' if nothing): they read the release's ViT (tanh GELU, LayerNorm epsilon
   1e-6). vit_jax's own reader reads such an export by the options written beside them."""
-  if model.layer_scale is not None:
-    return f'layer_scale={model.layer_scale} (ls1, ls2: no such arrays in the release layout)'
-  if model.num_registers:
-    return f'num_registers={model.num_registers} (no register tokens in the release layout)'
-  if model.fc_norm:
-    return 'fc_norm=True (the release normalises before pooling)'
-  if model.has_class_token != (model.pool == 'token'):
-    return (f'class_token={model.has_class_token} with pool={model.pool!r} (a release file '
-            "has a class token exactly where it pools it)")
-  if model.activation != 'gelu_tanh':
-    return f'activation={model.activation!r} (a release file is read with the tanh GELU)'
-  if model.norm_epsilon != LN_EPSILON:
-    return f'norm_epsilon={model.norm_epsilon:g} (a release file is read with 1e-6)'
-  if model.norm != 'layernorm':
-    return f'norm={model.norm!r} (a release file is read with LayerNorms)'
-  for option in ('pre_norm', 'gated_mlp', 'distill_token', 'parallel_block', 'qk_norm'):
-    if getattr(model, option):
-      return f'{option}=True (a release file is read as the release\'s ViT)'
-  return ''
+  problems = (
+      (model.layer_scale is not None,
+       f'layer_scale={model.layer_scale} (ls1, ls2: no such arrays in the release layout)'),
+      (model.num_registers,
+       f'num_registers={model.num_registers} (no register tokens in the release layout)'),
+      (model.fc_norm, 'fc_norm=True (the release normalises before pooling)'),
+      (model.has_class_token != (model.pool == 'token'),
+       f'class_token={model.has_class_token} with pool={model.pool!r} (a release file has a '
+       'class token exactly where it pools it)'),
+      (model.activation != 'gelu_tanh',
+       f'activation={model.activation!r} (a release file is read with the tanh GELU)'),
+      (model.norm_epsilon != LN_EPSILON,
+       f'norm_epsilon={model.norm_epsilon:g} (a release file is read with 1e-6)'),
+      (model.norm != 'layernorm', f'norm={model.norm!r} (a release file is read with LayerNorms)'),
+      *((getattr(model, option), f'{option}=True (a release file is read as the release\'s ViT)')
+        for option in ('pre_norm', 'gated_mlp', 'distill_token', 'parallel_block', 'qk_norm')))
+  return next((what for bad, what in problems if bad), '')
 
 
 def save_model_npz(path: str | os.PathLike, model: VisionTransformer,
@@ -151,7 +141,7 @@ def save_model_npz(path: str | os.PathLike, model: VisionTransformer,
   """``save_npz`` of a model's parameters; prefix tokens without position embeddings get zero
   rows. Where the release's reader would not compute what ``model`` does (``npz_problem``),
   its config.model options go beside the arrays (``OPTIONS_KEY``): ``load`` reads them."""
-  flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
+  flat = {k: to_host(v) for k, v in flatten(layout.to_release(params)).items()}
   if model.posemb == 'learn':
     hub.embed_prefix(model, flat)
   save_npz(path, flat, model_options(model) if npz_problem(model) else None)

@@ -22,6 +22,7 @@ import numpy as np
 from vit_jax.base import errors
 from vit_jax.base.sizes import pair
 from vit_jax.checkpoints.formats import hub
+from vit_jax.checkpoints.formats.fit import npz_architecture
 from vit_jax.checkpoints.formats.hub import CONV, SAME
 from vit_jax.checkpoints.formats.layout import POSEMB_KEY, flatten, to_host, to_release
 from vit_jax.data.preprocess import IMAGENET_MEAN, IMAGENET_STD, EvalSpec
@@ -159,20 +160,18 @@ def _check_arguments(a: Mapping[str, Any], origin: str) -> float:
   for key, what in _NO_OPTION:
     if a[key] and not (key == 'mlp_layer' and a[key] == SWIGLU_PACKED):
       raise hub.refuse(origin, f'timm\'s {_BLOCKS.get(a[key]) or what.format(a[key])}')
-  if a['mlp_layer'] and a['global_pool'] == 'map':  # Its attn_pool's MLP is not gated.
-    raise hub.refuse(origin, "SwiGLUPacked with global_pool='map'")
-  if not a['proj_bias']:
-    raise hub.refuse(origin, 'proj_bias=False (no bias in the attention output)')
-  if a['pos_embed'] != 'learn':
-    raise hub.refuse(origin, f'pos_embed={a["pos_embed"]!r} (no position embeddings)')
-  if not a['final_norm']:
-    raise hub.refuse(origin, "timm's final_norm=False (no LayerNorm after the blocks)")
-  if a['global_pool'] not in ('token', 'avg', 'map'):
-    raise hub.refuse(origin, f'global_pool={a["global_pool"]!r}',
-                     " ('token', 'avg' and 'map' load)")
-  if a['act_layer'] not in _ACTIVATIONS:
-    raise hub.refuse(origin, f'act_layer={a["act_layer"]!r}',
-                     " (activation: 'gelu', 'gelu_tanh', 'quick_gelu', 'silu')")
+  for bad, what, *hint in (
+      (a['mlp_layer'] and a['global_pool'] == 'map',  # Its attn_pool's MLP is not gated.
+       "SwiGLUPacked with global_pool='map'"),
+      (not a['proj_bias'], 'proj_bias=False (no bias in the attention output)'),
+      (a['pos_embed'] != 'learn', f'pos_embed={a["pos_embed"]!r} (no position embeddings)'),
+      (not a['final_norm'], "timm's final_norm=False (no LayerNorm after the blocks)"),
+      (a['global_pool'] not in ('token', 'avg', 'map'), f'global_pool={a["global_pool"]!r}',
+       " ('token', 'avg' and 'map' load)"),
+      (a['act_layer'] not in _ACTIVATIONS, f'act_layer={a["act_layer"]!r}',
+       " (activation: 'gelu', 'gelu_tanh', 'quick_gelu', 'silu')")):
+    if bad:
+      raise hub.refuse(origin, what, *hint)
   if a['norm_layer'] in (None, 'layernorm'):
     return LN_EPSILON
   m = _LAYER_NORM.match(str(a['norm_layer']))
@@ -234,8 +233,7 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
            if not any(rule[1].startswith(p) and not wanted(a) for p, wanted, *_ in _OPTIONAL)]
   flat = hub.read_table(hub.expand(table, depth), t, heads)
   t.check_all_used('timm')
-  if 'embedding/bias' not in flat:  # timm's pre_norm ViTs (CLIP) embed without a bias.
-    flat['embedding/bias'] = np.zeros(width, np.float32)
+  flat.setdefault('embedding/bias', np.zeros(width, np.float32))  # pre_norm ViTs (CLIP): none.
   class_token, distill_token = 'cls' in flat, 'dist' in flat
   registers = int(flat['registers'].shape[1]) if 'registers' in flat else 0
   image_size, prefix_posemb = _grid(a, t('pos_embed').shape[1], (ph, pw),
@@ -247,22 +245,14 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
                      'MAP head pools every token)')
   if pool == 'token' and not class_token:
     raise errors.CheckpointError(f"{origin}: global_pool='token' without a cls_token.")
-  layer_scale = _B.format(i=0) + 'ls1' in flat
-  kwargs = dict(
+  kwargs = dict(  # What the arrays say (as a .npz file's), then what the arguments say.
+      npz_architecture(flat),
       num_classes=int(flat['head/kernel'].shape[1]) if 'head/kernel' in flat else None,
-      image_size=image_size, patch_size=(int(ph), int(pw)), hidden_size=int(width),
-      num_layers=depth, num_heads=heads,
-      mlp_dim=int(flat[_B.format(i=0) + 'MlpBlock_3/Dense_1/kernel'].shape[0]),
-      gated_mlp=bool(a['mlp_layer']), pre_norm='Transformer/pre_norm/scale' in flat,
-      pool=pool, class_token=class_token, distill_token=distill_token, num_registers=registers,
-      prefix_posemb=prefix_posemb, fc_norm='fc_norm/scale' in flat,
-      layer_scale=float(a['init_values'] or 1e-6) if layer_scale else None,
-      qkv_bias=_A.format(i=0) + 'query/bias' in flat,
-      qk_norm=_A.format(i=0) + 'query_ln/scale' in flat, norm_epsilon=epsilon,
-      activation=_ACTIVATIONS[a['act_layer']])
-  pretrained = config.get('pretrained_cfg') or {}
-  names = config.get('label_names') or pretrained.get('label_names') or []
-  return kwargs, flat, [str(n) for n in names]
+      image_size=image_size, gated_mlp=bool(a['mlp_layer']), pool=pool, class_token=class_token,
+      prefix_posemb=prefix_posemb, norm_epsilon=epsilon, activation=_ACTIVATIONS[a['act_layer']],
+      layer_scale=float(a['init_values'] or 1e-6) if _B.format(i=0) + 'ls1' in flat else None)
+  names = config.get('label_names') or (config.get('pretrained_cfg') or {}).get('label_names')
+  return kwargs, flat, [str(n) for n in names or []]
 
 
 def _grid(args: Mapping[str, Any], rows: int, patch: tuple[int, int], prefix: int,
@@ -302,22 +292,17 @@ def write(model: VisionTransformer, params: Mapping[str, Any],
   """(state dict, config.json) of ``model`` for timm's VisionTransformer: ``timm.create_model(
   'local-dir:DIR', pretrained=True)`` rebuilds it with the same logits; its pretrained_cfg
   says ``preprocessing`` (the checkpoint's own; default: the releases', [-1, 1])."""
-  hub.common_refusals(model, 'timm')
-  if model.representation_size is not None:
-    raise hub.export_refusal(model, 'timm', 'representation_size (a pre-logits layer)')
-  if model.norm_epsilon not in (LN_EPSILON, *((CLIP_EPSILON,) if model.pre_norm else ())):
-    raise hub.export_refusal(model, 'timm', f'norm_epsilon={model.norm_epsilon:g} (timm\'s '
-                             'LayerNorms: 1e-6)', 'transformers')
-  if model.pool == 'map' and model.num_prefix_tokens:
-    raise hub.export_refusal(model, 'timm', f"pool='map' beside {model.num_prefix_tokens} "
-                             "prefix tokens (timm's attention pool leaves them out)")
-  if model.gated_mlp and model.pool == 'map':
-    raise hub.export_refusal(model, 'timm', "gated_mlp with pool='map' (timm's attention pool "
-                             'has a plain MLP)')
   width, hidden = model.hidden_size, model.mlp_dim * (1 + model.gated_mlp)  # fc1's outputs.
-  if int(width * (hidden / width)) != hidden:
-    raise hub.export_refusal(model, 'timm',
-                             f'mlp_dim={model.mlp_dim} (timm makes int(width * mlp_ratio))')
+  hub.check_export(model, 'timm', (
+      (model.representation_size is not None, 'representation_size (a pre-logits layer)'),
+      (model.norm_epsilon not in (LN_EPSILON, *((CLIP_EPSILON,) if model.pre_norm else ())),
+       f'norm_epsilon={model.norm_epsilon:g} (timm\'s LayerNorms: 1e-6)', 'transformers'),
+      (model.pool == 'map' and model.num_prefix_tokens, f"pool='map' beside "
+       f"{model.num_prefix_tokens} prefix tokens (timm's attention pool leaves them out)"),
+      (model.gated_mlp and model.pool == 'map',
+       "gated_mlp with pool='map' (timm's attention pool has a plain MLP)"),
+      (int(width * (hidden / width)) != hidden,
+       f'mlp_dim={model.mlp_dim} (timm makes int(width * mlp_ratio))')))
   flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
   if model.pre_norm:  # timm's pre_norm ViTs embed without a bias.
     hub.fold_patch_bias(model, flat)
@@ -359,29 +344,20 @@ def architecture(model: VisionTransformer) -> str:
   distilled DeiT's class, DINOv2-g's SwiGLUPacked MLP, CLIP's LayerNorm epsilon (1e-5)."""
   size = _SIZES.get((model.hidden_size, model.num_layers, model.num_heads), 'base')
   (h, w), (ph, pw) = pair(model.image_size), pair(model.patch_size)
-  if model.distill_token:
-    family = 'deit_{}_distilled_patch{}_{}', 'deit_base_distilled_patch16_224'
-  elif model.gated_mlp:
-    family = ('vit_giant_patch14_dinov2',) * 2  # timm's one SwiGLUPacked ViT.
-  elif model.pre_norm and model.norm_epsilon == CLIP_EPSILON:
-    family = 'vit_{}_patch{}_clip_{}', 'vit_base_patch16_clip_224'
-  elif model.pool == 'map':
-    family = 'vit_{}_patch{}_siglip_{}', 'vit_base_patch16_siglip_224'
-  elif model.num_registers:
-    registers = f'_reg{model.num_registers}_gap_'
-    family = 'vit_{}_patch{}' + registers + '{}', 'vit_base_patch16_reg4_gap_256'
-  elif model.layer_scale is not None and not model.prefix_posemb:
-    family = 'deit3_{}_patch{}_{}', 'deit3_base_patch16_224'
-  elif model.pool == 'gap' and not model.has_class_token and not model.fc_norm:
-    family = 'vit_{}_patch{}_gap_{}', 'vit_base_patch16_gap_224'
-  else:
-    family = 'vit_{}_patch{}_{}', 'vit_base_patch16_224'
+  families = (  # (whether the model is of it, its names' pattern, its base architecture).
+      (model.distill_token, 'deit_{}_distilled_patch{}_{}', 'deit_base_distilled_patch16_224'),
+      (model.gated_mlp, *('vit_giant_patch14_dinov2',) * 2),  # timm's one SwiGLUPacked ViT.
+      (model.pre_norm and model.norm_epsilon == CLIP_EPSILON, 'vit_{}_patch{}_clip_{}',
+       'vit_base_patch16_clip_224'),
+      (model.pool == 'map', 'vit_{}_patch{}_siglip_{}', 'vit_base_patch16_siglip_224'),
+      (model.num_registers, f'vit_{{}}_patch{{}}_reg{model.num_registers}_gap_{{}}',
+       'vit_base_patch16_reg4_gap_256'),
+      (model.layer_scale is not None and not model.prefix_posemb, 'deit3_{}_patch{}_{}',
+       'deit3_base_patch16_224'),
+      (model.pool == 'gap' and not model.has_class_token and not model.fc_norm,
+       'vit_{}_patch{}_gap_{}', 'vit_base_patch16_gap_224'),
+      (True, 'vit_{}_patch{}_{}', 'vit_base_patch16_224'))
+  family = next(f[1:] for f in families if f[0])
   name = family[0].format(size, ph, h)
   return name if name in ARCHITECTURES and h == w and ph == pw else family[1]
 
-
-def export(model: VisionTransformer, params: Mapping[str, Any], folder: Any,
-           class_names: Sequence[str] = (), preprocessing: EvalSpec | None = None) -> None:
-  """Writes ``model`` into ``folder`` as timm's ``save_for_hf`` does."""
-  sd, config = write(model, params, class_names, preprocessing)
-  hub.write_folder(folder, sd, config)

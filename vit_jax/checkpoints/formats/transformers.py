@@ -14,8 +14,8 @@ import numpy as np
 
 from vit_jax.base import errors
 from vit_jax.base.sizes import pair
-from vit_jax.checkpoints import hf_hub
 from vit_jax.checkpoints.formats import hub
+from vit_jax.checkpoints.formats.fit import npz_architecture
 from vit_jax.checkpoints.formats.hub import CONV, SAME
 from vit_jax.checkpoints.formats.layout import POSEMB_KEY, flatten, to_host, to_release
 from vit_jax.data.preprocess import EvalSpec
@@ -181,19 +181,12 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
     raise errors.CheckpointMismatchError(
         f'{origin}: the position embeddings have {rows} rows; image_size {image_size} with '
         f'{ph}x{pw} patches needs {patches + prefix_tokens}.')
-  b = _B.format(i=0)
-  kwargs = dict(
+  kwargs = dict(  # What the arrays say (as a .npz file's), then what config.json says.
+      npz_architecture(flat),
       num_classes=int(flat['head/kernel'].shape[1]) if 'head/kernel' in flat else None,
-      image_size=image_size, patch_size=(int(ph), int(pw)), hidden_size=width,
-      num_layers=depth, num_heads=heads,
-      mlp_dim=int(flat[b + 'MlpBlock_3/Dense_1/kernel'].shape[0]), gated_mlp=swiglu,
-      pool='map' if 'MAPHead_0/probe' in flat else 'token', class_token='cls' in flat,
-      distill_token='dist' in flat, pre_norm='Transformer/pre_norm/scale' in flat,
-      layer_scale=float(c['layerscale_value']) if b + 'ls1' in flat else None,
-      qkv_bias=_A.format(i=0) + 'query/bias' in flat,
-      representation_size=(int(flat['pre_logits/bias'].shape[0])
-                           if 'pre_logits/bias' in flat else None),
-      norm_epsilon=float(c['layer_norm_eps']),
+      image_size=image_size, hidden_size=width, gated_mlp=swiglu, class_token='cls' in flat,
+      pool='map' if 'MAPHead_0/probe' in flat else 'token', norm_epsilon=float(c['layer_norm_eps']),
+      layer_scale=float(c['layerscale_value']) if _B.format(i=0) + 'ls1' in flat else None,
       activation='silu' if swiglu else _ACTIVATIONS[c['hidden_act']])
   labels = config.get('id2label') or {}
   names = [labels[k] for k in sorted(labels, key=int)] if kwargs['num_classes'] else []
@@ -247,15 +240,15 @@ def model_type(model: VisionTransformer) -> str:
   return 'vit'
 
 
-def _refusal(model: VisionTransformer, kind: str) -> tuple[str, str]:
-  """(what of ``model`` the class of ``kind`` cannot hold, the format that can), or ('', '')."""
+def _refusals(model: VisionTransformer, kind: str) -> list[tuple[bool, str, str]]:
+  """(whether ``model`` has it, what the class of ``kind`` cannot hold, the format that can)."""
   classifier, features, _ = _CLASSES[kind]
   cls = classifier if model.num_classes else features
   size, patch = pair(model.image_size), pair(model.patch_size)
   others = {'pre_norm (a LayerNorm before the blocks)': model.pre_norm,
             'layer_scale': model.layer_scale is not None, 'gated_mlp': model.gated_mlp}
   allowed = {'clip_vision_model': ('pre_norm',), 'dinov2': ('layer_scale', 'gated_mlp')}
-  for bad, what in (
+  checks = (
       (model.num_registers > 0, f'num_registers={model.num_registers}'),
       (model.qk_norm, 'qk_norm'),
       (model.activation not in _HIDDEN_ACT, f'activation={model.activation!r}'),
@@ -279,10 +272,9 @@ def _refusal(model: VisionTransformer, kind: str) -> tuple[str, str]:
                     'a distillation token without classifiers (DeiTModel pools the class '
                     'token alone)'),
       *((on, f'{what} with {kind}') for what, on in others.items()
-        if what.split()[0] not in allowed.get(kind, ()))):
-    if bad:
-      return what, 'npz' if 'pre-logits layer before' in what else 'timm'
-  return '', ''
+        if what.split()[0] not in allowed.get(kind, ())))
+  return [(bad, what, 'npz' if 'pre-logits layer before' in what else 'timm')
+          for bad, what in checks]
 
 
 def _canonical_inverse(sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -336,11 +328,8 @@ def write(model: VisionTransformer, params: Mapping[str, Any], class_names: Sequ
   (``model_type``): ViTForImageClassification or ViTModel (its pre-logits layer the pooler),
   DeiTForImageClassificationWithTeacher, SiglipVisionModel, CLIPVisionModel,
   Dinov2ForImageClassification (the patches' mean read with zero weights) or Dinov2Model."""
-  hub.common_refusals(model, 'transformers')
   kind = model_type(model)
-  what, other = _refusal(model, kind)
-  if what:
-    raise hub.export_refusal(model, 'transformers', what, other)
+  hub.check_export(model, 'transformers', _refusals(model, kind))
   config = _config(kind, model)
   flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
   if kind == 'clip_vision_model':  # CLIP embeds the patches without a bias.
@@ -403,11 +392,3 @@ def preprocessor_config(model: VisionTransformer, spec: EvalSpec | None = None
       size=dict(shortest_edge=scaled[0]) if shorter else dict(height=scaled[0],
                                                               width=scaled[1])).items()))
 
-
-def export(model: VisionTransformer, params: Mapping[str, Any], folder: Any,
-           class_names: Sequence[str] = (), preprocessing: EvalSpec | None = None) -> None:
-  """Writes ``model`` into ``folder`` as ``save_pretrained`` does, with its image processor's
-  preprocessor_config.json (``preprocessing``: the checkpoint's own)."""
-  sd, config = write(model, params, class_names)
-  hub.write_folder(folder, sd, config, {hf_hub.PREPROCESSOR: preprocessor_config(
-      model, preprocessing)}, metadata={'format': 'pt'})
