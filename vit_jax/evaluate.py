@@ -62,29 +62,29 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   if directory and source:
     raise errors.ConfigError('Give one of --workdir (a run) and --source (another checkpoint).')
   if source:
-    return _evaluate_source(source, flags_)
-  if flags_['config'].file.value:
+    config = _source_config(source, flags_)
+  elif flags_['config'].file.value:
     raise errors.ConfigError('--config is for --source; a workdir\'s config.json is its own.')
-  paths.run_dir(directory)  # Before the model and the data pipeline start.
-  config = record.load_config(directory)
+  else:
+    paths.run_dir(directory)  # Before the model and the data pipeline start.
+    config = record.load_config(directory)
   if flags_['split'].value:
     config.dataset.eval_split = flags_['split'].value
-  _check_names(flags_['evals'].value, config, 'the run\'s config.evals')
-  _evaluate(config, directory, flags_)
+  _check_names(flags_['evals'].value, config,
+               'the config\'s evals' if source else 'the run\'s config.evals')
+  _evaluate(config, source or directory, flags_)
 
 
-def _evaluate_source(source: str, flags_: dict[str, Any]) -> None:
-  """``--source`` with ``--config``: the checkpoint in the config's model, its evaluators."""
+def _source_config(source: str, flags_: dict[str, Any]) -> Any:
+  """``--source`` with ``--config``: the config whose model holds the checkpoint, and whose
+  evaluators measure it."""
   if flags_['ema'].value:
     raise errors.ConfigError('--ema is for --workdir: another checkpoint holds one set of '
                              'weights.')
   config = flags_['config'].value  # Its errors first (a ConfigError names the field).
   if not source.startswith('hf-hub:'):
     paths.input_path(source, 'source', 'checkpoint')
-  if flags_['split'].value:
-    config.dataset.eval_split = flags_['split'].value
-  _check_names(flags_['evals'].value, config, 'the config\'s evals')
-  _evaluate(config, source, flags_)
+  return config
 
 
 def _check_names(names: list[str] | None, config: Any, what: str) -> None:

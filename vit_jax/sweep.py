@@ -156,14 +156,18 @@ def markdown(summary: dict[str, Any]) -> str:
 def write_results(directory: Any, out: Any = None,
                   json_path: str | None = None) -> dict[str, Any]:
   """Prints the table of the runs under ``directory``; writes it as JSON (and Markdown)."""
-  out = out or sys.stdout
   summary = summarise(find_runs(directory))
+  write_table(summary, epath.Path(json_path or epath.Path(directory) / 'results.json'),
+              out or sys.stdout)
+  return summary
+
+
+def write_table(summary: dict[str, Any], path: epath.Path, out: Any) -> None:
+  """Prints the summary's table to ``out``; writes it to ``path`` (JSON) and beside (.md)."""
   text = markdown(summary)
   print(text, file=out, flush=True)
-  path = epath.Path(json_path) if json_path else epath.Path(directory) / 'results.json'
   path.write_text(json.dumps(summary, indent=1))
   path.with_suffix('.md').write_text(text + '\n')
-  return summary
 
 
 # ---------------------------------------------------------------------------
@@ -361,11 +365,8 @@ def run_sweep(sweep: Sweep, print_commands: bool = False, out: Any = None) -> di
   if sweep.minival:
     summary['chosen'] = {'point': point_name(chosen[0]), 'minival_split': sweep.splits[1],
                          'minival': best['minival']}
-  text = markdown(summary)
-  print(text, file=out, flush=True)
   path = epath.Path(sweep.workdir) / 'results.json'
-  path.write_text(json.dumps(summary, indent=1))
-  path.with_suffix('.md').write_text(text + '\n')
+  write_table(summary, path, out)
   print(f'Written: {path}', file=out, flush=True)
   return summary
 

@@ -330,11 +330,15 @@ def _variant(config: Any, **fields: Any) -> Any:
   return config
 
 
-def _check(config: Any, devices: list, examples: int, limit: float | None
-           ) -> dict[str, Any]:
-  """The train step of ``config`` compiled: its figures, and whether they fit."""
+def _check(config: Any, devices: list, examples: int, limit: float | None, kind: str,
+           override: str, log: Any) -> dict[str, Any]:
+  """The train step of ``config`` (``override`` applied) compiled, logged: the suggestion."""
   figures = compile_steps(config, devices, examples, only_train=True)['train']
-  return {**figures, 'within': within(figures, limit)}
+  fits, need = within(figures, limit), needed_bytes(figures)
+  log(f'check: {override}: {gib(need)} per device, {"fits" if fits else "does not fit"}',
+      flush=True)
+  return {'kind': kind, 'override': override, 'bytes_per_device': need, 'how': 'checked',
+          'fits': fits}
 
 
 def advise(config: Any, topology: str, r: dict[str, Any], num_train_examples: int | None,
@@ -382,24 +386,15 @@ def advise(config: Any, topology: str, r: dict[str, Any], num_train_examples: in
     if batch % (k * split) or batch * accum > best * k:
       continue
     tried += 1
-    figures = _check(_variant(config, grad_accum_steps=k), devices, examples, limit)
-    log(f'check: --config.grad_accum_steps={k}: {gib(needed_bytes(figures))} per device, '
-        f'{"fits" if figures["within"] else "does not fit"}', flush=True)
-    out.append({'kind': 'gradient accumulation', 'override': f'--config.grad_accum_steps={k}',
-                'bytes_per_device': needed_bytes(figures), 'how': 'checked',
-                'fits': figures['within']})
-    if figures['within']:
+    out.append(_check(_variant(config, grad_accum_steps=k), devices, examples, limit,
+                      'gradient accumulation', f'--config.grad_accum_steps={k}', log))
+    if out[-1]['fits']:
       break
 
   # FSDP: the parameters, gradients and optimizer state split over all the batch devices.
   if int(config.mesh.fsdp) == 1 and split > 1:
-    figures = _check(_variant(config, **{'mesh.fsdp': split, 'mesh.data': -1}), devices,
-                     examples, limit)
-    log(f'check: --config.mesh.fsdp={split}: {gib(needed_bytes(figures))} per device, '
-        f'{"fits" if figures["within"] else "does not fit"}', flush=True)
-    out.append({'kind': 'FSDP', 'override': f'--config.mesh.fsdp={split}',
-                'bytes_per_device': needed_bytes(figures), 'how': 'checked',
-                'fits': figures['within']})
+    out.append(_check(_variant(config, **{'mesh.fsdp': split, 'mesh.data': -1}), devices,
+                      examples, limit, 'FSDP', f'--config.mesh.fsdp={split}', log))
 
   # A bigger slice of the same generation (not compiled: an estimate from the line).
   line, need = search.line(), needed_bytes(train_)
