@@ -155,7 +155,7 @@ def run(tasks: list[Task], workdir: str, settings: dict[str, Any],
     print(f'{task.name}: fine-tuning in {task_dir} ({settings["steps"]} steps)', file=out,
           flush=True)
     with console.logging_to(str(task_dir)):  # Its lines with absl's prefix: its log.txt.
-      train_and_evaluate(config, str(task_dir))
+      main_lib.train_and_evaluate(config, str(task_dir))  # Resumes from its checkpoints.
     accuracy = sweep.read_run(task_dir).accuracy  # Its headline metric at its last step.
     if accuracy is None:  # Stopped early (preempted): the next start resumes it.
       print(f'{task.name}: stopped before step {settings["steps"]}; run again to resume.',
@@ -182,11 +182,6 @@ def validate(config: Any, workdir: str) -> Any:
   except errors.UserError as e:
     raise type(e)(f'{workdir}: {e} (checked before the first task\'s run)') from None
   return config
-
-
-def train_and_evaluate(config: Any, workdir: str) -> Any:
-  """One task's run, as ``vit_jax.main`` trains (resuming from its checkpoints)."""
-  return main_lib.train_and_evaluate(config, workdir)
 
 
 # ---------------------------------------------------------------------------

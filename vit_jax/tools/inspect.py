@@ -138,10 +138,8 @@ def embedding_pca_figure(components: np.ndarray, ratio: np.ndarray) -> Figure:
   for i in range(n):
     ax.text((i % cols) * (tw + gap) + tw / 2, (i // cols) * (th + gap + label) + label - 3,
             f'{i + 1}: {100 * ratio[i]:.1f}%', ha='center', va='bottom', fontsize=7)
-  ax.set_xticks([])
-  ax.set_yticks([])
-  for spine in ax.spines.values():
-    spine.set_visible(False)
+  ax.set(xticks=[], yticks=[])
+  ax.spines[:].set_visible(False)
   ax.set_xlabel(f'components 1-{n}, left to right, then down; each tile a {ph}x{pw}-pixel '
                 'patch', fontsize=9)
   return _render(fig, sub, 'embedding_pca', f'Patch-embedding filters: the first {n} principal '
@@ -173,8 +171,7 @@ def position_similarity_figure(similarity: np.ndarray, fixed: bool = False) -> F
   ax.set_yticks([i * (gh + 1) + (gh - 1) / 2 for i in range(0, gh, step)],
                 [str(i + 1) for i in range(0, gh, step)])
   ax.tick_params(length=0)
-  for spine in ax.spines.values():
-    spine.set_visible(False)
+  ax.spines[:].set_visible(False)
   ax.set_xlabel('input patch column')
   ax.set_ylabel('input patch row')
   sub.colorbar(image, ax=ax, shrink=0.8, label='cosine similarity')
@@ -250,8 +247,7 @@ def attention_rollout_figure(images: Images, maps: np.ndarray, predictions: list
       colour = 'tab:green' if predicted.rsplit(' ', 1)[0] == true else 'tab:red'
     axes[0, k].set_title('\n'.join(lines), fontsize=7.5, color=colour)
     for ax in axes[:, k]:
-      ax.set_xticks([])
-      ax.set_yticks([])
+      ax.set(xticks=[], yticks=[])
   for row, label in enumerate(('input', 'rollout on input', 'input x rollout')):
     axes[row, 0].set_ylabel(label, fontsize=9)
   sub.supxlabel(f'images ({images.origin})', fontsize=9)
@@ -284,23 +280,16 @@ def training_curves_figure(metrics: dict[str, tuple[np.ndarray, np.ndarray]],
                for k, (steps, values) in metrics.items()}
     metrics = {k: v for k, v in metrics.items() if len(v[0])}
   accuracy = next((k for k in ('eval/accuracy', 'eval/prec@1') if k in metrics), None)
-  panels = []
-  if 'train/loss' in metrics or 'eval/loss' in metrics:
-    panels.append('loss')
-  if 'train/learning_rate' in metrics:
-    panels.append('learning rate')
-  if accuracy:
-    panels.append('accuracy')
+  texts = {  # Each panel shown: what its caption says of it.
+      'loss': ('train/loss' in metrics or 'eval/loss' in metrics) and (
+          'the training loss (the mean over the logged step\'s batch)'
+          + (' and the held-out loss' if 'eval/loss' in metrics else '')),
+      'learning rate': 'train/learning_rate' in metrics and 'the learning-rate schedule',
+      'accuracy': accuracy and 'the held-out accuracy at each evaluation'}
+  panels = [panel for panel, text in texts.items() if text]
   if not panels:
     raise ValueError('metrics.jsonl has no train/loss, train/learning_rate or eval accuracy.')
-  shown = []
-  if 'loss' in panels:
-    shown.append('the training loss (the mean over the logged step\'s batch)' +
-                 (' and the held-out loss' if 'eval/loss' in metrics else ''))
-  if 'learning rate' in panels:
-    shown.append('the learning-rate schedule')
-  if accuracy:
-    shown.append('the held-out accuracy at each evaluation')
+  shown = [texts[panel] for panel in panels]
   listing = shown[0] if len(shown) == 1 else ', '.join(shown[:-1]) + '; and ' + shown[-1]
   caption = f'From the run\'s metrics.jsonl: {listing}.'
   if not accuracy:
@@ -388,8 +377,7 @@ def attention_pass(summary: Any, model: VisionTransformer, params: Any, inputs: 
   params = jax.device_put(params)
   size = max(1, min(batch_size, len(inputs)))
   outputs = []
-  for start in range(0, len(inputs), size):
-    chunk = inputs[start:start + size]
+  for chunk in predict.batches(inputs, size):
     result = predict.jitted(summary)(model, params, predict.padded(list(chunk), size))
     outputs.append([np.asarray(r)[:len(chunk)] for r in result])
   return tuple(np.concatenate(parts) for parts in zip(*outputs, strict=True))
