@@ -439,10 +439,8 @@ def inspect(args: argparse.Namespace) -> list[epath.Path]:
 
   model = source.model
   notes = list(source.notes)
-  if args.images:
-    images = user_images(source, args.images)
-  else:
-    images = eval_images(source, args.workdir, args.num_images)
+  images = (user_images(source, args.images) if args.images else
+            eval_images(source, args.workdir, args.num_images))
 
   figures = []
   params = source.params
@@ -485,11 +483,9 @@ def inspect(args: argparse.Namespace) -> list[epath.Path]:
 
   out = paths.path(args.out)  # Local or remote (gs://).
   out.mkdir(parents=True, exist_ok=True)
-  written = []
-  for fig in figures:
-    path = out / f'{fig.name}.png'
+  written = [out / f'{fig.name}.png' for fig in figures]
+  for path, fig in zip(written, figures, strict=True):
     path.write_bytes(fig.png)
-    written.append(path)
   page = out / 'index.html'
   write_html(page, source, figures, notes,
              list(zip(images.names, top, strict=True)) if args.images and top else [])
