@@ -26,15 +26,19 @@ from vit_jax.base import console, errors, paths
 from vit_jax.checkpoints.run import record
 from vit_jax.config import cli as config_cli
 
+# Help of the flags that name a checkpoint, shared with vit_jax.fewshot and vit_jax.tools.export.
+SOURCE_HELP = ('Any other checkpoint (instead of --workdir): a .npz file, a timm or transformers '
+               'folder, hf-hub:ORG/NAME, a big_vision tensorstore folder.')
+NONFINITE_HELP = ('a checkpoint that holds NaN or infinity (its run diverged), with a warning, '
+                  'instead of refusing it.')
+
 
 def _define_flags() -> dict[str, Any]:
   """The command line's flags (defined when run as a program, not when imported)."""
   f = flags
   defined = dict(
       workdir=paths.DEFINE_path('workdir', None, 'The workdir of a vit_jax.main run.'),
-      source=paths.DEFINE_path('source', None, 'Another checkpoint (instead of --workdir), '
-                               'evaluated with --config: a .npz file, a timm or transformers '
-                               'folder, hf-hub:ORG/NAME, a big_vision tensorstore folder.'),
+      source=paths.DEFINE_path('source', None, SOURCE_HELP + ' Evaluated with --config.'),
       config=config_cli.DEFINE_config('config', '--source: the config whose model, data and '
                                       'evaluators to use.'),
       step=f.DEFINE_integer('step', None, 'The checkpoint step (default: the latest).'),
@@ -45,9 +49,7 @@ def _define_flags() -> dict[str, Any]:
                         'config.optimizer.ema_decay) instead of the weights.'),
       progress_every=f.DEFINE_float('progress_every', 10., 'Seconds between the progress '
                                     'lines.'),
-      allow_nonfinite=f.DEFINE_bool('allow_nonfinite', False, 'Evaluate a checkpoint that '
-                                    'holds NaN or infinity (its run diverged), with a warning, '
-                                    'instead of refusing it.'),
+      allow_nonfinite=f.DEFINE_bool('allow_nonfinite', False, 'Evaluate ' + NONFINITE_HELP),
   )
   return defined
 
