@@ -157,17 +157,6 @@ def within(figures: dict[str, Any], limit: float | None) -> bool:
   return figures['fits'] and (limit is None or figures['hbm_bytes_per_device'] <= limit)
 
 
-def generation(tpu: Any) -> str:
-  """The generation as Cloud TPU's documents name it: v3, v5p, v5e (the v5litepod's), v6e."""
-  return {'v5litepod': 'v5e'}.get(tpu.chip.name, tpu.chip.name)
-
-
-def device_is(tpu: Any) -> str:
-  """What one JAX device of the slice is: a 'core' (v2, v3: two per chip) or a 'chip'
-  (megacore v4 and v5p, single-core v5e and v6e)."""
-  return 'core' if tpu.chip.devices > 1 else 'chip'
-
-
 def report(config: Any, topology: str, num_train_examples: int | None = None,
            memory_per_device: float | None = None,
            compiled: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -185,8 +174,10 @@ def report(config: Any, topology: str, num_train_examples: int | None = None,
   out: dict[str, Any] = {
       'topology': tpu.name if tpu else 'cpu', 'libtpu_topology': tpu and tpu.topology,
       'devices': len(devices), 'device_kind': devices[0].device_kind,
-      'chip': f'TPU {generation(tpu)}' if tpu else None,
-      'device_is': device_is(tpu) if tpu else None,
+      # The generation as Cloud TPU's documents name it (v5e: the v5litepod's); what one JAX
+      # device is: a 'core' (v2, v3: two a chip) or a 'chip' (v4, v5p: megacore; v5e, v6e).
+      'chip': f'TPU {({"v5litepod": "v5e"}).get(tpu.chip.name, tpu.chip.name)}' if tpu else None,
+      'device_is': ('core' if tpu.chip.devices > 1 else 'chip') if tpu else None,
       'chips': tpu.chips if tpu else None, 'cores': tpu.cores if tpu else None,
       **{k: v for k, v in compiled.items() if k not in ('train', 'eval')},
       'hbm_capacity_bytes': tpu.hbm_per_device if tpu else None,
@@ -238,10 +229,6 @@ class BatchSearch:
 
   def ok(self, units: int) -> bool:
     return within(self.figures[units], self.limit)
-
-  def add(self, units: int, figures: dict[str, Any]) -> None:
-    """A train step compiled elsewhere (the report's) at ``units``."""
-    self.figures[units] = figures
 
   def compile(self, units: int) -> bool:
     """Compiles the train step at ``units`` x ``unit`` images (logged); whether it fits."""
@@ -368,7 +355,7 @@ def advise(config: Any, topology: str, r: dict[str, Any], num_train_examples: in
     return out
 
   search = BatchSearch(config, topology, num_train_examples, limit, max_compiles, log)
-  search.add(batch // search.unit, train_)
+  search.figures[batch // search.unit] = train_  # The report's compile: not compiled again.
   best, proven = search.largest(batch // search.unit)
   if best:
     out.append({'kind': 'largest batch', 'override': f'--config.batch_size={best}',
