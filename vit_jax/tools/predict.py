@@ -308,9 +308,7 @@ def batches(items: Sequence, size: int) -> Iterator[Sequence]:
 def padded(images: list[np.ndarray], size: int) -> np.ndarray:
   """Stacks images and pads with zeros to ``size`` rows (one compiled shape)."""
   stacked = np.stack(images).astype(np.float32)
-  pad = size - len(stacked)
-  return np.concatenate([stacked, np.zeros((pad, *stacked.shape[1:]), np.float32)]) \
-      if pad > 0 else stacked
+  return np.pad(stacked, [(0, size - len(stacked))] + [(0, 0)] * (stacked.ndim - 1))
 
 
 def predict_files(source: Source, paths: Sequence[str], batch_size: int,
