@@ -89,16 +89,13 @@ def task_config(task: Task, model: dict[str, Any], settings: dict[str, Any],
   config.dataset.update(name=f'vtab/{task.name}', data_dir=settings['data_dir'],
                         num_classes=task.num_classes, train_split=settings['train_split'],
                         eval_split=settings['eval_split'], pp_train=pp, pp_eval=pp)
-  config.init_from = settings['init_from']
-  config.batch_size = int(settings['batch_size'])
-  config.total_steps = int(settings['steps'])
-  config.num_epochs = None
+  config.update(init_from=settings['init_from'], batch_size=int(settings['batch_size']),
+                total_steps=int(settings['steps']), num_epochs=None, seed=int(settings['seed']),
+                eval_every_steps=0)
   config.optimizer.update(name='sgd', momentum=float(settings['momentum']), weight_decay=0.0,
                           grad_clip_norm=1.0)
   config.schedule.update(base_lr=float(settings['lr']), end_lr=0.0, decay='cosine',
                          warmup_steps=int(settings['warmup_steps']), warmup_epochs=None)
-  config.seed = int(settings['seed'])
-  config.eval_every_steps = 0
   return config
 
 
