@@ -33,7 +33,6 @@ from vit_jax.data import sources
 from vit_jax.tools import predict
 
 if TYPE_CHECKING:  # jax and flax load after the command line is checked.
-
   from vit_jax.models import VisionTransformer
 
 CHARS_PER_INCH = 12  # Of a 9 pt caption, for wrapping.
@@ -166,10 +165,9 @@ def position_similarity_figure(similarity: np.ndarray, fixed: bool = False) -> F
   cmap = matplotlib.colormaps['viridis'].with_extremes(bad='white')
   image = ax.imshow(mosaic, cmap=cmap, vmin=-1, vmax=1, interpolation='nearest')
   step = max(1, -(-max(gh, gw) // 16))  # At most ~16 tick labels per axis.
-  ax.set_xticks([j * (gw + 1) + (gw - 1) / 2 for j in range(0, gw, step)],
-                [str(j + 1) for j in range(0, gw, step)])
-  ax.set_yticks([i * (gh + 1) + (gh - 1) / 2 for i in range(0, gh, step)],
-                [str(i + 1) for i in range(0, gh, step)])
+  for set_ticks, n in ((ax.set_xticks, gw), (ax.set_yticks, gh)):
+    set_ticks([k * (n + 1) + (n - 1) / 2 for k in range(0, n, step)],
+              [str(k + 1) for k in range(0, n, step)])
   ax.tick_params(length=0)
   ax.spines[:].set_visible(False)
   ax.set_xlabel('input patch column')

@@ -48,7 +48,6 @@ def _oom(error: Exception) -> dict[str, Any] | None:
 
 
 def _tree_bytes_per_device(tree: Any) -> int:
-
   return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
              for x in jax.tree.leaves(tree))
 
