@@ -26,15 +26,19 @@ from vit_jax.base import console, errors, paths
 from vit_jax.checkpoints.run import record
 from vit_jax.config import cli as config_cli
 
+# Help of the flags that name a checkpoint, shared with vit_jax.fewshot and vit_jax.tools.export.
+SOURCE_HELP = ('Any other checkpoint (instead of --workdir): a .npz file, a timm or transformers '
+               'folder, hf-hub:ORG/NAME, a big_vision tensorstore folder.')
+NONFINITE_HELP = ('a checkpoint that holds NaN or infinity (its run diverged), with a warning, '
+                  'instead of refusing it.')
+
 
 def _define_flags() -> dict[str, Any]:
   """The command line's flags (defined when run as a program, not when imported)."""
   f = flags
   defined = dict(
       workdir=paths.DEFINE_path('workdir', None, 'The workdir of a vit_jax.main run.'),
-      source=paths.DEFINE_path('source', None, 'Another checkpoint (instead of --workdir), '
-                               'evaluated with --config: a .npz file, a timm or transformers '
-                               'folder, hf-hub:ORG/NAME, a big_vision tensorstore folder.'),
+      source=paths.DEFINE_path('source', None, SOURCE_HELP + ' Evaluated with --config.'),
       config=config_cli.DEFINE_config('config', '--source: the config whose model, data and '
                                       'evaluators to use.'),
       step=f.DEFINE_integer('step', None, 'The checkpoint step (default: the latest).'),
@@ -45,9 +49,7 @@ def _define_flags() -> dict[str, Any]:
                         'config.optimizer.ema_decay) instead of the weights.'),
       progress_every=f.DEFINE_float('progress_every', 10., 'Seconds between the progress '
                                     'lines.'),
-      allow_nonfinite=f.DEFINE_bool('allow_nonfinite', False, 'Evaluate a checkpoint that '
-                                    'holds NaN or infinity (its run diverged), with a warning, '
-                                    'instead of refusing it.'),
+      allow_nonfinite=f.DEFINE_bool('allow_nonfinite', False, 'Evaluate ' + NONFINITE_HELP),
   )
   return defined
 
@@ -62,29 +64,29 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   if directory and source:
     raise errors.ConfigError('Give one of --workdir (a run) and --source (another checkpoint).')
   if source:
-    return _evaluate_source(source, flags_)
-  if flags_['config'].file.value:
+    config = _source_config(source, flags_)
+  elif flags_['config'].file.value:
     raise errors.ConfigError('--config is for --source; a workdir\'s config.json is its own.')
-  paths.run_dir(directory)  # Before the model and the data pipeline start.
-  config = record.load_config(directory)
+  else:
+    paths.run_dir(directory)  # Before the model and the data pipeline start.
+    config = record.load_config(directory)
   if flags_['split'].value:
     config.dataset.eval_split = flags_['split'].value
-  _check_names(flags_['evals'].value, config, 'the run\'s config.evals')
-  _evaluate(config, directory, flags_)
+  _check_names(flags_['evals'].value, config,
+               'the config\'s evals' if source else 'the run\'s config.evals')
+  _evaluate(config, source or directory, flags_)
 
 
-def _evaluate_source(source: str, flags_: dict[str, Any]) -> None:
-  """``--source`` with ``--config``: the checkpoint in the config's model, its evaluators."""
+def _source_config(source: str, flags_: dict[str, Any]) -> Any:
+  """``--source`` with ``--config``: the config whose model holds the checkpoint, and whose
+  evaluators measure it."""
   if flags_['ema'].value:
     raise errors.ConfigError('--ema is for --workdir: another checkpoint holds one set of '
                              'weights.')
   config = flags_['config'].value  # Its errors first (a ConfigError names the field).
   if not source.startswith('hf-hub:'):
     paths.input_path(source, 'source', 'checkpoint')
-  if flags_['split'].value:
-    config.dataset.eval_split = flags_['split'].value
-  _check_names(flags_['evals'].value, config, 'the config\'s evals')
-  _evaluate(config, source, flags_)
+  return config
 
 
 def _check_names(names: list[str] | None, config: Any, what: str) -> None:

@@ -80,14 +80,12 @@ def load_features(directory: str | None, source: str | None, step: int | None = 
                   image_size: int | None = None) -> Loaded:
   """A checkpoint for its features: a run's ``directory`` (a self-supervised run's encoder
   too: no head), or any other ``source`` (``model_name``, ``image_size``: a .npz file's)."""
-  if not directory and formats.origin(source) == formats.WORKDIR:
-    directory = source
+  directory = directory or (source if formats.origin(source) == formats.WORKDIR else None)
   if not directory:
     return formats.load(source, model_name=model_name, image_size=image_size)
-  source = directory
-  config = workdir_lib.load_config(source)
-  params, _ = workdir_lib.restore_params(source, step, allow_nonfinite=allow_nonfinite)
-  return Loaded(run_model(config, params), params, (), source, config)
+  config = workdir_lib.load_config(directory)
+  params, _ = workdir_lib.restore_params(directory, step, allow_nonfinite=allow_nonfinite)
+  return Loaded(run_model(config, params), params, (), directory, config)
 
 
 def run_model(config: ml_collections.ConfigDict, params: Any) -> VisionTransformer:

@@ -24,6 +24,7 @@ from typing import Any
 from absl import app, flags
 
 from vit_jax import config as config_lib
+from vit_jax import evaluate
 from vit_jax.base import console, errors, paths
 
 
@@ -34,9 +35,7 @@ def _define_flags() -> dict[str, Any]:
       workdir=paths.DEFINE_path('workdir', None, 'A vit_jax.main run directory (or --npz).'),
       npz=paths.DEFINE_path('npz', None, 'A release or exported .npz checkpoint (or --workdir); '
                             'any SOURCE as --source.'),
-      source=paths.DEFINE_path('source', None, 'Any other checkpoint (or --workdir): a .npz '
-                               'file, a timm or transformers folder, hf-hub:ORG/NAME, a '
-                               'big_vision tensorstore folder.'),
+      source=paths.DEFINE_path('source', None, evaluate.SOURCE_HELP),
       step=f.DEFINE_integer('step', None, '--workdir: the checkpoint step (default: latest).'),
       model=f.DEFINE_string('model', None, '--npz: the registry model (e.g. b16).'),
       image_size=f.DEFINE_integer('image_size', None, '--npz: input size in pixels.'),
@@ -52,9 +51,8 @@ def _define_flags() -> dict[str, Any]:
       batch_size=f.DEFINE_integer('batch_size', 256, 'Images a forward pass (a multiple of '
                                   'the devices).'),
       json=paths.DEFINE_path('json', None, 'Also write the per-seed results here.'),
-      allow_nonfinite=f.DEFINE_bool('allow_nonfinite', False, '--workdir: use a checkpoint '
-                                    'that holds NaN or infinity (its run diverged), with a '
-                                    'warning, instead of refusing it.'),
+      allow_nonfinite=f.DEFINE_bool('allow_nonfinite', False,
+                                    '--workdir: use ' + evaluate.NONFINITE_HELP),
   )
 
 

@@ -84,11 +84,6 @@ def _define_flags() -> dict[str, Any]:
   return defined
 
 
-def _auto_distributed() -> bool:
-  return bool(os.environ.get('SLURM_JOB_ID') or os.environ.get('TPU_WORKER_HOSTNAMES')
-              or os.environ.get('CLOUD_TPU_TASK_ID'))
-
-
 def main(argv: list[str], flags_: dict[str, Any]) -> None:
   config = flags_['config'].value  # Its errors first, before anything starts.
   config_lib.check(config_lib.complete(config))  # Types, None, ranges (the plan's).
@@ -115,10 +110,10 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
     if hf_hub.is_hub_id(source):
       hf_hub.resolve(source)
   sources.check_name(config.dataset)  # What needs no data, before jax: nothing written yet.
-  coordinator = flags_['coordinator_address'].value
-  distributed = flags_['distributed'].value
-  if distributed is None:
-    distributed = coordinator is not None or _auto_distributed()
+  coordinator, distributed = flags_['coordinator_address'].value, flags_['distributed'].value
+  if distributed is None:  # The flags above given, or a Cloud TPU VM or SLURM job.
+    distributed = coordinator is not None or any(os.environ.get(k) for k in (
+        'SLURM_JOB_ID', 'TPU_WORKER_HOSTNAMES', 'CLOUD_TPU_TASK_ID'))
   if not distributed:  # A job's process 0 may hold the lock already: it is taken below.
     lock.check_free(workdir)
   record.check_resume(workdir, config)

@@ -153,11 +153,12 @@ def markdown(summary: dict[str, Any]) -> str:
   return '\n'.join(lines)
 
 
-def write_results(directory: Any, out: Any = None,
-                  json_path: str | None = None) -> dict[str, Any]:
-  """Prints the table of the runs under ``directory``; writes it as JSON (and Markdown)."""
+def write_results(directory: Any, out: Any = None, json_path: str | None = None,
+                  summary: dict[str, Any] | None = None) -> dict[str, Any]:
+  """Prints the table of the runs under ``directory`` (or ``summary``, a sweep's); writes it
+  as JSON (and Markdown)."""
   out = out or sys.stdout
-  summary = summarise(find_runs(directory))
+  summary = summarise(find_runs(directory)) if summary is None else summary
   text = markdown(summary)
   print(text, file=out, flush=True)
   path = epath.Path(json_path) if json_path else epath.Path(directory) / 'results.json'
@@ -361,12 +362,8 @@ def run_sweep(sweep: Sweep, print_commands: bool = False, out: Any = None) -> di
   if sweep.minival:
     summary['chosen'] = {'point': point_name(chosen[0]), 'minival_split': sweep.splits[1],
                          'minival': best['minival']}
-  text = markdown(summary)
-  print(text, file=out, flush=True)
-  path = epath.Path(sweep.workdir) / 'results.json'
-  path.write_text(json.dumps(summary, indent=1))
-  path.with_suffix('.md').write_text(text + '\n')
-  print(f'Written: {path}', file=out, flush=True)
+  write_results(sweep.workdir, out, summary=summary)
+  print(f'Written: {epath.Path(sweep.workdir) / "results.json"}', file=out, flush=True)
   return summary
 
 

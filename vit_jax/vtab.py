@@ -89,16 +89,13 @@ def task_config(task: Task, model: dict[str, Any], settings: dict[str, Any],
   config.dataset.update(name=f'vtab/{task.name}', data_dir=settings['data_dir'],
                         num_classes=task.num_classes, train_split=settings['train_split'],
                         eval_split=settings['eval_split'], pp_train=pp, pp_eval=pp)
-  config.init_from = settings['init_from']
-  config.batch_size = int(settings['batch_size'])
-  config.total_steps = int(settings['steps'])
-  config.num_epochs = None
+  config.update(init_from=settings['init_from'], batch_size=int(settings['batch_size']),
+                total_steps=int(settings['steps']), num_epochs=None, seed=int(settings['seed']),
+                eval_every_steps=0)
   config.optimizer.update(name='sgd', momentum=float(settings['momentum']), weight_decay=0.0,
                           grad_clip_norm=1.0)
   config.schedule.update(base_lr=float(settings['lr']), end_lr=0.0, decay='cosine',
                          warmup_steps=int(settings['warmup_steps']), warmup_epochs=None)
-  config.seed = int(settings['seed'])
-  config.eval_every_steps = 0
   return config
 
 
@@ -155,7 +152,7 @@ def run(tasks: list[Task], workdir: str, settings: dict[str, Any],
     print(f'{task.name}: fine-tuning in {task_dir} ({settings["steps"]} steps)', file=out,
           flush=True)
     with console.logging_to(str(task_dir)):  # Its lines with absl's prefix: its log.txt.
-      train_and_evaluate(config, str(task_dir))
+      main_lib.train_and_evaluate(config, str(task_dir))  # Resumes from its checkpoints.
     accuracy = sweep.read_run(task_dir).accuracy  # Its headline metric at its last step.
     if accuracy is None:  # Stopped early (preempted): the next start resumes it.
       print(f'{task.name}: stopped before step {settings["steps"]}; run again to resume.',
@@ -182,11 +179,6 @@ def validate(config: Any, workdir: str) -> Any:
   except errors.UserError as e:
     raise type(e)(f'{workdir}: {e} (checked before the first task\'s run)') from None
   return config
-
-
-def train_and_evaluate(config: Any, workdir: str) -> Any:
-  """One task's run, as ``vit_jax.main`` trains (resuming from its checkpoints)."""
-  return main_lib.train_and_evaluate(config, workdir)
 
 
 # ---------------------------------------------------------------------------

@@ -33,23 +33,19 @@ def capturing_model(model: VisionTransformer) -> VisionTransformer:
   The fused kernels ('xla', 'cudnn') compute the same function but do not expose
   the attention matrix; the parameters are identical, so they apply unchanged.
   """
-  if model.attention_impl == 'einsum':
-    return model
-  return model.clone(attention_impl='einsum')
+  return model if model.attention_impl == 'einsum' else model.clone(attention_impl='einsum')
 
 
 def _encoder_weights(intermediates: Mapping[str, Any], num_layers: int) -> Array:
   """The sown encoder attention weights, stacked: (layers, batch, heads, T, T)."""
-  encoder = intermediates['Transformer']
-  if 'encoderblock' in encoder:  # nn.scan: one entry with a leading layer axis.
-    (weights,) = encoder['encoderblock']['MultiHeadDotProductAttention_1']['attention_weights']
-    return weights
-  layers = []
-  for i in range(num_layers):
-    (weights,) = encoder[f'encoderblock_{i}']['MultiHeadDotProductAttention_1'][
+  def sown(block: str) -> Array:
+    (weights,) = intermediates['Transformer'][block]['MultiHeadDotProductAttention_1'][
         'attention_weights']
-    layers.append(weights)
-  return jnp.stack(layers)
+    return weights
+
+  if 'encoderblock' in intermediates['Transformer']:  # nn.scan: one, with a layer axis.
+    return sown('encoderblock')
+  return jnp.stack([sown(f'encoderblock_{i}') for i in range(num_layers)])
 
 
 def attention_weights(model: VisionTransformer, params: Mapping[str, Any],

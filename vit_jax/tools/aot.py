@@ -97,12 +97,6 @@ def train_examples(config: Any, given: int | None) -> int:
   return total if part is None else len(range(total)[part])
 
 
-def _examples(config: Any, given: int | None) -> int:
-  """Training examples for the config's schedule: ``given``; 0 where ``total_steps`` sets
-  it; else the dataset's (``train_examples``)."""
-  return given or (0 if config.get('total_steps') else train_examples(config, None))
-
-
 def check_flags(topology: str, limit: float | None, max_batch: bool, max_compiles: int,
                 examples: int | None, json_path: str | None) -> Any:
   """The command line's own mistakes, before any heavy start-up: the TPU slice (None for
@@ -151,7 +145,8 @@ def main(argv: list[str]) -> None:
       raise errors.UserError('compiling for a TPU needs libtpu: pip install -e ".[tpu]" (or '
                              'use --topology=cpu).')
   config = _FLAGS.config.value
-  examples = _examples(config, examples)  # The schedule's epochs sized (or asked for).
+  # Training examples for the schedule: 0 where total_steps sets it; else the dataset's.
+  examples = examples or (0 if config.get('total_steps') else train_examples(config, None))
   limit = limit and limit * 2**30
   from vit_jax.tools import planner  # The compiles: jax from here on (every check is above).
 

@@ -21,14 +21,12 @@ from __future__ import annotations
 
 from absl import app, flags, logging
 
-from vit_jax import checkpoints
+from vit_jax import checkpoints, evaluate
 from vit_jax.base import console, errors, paths
 
 FORMATS = ('npz', 'timm', 'transformers')
 _WORKDIR = paths.DEFINE_path('workdir', None, 'The workdir of a vit_jax.main run.')
-_SOURCE = paths.DEFINE_path('source', None, 'Any other checkpoint (instead of --workdir): a '
-                            '.npz file, a timm or transformers folder, hf-hub:ORG/NAME, a '
-                            'big_vision tensorstore folder.')
+_SOURCE = paths.DEFINE_path('source', None, evaluate.SOURCE_HELP)
 _OUT = paths.DEFINE_path('out', None, 'The .npz file (--format=npz) or the folder to write.')
 _FORMAT = flags.DEFINE_enum('format', 'npz', FORMATS, 'What to write: a release .npz file, or '
                             'a folder timm or transformers loads.')
@@ -39,9 +37,8 @@ _EVALUATE = flags.DEFINE_bool('evaluate', False, 'Evaluate the checkpoint and th
                               'export on the run\'s evaluation split, and print both.')
 _PROGRESS_EVERY = flags.DEFINE_float('progress_every', 10., 'Seconds between the progress '
                                      'lines (with an ETA) of --evaluate.')
-_ALLOW_NONFINITE = flags.DEFINE_bool('allow_nonfinite', False, 'Export a checkpoint that holds '
-                                     'NaN or infinity (its run diverged), with a warning, '
-                                     'instead of refusing it.')
+_ALLOW_NONFINITE = flags.DEFINE_bool('allow_nonfinite', False,
+                                     'Export ' + evaluate.NONFINITE_HELP)
 flags.mark_flags_as_required(['out'])
 
 

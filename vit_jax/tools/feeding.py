@@ -37,19 +37,11 @@ class Host:
 # slices of 8 chips or more are 8-chip VMs (its slice table: 4x4, 16 chips, on 2 hosts).
 # v6e (docs.cloud.google.com/tpu/docs/v6e): "Chips per host: 8"; the vCPUs of its VMs were
 # not found in the documentation searched, so they are unknown here, as v2's are.
-HOSTS: dict[str, Host] = {
-    'v2': Host(4, None),
-    'v3': Host(4, 96),
-    'v4': Host(4, 240),
-    'v5p': Host(4, 208),
-    'v5litepod': Host(8, 224),
-    'v6e': Host(8, None),
-}
+HOSTS: dict[str, Host] = {'v2': Host(4, None), 'v3': Host(4, 96), 'v4': Host(4, 240),
+                          'v5p': Host(4, 208), 'v5litepod': Host(8, 224), 'v6e': Host(8, None)}
 # Slices smaller than a host: a VM of their own size (v5e's 1- and 4-chip VMs).
-SMALL_HOSTS: dict[tuple[str, int], Host] = {
-    ('v5litepod', 1): Host(1, 24),
-    ('v5litepod', 4): Host(4, 112),
-}
+SMALL_HOSTS: dict[tuple[str, int], Host] = {('v5litepod', 1): Host(1, 24),
+                                            ('v5litepod', 4): Host(4, 112)}
 
 
 def host_of(generation: str, chips: int) -> tuple[int, Host | None]:

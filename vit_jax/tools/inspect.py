@@ -33,7 +33,6 @@ from vit_jax.data import sources
 from vit_jax.tools import predict
 
 if TYPE_CHECKING:  # jax and flax load after the command line is checked.
-
   from vit_jax.models import VisionTransformer
 
 CHARS_PER_INCH = 12  # Of a 9 pt caption, for wrapping.
@@ -138,10 +137,8 @@ def embedding_pca_figure(components: np.ndarray, ratio: np.ndarray) -> Figure:
   for i in range(n):
     ax.text((i % cols) * (tw + gap) + tw / 2, (i // cols) * (th + gap + label) + label - 3,
             f'{i + 1}: {100 * ratio[i]:.1f}%', ha='center', va='bottom', fontsize=7)
-  ax.set_xticks([])
-  ax.set_yticks([])
-  for spine in ax.spines.values():
-    spine.set_visible(False)
+  ax.set(xticks=[], yticks=[])
+  ax.spines[:].set_visible(False)
   ax.set_xlabel(f'components 1-{n}, left to right, then down; each tile a {ph}x{pw}-pixel '
                 'patch', fontsize=9)
   return _render(fig, sub, 'embedding_pca', f'Patch-embedding filters: the first {n} principal '
@@ -168,13 +165,11 @@ def position_similarity_figure(similarity: np.ndarray, fixed: bool = False) -> F
   cmap = matplotlib.colormaps['viridis'].with_extremes(bad='white')
   image = ax.imshow(mosaic, cmap=cmap, vmin=-1, vmax=1, interpolation='nearest')
   step = max(1, -(-max(gh, gw) // 16))  # At most ~16 tick labels per axis.
-  ax.set_xticks([j * (gw + 1) + (gw - 1) / 2 for j in range(0, gw, step)],
-                [str(j + 1) for j in range(0, gw, step)])
-  ax.set_yticks([i * (gh + 1) + (gh - 1) / 2 for i in range(0, gh, step)],
-                [str(i + 1) for i in range(0, gh, step)])
+  for set_ticks, n in ((ax.set_xticks, gw), (ax.set_yticks, gh)):
+    set_ticks([k * (n + 1) + (n - 1) / 2 for k in range(0, n, step)],
+              [str(k + 1) for k in range(0, n, step)])
   ax.tick_params(length=0)
-  for spine in ax.spines.values():
-    spine.set_visible(False)
+  ax.spines[:].set_visible(False)
   ax.set_xlabel('input patch column')
   ax.set_ylabel('input patch row')
   sub.colorbar(image, ax=ax, shrink=0.8, label='cosine similarity')
@@ -250,8 +245,7 @@ def attention_rollout_figure(images: Images, maps: np.ndarray, predictions: list
       colour = 'tab:green' if predicted.rsplit(' ', 1)[0] == true else 'tab:red'
     axes[0, k].set_title('\n'.join(lines), fontsize=7.5, color=colour)
     for ax in axes[:, k]:
-      ax.set_xticks([])
-      ax.set_yticks([])
+      ax.set(xticks=[], yticks=[])
   for row, label in enumerate(('input', 'rollout on input', 'input x rollout')):
     axes[row, 0].set_ylabel(label, fontsize=9)
   sub.supxlabel(f'images ({images.origin})', fontsize=9)
@@ -284,23 +278,16 @@ def training_curves_figure(metrics: dict[str, tuple[np.ndarray, np.ndarray]],
                for k, (steps, values) in metrics.items()}
     metrics = {k: v for k, v in metrics.items() if len(v[0])}
   accuracy = next((k for k in ('eval/accuracy', 'eval/prec@1') if k in metrics), None)
-  panels = []
-  if 'train/loss' in metrics or 'eval/loss' in metrics:
-    panels.append('loss')
-  if 'train/learning_rate' in metrics:
-    panels.append('learning rate')
-  if accuracy:
-    panels.append('accuracy')
+  texts = {  # Each panel shown: what its caption says of it.
+      'loss': ('train/loss' in metrics or 'eval/loss' in metrics) and (
+          'the training loss (the mean over the logged step\'s batch)'
+          + (' and the held-out loss' if 'eval/loss' in metrics else '')),
+      'learning rate': 'train/learning_rate' in metrics and 'the learning-rate schedule',
+      'accuracy': accuracy and 'the held-out accuracy at each evaluation'}
+  panels = [panel for panel, text in texts.items() if text]
   if not panels:
     raise ValueError('metrics.jsonl has no train/loss, train/learning_rate or eval accuracy.')
-  shown = []
-  if 'loss' in panels:
-    shown.append('the training loss (the mean over the logged step\'s batch)' +
-                 (' and the held-out loss' if 'eval/loss' in metrics else ''))
-  if 'learning rate' in panels:
-    shown.append('the learning-rate schedule')
-  if accuracy:
-    shown.append('the held-out accuracy at each evaluation')
+  shown = [texts[panel] for panel in panels]
   listing = shown[0] if len(shown) == 1 else ', '.join(shown[:-1]) + '; and ' + shown[-1]
   caption = f'From the run\'s metrics.jsonl: {listing}.'
   if not accuracy:
@@ -388,8 +375,7 @@ def attention_pass(summary: Any, model: VisionTransformer, params: Any, inputs: 
   params = jax.device_put(params)
   size = max(1, min(batch_size, len(inputs)))
   outputs = []
-  for start in range(0, len(inputs), size):
-    chunk = inputs[start:start + size]
+  for chunk in predict.batches(inputs, size):
     result = predict.jitted(summary)(model, params, predict.padded(list(chunk), size))
     outputs.append([np.asarray(r)[:len(chunk)] for r in result])
   return tuple(np.concatenate(parts) for parts in zip(*outputs, strict=True))
@@ -451,10 +437,8 @@ def inspect(args: argparse.Namespace) -> list[epath.Path]:
 
   model = source.model
   notes = list(source.notes)
-  if args.images:
-    images = user_images(source, args.images)
-  else:
-    images = eval_images(source, args.workdir, args.num_images)
+  images = (user_images(source, args.images) if args.images else
+            eval_images(source, args.workdir, args.num_images))
 
   figures = []
   params = source.params
@@ -497,11 +481,9 @@ def inspect(args: argparse.Namespace) -> list[epath.Path]:
 
   out = paths.path(args.out)  # Local or remote (gs://).
   out.mkdir(parents=True, exist_ok=True)
-  written = []
-  for fig in figures:
-    path = out / f'{fig.name}.png'
+  written = [out / f'{fig.name}.png' for fig in figures]
+  for path, fig in zip(written, figures, strict=True):
     path.write_bytes(fig.png)
-    written.append(path)
   page = out / 'index.html'
   write_html(page, source, figures, notes,
              list(zip(images.names, top, strict=True)) if args.images and top else [])

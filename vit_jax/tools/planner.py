@@ -48,7 +48,6 @@ def _oom(error: Exception) -> dict[str, Any] | None:
 
 
 def _tree_bytes_per_device(tree: Any) -> int:
-
   return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
              for x in jax.tree.leaves(tree))
 
@@ -157,17 +156,6 @@ def within(figures: dict[str, Any], limit: float | None) -> bool:
   return figures['fits'] and (limit is None or figures['hbm_bytes_per_device'] <= limit)
 
 
-def generation(tpu: Any) -> str:
-  """The generation as Cloud TPU's documents name it: v3, v5p, v5e (the v5litepod's), v6e."""
-  return {'v5litepod': 'v5e'}.get(tpu.chip.name, tpu.chip.name)
-
-
-def device_is(tpu: Any) -> str:
-  """What one JAX device of the slice is: a 'core' (v2, v3: two per chip) or a 'chip'
-  (megacore v4 and v5p, single-core v5e and v6e)."""
-  return 'core' if tpu.chip.devices > 1 else 'chip'
-
-
 def report(config: Any, topology: str, num_train_examples: int | None = None,
            memory_per_device: float | None = None,
            compiled: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -185,8 +173,10 @@ def report(config: Any, topology: str, num_train_examples: int | None = None,
   out: dict[str, Any] = {
       'topology': tpu.name if tpu else 'cpu', 'libtpu_topology': tpu and tpu.topology,
       'devices': len(devices), 'device_kind': devices[0].device_kind,
-      'chip': f'TPU {generation(tpu)}' if tpu else None,
-      'device_is': device_is(tpu) if tpu else None,
+      # The generation as Cloud TPU's documents name it (v5e: the v5litepod's); what one JAX
+      # device is: a 'core' (v2, v3: two a chip) or a 'chip' (v4, v5p: megacore; v5e, v6e).
+      'chip': f'TPU {({"v5litepod": "v5e"}).get(tpu.chip.name, tpu.chip.name)}' if tpu else None,
+      'device_is': ('core' if tpu.chip.devices > 1 else 'chip') if tpu else None,
       'chips': tpu.chips if tpu else None, 'cores': tpu.cores if tpu else None,
       **{k: v for k, v in compiled.items() if k not in ('train', 'eval')},
       'hbm_capacity_bytes': tpu.hbm_per_device if tpu else None,
@@ -238,10 +228,6 @@ class BatchSearch:
 
   def ok(self, units: int) -> bool:
     return within(self.figures[units], self.limit)
-
-  def add(self, units: int, figures: dict[str, Any]) -> None:
-    """A train step compiled elsewhere (the report's) at ``units``."""
-    self.figures[units] = figures
 
   def compile(self, units: int) -> bool:
     """Compiles the train step at ``units`` x ``unit`` images (logged); whether it fits."""
@@ -330,11 +316,15 @@ def _variant(config: Any, **fields: Any) -> Any:
   return config
 
 
-def _check(config: Any, devices: list, examples: int, limit: float | None
-           ) -> dict[str, Any]:
-  """The train step of ``config`` compiled: its figures, and whether they fit."""
+def _check(config: Any, devices: list, examples: int, limit: float | None, kind: str,
+           override: str, log: Any) -> dict[str, Any]:
+  """The train step of ``config`` (``override`` applied) compiled, logged: the suggestion."""
   figures = compile_steps(config, devices, examples, only_train=True)['train']
-  return {**figures, 'within': within(figures, limit)}
+  fits, need = within(figures, limit), needed_bytes(figures)
+  log(f'check: {override}: {gib(need)} per device, {"fits" if fits else "does not fit"}',
+      flush=True)
+  return {'kind': kind, 'override': override, 'bytes_per_device': need, 'how': 'checked',
+          'fits': fits}
 
 
 def advise(config: Any, topology: str, r: dict[str, Any], num_train_examples: int | None,
@@ -364,7 +354,7 @@ def advise(config: Any, topology: str, r: dict[str, Any], num_train_examples: in
     return out
 
   search = BatchSearch(config, topology, num_train_examples, limit, max_compiles, log)
-  search.add(batch // search.unit, train_)
+  search.figures[batch // search.unit] = train_  # The report's compile: not compiled again.
   best, proven = search.largest(batch // search.unit)
   if best:
     out.append({'kind': 'largest batch', 'override': f'--config.batch_size={best}',
@@ -382,24 +372,15 @@ def advise(config: Any, topology: str, r: dict[str, Any], num_train_examples: in
     if batch % (k * split) or batch * accum > best * k:
       continue
     tried += 1
-    figures = _check(_variant(config, grad_accum_steps=k), devices, examples, limit)
-    log(f'check: --config.grad_accum_steps={k}: {gib(needed_bytes(figures))} per device, '
-        f'{"fits" if figures["within"] else "does not fit"}', flush=True)
-    out.append({'kind': 'gradient accumulation', 'override': f'--config.grad_accum_steps={k}',
-                'bytes_per_device': needed_bytes(figures), 'how': 'checked',
-                'fits': figures['within']})
-    if figures['within']:
+    out.append(_check(_variant(config, grad_accum_steps=k), devices, examples, limit,
+                      'gradient accumulation', f'--config.grad_accum_steps={k}', log))
+    if out[-1]['fits']:
       break
 
   # FSDP: the parameters, gradients and optimizer state split over all the batch devices.
   if int(config.mesh.fsdp) == 1 and split > 1:
-    figures = _check(_variant(config, **{'mesh.fsdp': split, 'mesh.data': -1}), devices,
-                     examples, limit)
-    log(f'check: --config.mesh.fsdp={split}: {gib(needed_bytes(figures))} per device, '
-        f'{"fits" if figures["within"] else "does not fit"}', flush=True)
-    out.append({'kind': 'FSDP', 'override': f'--config.mesh.fsdp={split}',
-                'bytes_per_device': needed_bytes(figures), 'how': 'checked',
-                'fits': figures['within']})
+    out.append(_check(_variant(config, **{'mesh.fsdp': split, 'mesh.data': -1}), devices,
+                      examples, limit, 'FSDP', f'--config.mesh.fsdp={split}', log))
 
   # A bigger slice of the same generation (not compiled: an estimate from the line).
   line, need = search.line(), needed_bytes(train_)

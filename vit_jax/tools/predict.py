@@ -161,8 +161,7 @@ def check_source_paths(args: argparse.Namespace) -> None:
 def load_source(args: argparse.Namespace) -> Source:
   """The model, preprocessing and class names that ``--workdir`` / ``--npz`` / ``--source``
   select."""
-  from vit_jax.checkpoints import formats  # These import jax: the command line is
-  from vit_jax.checkpoints.formats import release  # checked before (main).
+  from vit_jax.checkpoints import formats  # It imports jax: the command line is checked before.
 
   notes = []
   resolve_source_flags(args)
@@ -188,7 +187,7 @@ def load_source(args: argparse.Namespace) -> Source:
       raise ValueError(f'--ema is for --workdir; {what} holds one set of parameters (export a '
                        'run\'s average with python -m vit_jax.tools.export --ema).')
     if args.npz:  # A release or big_vision .npz file, as ever.
-      loaded = release.load_npz_model(args.npz, args.model, args.image_size, pool=args.pool)
+      loaded = formats.release.load_npz_model(args.npz, args.model, args.image_size, pool=args.pool)
     else:
       loaded = formats.load(source, model_name=args.model, image_size=args.image_size,
                             pool=args.pool, step=args.step)
@@ -309,9 +308,7 @@ def batches(items: Sequence, size: int) -> Iterator[Sequence]:
 def padded(images: list[np.ndarray], size: int) -> np.ndarray:
   """Stacks images and pads with zeros to ``size`` rows (one compiled shape)."""
   stacked = np.stack(images).astype(np.float32)
-  pad = size - len(stacked)
-  return np.concatenate([stacked, np.zeros((pad, *stacked.shape[1:]), np.float32)]) \
-      if pad > 0 else stacked
+  return np.pad(stacked, [(0, size - len(stacked))] + [(0, 0)] * (stacked.ndim - 1))
 
 
 def predict_files(source: Source, paths: Sequence[str], batch_size: int,
