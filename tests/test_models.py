@@ -105,7 +105,7 @@ def test_backbone_options_match_an_independent_implementation(options, arrays):
   flat = numpy_vit.random_release_params(np.random.default_rng(1), width=32, depth=2, heads=4,
                                          mlp=64, patch=8, grid=(4, 4), classes=6, **arrays)
   model = get_model('ti16', num_classes=6, **SMALL, **options)
-  params = release.unflatten(flat)
+  params = layout.unflatten(flat)
   x = images_for(model)
   chex.assert_trees_all_equal_shapes(  # The same names and shapes.
       params, jax.eval_shape(model.init, jax.random.key(0), x)['params'])
