@@ -355,11 +355,22 @@ class EvalSpec:
     return f'normalize({list(self.mean)}, {list(self.std)})'
 
 
+def _scalings(parts: list[str]) -> list[int]:
+  """The indices of a pipeline's ``value_range`` and ``normalize`` ops."""
+  return [i for i, part in enumerate(parts) if part.split('(')[0].strip() in _SCALINGS]
+
+
+def last_scaling(spec: str) -> str:
+  """The last ``value_range`` or ``normalize`` op of ``spec`` ('' where it has none)."""
+  parts = spec.split('|')
+  return next((parts[i].strip() for i in reversed(_scalings(parts))), '')
+
+
 def rescaled(spec: str, scaling: str) -> str:
   """``spec`` with ``scaling`` (a ``value_range`` or ``normalize`` op) in place of its last
   such op, or appended where it has none."""
   parts = spec.split('|')
-  scaled = [i for i, part in enumerate(parts) if part.split('(')[0].strip() in _SCALINGS]
+  scaled = _scalings(parts)
   if not scaled:
     return f'{spec}|{scaling}'
   parts[scaled[-1]] = scaling

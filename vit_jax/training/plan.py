@@ -210,10 +210,9 @@ def _teacher(config: ml_collections.ConfigDict, model: nn.Module,
 def _scaling(spec: str) -> tuple[str, np.ndarray, np.ndarray]:
   """The last ``value_range`` or ``normalize`` of a pipeline (its pixels to the model's values)
   and its scale and offset per channel; ('', 1, 0) where it has none."""
-  ops = [op.strip() for op in spec.split('|')]
-  ops = [op for op in ops if op.startswith(('value_range', 'normalize'))] or ['']
-  affine = preprocess.parse(ops[-1]).affine if ops[-1] else (1., 0.)
-  return ops[-1], *(np.broadcast_to(np.asarray(v, np.float32), 3) for v in affine)
+  op = preprocess.last_scaling(spec)
+  affine = preprocess.parse(op).affine if op else (1., 0.)
+  return op, *(np.broadcast_to(np.asarray(v, np.float32), 3) for v in affine)
 
 
 def _check_files(config: ml_collections.ConfigDict) -> None:
