@@ -4,6 +4,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -245,17 +246,26 @@ def test_quickstart_command_reaches_95_percent_and_reads_plainly(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_damaged_init_from_is_refused_before_the_workdir_is_written(tmp_path):
-  """A garbage .npz as config.init_from: one error line, found by the plan's check (its first
-  bytes) before the lock and the log file, so the new workdir is never created."""
-  garbage = tmp_path / 'x.npz'
-  garbage.write_bytes(np.random.default_rng(0).bytes(300))
+@pytest.mark.parametrize('kind', ['npz', 'timm'])
+def test_a_damaged_init_from_is_refused_before_the_workdir_is_written(tmp_path, kind):
+  """A garbage .npz, or a timm folder whose model.safetensors lost its last byte, as
+  config.init_from: one error line, found by the plan's check (the .npz's first bytes, the
+  safetensors' header and size) before the lock and the log file, so the new workdir is never
+  created."""
+  if kind == 'npz':
+    damaged = tmp_path / 'x.npz'
+    damaged.write_bytes(np.random.default_rng(0).bytes(300))
+    problem = (f'{damaged} is not a .npz checkpoint: it does not begin as a zip archive does (a '
+               'damaged or partial download, or another kind of file). Download it again.')
+  else:
+    damaged = shutil.copytree(ROOT / 'tests' / 'data' / 'hub' / 'timm_augreg', tmp_path / 'timm')
+    weights = damaged / 'model.safetensors'
+    weights.write_bytes(weights.read_bytes()[:-1])
+    problem = (f'{weights} is not a safetensors file: its header does not describe its bytes (a '
+               'damaged or partial download, or another kind of file). Download it again.')
   workdir = tmp_path / 'new'
-  done = subprocess.run(main_command(workdir, init_from=garbage), cwd=ROOT, env=env(1),
+  done = subprocess.run(main_command(workdir, init_from=damaged), cwd=ROOT, env=env(1),
                         capture_output=True, text=True, timeout=300)
   assert done.returncode == 2, done.stderr
-  assert done.stderr.splitlines() == [
-      f'error: config.init_from: {garbage} is not a .npz checkpoint: it does not begin as a zip '
-      'archive does (a damaged or partial download, or another kind of file). Download it '
-      'again.']
+  assert done.stderr.splitlines() == [f'error: config.init_from: {problem}']
   assert not workdir.exists() or not any(workdir.iterdir())

@@ -24,7 +24,7 @@ from vit_jax import config as config_lib
 from vit_jax.base import cpu, errors, paths, sharding
 from vit_jax.base.sizes import pair
 from vit_jax.checkpoints import formats
-from vit_jax.checkpoints.formats import release
+from vit_jax.checkpoints.formats import hub, release
 from vit_jax.checkpoints.run import workdir as workdir_lib
 from vit_jax.data import preprocess, sources
 from vit_jax.models import canonical_name, get_model, mpp
@@ -230,8 +230,8 @@ def _check_files(config: ml_collections.ConfigDict) -> None:
       kind = formats.origin(init_from)
       if kind == formats.WORKDIR:
         workdir_lib.resolve_step(init_from, config.init_step)  # Raises, naming the steps.
-      elif kind == formats.HF_HUB:
-        formats.local_folder(init_from)  # Downloaded (or found in the cache) now.
+      elif kind in (formats.HF_HUB, formats.TIMM, formats.TRANSFORMERS):  # hf-hub: fetched now.
+        hub.read_weights(formats.local_folder(init_from), arrays=False)  # Damaged? As below.
       elif kind == formats.NPZ:
         release.read_npz(init_from, arrays=False)  # Damaged? Before anything is written.
     except errors.UserError as e:

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from etils import epath
 
 from vit_jax.base import errors, paths
 from vit_jax.checkpoints.formats.layout import POSEMB_KEY
@@ -92,17 +93,38 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
   return out
 
 
-def read_weights(folder: str | os.PathLike) -> dict[str, np.ndarray]:
-  """The tensors of a folder's model.safetensors (or its shards, by the index)."""
+def _check_size(path: epath.Path) -> None:
+  """A .safetensors file's length is what its header says (8 bytes, the header, the tensors)."""
+  size, end = path.stat().length, None
+  with path.open('rb') as f:
+    length = int.from_bytes(f.read(8), 'little')
+    try:
+      header = json.loads(f.read(length)) if length < size else {}
+      end = 8 + length + max((t['data_offsets'][1] for k, t in header.items()
+                              if k != '__metadata__'), default=0)
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError):
+      pass
+  if end != size:
+    raise errors.CheckpointError(f'{path} is not a safetensors file: its header does not '
+                                 'describe its bytes (a damaged or partial download, or '
+                                 'another kind of file). Download it again.')
+
+
+def read_weights(folder: str | os.PathLike,
+                 arrays: bool = True) -> dict[str, np.ndarray] | None:
+  """The tensors of a folder's model.safetensors (or its shards, by the index). ``arrays=False``:
+  only each file's header and size are read, for a damaged or partial file's error before a run
+  writes anything: None."""
   root = paths.path(folder)
+  read = read_safetensors if arrays else _check_size
   if paths.is_file(root / WEIGHTS):
-    return read_safetensors(root / WEIGHTS)
+    return read(root / WEIGHTS)
   if paths.is_file(root / WEIGHTS_INDEX):
     files = sorted(set(read_json(root / WEIGHTS_INDEX).get('weight_map', {}).values()))
     out = {}
     for name in files:
-      out.update(read_safetensors(root / name))
-    return out
+      out.update(read(root / name) or {})
+    return out if arrays else None
   pickles = [n for n in PICKLES if paths.is_file(root / n)]
   if pickles:
     raise errors.CheckpointError(
