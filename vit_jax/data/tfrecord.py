@@ -146,9 +146,6 @@ class Records:
       f.seek(offset + _HEADER.size)
       return f.read(length - _HEADER.size - _FOOTER)
 
-  def __getitems__(self, indices: Sequence[int]) -> list[bytes]:
-    return [self[i] for i in indices]
-
 
 class TFRecordSource:
   """A TFDS dataset prepared as TFRecord: ``len``, ``[i]`` -> the decoded example.
