@@ -279,10 +279,8 @@ class BigVision:
 TIMM_OPS = ('AutoContrast', 'Equalize', 'Invert', 'Rotate', 'Posterize', 'Solarize',
             'SolarizeAdd', 'Color', 'Contrast', 'Brightness', 'Sharpness', 'ShearX', 'ShearY',
             'TranslateXRel', 'TranslateYRel')
-TIMM_INCREASING_OPS = ('AutoContrast', 'Equalize', 'Invert', 'Rotate', 'PosterizeIncreasing',
-                       'SolarizeIncreasing', 'SolarizeAdd', 'ColorIncreasing',
-                       'ContrastIncreasing', 'BrightnessIncreasing', 'SharpnessIncreasing',
-                       'ShearX', 'ShearY', 'TranslateXRel', 'TranslateYRel')
+TIMM_INCREASING_OPS = tuple(f'{op}Increasing' if op in ('Posterize', 'Solarize', 'Color',
+                            'Contrast', 'Brightness', 'Sharpness') else op for op in TIMM_OPS)
 IMAGENET_MEAN_FILL = (124, 116, 104)  # round(255 x (0.485, 0.456, 0.406)): DeiT's fill.
 
 
