@@ -199,13 +199,6 @@ def _url_infos(builder: Any) -> dict[str, Any]:
   return {url: infos[url]} if url in infos else dict(infos)
 
 
-def _download_files(builder: Any) -> dict[str, str]:
-  """{URL: file name} of what ``builder`` downloads; TFDS takes a file of that name from its
-  manual_dir instead of downloading it."""
-  return {u: i.filename or os.path.basename(u.split('?')[0])
-          for u, i in _url_infos(builder).items()}
-
-
 def unreachable(url: str, timeout: float = 10.0) -> str:
   """Why ``url``'s host cannot be reached ('' where it answers, with any status): one try
   through the proxies TFDS's downloads take (HTTPS_PROXY, ...), so that a machine without
@@ -246,11 +239,12 @@ def prepare_one(tfds_name: str, tasks: list[str], data_dir: str, manual_dir: str
       return Outcome(tfds_name, tasks, 'manual',
                      MANUAL[name].format(dir=folder, built=built, data_dir=data_dir))
     return Outcome(tfds_name, tasks, 'failed', ' '.join(str(e).split())[:300])
-  download = None if name in MANUAL else (
-      sum(int(i.size) for i in _url_infos(builder).values()) or None)
+  infos = {} if name in MANUAL else _url_infos(builder)
+  download = sum(int(i.size) for i in infos.values()) or None
   if any(not os.path.exists(os.path.join(folder, m)) for m in MANUAL_MARKS.get(name, ())):
     return Outcome(tfds_name, tasks, 'manual', MANUAL[name].format(dir=folder))
-  files = {} if name in MANUAL else _download_files(builder)
+  # {URL: file name}: TFDS takes a file of that name from its manual_dir instead of downloading.
+  files = {u: i.filename or os.path.basename(u.split('?')[0]) for u, i in infos.items()}
   if any(not os.path.exists(os.path.join(folder, f)) for f in files.values()):
     network = {} if network is None else network
     if 'unreachable' not in network:
