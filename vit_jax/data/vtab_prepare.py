@@ -62,11 +62,6 @@ def default_data_dir() -> str:
   return os.path.expanduser(os.environ.get('TFDS_DATA_DIR') or '~/tensorflow_datasets')
 
 
-def manual_root(data_dir: str) -> str:
-  """Where the manual downloads go by default: TFDS's ``DATA_DIR/downloads/manual``."""
-  return os.path.join(data_dir, 'downloads', 'manual')
-
-
 def parts(tfds_name: str) -> tuple[str, str, str]:
   """``'sun397/tfds:4.*.*'`` -> (dataset 'sun397', its folder 'sun397/tfds', version '4.*.*')."""
   folder, _, version = tfds_name.partition(':')
@@ -283,7 +278,8 @@ def prepare(tasks: Sequence[Task], data_dir: str, manual_dir: str = '',
   table, then what is left to do by hand. Raises a ``UserError`` naming the tasks that still
   cannot run (after the table), so a script sees a non-zero status."""
   out = out or sys.stdout
-  manual_dir = manual_dir or manual_root(data_dir)
+  downloads = os.path.join(data_dir, 'downloads')
+  manual_dir = manual_dir or os.path.join(downloads, 'manual')  # TFDS's own default.
   outcomes: list[Outcome] = []
   network: dict[str, str] = {}
   for tfds_name, names in datasets_of(tasks).items():
@@ -306,7 +302,6 @@ def prepare(tasks: Sequence[Task], data_dir: str, manual_dir: str = '',
       print(f'- {o.tfds_name}: {o.detail}', file=out)
   if any(o.status == 'failed' for o in outcomes):
     print('\nA failed download is tried again by running this command again.', file=out)
-  downloads = os.path.join(data_dir, 'downloads')
   if os.path.isdir(downloads):
     print(f'\nThe downloads and their extracted files ({size_text(folder_bytes(downloads))} '
           f'in {downloads}) are no longer needed once prepared; the runs read only the '
