@@ -142,9 +142,7 @@ def inception_crop(size: int, area_min: float = 0.05, area_max: float = 1.0) -> 
       if 0 < ch <= h and 0 < cw <= w:
         top, left = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
         return resize_to(image[top:top + ch, left:left + cw], size, size)
-    side = min(h, w)
-    top, left = (h - side) // 2, (w - side) // 2
-    return resize_to(image[top:top + side, left:left + side], size, size)
+    return resize_to(central_crop(min(h, w))(image, rng), size, size)
   return op
 
 
