@@ -339,11 +339,9 @@ class EvalSpec:
     offset = '' if self.crop_offset == 'floor' else f', {self.crop_offset!r}'
     crop = (f'|central_crop({(h, w) if h != w else h}{offset})'
             if shorter or scaled != (h, w) else '')
-    if shorter:
-      ops = [f'resize_small({scaled[0]}{method}){crop}']
-    else:
-      ops = [f'resize({scaled if scaled[0] != scaled[1] else scaled[0]}{method}){crop}']
-    return '|'.join(['decode', *ops, self.scaling])
+    resize = 'resize_small' if shorter else 'resize'
+    side = scaled[0] if shorter or scaled[0] == scaled[1] else scaled
+    return f'decode|{resize}({side}{method}){crop}|{self.scaling}'
 
   @property
   def scaling(self) -> str:
