@@ -36,8 +36,7 @@ def as_array(image: Any) -> np.ndarray:
   """Encoded bytes, PIL image or array -> HWC uint8 array."""
   if isinstance(image, bytes):
     return decode()(image, None)
-  array = np.asarray(image)
-  return array[..., None] if array.ndim == 2 else array
+  return randaugment.as_hwc(np.asarray(image))
 
 
 def decode() -> Op:
