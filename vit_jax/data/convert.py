@@ -115,8 +115,7 @@ def scan_folder(source: epath.Path, val_fraction: float = 0.02,
         f'{source}: the splits {sorted(s.name for s in splits if unlabelled[s])} hold images '
         f'without class folders, {sorted(s.name for s in splits if not unlabelled[s])} class '
         'folders: give every split CLASS/ folders (labelled) or none (unlabelled).')
-  folders = {split: sorted(_folder(c, 'class') for c in _folder(split, 'split').iterdir()
-                           if not c.name.startswith('.'))
+  folders = {split: [_folder(c, 'class') for c in _visible(_folder(split, 'split'))]
              for split in splits}
   classes = sorted({c.name for cs in folders.values() for c in cs})
   index = {name: i for i, name in enumerate(classes)}

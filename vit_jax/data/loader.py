@@ -86,20 +86,18 @@ def process_rows(sharding: jax.sharding.Sharding, global_batch_size: int,
   return np.unique(np.concatenate(rows))
 
 
-def _load(source: Any, preprocess: Callable, index: int,
-          rng: np.random.Generator) -> tuple[np.ndarray, Any]:
-  example = source[int(index)]
-  return preprocess(example['image'], rng), example['label']
-
-
-def _assemble(examples: Iterator[tuple[np.ndarray, Any]], size: int, num_classes: int) -> Batch:
-  """Writes each example into one batch array as it is made (no list, no stack copy)."""
+def _assemble(source: Any, preprocess: Callable, draws: list[tuple[int, np.random.Generator]],
+              num_classes: int) -> Batch:
+  """Example ``index`` of ``source`` preprocessed with ``rng``, for each (index, rng) of
+  ``draws``, written into one batch array as it is made (no list, no stack copy)."""
   images, labels = None, []
-  for j, (image, label) in enumerate(examples):
+  for j, (index, rng) in enumerate(draws):
+    example = source[int(index)]
+    image = preprocess(example['image'], rng)
     if images is None:
-      images = np.empty((size, *image.shape), image.dtype)
+      images = np.empty((len(draws), *image.shape), image.dtype)
     images[j] = image
-    labels.append(label)
+    labels.append(example['label'])
   return {'image': images, 'label': _labels(np.stack(labels), num_classes)}
 
 
@@ -172,9 +170,8 @@ class TrainLoader:
   def local_batch(self, step: int) -> Batch:
     """This process's rows of batch ``step``, preprocessed, as numpy arrays."""
     indices = self.indices(step)
-    return _assemble((_load(self.source, self.preprocess, indices[j],
-                            np.random.default_rng([self.seed, step, j])) for j in self.rows),
-                     len(self.rows), self.num_classes)
+    draws = [(indices[j], np.random.default_rng([self.seed, step, j])) for j in self.rows]
+    return _assemble(self.source, self.preprocess, draws, self.num_classes)
 
   def iterate_local(self, start_step: int = 0) -> Iterator[tuple[int, Batch]]:
     """(step, this process's numpy batch), assembled ahead in ``num_workers`` threads."""
@@ -213,8 +210,8 @@ def eval_batches(source: Any, preprocess: Callable, *, global_batch_size: int,
   def local_batch(b: int) -> Batch:
     rows = b * global_batch_size + batch_rows
     mask = rows < n
-    local = _assemble((_load(source, preprocess, i, np.random.default_rng(0))
-                       for i in np.where(mask, rows, 0)), len(rows), num_classes)
+    draws = [(i, np.random.default_rng(0)) for i in np.where(mask, rows, 0)]
+    local = _assemble(source, preprocess, draws, num_classes)
     local['mask'] = mask.astype(np.float32)
     return local
 

@@ -36,8 +36,7 @@ def as_array(image: Any) -> np.ndarray:
   """Encoded bytes, PIL image or array -> HWC uint8 array."""
   if isinstance(image, bytes):
     return decode()(image, None)
-  array = np.asarray(image)
-  return array[..., None] if array.ndim == 2 else array
+  return randaugment.as_hwc(np.asarray(image))
 
 
 def decode() -> Op:
@@ -142,9 +141,7 @@ def inception_crop(size: int, area_min: float = 0.05, area_max: float = 1.0) -> 
       if 0 < ch <= h and 0 < cw <= w:
         top, left = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
         return resize_to(image[top:top + ch, left:left + cw], size, size)
-    side = min(h, w)
-    top, left = (h - side) // 2, (w - side) // 2
-    return resize_to(image[top:top + side, left:left + side], size, size)
+    return resize_to(central_crop(min(h, w))(image, rng), size, size)
   return op
 
 
@@ -341,11 +338,9 @@ class EvalSpec:
     offset = '' if self.crop_offset == 'floor' else f', {self.crop_offset!r}'
     crop = (f'|central_crop({(h, w) if h != w else h}{offset})'
             if shorter or scaled != (h, w) else '')
-    if shorter:
-      ops = [f'resize_small({scaled[0]}{method}){crop}']
-    else:
-      ops = [f'resize({scaled if scaled[0] != scaled[1] else scaled[0]}{method}){crop}']
-    return '|'.join(['decode', *ops, self.scaling])
+    resize = 'resize_small' if shorter else 'resize'
+    side = scaled[0] if shorter or scaled[0] == scaled[1] else scaled
+    return f'decode|{resize}({side}{method}){crop}|{self.scaling}'
 
   @property
   def scaling(self) -> str:

@@ -193,21 +193,13 @@ def rotate(image: np.ndarray, degrees: float) -> np.ndarray:
   return projective(image, (cos, -sin, x_offset, sin, cos, y_offset))
 
 
-def shear_x(image: np.ndarray, level: float) -> np.ndarray:
-  return projective(image, (1., level, 0., 0., 1., 0.))
-
-
-def shear_y(image: np.ndarray, level: float) -> np.ndarray:
-  return projective(image, (1., 0., 0., level, 1., 0.))
-
-
-def translate_x(image: np.ndarray, pixels: float) -> np.ndarray:
-  """Content moves left by ``pixels`` (output x samples input x + pixels)."""
-  return projective(image, (1., 0., pixels, 0., 1., 0.))
-
-
-def translate_y(image: np.ndarray, pixels: float) -> np.ndarray:
-  return projective(image, (1., 0., 0., 0., 1., pixels))
+# The shears and translations of both references, by the op's value: (a0, a1, a2, b0, b1, b2)
+# of ``projective``, which PIL's affine transform reads alike; a translation by v pixels moves
+# the content left (up) by v.
+_AFFINE: dict[str, Callable[[float], tuple[float, ...]]] = {
+    'ShearX': lambda v: (1., v, 0., 0., 1., 0.), 'ShearY': lambda v: (1., 0., 0., v, 1., 0.),
+    'TranslateX': lambda v: (1., 0., v, 0., 1., 0.),
+    'TranslateY': lambda v: (1., 0., 0., 0., 1., v)}
 
 
 def cutout(image: np.ndarray, pad: int, center_y: int, center_x: int,
@@ -221,9 +213,9 @@ def cutout(image: np.ndarray, pad: int, center_y: int, center_x: int,
 _BIG_VISION_FN: dict[str, Callable[..., np.ndarray]] = {
     'AutoContrast': autocontrast, 'Equalize': equalize, 'Invert': invert, 'Rotate': rotate,
     'Posterize': posterize, 'Solarize': solarize, 'Color': color, 'Contrast': contrast,
-    'Brightness': brightness, 'Sharpness': sharpness, 'ShearX': shear_x, 'ShearY': shear_y,
-    'TranslateX': translate_x, 'TranslateY': translate_y, 'Cutout': cutout,
-    'SolarizeAdd': solarize_add,
+    'Brightness': brightness, 'Sharpness': sharpness,
+    **{name: lambda image, v, m=m: projective(image, m(v)) for name, m in _AFFINE.items()},
+    'Cutout': cutout, 'SolarizeAdd': solarize_add,
 }
 BIG_VISION_OPS = tuple(_BIG_VISION_FN)  # In this order: the draws index it.
 
@@ -287,10 +279,8 @@ class BigVision:
 TIMM_OPS = ('AutoContrast', 'Equalize', 'Invert', 'Rotate', 'Posterize', 'Solarize',
             'SolarizeAdd', 'Color', 'Contrast', 'Brightness', 'Sharpness', 'ShearX', 'ShearY',
             'TranslateXRel', 'TranslateYRel')
-TIMM_INCREASING_OPS = ('AutoContrast', 'Equalize', 'Invert', 'Rotate', 'PosterizeIncreasing',
-                       'SolarizeIncreasing', 'SolarizeAdd', 'ColorIncreasing',
-                       'ContrastIncreasing', 'BrightnessIncreasing', 'SharpnessIncreasing',
-                       'ShearX', 'ShearY', 'TranslateXRel', 'TranslateYRel')
+TIMM_INCREASING_OPS = tuple(f'{op}Increasing' if op in ('Posterize', 'Solarize', 'Color',
+                            'Contrast', 'Brightness', 'Sharpness') else op for op in TIMM_OPS)
 IMAGENET_MEAN_FILL = (124, 116, 104)  # round(255 x (0.485, 0.456, 0.406)): DeiT's fill.
 
 
@@ -332,10 +322,8 @@ def timm_apply(image: Image.Image, name: str, args: tuple, fill: tuple[int, ...]
     return image.point(lut * len(image.getbands()))
   if base in ('Color', 'Contrast', 'Brightness', 'Sharpness'):
     return getattr(ImageEnhance, base)(image).enhance(args[0])
-  w, h = image.size
-  matrix = {'ShearX': (1, args[0], 0, 0, 1, 0), 'ShearY': (1, 0, 0, args[0], 1, 0),
-            'TranslateXRel': (1, 0, args[0] * w, 0, 1, 0),
-            'TranslateYRel': (1, 0, 0, 0, 1, args[0] * h)}[base]
+  side = {'TranslateXRel': image.size[0], 'TranslateYRel': image.size[1]}.get(base, 1)
+  matrix = _AFFINE[base.removesuffix('Rel')](args[0] * side)  # Rel: a share of the side.
   return image.transform(image.size, Image.Transform.AFFINE, matrix, **affine)
 
 

@@ -31,30 +31,22 @@ def cache_dir() -> epath.Path:
       'vit_jax' / 'tfrecord_offsets'
 
 
-def _walk(f: Any, size: int, sequential: bool) -> list[int]:
-  """The offsets of the records of an open TFRecord file of ``size`` bytes."""
+def _walk(f: Any, size: int, chunk: int) -> list[int]:
+  """The offsets of the records of an open TFRecord file of ``size`` bytes, read ``chunk``
+  bytes at a time: a header's size hops from header to header, more parses them from memory."""
   offsets, position = [], 0
-  if sequential:  # Large chunks: the headers are parsed from memory.
-    buffer, start = b'', 0  # The file's bytes [start, start + len(buffer)).
-    while position < size:
+  buffer, start = b'', 0  # The file's bytes [start, start + len(buffer)).
+  while position < size:
+    if position + _HEADER.size > start + len(buffer):
+      if position > start + len(buffer):  # The next header is past the bytes read.
+        f.seek(position)
+        buffer = b''
+      buffer, start = buffer[position - start:] + f.read(chunk), position
       if position + _HEADER.size > start + len(buffer):
-        if position > start + len(buffer):  # A record longer than the chunk.
-          f.seek(position)
-          buffer = b''
-        buffer, start = buffer[position - start:] + f.read(_CHUNK), position
-        if position + _HEADER.size > start + len(buffer):
-          break
-      length, _ = _HEADER.unpack_from(buffer, position - start)
-      offsets.append(position)
-      position += _HEADER.size + length + _FOOTER
-  else:
-    while position < size:
-      f.seek(position)
-      header = f.read(_HEADER.size)
-      if len(header) < _HEADER.size:
         break
-      offsets.append(position)
-      position += _HEADER.size + _HEADER.unpack(header)[0] + _FOOTER
+    length, _ = _HEADER.unpack_from(buffer, position - start)
+    offsets.append(position)
+    position += _HEADER.size + length + _FOOTER
   if position != size:
     raise ValueError(f'is not a complete TFRecord file: its records end at byte {position}, '
                      f'the file has {size} bytes')
@@ -106,7 +98,7 @@ def record_offsets(path: str | os.PathLike, sequential: bool | None = None) -> n
     sequential = '://' in str(path)
   try:
     with path.open('rb') as f:
-      offsets = np.asarray(_walk(f, size, sequential), np.int64)
+      offsets = np.asarray(_walk(f, size, _CHUNK if sequential else _HEADER.size), np.int64)
   except (ValueError, struct.error) as e:
     raise ValueError(f'{path} {e}.') from None
   cached.parent.mkdir(parents=True, exist_ok=True)
@@ -153,9 +145,6 @@ class Records:
     with self.files[shard].open('rb') as f:
       f.seek(offset + _HEADER.size)
       return f.read(length - _HEADER.size - _FOOTER)
-
-  def __getitems__(self, indices: Sequence[int]) -> list[bytes]:
-    return [self[i] for i in indices]
 
 
 class TFRecordSource:

@@ -123,16 +123,16 @@ class Task:
   def splits(self, train_examples: int | None = None) -> dict[str, str]:
     """The four VTAB-1k splits as TFDS split strings (``train_examples``: the prepared size)."""
     if self.layout == 'validation':
-      return {'train800': 'train[:800]', 'val200': 'validation[:200]',
-              'train800val200': 'train[:800]+validation[:200]', 'test': 'test'}
-    if self.layout == 'smallnorb':
-      return {'train800': 'train[:800]', 'val200': 'test[:200]',
-              'train800val200': 'train[:800]+test[:200]', 'test': 'test[50%:]'}
-    n = self.train_examples if train_examples is None else train_examples
-    train = self.train_share * n // 100
-    test = self.test_split or f'train[{train + self.val_share * n // 100}:]'
-    return {'train800': 'train[:800]', 'val200': f'train[{train}:{train + 200}]',
-            'train800val200': f'train[:800]+train[{train}:{train + 200}]', 'test': test}
+      val, test = 'validation[:200]', 'test'
+    elif self.layout == 'smallnorb':
+      val, test = 'test[:200]', 'test[50%:]'
+    else:
+      n = self.train_examples if train_examples is None else train_examples
+      train = self.train_share * n // 100
+      val = f'train[{train}:{train + 200}]'
+      test = self.test_split or f'train[{train + self.val_share * n // 100}:]'
+    return {'train800': 'train[:800]', 'val200': val, 'train800val200': f'train[:800]+{val}',
+            'test': test}
 
   def describe(self) -> dict[str, Any]:
     return {'name': self.name, 'group': self.group, 'tfds_name': self.tfds_name,

@@ -62,11 +62,6 @@ def default_data_dir() -> str:
   return os.path.expanduser(os.environ.get('TFDS_DATA_DIR') or '~/tensorflow_datasets')
 
 
-def manual_root(data_dir: str) -> str:
-  """Where the manual downloads go by default: TFDS's ``DATA_DIR/downloads/manual``."""
-  return os.path.join(data_dir, 'downloads', 'manual')
-
-
 def parts(tfds_name: str) -> tuple[str, str, str]:
   """``'sun397/tfds:4.*.*'`` -> (dataset 'sun397', its folder 'sun397/tfds', version '4.*.*')."""
   folder, _, version = tfds_name.partition(':')
@@ -199,13 +194,6 @@ def _url_infos(builder: Any) -> dict[str, Any]:
   return {url: infos[url]} if url in infos else dict(infos)
 
 
-def _download_files(builder: Any) -> dict[str, str]:
-  """{URL: file name} of what ``builder`` downloads; TFDS takes a file of that name from its
-  manual_dir instead of downloading it."""
-  return {u: i.filename or os.path.basename(u.split('?')[0])
-          for u, i in _url_infos(builder).items()}
-
-
 def unreachable(url: str, timeout: float = 10.0) -> str:
   """Why ``url``'s host cannot be reached ('' where it answers, with any status): one try
   through the proxies TFDS's downloads take (HTTPS_PROXY, ...), so that a machine without
@@ -246,11 +234,12 @@ def prepare_one(tfds_name: str, tasks: list[str], data_dir: str, manual_dir: str
       return Outcome(tfds_name, tasks, 'manual',
                      MANUAL[name].format(dir=folder, built=built, data_dir=data_dir))
     return Outcome(tfds_name, tasks, 'failed', ' '.join(str(e).split())[:300])
-  download = None if name in MANUAL else (
-      sum(int(i.size) for i in _url_infos(builder).values()) or None)
+  infos = {} if name in MANUAL else _url_infos(builder)
+  download = sum(int(i.size) for i in infos.values()) or None
   if any(not os.path.exists(os.path.join(folder, m)) for m in MANUAL_MARKS.get(name, ())):
     return Outcome(tfds_name, tasks, 'manual', MANUAL[name].format(dir=folder))
-  files = {} if name in MANUAL else _download_files(builder)
+  # {URL: file name}: TFDS takes a file of that name from its manual_dir instead of downloading.
+  files = {u: i.filename or os.path.basename(u.split('?')[0]) for u, i in infos.items()}
   if any(not os.path.exists(os.path.join(folder, f)) for f in files.values()):
     network = {} if network is None else network
     if 'unreachable' not in network:
@@ -289,7 +278,8 @@ def prepare(tasks: Sequence[Task], data_dir: str, manual_dir: str = '',
   table, then what is left to do by hand. Raises a ``UserError`` naming the tasks that still
   cannot run (after the table), so a script sees a non-zero status."""
   out = out or sys.stdout
-  manual_dir = manual_dir or manual_root(data_dir)
+  downloads = os.path.join(data_dir, 'downloads')
+  manual_dir = manual_dir or os.path.join(downloads, 'manual')  # TFDS's own default.
   outcomes: list[Outcome] = []
   network: dict[str, str] = {}
   for tfds_name, names in datasets_of(tasks).items():
@@ -312,7 +302,6 @@ def prepare(tasks: Sequence[Task], data_dir: str, manual_dir: str = '',
       print(f'- {o.tfds_name}: {o.detail}', file=out)
   if any(o.status == 'failed' for o in outcomes):
     print('\nA failed download is tried again by running this command again.', file=out)
-  downloads = os.path.join(data_dir, 'downloads')
   if os.path.isdir(downloads):
     print(f'\nThe downloads and their extracted files ({size_text(folder_bytes(downloads))} '
           f'in {downloads}) are no longer needed once prepared; the runs read only the '
