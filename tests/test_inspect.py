@@ -207,6 +207,18 @@ def test_inspect_a_workdir_on_its_eval_data(run_dir, tmp_path, capsys):
   assert 'averaged over 6 images' in page and 'metrics.jsonl' in page
 
 
+def test_training_curves_read_a_metrics_file_cut_short_by_a_crash(tmp_path):
+  """A run killed mid-write leaves half a line: the curves keep every whole row, the last
+  value of a step written twice (a resume), and pass the cut line over."""
+  rows = ['{"step": 1, "train/loss": 2.0}', '{"step": 2, "train/loss": 1.5}',
+          '{"step": 2, "train/loss": 1.25, "eval/accuracy": 0.5}', '{"step": 3, "train/lo']
+  (tmp_path / 'metrics.jsonl').write_text('\n'.join(rows))
+  curves = inspect.read_metrics(str(tmp_path))
+  assert sorted(curves) == ['eval/accuracy', 'train/loss']
+  np.testing.assert_array_equal(curves['train/loss'][0], [1, 2])
+  np.testing.assert_array_equal(curves['train/loss'][1], [2.0, 1.25])
+
+
 def test_inspect_a_npz_on_given_images(npz_file, photo_files, tmp_path, capsys):
   out = tmp_path / 'npz'
   assert inspect.main(['--npz', str(npz_file[0]), '--out', str(out),

@@ -75,12 +75,7 @@ def read_run(path: Any) -> Run:
 
   key = evals.headline(config_lib.complete(config))
   accuracy, last = None, 0
-  metrics = path / 'metrics.jsonl'
-  for line in metrics.read_text().splitlines() if metrics.exists() else ():
-    try:
-      row = json.loads(line)
-    except json.JSONDecodeError:  # A line cut short by a crash.
-      continue
+  for _, row in record.metric_rows(path):
     last = max(last, int(row['step']))
     if row['step'] == total and key in row:
       accuracy = float(row[key])

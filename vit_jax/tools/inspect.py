@@ -17,7 +17,6 @@ import argparse
 import base64
 import dataclasses
 import html
-import json
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -253,15 +252,12 @@ def attention_rollout_figure(images: Images, maps: np.ndarray, predictions: list
                  caption)
 
 
-def read_metrics(path: epath.Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def read_metrics(workdir: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """metrics.jsonl -> {name: (steps, values)}; a resumed run's repeated steps keep the last."""
   series: dict[str, dict[int, float]] = {}
-  for line in path.read_text().splitlines():
-    if not line.strip():
-      continue
-    record = json.loads(line)
-    step = int(record.pop('step'))
-    for key, value in record.items():
+  for _, row in record.metric_rows(workdir):
+    step = int(row.pop('step'))
+    for key, value in row.items():
       series.setdefault(key, {})[step] = float(value)
   return {k: (np.array(sorted(v)), np.array([v[s] for s in sorted(v)])) for k, v in series.items()}
 
@@ -472,10 +468,10 @@ def inspect(args: argparse.Namespace) -> list[epath.Path]:
   figures.append(attention_rollout_figure(images, maps, titles, args.show))
 
   if args.workdir:
-    metrics = paths.path(args.workdir) / 'metrics.jsonl'
+    metrics = paths.path(args.workdir) / record.METRICS_FILE
     if metrics.is_file():
       step = record.resolve_step(args.workdir, args.step)
-      figures.append(training_curves_figure(read_metrics(metrics), step))
+      figures.append(training_curves_figure(read_metrics(args.workdir), step))
     else:
       notes.append(f'{metrics} does not exist: no training curves.')
 

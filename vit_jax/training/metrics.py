@@ -89,7 +89,7 @@ class MetricsLog:
   def __init__(self, workdir: str, start_step: int = 0, append: bool | None = None):
     self.main = jax.process_index() == 0
     self.workdir = workdir
-    self.jsonl = epath.Path(workdir) / 'metrics.jsonl'
+    self.jsonl = epath.Path(workdir) / record.METRICS_FILE
     self.append = '://' not in str(workdir) if append is None else append
     self.lines: list[str] = []
     self.rows: dict[int, dict[str, float]] = {}  # Step -> the metrics written at it.
@@ -105,16 +105,12 @@ class MetricsLog:
     self.lines, self.rows = [], {}
     if not (self.main and self.jsonl.exists()):
       return
-    old = self.jsonl.read_text().splitlines(keepends=True)
-    for line in old:
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError:  # A line cut short by a crash.
-        continue
+    old = self.jsonl.read_text()
+    for line, row in record.metric_rows(self.workdir):
       if row['step'] <= step:
         self.lines.append(line)
         self._note(row)
-    if self.lines != old:
+    if ''.join(self.lines) != old:
       workdir_lib.write_atomically(self.jsonl, ''.join(self.lines))
 
   def _note(self, row: dict[str, float]) -> None:

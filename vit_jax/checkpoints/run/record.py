@@ -1,12 +1,15 @@
 """What a run's workdir records of it, read without jax: its config.json, its checkpoints'
-steps, and whether a resume's config is the same run (``check_resume``), so that a command
-answers a resume it must refuse before anything starts. ``workdir`` reads the rest.
+steps, its metrics.jsonl rows, and whether a resume's config is the same run
+(``check_resume``), so that a command answers a resume it must refuse before anything starts.
+``workdir`` reads the rest.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import ml_collections
 from etils import epath
@@ -17,6 +20,7 @@ from vit_jax.base import errors, paths
 CONFIG_FILE = 'config.json'
 CLASSES_FILE = 'classes.json'
 CHECKPOINTS = 'checkpoints'
+METRICS_FILE = 'metrics.jsonl'
 
 
 def is_workdir(path: str | os.PathLike) -> bool:
@@ -98,3 +102,14 @@ def load_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
                                   'vit_jax.main run.')
   # An older run's config.json: its evals fields as named evaluators.
   return config_lib.complete(config_lib.convert_old_evals(json.loads(path.read_text())))
+
+
+def metric_rows(workdir: str | os.PathLike) -> Iterator[tuple[str, dict[str, Any]]]:
+  """Each ``(line, row)`` of the run's metrics.jsonl, in order (none without the file); a
+  line cut short by a crash is passed over."""
+  path = epath.Path(workdir) / METRICS_FILE
+  for line in path.read_text().splitlines(keepends=True) if path.exists() else ():
+    try:
+      yield line, json.loads(line)
+    except json.JSONDecodeError:
+      continue
