@@ -59,3 +59,17 @@ def test_a_classifier_of_unknown_pooling_is_refused_in_one_line():
   with pytest.raises(errors.CheckpointMismatchError) as e:
     formats.load(str(HUB / 'bv_gap_scan'), image_size=(16, 24), source_grid=(4, 6))
   assert "pool type 'gap', '0' or 'none'" in str(e.value) and '\n' not in str(e.value)
+
+
+def test_a_partial_copy_is_refused_not_read_as_zeros(tmp_path):
+  """Zarr reads a missing chunk as zeros: a checkpoint copied but for one chunk would load,
+  wrong. Every chunk each params~ .zarray describes must be there; a fill value lets
+  tensorstore leave a chunk equal to it unwritten, so such an array is not held to that."""
+  copy = shutil.copytree(HUB / 'bv_tok', tmp_path / 'bv')
+  array = copy / 'checkpoint.bv-000000003' / 'params~Transformer~encoder_norm~scale'
+  (array / '0').unlink()
+  with pytest.raises(errors.CheckpointError, match=r'encoder_norm~scale: its chunk 0 is missing'):
+    big_vision.read_params(copy)
+  zarray = array / '.zarray'
+  zarray.write_text(zarray.read_text().replace('"fill_value":null', '"fill_value":0'))
+  assert (big_vision.read_params(copy)['Transformer/encoder_norm/scale'] == 0).all()

@@ -246,17 +246,23 @@ def test_quickstart_command_reaches_95_percent_and_reads_plainly(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('kind', ['npz', 'timm'])
+@pytest.mark.parametrize('kind', ['npz', 'timm', 'big_vision'])
 def test_a_damaged_init_from_is_refused_before_the_workdir_is_written(tmp_path, kind):
-  """A garbage .npz, or a timm folder whose model.safetensors lost its last byte, as
-  config.init_from: one error line, found by the plan's check (the .npz's first bytes, the
-  safetensors' header and size) before the lock and the log file, so the new workdir is never
-  created."""
+  """A garbage .npz, a timm folder whose model.safetensors lost its last byte, or a big_vision
+  checkpoint copied but for one array's chunk, as config.init_from: one error line, found by
+  the plan's check (the .npz's first bytes, the safetensors' header and size, the chunks each
+  .zarray describes) before the lock and the log file, so the new workdir is never created."""
   if kind == 'npz':
     damaged = tmp_path / 'x.npz'
     damaged.write_bytes(np.random.default_rng(0).bytes(300))
     problem = (f'{damaged} is not a .npz checkpoint: it does not begin as a zip archive does (a '
                'damaged or partial download, or another kind of file). Download it again.')
+  elif kind == 'big_vision':
+    damaged = shutil.copytree(ROOT / 'tests' / 'data' / 'hub' / 'bv_tok', tmp_path / 'bv')
+    array = damaged / 'checkpoint.bv-000000003' / 'params~embedding~kernel'
+    (array / '0.0.0.0').unlink()
+    problem = (f'{array}: its chunk 0.0.0.0 is missing (of 1), which zarr would read as zeros: '
+               'a partial copy. Copy the checkpoint again.')
   else:
     damaged = shutil.copytree(ROOT / 'tests' / 'data' / 'hub' / 'timm_augreg', tmp_path / 'timm')
     weights = damaged / 'model.safetensors'

@@ -24,7 +24,7 @@ from vit_jax import config as config_lib
 from vit_jax.base import cpu, errors, paths, sharding
 from vit_jax.base.sizes import pair
 from vit_jax.checkpoints import formats
-from vit_jax.checkpoints.formats import hub, release
+from vit_jax.checkpoints.formats import big_vision, hub, release
 from vit_jax.checkpoints.run import workdir as workdir_lib
 from vit_jax.data import preprocess, sources
 from vit_jax.models import canonical_name, get_model, mpp
@@ -234,6 +234,8 @@ def _check_files(config: ml_collections.ConfigDict) -> None:
         hub.read_weights(formats.local_folder(init_from), arrays=False)  # Damaged? As below.
       elif kind == formats.NPZ:
         release.read_npz(init_from, arrays=False)  # Damaged? Before anything is written.
+      elif kind == formats.BIG_VISION:  # Every chunk there? (zarr reads a missing one as 0.)
+        big_vision.params_arrays(init_from, config.init_step)
     except errors.UserError as e:
       raise type(e)(f'config.init_from: {e}') from None
   workdir_lib.check_init_from(config)  # init_ema, init_source_grid, init_source_pool.

@@ -13,6 +13,9 @@ such a checkpoint's classifier loads only where its pool type is said (``check_s
 
 from __future__ import annotations
 
+import itertools
+import json
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -57,17 +60,49 @@ def _open(folder: Any) -> np.ndarray:
   return ts.open({'driver': 'zarr', 'kvstore': kvstore}, open=True).result().read().result()
 
 
-def read_params(path: str | os.PathLike, step: int | None = None) -> dict[str, np.ndarray]:
-  """The ``params`` of a big_vision tensorstore checkpoint in the flat release layout."""
+def _check_chunks(array: Any) -> None:
+  """Every chunk that a zarr array's ``.zarray`` describes is there. Zarr reads a missing
+  chunk as zeros, so a partly copied checkpoint would load wrong, not fail. Where the array
+  has a ``fill_value``, tensorstore leaves a chunk equal to it unwritten: no check there
+  (big_vision's, through jax's serialization, have none)."""
+  try:
+    meta = json.loads((array / '.zarray').read_text())
+    grid = [math.ceil(size / chunk) for size, chunk in zip(meta['shape'], meta['chunks'],
+                                                           strict=True)]
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise errors.CheckpointError(f'{array}: its .zarray cannot be read ({e}).') from None
+  if meta.get('fill_value') is not None:
+    return
+  separator = meta.get('dimension_separator') or '.'
+  for index in itertools.product(*map(range, grid)):
+    chunk = separator.join(map(str, index)) or '0'
+    if not paths.is_file(array / chunk):
+      raise errors.CheckpointError(
+          f'{array}: its chunk {chunk} is missing (of {math.prod(grid)}), which zarr would read '
+          'as zeros: a partial copy. Copy the checkpoint again.')
+
+
+def params_arrays(path: str | os.PathLike,
+                  step: int | None = None) -> tuple[str, dict[str, Any]]:
+  """A big_vision tensorstore checkpoint's step folder, and its ``params~`` arrays' folders
+  by their names (``/`` for ``~``), each checked to hold every chunk it describes (the data
+  itself is not read: a cheap check before a run starts)."""
   folder = step_folder(path, step)
   if folder is None:
     raise errors.CheckpointError(f'{path} is not a big_vision tensorstore checkpoint (no '
                                  f'{PREFIX}{LAST} and no params~ arrays).')
-  flat = {}
+  arrays = {entry.name.replace('~', '/'): entry for entry in paths.path(folder).iterdir()
+            if entry.name.startswith('params~')}
+  for array in arrays.values():
+    _check_chunks(array)
+  return folder, arrays
+
+
+def read_params(path: str | os.PathLike, step: int | None = None) -> dict[str, np.ndarray]:
+  """The ``params`` of a big_vision tensorstore checkpoint in the flat release layout."""
+  folder, arrays = params_arrays(path, step)
   try:
-    for entry in paths.path(folder).iterdir():
-      if entry.name.startswith('params~'):
-        flat[entry.name.replace('~', '/')] = np.asarray(_open(entry))
+    flat = {name: np.asarray(_open(array)) for name, array in arrays.items()}
   except ValueError as e:  # tensorstore's errors: a damaged or partial array.
     raise errors.CheckpointError(f'{folder}: an array cannot be read ({e}).') from None
   flat = canonical(flat, folder)
