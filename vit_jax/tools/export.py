@@ -55,9 +55,7 @@ def export(workdir: str, out: str, step: int | None = None, *, ema: bool = False
 
   params, step = workdir_lib.restore_params(workdir, step, ema=ema,
                                             allow_nonfinite=allow_nonfinite)
-  head = params.get('head')  # None: a self-supervised run's encoder.
-  model = workdir_lib.model_from_config(workdir_lib.load_config(workdir),
-                                        int(head['kernel'].shape[-1]) if head else None)
+  model = workdir_lib.run_model(workdir_lib.load_config(workdir), params)
   if format == 'npz' and not release.npz_problem(model):
     release.save_npz(out, params)  # Any run's layout, as the release files have it.
   else:
