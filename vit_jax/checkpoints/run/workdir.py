@@ -90,11 +90,6 @@ def run_model(config: ml_collections.ConfigDict, params: Any) -> VisionTransform
   return model_from_config(config, int(head['kernel'].shape[-1]) if head else None)
 
 
-def has_ema(workdir: str | os.PathLike, step: int | None = None) -> bool:
-  """Whether a run's checkpoint keeps the weights' moving average (``optimizer.ema_decay``)."""
-  return manager_lib.has_ema(step_dir(workdir, resolve_step(workdir, step)))
-
-
 def newest_good_step(workdir: str | os.PathLike) -> int | None:
   """The newest checkpoint whose record says its state is finite (or, written by an older
   vit_jax without that record, whose parameters are); None where there is none."""
@@ -268,7 +263,8 @@ def check_init_from(config: ml_collections.ConfigDict) -> None:
                              'checkpoint: it records its model; leave init_source_pool unset.')
   if kind != formats.WORKDIR:
     return
-  if options['init_ema'] and not has_ema(source, config.get('init_step')):
+  if options['init_ema'] and not manager_lib.has_ema(
+      step_dir(source, resolve_step(source, config.get('init_step')))):
     raise errors.ConfigError(
         f'config.init_ema is true, but the checkpoint of {source} keeps no moving average of '
         'the weights (its run had config.optimizer.ema_decay=0): set init_ema=false.')
