@@ -83,6 +83,13 @@ CASES = [
     ('vit_jax.tools.inspect', ['--workdir={run}', '--out={file}/i'], UNDER_FILE, True),
     ('vit_jax.fewshot', ['--workdir={run}'], '--dataset is required', True),
     ('vit_jax.fewshot', ['--workdir={dir}/nope', '--dataset=digits'], 'does not exist', True),
+    # A stray argument to a command that takes none (errors.run's arguments=False).
+    *[(module, [*args, 'extra'], "Unexpected arguments: ['extra']", True) for module, args in [
+        ('vit_jax.tools.export', ['--workdir={run}', '--out={dir}/o.npz']),
+        ('vit_jax.data.convert', ['--source={dir}', '--out={dir}/c']),
+        ('vit_jax.tools.aot', [f'--config={QUICKSTART}', '--topology=cpu']),
+        ('vit_jax.evaluate', ['--workdir={run}']),
+        ('vit_jax.fewshot', ['--workdir={run}', '--dataset=digits'])]],
 ]
 
 

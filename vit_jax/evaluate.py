@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from absl import app, flags
+from absl import flags
 
 from vit_jax.base import console, errors, paths
 from vit_jax.checkpoints.run import record
@@ -55,8 +55,6 @@ def _define_flags() -> dict[str, Any]:
 
 
 def main(argv: list[str], flags_: dict[str, Any]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   directory, source = flags_['workdir'].value, flags_['source'].value
   if not directory and not source:
     raise errors.ConfigError('--workdir is required: a run\'s workdir (or --source=SOURCE '
@@ -111,4 +109,4 @@ def _evaluate(config: Any, checkpoint: str, flags_: dict[str, Any]) -> None:
 
 
 if __name__ == '__main__':
-  config_cli.run(functools.partial(main, flags_=_define_flags()))
+  config_cli.run(functools.partial(main, flags_=_define_flags()), arguments=False)

@@ -85,14 +85,7 @@ def load_features(directory: str | None, source: str | None, step: int | None = 
     return formats.load(source, model_name=model_name, image_size=image_size)
   config = workdir_lib.load_config(directory)
   params, _ = workdir_lib.restore_params(directory, step, allow_nonfinite=allow_nonfinite)
-  return Loaded(run_model(config, params), params, (), directory, config)
-
-
-def run_model(config: ml_collections.ConfigDict, params: Any) -> VisionTransformer:
-  """The model of a run's ``config`` for its ``params`` (no head: a self-supervised run's
-  encoder)."""
-  head = params.get('head')
-  return workdir_lib.model_from_config(config, int(head['kernel'].shape[-1]) if head else None)
+  return Loaded(workdir_lib.run_model(config, params), params, (), directory, config)
 
 
 def read_back(out: str, format: str, model: VisionTransformer, params: Any) -> Any:
@@ -125,7 +118,7 @@ def compare_export(workdir: str, step: int, out: str, format: str, *, ema: bool,
   and of the export written from it to ``out``: the same, for a faithful export."""
   config = workdir_lib.load_config(workdir)
   params, _ = workdir_lib.restore_params(workdir, step, ema=ema, allow_nonfinite=allow_nonfinite)
-  exported = read_back(out, format, run_model(config, params), params)
+  exported = read_back(out, format, workdir_lib.run_model(config, params), params)
   classifiers = [n for n, e in config.evals.items() if e.type == 'classification']
   name_of_export = 'exported .npz' if format == 'npz' else f'exported {format}'
   for name, tree in (('checkpoint', params), (name_of_export, exported)):

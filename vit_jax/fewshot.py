@@ -21,7 +21,7 @@ import functools
 import json
 from typing import Any
 
-from absl import app, flags
+from absl import flags
 
 from vit_jax import config as config_lib
 from vit_jax import evaluate
@@ -58,8 +58,6 @@ def _define_flags() -> dict[str, Any]:
 
 def main(argv: list[str], flags_: dict[str, Any]) -> None:
   """Prints the few-shot table of a run or a .npz file."""
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   directory, npz = flags_['workdir'].value, flags_['npz'].value or flags_['source'].value
   if flags_['npz'].value and flags_['source'].value:
     raise errors.ConfigError('Give one of --npz and --source (the same: any checkpoint).')
@@ -113,4 +111,4 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
 
 
 if __name__ == '__main__':
-  errors.run(functools.partial(main, flags_=_define_flags()))
+  errors.run(functools.partial(main, flags_=_define_flags()), arguments=False)

@@ -70,8 +70,7 @@ def plain_console() -> None:
 
   handler = absl_logging.get_absl_handler()
   handler.setFormatter(_Plain())
-  if _console_line not in handler.filters:
-    handler.addFilter(_console_line)
+  handler.addFilter(_console_line)  # Once: logging's addFilter skips a filter it holds.
 
 
 class _LogFile(logging.Handler):
@@ -188,9 +187,7 @@ def quiet_third_party(preload_tensorflow: bool = False) -> None:
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')  # TensorFlow's later C++ INFO lines.
   from absl import logging as absl_logging
 
-  handler = absl_logging.get_absl_handler()
-  if _ours_or_warning not in handler.filters:
-    handler.addFilter(_ours_or_warning)
+  absl_logging.get_absl_handler().addFilter(_ours_or_warning)  # Once, as plain_console's.
   if preload_tensorflow and 'tensorflow' not in sys.modules:
     saved = os.dup(2)
     try:

@@ -160,13 +160,18 @@ def report(e: BaseException) -> int:
   return getattr(e, 'exit_status', EXIT_STATUS)
 
 
-def run(main: Callable[[list[str]], Any], **kwargs: Any) -> None:
+def run(main: Callable[[list[str]], Any], arguments: bool = True, **kwargs: Any) -> None:
   """``absl.app.run(main)`` with user errors and flag errors as one line (``one_line``,
-  ``parse_flags``); kwargs go to app.run."""
+  ``parse_flags``); ``arguments=False``: a command that takes none, whose stray arguments
+  are a usage error ("Unexpected arguments: [...]") before ``main`` runs; kwargs go to app.run."""
   from absl import app
 
+  def checked(argv: list[str]) -> Any:
+    if len(argv) > 1 and not arguments:
+      raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    return main(argv)
   kwargs.setdefault('flags_parser', parse_flags)
-  app.run(one_line(main), **kwargs)
+  app.run(one_line(checked), **kwargs)
 
 
 # (signs in the error's text, the cause in words, what to do): the common causes of a failed

@@ -46,10 +46,11 @@ def installed(module: str) -> bool:
     return False
 
 
-def _read(path: str) -> str:
+def read_text(path: str) -> str:
+  """The text of a small system file (/sys, /proc); '' where it cannot be read."""
   try:
     with open(path) as f:
-      return f.read().strip()
+      return f.read()
   except OSError:
     return ''
 
@@ -61,8 +62,8 @@ def has_tpu(root: str = '/') -> bool:
   if any(glob.glob(join(p)) for p in TPU_FILES):
     return True
   for vendor in glob.glob(join('/sys/bus/pci/devices/*/vendor')):
-    if (_read(vendor) == _GOOGLE_PCI_VENDOR
-        and _read(os.path.join(os.path.dirname(vendor), 'device')) in _TPU_PCI_DEVICES):
+    if (read_text(vendor).strip() == _GOOGLE_PCI_VENDOR and read_text(
+        os.path.join(os.path.dirname(vendor), 'device')).strip() in _TPU_PCI_DEVICES):
       return True
   return False
 

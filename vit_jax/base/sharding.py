@@ -84,13 +84,7 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 def path_name(key_path: tuple) -> str:
   """'params/head/kernel' for a pytree key path (dict keys, attributes, indices alike)."""
-  parts = []
-  for k in key_path:
-    for attr in ('key', 'name', 'idx'):
-      if hasattr(k, attr):
-        parts.append(str(getattr(k, attr)))
-        break
-  return '/'.join(parts)
+  return jax.tree_util.keystr(key_path, simple=True, separator='/')
 
 
 def fit(spec: list[Any], shape: tuple[int, ...], mesh_shape: dict[str, int],

@@ -74,9 +74,9 @@ def parse_flags(argv: list[str]) -> list[str]:
   return errors.parse_flags(rest)
 
 
-def run(main: Callable[[list[str]], Any]) -> None:
+def run(main: Callable[[list[str]], Any], arguments: bool = True) -> None:
   """``app.run(main)`` with these overrides and user errors as one line (``errors.run``)."""
-  errors.run(main, flags_parser=parse_flags)
+  errors.run(main, arguments, flags_parser=parse_flags)
 
 
 def load(path: str | None, overrides: Sequence[tuple[str, str | None]] = (), *,

@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from absl import app, flags
+from absl import flags
 from etils import epath
 from PIL import Image
 
@@ -340,12 +340,10 @@ def main() -> None:
   flags.mark_flags_as_required(['source', 'out'])
 
   def run(argv: list[str]) -> None:
-    if len(argv) > 1:
-      raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
     paths.input_path(source.value, 'source', 'image folder, IDX folder, manifest or i21k folder')
     paths.output_path(out.value, 'out', folder=True)
     convert(source.value, out.value, **{o.name: o.value for o in options})
-  errors.run(run)
+  errors.run(run, arguments=False)
 
 
 if __name__ == '__main__':

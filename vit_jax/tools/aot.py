@@ -24,7 +24,7 @@ import sys
 import types
 from typing import Any
 
-from absl import app, flags
+from absl import flags
 from etils import epath
 
 from vit_jax.base import accelerators, errors, paths
@@ -128,8 +128,6 @@ def check_flags(topology: str, limit: float | None, max_batch: bool, max_compile
 
 
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   topology = _FLAGS.topology.value.strip().lower()
   limit, max_compiles = _FLAGS.memory_per_device.value, _FLAGS.max_compiles.value
   examples, json_path = _FLAGS.examples.value, _FLAGS.json.value
@@ -175,4 +173,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == '__main__':
   _FLAGS = _define_flags()
-  config_cli.run(main)
+  config_cli.run(main, arguments=False)

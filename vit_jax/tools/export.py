@@ -19,7 +19,7 @@ is faithful (for ``--source``: compares their logits on random images).
 
 from __future__ import annotations
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from vit_jax import checkpoints, evaluate
 from vit_jax.base import console, errors, paths
@@ -55,9 +55,7 @@ def export(workdir: str, out: str, step: int | None = None, *, ema: bool = False
 
   params, step = workdir_lib.restore_params(workdir, step, ema=ema,
                                             allow_nonfinite=allow_nonfinite)
-  head = params.get('head')  # None: a self-supervised run's encoder.
-  model = workdir_lib.model_from_config(workdir_lib.load_config(workdir),
-                                        int(head['kernel'].shape[-1]) if head else None)
+  model = workdir_lib.run_model(workdir_lib.load_config(workdir), params)
   if format == 'npz' and not release.npz_problem(model):
     release.save_npz(out, params)  # Any run's layout, as the release files have it.
   else:
@@ -66,8 +64,6 @@ def export(workdir: str, out: str, step: int | None = None, *, ema: bool = False
 
 
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   workdir, source, fmt = _WORKDIR.value, _SOURCE.value, _FORMAT.value
   if bool(workdir) == bool(source):
     raise errors.ConfigError('Give one of --workdir (a run) and --source (another checkpoint).')
@@ -110,4 +106,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  errors.run(main)
+  errors.run(main, arguments=False)

@@ -28,10 +28,9 @@ def runs_on_cpu(environ: dict[str, str] | None = None) -> bool:
   environ = os.environ if environ is None else environ
   if platforms := environ.get('JAX_PLATFORMS') or environ.get('JAX_PLATFORM_NAME'):
     return platforms.split(',')[0].strip().lower() == 'cpu'
-  accelerators = [(platforms_lib.TPU_MODULES, platforms_lib.TPU_FILES)] + [
-      (modules, files) for _, modules, files in platforms_lib.GPUS]
-  return not any(any(map(platforms_lib.installed, modules)) and any(glob.glob(p) for p in files)
-                 for modules, files in accelerators)
+  tpu = (any(map(platforms_lib.installed, platforms_lib.TPU_MODULES))
+         and any(glob.glob(p) for p in platforms_lib.TPU_FILES))
+  return not tpu and platforms_lib.platforms_without_tpu() == 'cpu'  # Nor a GPU a plugin drives.
 
 
 def prepare(cpu_devices: int) -> str:

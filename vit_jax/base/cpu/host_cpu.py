@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import platform
 
+from vit_jax.base import platforms
+
 # The /proc/cpuinfo flags that decide matmul speed: x86 (vector width, bfloat16 dot
 # products, AMX tiles) and Arm (Features: bf16, sve).
 ISA_FLAGS = ('avx2', 'fma', 'avx512f', 'avx512_bf16', 'amx_tile', 'amx_bf16', 'asimd', 'sve',
@@ -27,11 +29,7 @@ def cpu_info(cpuinfo: str | None = None) -> dict[str, object]:
   emulated. Off Linux, only what ``platform`` knows.
   """
   if cpuinfo is None:
-    try:
-      with open('/proc/cpuinfo') as f:
-        cpuinfo = f.read()
-    except OSError:
-      cpuinfo = ''
+    cpuinfo = platforms.read_text('/proc/cpuinfo')
   fields: dict[str, str] = {}
   for line in cpuinfo.split('\n\n')[0].splitlines():
     key, sep, value = line.partition(':')

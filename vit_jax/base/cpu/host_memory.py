@@ -15,6 +15,8 @@ import os
 import sys
 from collections.abc import Mapping
 
+from vit_jax.base import platforms
+
 HUGE_PAGES = ('glibc.malloc.hugetlb=1',)
 KEEP_FREED = ('glibc.malloc.mmap_max=0', f'glibc.malloc.trim_threshold={64 << 30}',
               'glibc.malloc.arena_max=1')
@@ -34,11 +36,7 @@ def glibc_version() -> tuple[int, ...] | None:
 
 def thp_mode(path: str = THP_ENABLED) -> str | None:
   """The kernel's transparent huge page mode ('always', 'madvise', 'never'), if any."""
-  try:
-    with open(path) as f:
-      text = f.read()
-  except OSError:
-    return None
+  text = platforms.read_text(path)
   return text[text.find('[') + 1:text.find(']')] if '[' in text else None
 
 

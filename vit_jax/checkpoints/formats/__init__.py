@@ -36,6 +36,7 @@ from vit_jax.checkpoints import hf_hub
 from vit_jax.checkpoints.formats import big_vision, hub, release, timm, transformers
 from vit_jax.checkpoints.formats.fit import fitted, model_of
 from vit_jax.checkpoints.formats.layout import Loaded, check_finite, flatten, to_release
+from vit_jax.checkpoints.run import record
 from vit_jax.data.preprocess import EvalSpec
 from vit_jax.models import VisionTransformer, get_model
 
@@ -49,7 +50,6 @@ EXPORT_FORMATS = (NPZ, TIMM, TRANSFORMERS)
 ACCEPTED = ('a release or big_vision .npz file, a timm or transformers folder (config.json and '
             'model.safetensors), hf-hub:ORG/NAME, a big_vision tensorstore checkpoint folder '
             '(checkpoint.bv-LAST) or a vit_jax workdir (checkpoints/)')
-_WORKDIR_CHECKPOINTS = 'checkpoints'  # vit_jax.checkpoints.run.workdir.CHECKPOINTS
 _READERS = {TIMM: timm.read, TRANSFORMERS: transformers.read}
 
 
@@ -71,7 +71,7 @@ def origin(source: str) -> str:
     raise errors.CheckpointError(f'{source} is a file but not a .npz checkpoint{hint}: name '
                                  f'{ACCEPTED}.')
   found = []
-  if paths.is_dir(paths.path(source) / _WORKDIR_CHECKPOINTS):
+  if record.is_workdir(source):
     found.append(WORKDIR)
   if kind := hub.folder_format(source):
     found.append(kind)

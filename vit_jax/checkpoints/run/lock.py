@@ -33,7 +33,7 @@ from typing import Any
 from absl import logging
 from etils import epath
 
-from vit_jax.base import errors
+from vit_jax.base import errors, platforms
 
 LOCK_FILE = 'run.lock'
 HEARTBEAT_S = 60.0  # How often the holder renews its heartbeat.
@@ -82,11 +82,8 @@ def _alive(pid: int) -> bool:
 
 def _process_start(pid: int) -> str:
   """The start time of process ``pid`` (clock ticks since boot), '' where unknown."""
-  try:
-    stat = open(f'/proc/{pid}/stat').read()  # noqa: SIM115
-  except OSError:
-    return ''
-  return stat.rsplit(')', 1)[-1].split()[19]  # Field 22; the name may hold spaces.
+  stat = platforms.read_text(f'/proc/{pid}/stat')
+  return stat.rsplit(')', 1)[-1].split()[19] if stat else ''  # Field 22; the name may hold spaces.
 
 
 _TYPES = {'host': str, 'pid': int, 'started': (int, float), 'heartbeat': (int, float),

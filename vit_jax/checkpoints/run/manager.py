@@ -33,7 +33,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from vit_jax.base import console, errors, paths, sharding
-from vit_jax.checkpoints.run import checksum
+from vit_jax.checkpoints.run import checksum, record
 
 ARRAYS = 'vit_jax_arrays'  # Key of ``describe``'s record in the step's custom metadata.
 STEP_METADATA = '_CHECKPOINT_METADATA'  # Orbax's per-step metadata file.
@@ -186,7 +186,7 @@ def make_manager(workdir: str, *, every_steps: int, keep: int,
   console.silence_abandoned_reads()
   policy = _KeepNewestGood(keep)
   manager = Manager(
-      paths.absolute(workdir) / 'checkpoints',
+      paths.absolute(workdir) / record.CHECKPOINTS,
       options=ocp.CheckpointManagerOptions(
           save_interval_steps=every_steps, preservation_policy=policy, create=True,
           enable_async_checkpointing=asynchronous,

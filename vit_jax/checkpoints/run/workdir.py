@@ -83,9 +83,11 @@ def model_from_config(config: ml_collections.ConfigDict,
   return get_model(name, num_classes=num_classes, **options)
 
 
-def has_ema(workdir: str | os.PathLike, step: int | None = None) -> bool:
-  """Whether a run's checkpoint keeps the weights' moving average (``optimizer.ema_decay``)."""
-  return manager_lib.has_ema(step_dir(workdir, resolve_step(workdir, step)))
+def run_model(config: ml_collections.ConfigDict, params: Any) -> VisionTransformer:
+  """The model of a run's ``config`` for its ``params`` (no head: a self-supervised run's
+  encoder)."""
+  head = params.get('head')
+  return model_from_config(config, int(head['kernel'].shape[-1]) if head else None)
 
 
 def newest_good_step(workdir: str | os.PathLike) -> int | None:
@@ -163,8 +165,7 @@ def load_run(workdir: str | os.PathLike, step: int | None = None, *, ema: bool =
         f'{workdir} is a self-supervised run (masked patch prediction): it has no classifier '
         f'to predict or evaluate with. Fine-tune it first (--config.init_from={workdir}).')
   params, step = restore_params(workdir, step, ema=ema, allow_nonfinite=allow_nonfinite)
-  num_classes = int(np.shape(params['head']['kernel'])[-1])
-  model = model_from_config(config, num_classes)
+  model = run_model(config, params)
   source = f'{workdir} (step {step}{", EMA" if ema else ""})'
   return layout.Loaded(model, params, load_class_names(workdir), source, config)
 
@@ -187,9 +188,7 @@ def init_params_from(source: str, init_params: dict[str, Any], model: VisionTran
   if is_workdir(source):
     source_config = load_config(source)
     params, step = restore_params(source, step, ema=ema, use='config.init_step={}', allow='')
-    head = params.get('head')  # None: a self-supervised run's (masked patch prediction).
-    source_model = model_from_config(source_config,
-                                     int(head['kernel'].shape[-1]) if head else None)
+    source_model = run_model(source_config, params)
     _check_grid(source_grid, source, source_model.grid, ' for a workdir')
     return fit.adapt(
         layout.flatten(layout.to_release(params)), init_params, model,
@@ -264,7 +263,8 @@ def check_init_from(config: ml_collections.ConfigDict) -> None:
                              'checkpoint: it records its model; leave init_source_pool unset.')
   if kind != formats.WORKDIR:
     return
-  if options['init_ema'] and not has_ema(source, config.get('init_step')):
+  if options['init_ema'] and not manager_lib.has_ema(
+      step_dir(source, resolve_step(source, config.get('init_step')))):
     raise errors.ConfigError(
         f'config.init_ema is true, but the checkpoint of {source} keeps no moving average of '
         'the weights (its run had config.optimizer.ema_decay=0): set init_ema=false.')
