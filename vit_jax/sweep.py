@@ -69,7 +69,7 @@ def total_steps(config: Any) -> int:
 def read_run(path: Any) -> Run:
   """The run in workdir ``path`` (``config.json`` and ``metrics.jsonl``)."""
   path = epath.Path(path)
-  config = config_lib.convert_old_evals(json.loads((path / 'config.json').read_text()))
+  config = config_lib.convert_old_evals(json.loads((path / record.CONFIG_FILE).read_text()))
   total = total_steps(config)
   from vit_jax import evals  # jax comes with it: when runs are read, not with the command.
 
@@ -89,7 +89,7 @@ def find_runs(directory: Any) -> list[Run]:
     raise errors.MissingFileError(f'{directory} is not a directory of runs.')
 
   def walk(path: epath.Path) -> list[epath.Path]:
-    if (path / 'config.json').exists():  # A run: its folders hold no other run.
+    if (path / record.CONFIG_FILE).exists():  # A run: its folders hold no other run.
       return [path]
     return [run for child in sorted(path.iterdir()) if child.is_dir() for run in walk(child)]
   return [read_run(p) for p in walk(root)]
@@ -257,7 +257,7 @@ class Sweep:
     """The grid point with the best minival accuracy (None until all have finished)."""
     scores = []
     for plan, point in zip(self.minival_runs(), points(self.grid), strict=True):
-      run = read_run(plan.workdir) if (epath.Path(plan.workdir) / 'config.json').exists() \
+      run = read_run(plan.workdir) if (epath.Path(plan.workdir) / record.CONFIG_FILE).exists() \
           else None
       scores.append({'point': point_name(point), 'minival':
                      None if run is None else run.accuracy})
@@ -277,7 +277,7 @@ class Sweep:
 
 def finished(plan: Plan) -> bool:
   path = epath.Path(plan.workdir)
-  return (path / 'config.json').exists() and read_run(path).accuracy is not None
+  return (path / record.CONFIG_FILE).exists() and read_run(path).accuracy is not None
 
 
 def train(sweep: Sweep, plans: list[Plan], out: Any) -> None:
