@@ -193,6 +193,12 @@ def test_bfloat16_and_sharded_weights_load(tmp_path):
   loaded = formats.load_folder(folder)
   want = tensors['classifier.weight'].astype(ml_dtypes.bfloat16).astype(np.float32).T
   chex.assert_trees_all_equal(loaded.params['head']['kernel'], want)
+  # A shard not downloaded: one line naming it, from the plan's cheap check and the load.
+  (folder / 'model-00002-of-00002.safetensors').unlink()
+  for read in (lambda: hub.read_weights(folder, arrays=False), lambda: hub.read_weights(folder)):
+    with pytest.raises(errors.MissingFileError, match=r'names 2 weight files, and '
+                       r'model-00002-of-00002.safetensors is not in .*: a partial download'):
+      read()
 
 
 @pytest.mark.parametrize('name', TIMM + TRANSFORMERS)

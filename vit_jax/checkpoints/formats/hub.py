@@ -121,6 +121,12 @@ def read_weights(folder: str | os.PathLike,
     return read(root / WEIGHTS)
   if paths.is_file(root / WEIGHTS_INDEX):
     files = sorted(set(read_json(root / WEIGHTS_INDEX).get('weight_map', {}).values()))
+    missing = [name for name in files if not paths.is_file(root / name)]
+    if missing:
+      raise errors.MissingFileError(
+          f'{root / WEIGHTS_INDEX} names {len(files)} weight files, and {", ".join(missing)} '
+          f'{"is" if len(missing) == 1 else "are"} not in {folder}: a partial download. '
+          'Download it again.')
     out = {}
     for name in files:
       out.update(read(root / name) or {})
