@@ -2,6 +2,7 @@
 bit, stopped at a non-finite state, fine-tuned from a release file and from the backbones'
 folders (CLIP, SigLIP, distilled DeiT with a teacher)."""
 
+import json
 import logging
 import re
 
@@ -23,13 +24,31 @@ from runs import TINY_MODEL, read_metrics, restore_state, tiny_config
 
 
 @pytest.mark.slow
-def test_a_run_warns_where_the_cpu_emulates_bfloat16_products(tmp_path, caplog):
+def test_a_run_warns_where_the_cpu_emulates_bfloat16_products_or_its_peak_is_too_low(
+    tmp_path, caplog, monkeypatch):
+  """The kept peak planted far below any CPU's (as one measured on a busy machine might be):
+  every MFU is over 100%, said once, with the peak and its file."""
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+  kept = tmp_path / 'cache' / 'vit_jax' / 'matmul_peak.json'
+  kept.parent.mkdir(parents=True)
+  devices = jax.devices()
+  key = mfu.peak_key('cpu', devices[0].device_kind, len(devices), 'bfloat16')
+  kept.write_text(json.dumps({key: {'flops': 1e6, 'measured': '2026-01-02'}}))
+  mfu.device_peak.cache_clear()
   config = tiny_config(**{'model.matmul_dtype': 'bfloat16', 'total_steps': 2,
                           'schedule.warmup_steps': 1,
                           'checkpoint_every_steps': 2, 'log_every_steps': 1})
-  main.train_and_evaluate(config, str(tmp_path))
+  try:
+    main.train_and_evaluate(config, str(tmp_path / 'run'))
+  finally:
+    mfu.device_peak.cache_clear()
   warned = [r for r in caplog.records if 'has no bfloat16 instructions' in r.getMessage()]
   assert len(warned) == (0 if host_cpu.cpu_info()['native_bf16'] else 1)
+  assert all(m['train/mfu'] > 1 for m in read_metrics(tmp_path / 'run') if 'train/mfu' in m)
+  over = [r.getMessage() for r in caplog.records if 'is over 100%' in r.getMessage()]
+  assert len(over) == 1, over
+  assert f'measured 2026-01-02 (kept in {kept}). A peak measured while the machine was busy' \
+      in over[0]
 
 
 @pytest.mark.slow

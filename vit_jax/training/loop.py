@@ -230,16 +230,26 @@ class _Clock:
     return time.perf_counter() - self.loop - self.compile - self.eval
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class _Speed:
-  """The model FLOPs of a training image and the devices' peak: the MFU of a rate."""
+  """The model FLOPs of a training image and the devices' peak: the MFU of a rate. An MFU
+  over 100% says the peak is too low (one measured on a busy machine): a warning, once."""
 
   flops_per_image: float | None  # None where the compiler gives no count.
   peak: float  # FLOP/s of all the run's devices.
   peak_source: str
+  warned: bool = False
 
   def mfu(self, images_per_s: float) -> float | None:
-    return self.flops_per_image * images_per_s / self.peak if self.flops_per_image else None
+    if not self.flops_per_image:
+      return None
+    mfu_ = self.flops_per_image * images_per_s / self.peak
+    if mfu_ > 1 and not self.warned:
+      self.warned = True
+      logging.warning('MFU %.0f%% is over 100%%: this run computes faster than its peak, %s. '
+                      'A peak measured while the machine was busy is too low: delete its '
+                      'entry to measure it again.', 100 * mfu_, self.peak_source)
+    return mfu_
 
 
 def _compile(train_step: Callable, inputs: Any, plan: Plan, clock: _Clock) -> _Speed:
