@@ -106,7 +106,7 @@ class MetricsLog:
     if not (self.main and self.jsonl.exists()):
       return
     old = self.jsonl.read_text()
-    for line, row in record.metric_rows(self.workdir):
+    for line, row in record.parse_metrics(old):  # The text read once.
       if row['step'] <= step:
         self.lines.append(line)
         self._note(row)

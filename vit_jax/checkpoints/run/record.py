@@ -105,10 +105,15 @@ def load_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
 
 
 def metric_rows(workdir: str | os.PathLike) -> Iterator[tuple[str, dict[str, Any]]]:
-  """Each ``(line, row)`` of the run's metrics.jsonl, in order (none without the file); a
-  line cut short by a crash is passed over."""
+  """Each ``(line, row)`` of the run's metrics.jsonl, in order (none without the file)."""
   path = epath.Path(workdir) / METRICS_FILE
-  for line in path.read_text().splitlines(keepends=True) if path.exists() else ():
+  return parse_metrics(path.read_text() if path.exists() else '')
+
+
+def parse_metrics(text: str) -> Iterator[tuple[str, dict[str, Any]]]:
+  """Each ``(line, row)`` of a metrics.jsonl's ``text``; a line cut short by a crash is
+  passed over."""
+  for line in text.splitlines(keepends=True):
     try:
       yield line, json.loads(line)
     except json.JSONDecodeError:
