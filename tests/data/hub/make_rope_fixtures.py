@@ -76,7 +76,7 @@ TIMM = {
     'timm_eva02_tiny': (
         'eva02_tiny_patch14_224', dict(TINY, **CLASSES),
         "EVA-02 Ti/14: as timm_eva02 but fused qkv weight with q_bias / v_bias and the packed "
-        "GluMlp (fc1 = [x-half; gate-half]: silu(first half) * second half), no scale_mlp"),
+        "GluMlp (gate_last=False: h = fc1(x), silu(h[:85]) * h[85:]), no scale_mlp"),
     'timm_eva02_clip': (
         'eva02_base_patch16_clip_224', dict(TINY, **CLASSES),
         "EVA-02-CLIP B/16: as timm_eva02 plus scale_attn_inner (attn.norm, a LayerNorm on "
