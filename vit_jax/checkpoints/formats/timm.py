@@ -116,7 +116,13 @@ _OTHER_CLASSES = (
      '*_rope_* ViTs)'),
     (('vit_*_r_s*', 'vit_*_r26_*', 'vit_*_r50_*'), "a hybrid with a ResNet stem (vit_jax's "
      "R+ViT-Ti_16, R26+ViT-S_32 and R50+ViT-B_16 load from the release's .npz files)"),
-    (('vit_*_resnet*', 'vit_*_mci_*'), 'a hybrid with a ResNet-D or MobileCLIP stem'))
+    (('vit_*_resnet*', 'vit_*_mci_*'), 'a hybrid with a ResNet-D or MobileCLIP stem'),
+    (('beit_*', 'beitv2_*'), "a BEiT model (a relative position bias in each block's "
+     'attention, no absolute position embeddings)'),
+    (('vit_relpos_*', 'vit_srelpos_*', 'test_vit_relpos'), 'a VisionTransformerRelPos model (a '
+     'relative position bias in the attention, no absolute position embeddings)'),
+    (('naflexvit_*',), "a NaFlexVit model (NaFlex: patches at each image's own aspect ratio and "
+     'resolution, the position embeddings resized to each)'))
 _BLOCKS = {
     '<ParallelScalingBlock>': 'parallel blocks (ParallelScalingBlock: attention and MLP side by '
                               'side from one fused projection)',
