@@ -10,6 +10,7 @@ for loading and for export.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 import pathlib
@@ -292,12 +293,22 @@ def preprocessing(config: Mapping[str, Any]) -> EvalSpec:
                   std=tuple(cfg.get('std') or IMAGENET_STD), crop_offset='round')
 
 
+def source_architecture(config: Mapping[str, Any]) -> dict[str, Any]:
+  """What a timm config.json names its model (``Loaded.architecture``): its architecture and
+  the ``model_args`` it was created with."""
+  return dict(architecture=config.get('architecture'),
+              model_args=dict(config.get('model_args') or {}))
+
+
 def write(model: VisionTransformer, params: Mapping[str, Any],
-          class_names: Sequence[str] = (), preprocessing: EvalSpec | None = None
+          class_names: Sequence[str] = (), preprocessing: EvalSpec | None = None,
+          source: Mapping[str, Any] | None = None
           ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
   """(state dict, config.json) of ``model`` for timm's VisionTransformer: ``timm.create_model(
   'local-dir:DIR', pretrained=True)`` rebuilds it with the same logits; its pretrained_cfg
-  says ``preprocessing`` (the checkpoint's own; default: the releases', [-1, 1])."""
+  says ``preprocessing`` (the checkpoint's own; default: the releases', [-1, 1]). ``source``:
+  the timm architecture the checkpoint came from (``Loaded.architecture``), named with its
+  model_args where timm builds ``model`` from them, its classes and input size given."""
   width, hidden = model.hidden_size, model.mlp_dim * (1 + model.gated_mlp)  # fc1's outputs.
   hub.check_export(model, 'timm', (
       (model.representation_size is not None, 'representation_size (a pre-logits layer)'),
@@ -324,7 +335,10 @@ def write(model: VisionTransformer, params: Mapping[str, Any],
       qk_norm=model.qk_norm, init_values=model.layer_scale, class_token=model.has_class_token,
       no_embed_class=not model.prefix_posemb, reg_tokens=model.num_registers,
       fc_norm=model.fc_norm, act_layer=model.activation, pre_norm=model.pre_norm)
-  config: dict[str, Any] = dict(architecture=architecture(model), num_classes=num_classes,
+  name = architecture(model)
+  if kept := _kept_architecture(model, sd, source):
+    name, model_args = kept
+  config: dict[str, Any] = dict(architecture=name, num_classes=num_classes,
                                 num_features=width, global_pool=global_pool)
   if class_names:
     config['label_names'] = list(class_names)
@@ -337,6 +351,40 @@ def write(model: VisionTransformer, params: Mapping[str, Any],
       std=list(spec.std), num_classes=num_classes, pool_size=None,
       first_conv='patch_embed.proj', classifier='head')
   return sd, config
+
+
+# What a trained model computes no differently with (dtypes, dropout, kernels, layouts, its
+# name, initial values), left out where two models are compared.
+_NOT_COMPUTED = ('parent', 'name', 'model_name', 'dropout_rate', 'attention_dropout_rate',
+                 'stochastic_depth', 'attention_impl', 'scan', 'remat_policy', 'dtype',
+                 'param_dtype', 'matmul_dtype', 'head_bias_init', 'class_token', 'layer_scale')
+
+
+def _computed(model: VisionTransformer) -> dict[str, Any]:
+  """What of ``model`` its outputs depend on, for parameters of its shapes."""
+  return dict({f.name: getattr(model, f.name) for f in dataclasses.fields(model)
+               if f.name not in _NOT_COMPUTED},
+              image_size=pair(model.image_size), patch_size=pair(model.patch_size),
+              class_token=model.has_class_token, layer_scale=model.layer_scale is not None)
+
+
+def _kept_architecture(model: VisionTransformer, sd: Mapping[str, np.ndarray],
+                       source: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]] | None:
+  """(``source``'s architecture, its model_args with ``model``'s classes and input size) where
+  timm's registry (``ARCHITECTURES``) has it and builds ``model`` from them: checked by reading
+  the export's config.json and tensors back as a timm folder is read; None otherwise."""
+  name = (source or {}).get('architecture')
+  if name not in ARCHITECTURES:
+    return None
+  model_args = dict(source.get('model_args') or {}, num_classes=model.num_classes or 0,
+                    img_size=list(pair(model.image_size)))
+  try:
+    kwargs, _, _ = read(dict(architecture=name, model_args=model_args), sd, name)
+    kwargs['num_classes'] = kwargs['num_classes'] or model.num_classes
+    rebuilt = VisionTransformer(**{**kwargs, 'image_size': pair(kwargs['image_size'])})
+  except (errors.UserError, ValueError):
+    return None
+  return (name, model_args) if _computed(rebuilt) == _computed(model) else None
 
 
 _SIZES = {(192, 12, 3): 'tiny', (384, 12, 6): 'small', (512, 12, 8): 'medium',
