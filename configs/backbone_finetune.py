@@ -1,7 +1,8 @@
 r"""Fine-tuning the backbones of the Hub with the recipes their authors publish for transfer.
 
 The argument is ``FAMILY,DATASET``: FAMILY one of ``clip``, ``siglip``, ``dinov2``,
-``dinov3``, ``eva02``, ``deit_distilled`` (a ViT-B of each, from its timm Hub id, ``HUB_IDS``); DATASET one of
+``dinov3``, ``eva02``, ``deit_distilled`` (a ViT-B of each, from its timm Hub id,
+``HUB_IDS``); DATASET one of
 ``DATASETS`` (``digits`` is bundled: an offline try; ``local`` is your own data,
 ``--config.dataset.data_dir=DIR``). Each preset normalises as its checkpoint says
 (``config.init_normalization``: OpenAI's mean and std for CLIP, 0.5 for SigLIP, ImageNet's for
@@ -142,7 +143,8 @@ def get_config(arg: str = 'clip,cifar10'):
     _timm_recipe(config, 224, 256, epochs=20, warmup=5, lr=1e-5, end_lr=1e-5,
                  weight_decay=0.1, ema=0.99996, erase=False)
   elif family == 'dinov3':
-    config.model.update(image_size=224, posemb='none', rope='dinov3', num_registers=4, layer_scale=1e-5, key_bias=False,
+    config.model.update(image_size=224, posemb='none', rope='dinov3', num_registers=4,
+                        layer_scale=1e-5, key_bias=False,
                         norm_epsilon=1e-5, activation='gelu', pool='token', class_token=True,
                         prefix_posemb=False, stochastic_depth=0.2)
     config.batch_size = 512

@@ -310,6 +310,13 @@ REFUSED = {
     'map_registers': "global_pool='map' over the patches alone, beside 4 prefix tokens, which "
                      "vit_jax's ViT has no model option for (vit_jax's MAP head pools every "
                      'token)',
+    'beit': "timm's beit_base_patch16_224, a BEiT model (a relative position bias in each "
+            "block's attention, no absolute position embeddings)",
+    'relpos': "timm's vit_relpos_base_patch16_224, a VisionTransformerRelPos model (a relative "
+              'position bias in the attention, no absolute position embeddings)',
+    'naflexvit': "timm's naflexvit_base_patch16_gap, a NaFlexVit model (NaFlex: patches at each "
+                 "image's own aspect ratio and resolution, the position embeddings resized to "
+                 'each)',
 }
 
 

@@ -14,11 +14,13 @@ of each patch of an image's grid, and a caller with patches of several grids (na
 resolution, packing) passes each patch's own (row, column) and its image's grid shape. A row of
 ``KINDS`` is a variant (timm ``layers/pos_embed_sincos.py``, transformers ``dinov3_vit``):
 
-| kind | coordinates (per axis, of a patch at index i of n) | frequencies | layout |
-| --- | --- | --- | --- |
-| 'axial' (timm's default 'cat': EVA-02, PE, RoPE-ViT) | i + offset, times ref/n with a ``ref_grid`` | temperature^(-k/K), K = head_dim / 4 | interleaved |
-| 'dinov3' | 2 (i + 0.5 + offset) / n - 1, in [-1, 1] | 2 pi temperature^(-k/K) | half |
-| 'mixed' (RoPE-Mixed, Heo et al. 2024) | i | learned per block and head, each mixing both axes | interleaved |
+- 'axial' (timm's default 'cat': EVA-02, PE, RoPE-ViT): a patch at index i of n along an axis
+  is at i + offset (times ref / n with a ``ref_grid``); frequencies temperature^(-k/K), K =
+  head_dim / 4; interleaved pairs.
+- 'dinov3': at 2 (i + 0.5 + offset) / n - 1, in [-1, 1]; frequencies 2 pi temperature^(-k/K);
+  half-rotation pairs.
+- 'mixed' (RoPE-Mixed, Heo et al. 2024): at i; frequencies learned per block and head, each
+  mixing both axes; interleaved pairs.
 
 A rotation's angle for frequency k is ``coordinate . frequency``; in 'interleaved' layout the
 pairs are channels (2k, 2k+1), in 'half' layout (k, k + D/2).

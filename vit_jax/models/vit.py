@@ -113,8 +113,9 @@ class Encoder(nn.Module):
 
   ``posemb``: the absolute encoding added to the tokens, and ``options.rope`` the rotary one
   of every attention (``vit_jax.models.posemb``). ``prefix_posemb``: the prefix tokens get
-  learned position embeddings too (the release's layout); else only the patches do. ``final_norm=False`` leaves out the final LayerNorm
-  (the model normalises after pooling instead: ``fc_norm``). ``pre_norm``: a LayerNorm on the
+  learned position embeddings too (the release's layout); else only the patches do.
+  ``final_norm=False`` leaves out the final LayerNorm (the model normalises after pooling
+  instead: ``fc_norm``). ``pre_norm``: a LayerNorm on the
   embedded tokens before the first block, ``pre_norm`` (CLIP's ``ln_pre``).
   """
 

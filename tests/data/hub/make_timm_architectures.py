@@ -12,7 +12,8 @@ fixtures' venv (make_fixtures.py: torch CPU, timm 1.0.31), from the repository r
 Every architecture of timm.models.vision_transformer and timm.models.deit is listed under
 "architectures", and every one of timm.models.eva (the Eva class: EVA-02, DINOv3, PE, the
 rotary ViTs) under "eva_architectures", with the keyword arguments its entry point passes
-(`_create_vision_transformer` / `_create_deit` / `_create_eva` are replaced by a recorder); values that are classes or partials (norm and activation layers,
+(`_create_vision_transformer` / `_create_deit` / `_create_eva` are replaced by a recorder);
+values that are classes or partials (norm and activation layers,
 block and MLP types) are written as strings naming them, which vit_jax refuses by name.
 """
 

@@ -35,10 +35,10 @@ def lowered_hashes() -> dict[str, str]:
   import jax.numpy as jnp
 
   sys.path.insert(0, 'tests')
-  from runs import tiny_config
-
   from vit_jax.base import sharding
   from vit_jax.training import plan as plan_lib
+
+  from runs import tiny_config
 
   out = {}
   for name, overrides in MIXES.items():

@@ -11,6 +11,7 @@ for loading and for export; ``EVA_NAMES`` the few an ``Eva`` names otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 import pathlib
@@ -143,7 +144,13 @@ _NO_OPTION = (('scale_attn_norm', 'scale_attn_norm (a LayerNorm inside the atten
 _OTHER_CLASSES = (
     (('vit_*_r_s*', 'vit_*_r26_*', 'vit_*_r50_*'), "a hybrid with a ResNet stem (vit_jax's "
      "R+ViT-Ti_16, R26+ViT-S_32 and R50+ViT-B_16 load from the release's .npz files)"),
-    (('vit_*_resnet*', 'vit_*_mci_*'), 'a hybrid with a ResNet-D or MobileCLIP stem'))
+    (('vit_*_resnet*', 'vit_*_mci_*'), 'a hybrid with a ResNet-D or MobileCLIP stem'),
+    (('beit_*', 'beitv2_*'), "a BEiT model (a relative position bias in each block's "
+     'attention, no absolute position embeddings)'),
+    (('vit_relpos_*', 'vit_srelpos_*', 'test_vit_relpos'), 'a VisionTransformerRelPos model (a '
+     'relative position bias in the attention, no absolute position embeddings)'),
+    (('naflexvit_*',), "a NaFlexVit model (NaFlex: patches at each image's own aspect ratio and "
+     'resolution, the position embeddings resized to each)'))
 _BLOCKS = {
     '<ParallelScalingBlock>': 'parallel blocks (ParallelScalingBlock: attention and MLP side by '
                               'side from one fused projection)',
@@ -428,13 +435,23 @@ def is_eva_model(model: VisionTransformer) -> bool:
               or model.mlp_norm or model.attention_norm or model.map_heads)
 
 
+def source_architecture(config: Mapping[str, Any]) -> dict[str, Any]:
+  """What a timm config.json names its model (``Loaded.architecture``): its architecture and
+  the ``model_args`` it was created with."""
+  return dict(architecture=config.get('architecture'),
+              model_args=dict(config.get('model_args') or {}))
+
+
 def write(model: VisionTransformer, params: Mapping[str, Any],
-          class_names: Sequence[str] = (), preprocessing: EvalSpec | None = None
+          class_names: Sequence[str] = (), preprocessing: EvalSpec | None = None,
+          source: Mapping[str, Any] | None = None
           ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
   """(state dict, config.json) of ``model`` for timm's VisionTransformer (or Eva:
   ``is_eva_model``): ``timm.create_model('local-dir:DIR', pretrained=True)`` rebuilds it with
   the same logits; its pretrained_cfg says ``preprocessing`` (the checkpoint's own; default:
-  the releases', [-1, 1])."""
+  the releases', [-1, 1]). ``source``: the timm architecture the checkpoint came from
+  (``Loaded.architecture``), named with its model_args where timm builds ``model`` from them,
+  its classes and input size given."""
   eva = is_eva_model(model)
   width, hidden = model.hidden_size, model.mlp_dim * (1 + model.gated_mlp)  # fc1's outputs.
   if eva:  # Eva's SwiGLU is sized by its hidden units, SwiGLUPacked's by twice them.
@@ -472,8 +489,10 @@ def write(model: VisionTransformer, params: Mapping[str, Any],
   else:
     model_args.update(reg_tokens=model.num_registers, fc_norm=model.fc_norm,
                       act_layer=model.activation, pre_norm=model.pre_norm)
-  config: dict[str, Any] = dict(architecture=eva_architecture(model) if eva else
-                                architecture(model), num_classes=num_classes,
+  name = eva_architecture(model) if eva else architecture(model)
+  if kept := _kept_architecture(model, sd, source):
+    name, model_args = kept
+  config: dict[str, Any] = dict(architecture=name, num_classes=num_classes,
                                 num_features=width, global_pool=global_pool)
   if class_names:
     config['label_names'] = list(class_names)
@@ -526,6 +545,41 @@ def _epsilon(args: Mapping[str, Any]) -> float:
   """The LayerNorm epsilon of a registry entry's ``norm_layer`` (timm's default: 1e-6)."""
   m = _LAYER_NORM.match(str(args.get('norm_layer')))
   return float(m.group(1)) if m else LN_EPSILON
+
+
+# What a trained model computes no differently with (dtypes, dropout, kernels, layouts, its
+# name, initial values), left out where two models are compared.
+_NOT_COMPUTED = ('parent', 'name', 'model_name', 'dropout_rate', 'attention_dropout_rate',
+                 'stochastic_depth', 'attention_impl', 'scan', 'remat_policy', 'dtype',
+                 'param_dtype', 'matmul_dtype', 'head_bias_init', 'class_token', 'layer_scale')
+
+
+def _computed(model: VisionTransformer) -> dict[str, Any]:
+  """What of ``model`` its outputs depend on, for parameters of its shapes."""
+  return dict({f.name: getattr(model, f.name) for f in dataclasses.fields(model)
+               if f.name not in _NOT_COMPUTED},
+              image_size=pair(model.image_size), patch_size=pair(model.patch_size),
+              class_token=model.has_class_token, layer_scale=model.layer_scale is not None)
+
+
+def _kept_architecture(model: VisionTransformer, sd: Mapping[str, np.ndarray],
+                       source: Mapping[str, Any] | None) -> tuple[str, dict[str, Any]] | None:
+  """(``source``'s architecture, its model_args with ``model``'s classes and input size) where
+  timm's registry (``ARCHITECTURES``, ``EVA_ARCHITECTURES``) has it and builds ``model`` from
+  them: checked by reading the export's config.json and tensors back as a timm folder is read;
+  None otherwise."""
+  name = (source or {}).get('architecture')
+  if name not in ARCHITECTURES and name not in EVA_ARCHITECTURES:
+    return None
+  model_args = dict(source.get('model_args') or {}, num_classes=model.num_classes or 0,
+                    img_size=list(pair(model.image_size)))
+  try:
+    kwargs, _, _ = read(dict(architecture=name, model_args=model_args), sd, name)
+    kwargs['num_classes'] = kwargs['num_classes'] or model.num_classes
+    rebuilt = VisionTransformer(**{**kwargs, 'image_size': pair(kwargs['image_size'])})
+  except (errors.UserError, ValueError):
+    return None
+  return (name, model_args) if _computed(rebuilt) == _computed(model) else None
 
 
 _SIZES = {(192, 12, 3): 'tiny', (384, 12, 6): 'small', (512, 12, 8): 'medium',

@@ -286,7 +286,8 @@ def model_type(model: VisionTransformer) -> str:
   """The transformers model_type that computes ``model``: DINOv3 for a rotary encoding, DeiT
   for a distillation token, SigLIP's vision tower for a MAP head, CLIP's for a LayerNorm before
   the blocks, DINOv2 for layer scale or a gated MLP, else ViT."""
-  for kind, option in (('dinov3_vit', model.rope), ('deit', model.distill_token), ('siglip_vision_model', model.pool == 'map'),
+  for kind, option in (('dinov3_vit', model.rope), ('deit', model.distill_token),
+                       ('siglip_vision_model', model.pool == 'map'),
                        ('clip_vision_model', model.pre_norm),
                        ('dinov2', model.gated_mlp or model.layer_scale is not None)):
     if option:
