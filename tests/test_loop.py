@@ -244,3 +244,33 @@ def test_fine_tunes_from_clip_siglip_and_distilled_deit_folders_train_and_resume
   runs['deit'].distill.teacher = str(tmp_path / 'siglip')
   with pytest.raises(errors.ConfigError, match=r'config.distill.teacher=.*siglip.* \(.*clip'):
     record.check_resume(tmp_path / 'resumed', runs['deit'])
+
+
+@pytest.mark.slow  # A fine-tune and a resume: their compilations.
+def test_a_dinov3_folder_fine_tunes_at_another_grid_and_resumes_bit_for_bit(tmp_path):
+  """timm's DINOv3 (tests/data/hub/timm_dinov3: rotary positions, no position embeddings,
+  registers, layer scale), saved for 32 px (config 256 px), fine-tuned on the digits at 48 px
+  (a 6x6 grid): nothing is resized, the rotary coordinates follow the grid. The loss falls,
+  the accuracy ends far above chance, and a resume from step 30 ends bit for bit where the
+  uninterrupted run did."""
+  import pathlib
+  import shutil
+
+  from vit_jax import vtab
+
+  folder = str(pathlib.Path(__file__).resolve().parent / 'data' / 'hub' / 'timm_dinov3')
+  pp = 'to_rgb|resize(48)|normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])'
+  model = {**vtab.model_fields(folder), 'image_size': 48, 'pool': 'token'}
+  assert model['rope'] == 'dinov3' and model['posemb'] == 'none'
+  config = tiny_config(**{f'model.{k}': v for k, v in model.items()}, **{
+      'init_from': folder, 'dataset.pp_train': pp, 'dataset.pp_eval': pp, 'total_steps': 60,
+      'schedule.warmup_steps': 3, 'log_every_steps': 10, 'checkpoint_every_steps': 30})
+  result = main.train_and_evaluate(config, str(tmp_path / 'run'))
+  losses = [m['train/loss'] for m in read_metrics(tmp_path / 'run') if 'train/loss' in m]
+  assert losses[-1] < 0.75 * losses[0] and result['eval/accuracy'] > 0.4, (losses, result)
+  (tmp_path / 'resumed' / 'checkpoints').mkdir(parents=True)
+  shutil.copytree(tmp_path / 'run' / 'checkpoints' / '30',
+                  tmp_path / 'resumed' / 'checkpoints' / '30')
+  assert main.train_and_evaluate(config, str(tmp_path / 'resumed')) == result
+  chex.assert_trees_all_equal(restore_state(tmp_path / 'resumed', config),
+                              restore_state(tmp_path / 'run', config))

@@ -16,13 +16,16 @@ _TOP = re.compile(r'^  1\.\s+([\d.]+)%  (.+)$')
 
 
 @pytest.mark.parametrize('folder', ['timm_clip', 'timm_siglip_map', 'timm_dinov2',
-                                    'hf_deit_distilled'])
+                                    'hf_deit_distilled', 'timm_dinov3', 'timm_eva02'])
 def test_predict_on_a_folder_is_its_librarys_eval_pipeline(folder, capsys):
   """The top-1 class and its probability (within 0.5 points) of each PNG, as timm's
   create_transform and model, or transformers' image processor and model, give them
-  (tests/data/preprocess/make_predict_fixtures.py): CLIP's OpenAI mean and std, SigLIP's 0.5,
-  DINOv2's and DeiT's ImageNet, each with its own resize and crop."""
-  reference = np.load(DATA / 'preprocess' / 'predict.npz')
+  (tests/data/preprocess/make_predict_fixtures.py; the rotary ones, make_rope_fixtures.py):
+  CLIP's OpenAI mean and std, SigLIP's 0.5, DINOv2's, DINOv3's and DeiT's ImageNet, EVA-02's
+  CLIP's, each with its own resize and crop (DINOv3 at the 256 px its config names, not the
+  size it was saved at)."""
+  rope = folder in ('timm_dinov3', 'timm_eva02')
+  reference = np.load(DATA / 'preprocess' / ('predict_rope.npz' if rope else 'predict.npz'))
   images = [str(DATA / 'preprocess' / 'images' / f'{name}.png') for name in reference['images']]
   assert predict.main([f'--source={DATA / "hub" / folder}', '--top=1', *images]) == 0
   lines = capsys.readouterr().out.splitlines()[1:]  # After the '# model from ...' line.

@@ -379,6 +379,8 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
   image_size, prefix_posemb = pair(a['img_size']), False
   if 'pos_embed' in t:
     image_size, prefix_posemb = _grid(a, t('pos_embed').shape[1], (ph, pw), prefix, origin)
+  elif input_size := (config.get('pretrained_cfg') or {}).get('input_size'):
+    image_size = pair(list(input_size)[-2:])  # Any size computes alike: the one timm feeds.
   pool = {'token': 'token', 'avg': 'gap', 'map': 'map'}[a['global_pool']]
   if pool == 'map' and prefix and not is_eva(config):
     raise hub.refuse(origin, f"global_pool='map' over the patches alone, beside "
