@@ -429,3 +429,17 @@ def test_a_rotary_model_is_not_exported_as_a_class_without_one(tmp_path):
                      r"\(DINOv3ViTModel's: 'dinov3' with the half layout\)\. Export it as "
                      "format='timm'"):
     formats.export(model, params, tmp_path / 'folder', 'transformers')
+
+
+@pytest.mark.parametrize('options', [dict(rope='axial'), dict(rope='mixed', posemb='none'),
+                                     dict(rope="axial(xy=True, offset=1.0)", key_bias=False)])
+def test_a_rotary_model_exported_as_npz_loads_back_rotary(options, tmp_path):
+  """A .npz file has no array for a rotary encoding: its options go beside the arrays, and
+  the file loads back as the model it was, with the same outputs."""
+  model, params = tiny(**options)
+  formats.export(model, params, tmp_path / 'rope.npz', 'npz')
+  back = formats.load(str(tmp_path / 'rope.npz'))
+  assert back.model.rope == model.rope and back.model.posemb == model.posemb
+  images = np.random.RandomState(0).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
+  chex.assert_trees_all_close(outputs(back.model, back.params, images),
+                              outputs(model, params, images), atol=1e-6)

@@ -131,6 +131,13 @@ def npz_problem(model: VisionTransformer) -> str:
       (model.norm_epsilon != LN_EPSILON,
        f'norm_epsilon={model.norm_epsilon:g} (a release file is read with 1e-6)'),
       (model.norm != 'layernorm', f'norm={model.norm!r} (a release file is read with LayerNorms)'),
+      (model.rope, f'rope={model.rope!r} (the release\'s ViT has no rotary encoding)'),
+      (model.posemb == 'none', "posemb='none' (a release file without position embeddings is "
+       'read as sincos2d)'),
+      (model.map_heads, f'map_heads={model.map_heads} (the release\'s MAP head has the '
+       "blocks' heads)"),
+      *((not model.key_bias and model.qkv_bias, 'key_bias=False'),
+        (model.mlp_norm, 'mlp_norm=True'), (model.attention_norm, 'attention_norm=True')),
       *((getattr(model, option), f'{option}=True (a release file is read as the release\'s ViT)')
         for option in ('pre_norm', 'gated_mlp', 'distill_token', 'parallel_block', 'qk_norm')))
   return next((what for bad, what in problems if bad), '')
