@@ -1,6 +1,7 @@
 """The predict and inspect commands, run as a user runs them, on a trained workdir and a .npz."""
 
 import base64
+import html
 import os
 import pathlib
 import re
@@ -280,3 +281,13 @@ def test_inspect_a_timm_checkpoint_with_registers(photo_files, tmp_path, capsys)
   assert inspect.main(['--source', str(source), '--out', str(out), '--images', *photo_files]) == 0
   page = _check_page(out, FIGURES)
   assert '4x4 patches + 4 registers' in page and 'goldfish' in page
+
+
+def test_inspect_a_rotary_checkpoint_without_position_embeddings(photo_files, tmp_path):
+  """--source: timm's DINOv3 (a rotary encoding alone): every figure but the position
+  embeddings' similarity, which it has none of, said in one note."""
+  source = pathlib.Path(__file__).resolve().parent / 'data' / 'hub' / 'timm_dinov3'
+  out = tmp_path / 'dinov3'
+  assert inspect.main(['--source', str(source), '--out', str(out), '--images', *photo_files]) == 0
+  page = _check_page(out, tuple(f for f in FIGURES if f != 'position_similarity'))
+  assert html.escape("No position embeddings (a rotary encoding alone, rope='dinov3')") in page

@@ -444,9 +444,13 @@ def inspect(args: argparse.Namespace) -> list[epath.Path]:
   else:
     notes.append('A hybrid\'s patch embedding acts on ResNet features, not pixels: no '
                  'filter figure.')
-  similarity = analysis.position_similarity(analysis.position_embeddings(model, params),
-                                            model.grid)
-  figures.append(position_similarity_figure(similarity, fixed=model.posemb == 'sincos2d'))
+  if model.posemb == 'none':
+    notes.append(f'No position embeddings (a rotary encoding alone, rope={model.rope!r}): no '
+                 'similarity figure.')
+  else:
+    similarity = analysis.position_similarity(analysis.position_embeddings(model, params),
+                                              model.grid)
+    figures.append(position_similarity_figure(similarity, fixed=model.posemb == 'sincos2d'))
 
   logits, distances, maps = attention_pass(analysis.attention_summary,
                                            analysis.capturing_model(model), params,
