@@ -123,3 +123,82 @@ def test_the_release_preprocessing_is_unchanged_and_unknown_settings_are_one_lin
   for spec in (preprocess.EvalSpec(resize='border'), preprocess.EvalSpec(method='pil_random')):
     with pytest.raises(errors.ConfigError, match="checkpoint's preprocessing .* give the "):
       spec.spec((32, 32))
+
+
+NAFLEX = np.load(PP / 'naflex.npz')  # transformers' SigLIP 2 processors (make_naflex_fixtures.py)
+
+
+def test_naflex_size_is_transformers_bisection():
+  """Extreme and random shapes, patch sizes and budgets: the same (height, width) as
+  transformers' get_image_size_for_max_num_patches."""
+  for h, w, p, n, want_h, want_w in NAFLEX['sizes']:
+    assert preprocess.naflex_size(int(h), int(w), int(p), int(n)) == (want_h, want_w), (h, w, p, n)
+
+
+@pytest.mark.parametrize('patch, budget', [tuple(map(int, s)) for s in NAFLEX['settings']])
+def test_naflex_is_siglip2s_image_processor(patch, budget):
+  """The PNGs (47-90 px, 3:4 to 2:1, one greyscale) resized up and down: pixel_values,
+  pixel_attention_mask and spatial_shapes of transformers' PIL processor to 1e-5; of its
+  default (torchvision) one within one intensity level (torchvision's antialiased resize
+  rounds a few pixels the other way)."""
+  pipeline = preprocess.parse(f'decode|naflex({patch}, {budget})|value_range(-1, 1)')
+  differing = []
+  for image in NAFLEX['images']:
+    out = pipeline((PP / 'images' / f'{image}.png').read_bytes(), None)
+    assert sorted(out) == sorted(preprocess.PATCH_KEYS)
+    chex.assert_shape([out['image'], out['patch_coords'], out['patch_mask'], out['patch_grid']],
+                      [(budget, patch * patch * 3), (budget, 2), (budget,), (2,)])
+    for tag in ('pil', 'tv'):
+      ref = {k: NAFLEX[f'{tag}/{patch}_{budget}/{image}/{k}']
+             for k in ('pixel_values', 'pixel_attention_mask', 'spatial_shapes')}
+      np.testing.assert_array_equal(out['patch_grid'], ref['spatial_shapes'])
+      np.testing.assert_array_equal(out['patch_mask'], ref['pixel_attention_mask'] == 1)
+      diff = np.abs(out['image'] - ref['pixel_values'])
+      if tag == 'pil':
+        chex.assert_trees_all_close(out['image'], ref['pixel_values'], atol=1e-5, rtol=0)
+      else:
+        assert diff.max() <= 2 / 255 + 1e-5, (image, diff.max() * 127.5)
+        differing.append((diff > 1e-5).mean())
+    n = int(out['patch_mask'].sum())
+    rows, cols = out['patch_grid']
+    assert n == rows * cols and out['patch_mask'][:n].all()
+    # Row-major coordinates; the grid is their extent (big_vision's coords.max() + 1).
+    np.testing.assert_array_equal(out['patch_coords'][:n],
+                                  np.stack(np.divmod(np.arange(n), cols), axis=-1))
+    np.testing.assert_array_equal(out['patch_coords'][:n].max(0) + 1, out['patch_grid'])
+    assert not out['patch_coords'][n:].any() and not out['image'][n:].any()
+  assert max(differing) < 0.2  # Of the torchvision processor's values, one level off.
+
+
+def test_naflex_patches_are_the_images_own_pixels_and_scale_on_the_device():
+  """A patch is the image's block in (row, column, channel) order, as an HWIO kernel reshaped
+  to (p * p * 3, width) reads it; a trailing normalize scales per channel on the devices as
+  on the host, padding left zero."""
+  image = numbered(8, 12)
+  # 8x12 at 4-px patches, 6 of them: 2x3, no resize (PIL's resize to the same size is exact).
+  out = preprocess.parse('naflex(4, 8)')(image, None)
+  np.testing.assert_array_equal(out['patch_grid'], [2, 3])
+  np.testing.assert_array_equal(out['image'][4], image[4:8, 4:8].reshape(-1))
+  spec = 'naflex(4, 8)|normalize([0.4, 0.5, 0.6], [0.2, 0.25, 0.3])'
+  pipeline = preprocess.parse(spec)
+  host, full = pipeline.host(image, None), pipeline(image, None)
+  assert host['image'].dtype == np.uint8 and full['image'].dtype == np.float32
+  expected = (image[4:8, 4:8] / 255 - np.array([0.4, 0.5, 0.6])) / np.array([0.2, 0.25, 0.3])
+  chex.assert_trees_all_close(full['image'][4], expected.reshape(-1).astype(np.float32),
+                              atol=1e-5)
+  assert not full['image'][6:].any()
+  on_device = pipeline.on_device(jnp.asarray(host['image'][None]),
+                                 jnp.asarray(host['patch_mask'][None]))
+  chex.assert_trees_all_close(np.asarray(on_device)[0], full['image'], atol=1e-6)
+
+
+@pytest.mark.parametrize('spec, message', [
+    ('naflex(16, 256)|flip_lr', 'flip_lr in .* comes after naflex, which cuts the image into'),
+    ('value_range(-1, 1)|naflex(16, 256)', 'naflex in .* comes after value_range or normalize'),
+    ('naflex(0, 256)', r'naflex: patch_size=0 must be a positive int'),
+    ('naflex(16, 2.5)', r'naflex: max_num_patches=2.5 must be a positive int'),
+])
+def test_naflex_in_the_wrong_place_is_one_line(spec, message):
+  with pytest.raises(ValueError, match=message) as e:
+    preprocess.parse(spec)
+  assert '\n' not in str(e.value)

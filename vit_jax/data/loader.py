@@ -89,16 +89,19 @@ def process_rows(sharding: jax.sharding.Sharding, global_batch_size: int,
 def _assemble(source: Any, preprocess: Callable, draws: list[tuple[int, np.random.Generator]],
               num_classes: int) -> Batch:
   """Example ``index`` of ``source`` preprocessed with ``rng``, for each (index, rng) of
-  ``draws``, written into one batch array as it is made (no list, no stack copy)."""
-  images, labels = None, []
+  ``draws``, written into one batch array as it is made (no list, no stack copy); a patch
+  sequence (``preprocess.naflex``: a dict of fixed shapes) into one array per key."""
+  arrays, labels = None, []
   for j, (index, rng) in enumerate(draws):
     example = source[int(index)]
-    image = preprocess(example['image'], rng)
-    if images is None:
-      images = np.empty((len(draws), *image.shape), image.dtype)
-    images[j] = image
+    out = preprocess(example['image'], rng)
+    out = out if isinstance(out, dict) else {'image': out}
+    if arrays is None:
+      arrays = {k: np.empty((len(draws), *v.shape), v.dtype) for k, v in out.items()}
+    for key, value in out.items():
+      arrays[key][j] = value
     labels.append(example['label'])
-  return {'image': images, 'label': _labels(np.stack(labels), num_classes)}
+  return {**arrays, 'label': _labels(np.stack(labels), num_classes)}
 
 
 def to_global(local: Batch, sharding: jax.sharding.Sharding, global_batch_size: int) -> Batch:
@@ -123,8 +126,12 @@ def _split(preprocess: Callable) -> tuple[Callable, Callable[[Batch], Batch]]:
 
 @functools.cache
 def _on_device(fn: Callable) -> Callable[[Batch], Batch]:
-  """``fn`` on the batch's images, jitted once per pipeline (evaluation makes many loaders)."""
-  return jax.jit(lambda batch: {**batch, 'image': fn(batch['image'])})
+  """``fn`` on the batch's images (a patch sequence's patches, with their mask), jitted once
+  per pipeline (evaluation makes many loaders)."""
+  def scaled(batch: Batch) -> Batch:
+    mask = batch.get('patch_mask')
+    return {**batch, 'image': fn(batch['image']) if mask is None else fn(batch['image'], mask)}
+  return jax.jit(scaled)
 
 
 class TrainLoader:
