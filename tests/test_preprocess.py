@@ -202,3 +202,10 @@ def test_naflex_in_the_wrong_place_is_one_line(spec, message):
   with pytest.raises(ValueError, match=message) as e:
     preprocess.parse(spec)
   assert '\n' not in str(e.value)
+
+
+def test_a_model_that_takes_images_refuses_patch_sequences_in_one_line():
+  with pytest.raises(errors.ConfigError, match=r"config.dataset.pp_eval='naflex\(4, 8\)' makes "
+                     'NaFlex patch sequences .* end the pipeline with resize'):
+    preprocess.check_output(preprocess.parse('naflex(4, 8)'), numbered(8, 12), (8, 8),
+                            'config.dataset.pp_eval', 'the first example')

@@ -389,6 +389,10 @@ def check_output(pipeline: Pipeline, image: Any, size: tuple[int, int], where: s
   """``pipeline`` makes the model's (height, width, 3) input from ``image`` (``what``: which
   example it is, for the message); a ConfigError naming the field ``where`` and the fix."""
   expected = (*size, 3)
+  if pipeline.patches:
+    raise errors.ConfigError(f'{where}={pipeline.spec!r} makes NaFlex patch sequences '
+                             '(naflex), which this model does not take: end the pipeline with '
+                             'resize or a crop to its image size.')
   try:
     shape = tuple(pipeline(image, np.random.default_rng(0)).shape)
   except Exception as e:  # Any failure of the user's pipeline on the user's data.
