@@ -143,6 +143,8 @@ def test_a_run_loads_and_fine_tunes_at_another_patch_size(source_run):
   chex.assert_trees_all_close(flexi[POSEMB], bilinear_reference(
       source[POSEMB], loaded.model.grid, coarse.model.grid, 1), atol=1e-6, rtol=1e-6)
   assert checkpoints.load(str(source_run), patch_size=ph).model == loaded.model
+  assert coarse.config.model.patch_size == 2 * ph
+  assert loaded.config.model.patch_size == ph  # The run's own, unchanged.
   init = coarse.model.init(jax.random.key(0), np.zeros((1, *loaded.model.image_size, 3)))
   tuned = workdir.init_params_from(str(source_run), init['params'], coarse.model)
   tuned = layout.flatten(layout.to_release(tuned))

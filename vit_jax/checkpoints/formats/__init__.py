@@ -175,7 +175,14 @@ def resized(loaded: Loaded, image_size: int | tuple[int, int] | None = None,
   if not changes:
     return loaded
   params = fitted(flatten(to_release(loaded.params)), new, loaded.source, model.grid, model)
-  return dataclasses.replace(loaded, model=new, params=params)
+  config = loaded.config
+  if config is not None:  # A run's config.json: its model as it now is.
+    fields = config.to_dict()
+    for key, value in changes.items():
+      if key != 'model_name':
+        fields['model'][key] = value[0] if value[0] == value[1] else value
+    config = type(config)(fields)
+  return dataclasses.replace(loaded, model=new, params=params, config=config)
 
 
 def check_patch_size(model: VisionTransformer, patch_size: int | tuple[int, int] | None) -> None:
