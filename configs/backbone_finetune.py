@@ -1,11 +1,14 @@
 r"""Fine-tuning the backbones of the Hub with the recipes their authors publish for transfer.
 
 The argument is ``FAMILY,DATASET``: FAMILY one of ``clip``, ``siglip``, ``dinov2``,
-``deit_distilled`` (a ViT-B of each, from its timm Hub id, ``HUB_IDS``); DATASET one of
+``dinov3``, ``eva02``, ``deit_distilled`` (a ViT-B of each, from its timm Hub id,
+``HUB_IDS``); DATASET one of
 ``DATASETS`` (``digits`` is bundled: an offline try; ``local`` is your own data,
 ``--config.dataset.data_dir=DIR``). Each preset normalises as its checkpoint says
 (``config.init_normalization``: OpenAI's mean and std for CLIP, 0.5 for SigLIP, ImageNet's for
-DINOv2 and DeiT); its pipelines' ``value_range(-1, 1)`` stands for that.
+DINOv2, DINOv3 and DeiT, CLIP's for EVA-02); its pipelines' ``value_range(-1, 1)`` stands for
+that. The rotary ones (DINOv3, EVA-02) run at any resolution: their rotary coordinates follow
+the new grid (EVA-02's position embeddings are resized too).
 
     python -m vit_jax.main --config=configs/backbone_finetune.py:clip,cifar100 --workdir=DIR
 
@@ -37,6 +40,19 @@ no source publishes for them):
   0.2, label smoothing 0.1, mixup 0.8 / CutMix 1.0, RandAugment 'rand-m9-mstd0.5-inc1', no
   random erasing or repeated augmentation, EMA 0.99996; evaluated as DINOv2's eval transform
   does (shorter side 256, bicubic, central 224 crop).
+* ``dinov3``: DINOv3 (Siméoni et al., 2025) evaluates its frozen features (linear probes) and
+  publishes no full fine-tuning recipe for classification: DINOv2's choice above (DeiT III's
+  ViT-B command) at 224 px, from ``vit_base_patch16_dinov3.lvd1689m`` (saved for 256 px:
+  fine-tuned at another grid, no resize), pooling the class token as DINOv3 does (timm's
+  default pools the patches' mean).
+* ``eva02``: EVA-02's fine-tuning of its MIM pre-trained B/14 on ImageNet-1k
+  (baaivision/EVA, EVA-02/asuka/README.md, "Fine-tune MIM pre-trained eva02_B_pt_in21k_p14 on
+  IN-1K"): 448 px from the 224 px ``eva02_base_patch14_224.mim_in22k`` (the position
+  embeddings resized, the rotary coordinates scaled to its 16x16 reference grid), batch 1024
+  (32 x 32 GPUs), AdamW lr 1e-4 (unscaled), layer-wise decay 0.7, weight decay 0.05, 30 epochs
+  with 3 of warm-up from 0, cosine to 0, drop path 0.1, label smoothing 0.1, random-resized
+  crops (8-100%), RandAugment 'rand-m9-mstd0.5-inc1', no mixup, CutMix or random erasing, EMA
+  (its decay not given: timm's 0.9999 here); evaluated at 448 px with crop_pct 1.
 * ``deit_distilled``: DeiT's fine-tuning at 384 px (facebookresearch/deit README_deit.md's
   command, main.py's defaults): batch 512 (32 x 16 GPUs), AdamW lr 5e-6 (x 512 / 512), held
   at 5e-6 (``--min-lr``) after 5 warm-up epochs, weight decay 1e-8, 30 epochs, drop path 0.1,
@@ -55,6 +71,8 @@ HUB_IDS = {
     'clip': 'hf-hub:timm/vit_base_patch16_clip_224.openai',
     'siglip': 'hf-hub:timm/vit_base_patch16_siglip_224.webli',
     'dinov2': 'hf-hub:timm/vit_base_patch14_dinov2.lvd142m',
+    'dinov3': 'hf-hub:timm/vit_base_patch16_dinov3.lvd1689m',
+    'eva02': 'hf-hub:timm/eva02_base_patch14_224.mim_in22k',
     'deit_distilled': 'hf-hub:timm/deit_base_distilled_patch16_224.fb_in1k',
 }
 # dataset: (classes, train split, eval split)
@@ -124,6 +142,24 @@ def get_config(arg: str = 'clip,cifar10'):
     config.mixup_alpha, config.cutmix_alpha, config.mixup_switch_prob = 0.8, 1.0, 0.5
     _timm_recipe(config, 224, 256, epochs=20, warmup=5, lr=1e-5, end_lr=1e-5,
                  weight_decay=0.1, ema=0.99996, erase=False)
+  elif family == 'dinov3':
+    config.model.update(image_size=224, posemb='none', rope='dinov3', num_registers=4,
+                        layer_scale=1e-5, key_bias=False,
+                        norm_epsilon=1e-5, activation='gelu', pool='token', class_token=True,
+                        prefix_posemb=False, stochastic_depth=0.2)
+    config.batch_size = 512
+    config.mixup_alpha, config.cutmix_alpha, config.mixup_switch_prob = 0.8, 1.0, 0.5
+    _timm_recipe(config, 224, 256, epochs=20, warmup=5, lr=1e-5, end_lr=1e-5,
+                 weight_decay=0.1, ema=0.99996, erase=False)
+  elif family == 'eva02':
+    config.model.update(name='b14', image_size=448, mlp_dim=2048, gated_mlp=True,
+                        activation='silu', mlp_norm=True, key_bias=False, pool='gap',
+                        class_token=True, fc_norm=True,
+                        rope="axial(ref_grid=(16, 16))", stochastic_depth=0.1)
+    config.batch_size = 1024
+    config.optimizer.layer_decay = 0.7
+    _timm_recipe(config, 448, 448, epochs=30, warmup=3, lr=1e-4, end_lr=0.0,
+                 weight_decay=0.05, ema=0.9999, erase=False)
   else:
     config.model.update(image_size=384, distill_token=True, activation='gelu',
                         stochastic_depth=0.1)

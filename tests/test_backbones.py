@@ -16,6 +16,7 @@ from vit_jax.base import errors
 from vit_jax.checkpoints import formats
 from vit_jax.checkpoints.formats import fit, hub, layout, release, timm
 from vit_jax.models import get_model
+from vit_jax.models.posemb import Rope
 
 HUB = pathlib.Path(__file__).resolve().parent / 'data' / 'hub'
 LABELS = ('tench', 'goldfish', 'great white shark', 'tiger shark', 'hammerhead')
@@ -287,13 +288,14 @@ def test_fine_tuning_a_distilled_deit_puts_two_fresh_heads_on_it():
   chex.assert_trees_all_equal(params['dist'], loaded.params['dist'])
 
 
-_EVA = 'an Eva model (rotary position embeddings: EVA, EVA-02, DINOv3, PE, the *_rope_* ViTs)'
-# tests/data/hub/refused (make_refused_fixtures.py: written by timm) -> what vit_jax names.
+# tests/data/hub/refused (make_refused_fixtures.py, make_rope_fixtures.py: written by timm) ->
+# what vit_jax names.
 REFUSED = {
-    'eva02': f"timm's eva02_tiny_patch14_224, {_EVA}",
-    'dinov3': f"timm's vit_small_patch16_dinov3, {_EVA}",
-    'pe_core': f"timm's vit_pe_core_tiny_patch16_384, {_EVA}",
-    'rope': f"timm's vit_base_patch16_rope_224, {_EVA}",
+    'eva_post_norm': "timm's Eva with use_post_norm (EvaBlockPostNorm: each branch normalised "
+                     'after it)',
+    'eva_mrope': "timm's Eva with rope_type='mrope' (rotary types that load: cat, dinov3, mixed)",
+    'eva_gqa': "timm's Eva with num_kv_heads=1 (grouped-query attention)",
+    'sapiens2': "timm's Eva with num_kv_heads=1 (grouped-query attention)",
     'hybrid_r': "timm's vit_tiny_r_s16_p8_224, a hybrid with a ResNet stem (vit_jax's "
                 "R+ViT-Ti_16, R26+ViT-S_32 and R50+ViT-B_16 load from the release's .npz files)",
     'parallel_scaling': "timm's parallel blocks (ParallelScalingBlock: attention and MLP side "
@@ -308,6 +310,13 @@ REFUSED = {
     'map_registers': "global_pool='map' over the patches alone, beside 4 prefix tokens, which "
                      "vit_jax's ViT has no model option for (vit_jax's MAP head pools every "
                      'token)',
+    'beit': "timm's beit_base_patch16_224, a BEiT model (a relative position bias in each "
+            "block's attention, no absolute position embeddings)",
+    'relpos': "timm's vit_relpos_base_patch16_224, a VisionTransformerRelPos model (a relative "
+              'position bias in the attention, no absolute position embeddings)',
+    'naflexvit': "timm's naflexvit_base_patch16_gap, a NaFlexVit model (NaFlex: patches at each "
+                 "image's own aspect ratio and resolution, the position embeddings resized to "
+                 'each)',
 }
 
 
@@ -341,3 +350,82 @@ def test_a_timm_vit_with_fewer_position_rows_than_prefix_tokens_loads(tmp_path):
                  tmp_path, 'timm')
   loaded = formats.load_folder(tmp_path)
   assert (loaded.model.image_size, loaded.model.num_registers) == ((16, 16), 4)
+
+
+# The rotary-position fixtures (make_rope_fixtures.py, written by timm and transformers): each
+# folder's kind of rotary encoding, and whether it has an absolute embedding too.
+ROPE = {
+    'timm_dinov3': ('dinov3', 'none'), 'timm_dinov3_swiglu': ('dinov3', 'none'),
+    'timm_eva02': ('axial', 'learn'), 'timm_eva02_tiny': ('axial', 'learn'),
+    'timm_eva02_clip': ('axial', 'learn'), 'timm_pe_core': ('axial', 'learn'),
+    'timm_rope_axial': ('axial', 'none'), 'timm_rope_mixed': ('mixed', 'none'),
+    'timm_rope_ape': ('axial', 'learn'), 'timm_rope_mixed_ape': ('mixed', 'learn'),
+    'timm_rope_reg_gap': ('axial', 'none'), 'hf_dinov3': ('dinov3', 'none'),
+    'hf_dinov3_gated': ('dinov3', 'none')}
+
+
+@pytest.fixture(scope='module')
+def rope_reference():
+  return np.load(HUB / 'rope_logits.npz')
+
+
+def rope_output(reference, name, suffix=''):
+  """What the library computed: a classifier's logits, else its pooled features."""
+  for key in ('logits', 'pre_logits', 'pooler_output'):
+    if f'{name}/{key}{suffix}' in reference:
+      return reference[f'{name}/{key}{suffix}']
+  raise KeyError(name)
+
+
+@pytest.mark.parametrize('name', sorted(ROPE))
+def test_rotary_fixtures_give_their_library_outputs_at_any_grid(name, rope_reference):
+  """At the size they were saved at, and the rotary-only ones at 24x40 too (a 3x5 grid, timm's
+  dynamic_img_size), within 1e-4 of the library's outputs."""
+  kind, absolute = ROPE[name]
+  sizes = [('', 'images')] + ([('_24x40', 'images_24x40')] if absolute == 'none' else [])
+  for suffix, images in sizes:
+    images = rope_reference[images]
+    loaded = formats.load(str(HUB / name), image_size=images.shape[1:3])
+    assert Rope.parse(loaded.model.rope).kind == kind and loaded.model.posemb == absolute
+    got = outputs(loaded.model, loaded.params, images)
+    assert relative_error(got, rope_output(rope_reference, name, suffix)) < 1e-4, suffix
+
+
+@pytest.mark.parametrize('name', sorted(ROPE))
+def test_rotary_exports_write_what_their_library_wrote(name, tmp_path, rope_reference):
+  """timm's Eva, DINOv3ViTModel: exported from what was loaded, loaded back with the same
+  outputs; where the library wrote the layout vit_jax writes (a fused attention, a packed or
+  plain MLP; transformers' DINOv3), the very tensors it wrote (DINOv3's mask_token aside)."""
+  loaded = formats.load_folder(HUB / name)
+  library = 'transformers' if name.startswith('hf_') else 'timm'
+  formats.export(loaded.model, loaded.params, tmp_path / 'out', library,
+                 preprocessing=loaded.preprocessing)
+  back = formats.load_folder(tmp_path / 'out')
+  images = rope_reference['images']
+  chex.assert_trees_all_close(outputs(back.model, back.params, images),
+                              outputs(loaded.model, loaded.params, images), atol=1e-6)
+  written, theirs = (load_file(f / 'model.safetensors') for f in (tmp_path / 'out', HUB / name))
+  theirs.pop('embeddings.mask_token', None)
+  # Theirs in another layout: unfused attention (q_proj, k_proj, v_proj); swiglu_align_to's
+  # separate fc1_g and fc1_x, where vit_jax writes the packed fc1 of SwiGLUPacked.
+  if name not in ('timm_eva02', 'timm_eva02_clip', 'timm_dinov3_swiglu'):
+    assert sorted(written) == sorted(theirs)
+    chex.assert_trees_all_close(written, theirs)
+
+
+@pytest.mark.parametrize('name', ['dinov3', 'eva02', 'pe_core', 'rope'])
+def test_timms_registry_rotary_architectures_load(name):
+  """The folders timm wrote of the registry's own rotary architectures (refused before there
+  was a rotary encoding) load with the encoding their architecture names."""
+  loaded = formats.load_folder(HUB / 'refused' / name)
+  assert loaded.model.rope and loaded.model.model_name == json.loads(
+      (HUB / 'refused' / name / 'config.json').read_text())['architecture']
+
+
+def test_a_rotary_model_is_not_exported_as_a_class_without_one(tmp_path):
+  """transformers' ViT classes have no rotary encoding: refused in one line naming timm."""
+  model, params = tiny(rope='axial', posemb='none', pool='gap', class_token=False)
+  with pytest.raises(errors.CheckpointError, match=r"transformers cannot hold .*: rope='axial' "
+                     r"\(DINOv3ViTModel's: 'dinov3' with the half layout\)\. Export it as "
+                     "format='timm'"):
+    formats.export(model, params, tmp_path / 'folder', 'transformers')

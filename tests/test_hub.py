@@ -230,6 +230,68 @@ def test_export_writes_what_the_library_wrote(name, tmp_path):
   assert again.class_names == loaded.class_names
 
 
+# Every fixture timm and transformers wrote that vit_jax loads (timm_qknorm's q/k norm biases
+# are refused).
+WRITTEN = tuple(sorted(p.name for p in HUB.iterdir() if p.is_dir() and p.name != 'timm_qknorm'
+                       and p.name.startswith(('timm_', 'hf_'))))
+_PRETRAINED = ('mean', 'std', 'interpolation', 'crop_pct', 'crop_mode')
+
+
+@pytest.mark.parametrize('name', WRITTEN)
+def test_an_export_of_what_load_returned_is_the_checkpoint_it_was(name, tmp_path, caplog):
+  """``export(loaded, OUT, library)``, in the fixture's own library: the architecture's name
+  (timm's with its model_args; transformers' model_type and class), the class names and the
+  preprocessing (pretrained_cfg's mean, std, interpolation and crop; the image processor's)
+  are the fixture's own, without being given."""
+  library = 'timm' if name.startswith('timm') else 'transformers'
+  loaded = formats.load(str(HUB / name))
+  with caplog.at_level('WARNING'):
+    assert formats.export(loaded, str(tmp_path), library) == str(tmp_path)
+  assert 'no preprocessing' not in caplog.text
+  theirs, ours = (hub.read_json(d / 'config.json') for d in (HUB / name, tmp_path))
+  if library == 'timm':
+    assert ours['architecture'] == theirs['architecture']
+    assert ours['model_args'] == dict(theirs['model_args'], img_size=list(loaded.model.image_size))
+    assert ours.get('label_names') == theirs.get('label_names')
+    for key in _PRETRAINED:
+      assert ours['pretrained_cfg'][key] == theirs['pretrained_cfg'][key], key
+  else:
+    for key in ('model_type', 'architectures', 'id2label'):
+      assert ours.get(key) == theirs.get(key), key
+    processor = HUB / name / 'preprocessor_config.json'
+    if processor.exists():
+      written = hub.read_json(tmp_path / 'preprocessor_config.json')
+      for key in ('image_mean', 'image_std', 'resample'):
+        assert written[key] == hub.read_json(processor)[key], key
+  assert formats.preprocessing(tmp_path) == loaded.preprocessing
+  again = formats.load_folder(tmp_path)
+  assert again.model == loaded.model.clone(model_name=again.model.model_name)
+
+
+def test_a_model_that_is_not_its_sources_architecture_is_not_named_it(tmp_path, caplog):
+  """The source's name only where timm builds the model from it: another activation is
+  another architecture, named by the registry's nearest with every argument; no
+  preprocessing given is said in one warning line."""
+  loaded = formats.load_folder(HUB / 'timm_dinov2')
+  model = loaded.model.clone(activation='gelu_tanh')
+  with caplog.at_level('WARNING'):
+    formats.export(model, loaded.params, tmp_path / 'tanh', 'timm',
+                   architecture=loaded.architecture)
+  written = hub.read_json(tmp_path / 'tanh' / 'config.json')
+  assert written['architecture'] == 'vit_base_patch16_224'
+  assert timm.arguments(written, 'ours')['act_layer'] == 'gelu_tanh'
+  again = formats.load_folder(tmp_path / 'tanh').model
+  assert again == model.clone(model_name=again.model_name)
+  warnings = [r.getMessage() for r in caplog.records if 'no preprocessing' in r.getMessage()]
+  assert len(warnings) == 1 and '\n' not in warnings[0]
+  formats.export(loaded.model, loaded.params, tmp_path / 'same', 'timm',
+                 architecture=loaded.architecture)
+  assert hub.read_json(tmp_path / 'same' / 'config.json')['architecture'] == (
+      'vit_small_patch14_dinov2')
+  with pytest.raises(errors.ConfigError, match='two formats given'):
+    formats.export(loaded, tmp_path / 'x', 'timm', 'npz')
+
+
 def tiny(name='ti16', seed=0, **kw):
   options = dict(hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2, patch_size=8,
                  image_size=32, num_classes=5)

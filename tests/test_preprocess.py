@@ -125,6 +125,32 @@ def test_the_release_preprocessing_is_unchanged_and_unknown_settings_are_one_lin
       spec.spec((32, 32))
 
 
+def test_an_evaluation_pipeline_is_read_back_as_the_eval_spec_it_does():
+  """A run's pp_eval as the EvalSpec its exports say: read back, it writes the same pipeline;
+  what one EvalSpec cannot say is None."""
+  timm_like = preprocess.EvalSpec(resize='shorter', crop_pct=0.875, method='pil_bicubic',
+                                  mean=preprocess.IMAGENET_MEAN, std=preprocess.IMAGENET_STD,
+                                  crop_offset='round')
+  for spec, size in ((timm_like, (224, 224)), (preprocess.EvalSpec(), (224, 224)),
+                     (preprocess.EvalSpec(crop_pct=0.875), (224, 224)),
+                     (preprocess.EvalSpec(), (24, 32))):
+    pipeline = spec.spec(size)
+    assert preprocess.EvalSpec.of_pipeline(pipeline) == spec, pipeline
+  for pipeline in ('to_rgb|resize(16)|value_range(-1, 1)', 'to_rgb|value_range(-1, 1)',
+                   "decode|resize_small(256)|central_crop(224)|normalize()"):
+    assert preprocess.EvalSpec.of_pipeline(pipeline).spec((224, 224)).split('|')[-1] == (
+        pipeline.split('|')[-1].replace('normalize()', 'normalize([0.485, 0.456, 0.406], '
+                                        '[0.229, 0.224, 0.225])'))
+  unit = preprocess.EvalSpec.of_pipeline('decode|resize(32)|value_range(0, 1)')
+  assert (unit.mean, unit.std) == ((0.,) * 3, (1.,) * 3)
+  for pipeline in ('decode|resize(32)', 'decode|flip_lr|value_range(-1, 1)',
+                   'decode|central_crop(16)|value_range(-1, 1)',
+                   'decode|value_range(-1, 1)|resize(32)',
+                   'decode|resize(32, "area")|value_range()',
+                   'decode|resize((28, 36))|central_crop((24, 32))|value_range(-1, 1)'):
+    assert preprocess.EvalSpec.of_pipeline(pipeline) is None, pipeline
+
+
 NAFLEX = np.load(PP / 'naflex.npz')  # transformers' SigLIP 2 processors (make_naflex_fixtures.py)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import scipy.ndimage
 
-from vit_jax import main
+from vit_jax import checkpoints, main
 from vit_jax.base import errors, sharding
 from vit_jax.base.cpu import host_memory
 from vit_jax.checkpoints.formats import layout, release
@@ -399,3 +399,40 @@ def test_export_command_converts_any_checkpoint(tmp_path):
   assert difference <= 1e-6
   config = json.loads((out / 'config.json').read_text())
   assert config['model_args']['act_layer'] == 'gelu_tanh' and config['label_names'][0] == 'tench'
+
+
+@pytest.mark.slow  # Trains (a step, 40 s on 2 cores).
+def test_a_fine_tune_of_a_timm_dinov2_exports_as_dinov2_with_its_classes(tmp_path):
+  """A step from timm's DINOv2 folder: tools.export names the architecture the run started
+  from (timm builds the run's model from it and the run's classes), and the run's own
+  preprocessing (DINOv2's normalisation, taken by init_normalization)."""
+  dinov2 = HUB / 'timm_dinov2'
+  config = tiny_config(**{
+      'model.hidden_size': 32, 'model.num_layers': 2, 'model.num_heads': 2, 'model.mlp_dim': 128,
+      'model.patch_size': 8, 'model.image_size': 32, 'model.pool': 'token',
+      'model.layer_scale': 1e-5, 'model.activation': 'gelu', 'init_from': str(dinov2),
+      'dataset.pp_train': 'to_rgb|resize(32)|value_range(-1, 1)',
+      'dataset.pp_eval': 'to_rgb|resize(32)|value_range(-1, 1)',
+      'total_steps': 1, 'checkpoint_every_steps': 1, 'schedule.warmup_steps': 0,
+      'log_every_steps': 1, 'evals.eval': None})
+  run = tmp_path / 'run'
+  main.train_and_evaluate(config, str(run))
+  theirs = json.loads((dinov2 / 'config.json').read_text())
+  for fmt in ('timm', 'transformers'):
+    export.export(str(run), str(tmp_path / fmt), format=fmt)
+  written = json.loads((tmp_path / 'timm' / 'config.json').read_text())
+  classes = json.loads((run / 'classes.json').read_text())
+  assert written['architecture'] == 'vit_small_patch14_dinov2'
+  assert written['model_args'] == dict(theirs['model_args'], num_classes=10)
+  assert written['label_names'] == classes and len(classes) == 10
+  for key in ('mean', 'std'):
+    np.testing.assert_allclose(written['pretrained_cfg'][key], theirs['pretrained_cfg'][key],
+                               rtol=1e-6)
+  hf = json.loads((tmp_path / 'transformers' / 'config.json').read_text())
+  assert (hf['model_type'], hf['architectures']) == ('dinov2', ['Dinov2ForImageClassification'])
+  processor = json.loads((tmp_path / 'transformers' / 'preprocessor_config.json').read_text())
+  np.testing.assert_allclose(processor['image_mean'], theirs['pretrained_cfg']['mean'], rtol=1e-6)
+  # The run as load returned it (its pp_eval, its init_from's architecture) exports alike.
+  loaded = workdir.load_run(str(run))
+  checkpoints.export(loaded, tmp_path / 'loaded', 'timm')
+  assert json.loads((tmp_path / 'loaded' / 'config.json').read_text()) == written

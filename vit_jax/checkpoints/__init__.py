@@ -47,11 +47,14 @@ def load(source: str, *, step: int | None = None, ema: bool = False,
                       source_grid=source_grid, step=step, patch_size=patch_size)
 
 
-def export(model: Any, params: Mapping[str, Any], out: str | os.PathLike,
-           format: str = 'npz', class_names: Sequence[str] = (),
-           preprocessing: Any = None) -> str:
-  """Writes a model's parameters as 'npz', 'timm' or 'transformers' (``formats.export``;
-  ``preprocessing``: the EvalSpec a transformers folder's image processor does)."""
+def export(model: Any, params: Mapping[str, Any] | str | os.PathLike | None = None,
+           out: str | os.PathLike | None = None, format: str | None = None,
+           class_names: Sequence[str] | None = None, preprocessing: Any = None,
+           architecture: Mapping[str, Any] | None = None) -> str:
+  """Writes a model's parameters as 'npz', 'timm' or 'transformers' (``formats.export``):
+  ``export(loaded, OUT, format)``, what ``load`` returned with its class names, preprocessing
+  and architecture's name, or ``export(model, params, OUT, format, class_names,
+  preprocessing)``."""
   from vit_jax.checkpoints import formats  # It imports jax (as in load).
 
-  return formats.export(model, params, out, format, class_names, preprocessing)
+  return formats.export(model, params, out, format, class_names, preprocessing, architecture)

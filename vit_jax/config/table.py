@@ -39,7 +39,12 @@ FIELDS: dict[str, Field | Group] = {
                                      'Pre-logits layer (Dense + tanh) width; None: none.'),
             'head_bias_init': F('float?', None, '',
                                 'Classifier bias (0; -10 for sigmoid pre-training).'),
-            'posemb': F('str?', None, '', "'learn' or 'sincos2d'."),
+            'posemb': F('str?', None, '', "The absolute position encoding: 'learn', 'sincos2d' "
+                        "or 'none' (vit_jax/models/posemb.py)."),
+            'rope': F('str?', None, '', "A rotary position encoding in every attention: "
+                      "'axial', 'dinov3', 'mixed' or KIND(setting=value, ...), e.g. "
+                      "\"axial(temperature=100.0, xy=True)\" (vit_jax/models/posemb.py); None: "
+                      'none.'),
             'dropout_rate': F('float?', None, '[0, 1)', 'Dropout (0).'),
             'attention_dropout_rate': F('float?', None, '[0, 1)', 'Attention dropout (0).'),
             'stochastic_depth': F('float?', None, '[0, 1)', 'Drop-path rate of the last '
@@ -59,6 +64,14 @@ FIELDS: dict[str, Field | Group] = {
             'qk_norm': F('bool?', None, '', "Normalise each head's queries and keys (False)."),
             'qkv_bias': F('bool?', None, '', 'Biases in the query/key/value projections '
                           '(True).'),
+            'key_bias': F('bool?', None, '', "With qkv_bias, the keys' too (True; EVA's "
+                          'attention: False).'),
+            'attention_norm': F('bool?', None, '', "A norm on the heads' joined outputs before "
+                                "the attention's output projection (EVA-02 CLIP; False)."),
+            'mlp_norm': F('bool?', None, '', "A norm on the MLP's hidden units (EVA-02's "
+                          'SwiGLU; False).'),
+            'map_heads': F('int?', None, '>= 1', "The MAP head's attention heads (PE: 8); None: "
+                           'num_heads.'),
             'norm': F('str?', None, '', "'layernorm' or 'rmsnorm' (no centering, no bias; "
                       'ViT-22B).'),
             'norm_epsilon': F('float?', None, '> 0', "Every norm's epsilon (1e-6; transformers' "

@@ -439,6 +439,50 @@ class EvalSpec:
     side = scaled[0] if shorter or scaled[0] == scaled[1] else scaled
     return f'decode|{resize}({side}{method}){crop}|{self.scaling}'
 
+  @classmethod
+  def of_pipeline(cls, spec: str) -> EvalSpec | None:
+    """The EvalSpec an evaluation pipeline does (a run's ``pp_eval``, for its exports):
+    decoding, a ``resize`` or ``resize_small``, a ``central_crop`` and a ``value_range`` or
+    ``normalize``, each optional but the scaling (none: a resize to the input); None where it
+    is not one (other ops, a non-square crop)."""
+    found: dict[str, tuple[Any, ...]] = {}
+    for part in spec.split('|'):
+      m = _CALL.match(part)
+      if not m:
+        return None
+      try:
+        args = ast.literal_eval(f'({m.group(2)},)') if m.group(2) else ()
+      except (ValueError, SyntaxError):
+        return None
+      name = m.group(1)
+      if name in ('decode', 'to_rgb') and not found:
+        continue
+      order = ('resize', 'resize_small', 'central_crop', *_SCALINGS)
+      if name not in order or any(order.index(k) >= order.index(name) for k in found):
+        return None
+      found[name] = args
+    scaling = next(((k, found[k]) for k in _SCALINGS if k in found), None)
+    sizes = [a[0] for k, a in found.items() if k in ('resize_small', 'central_crop')]
+    if (scaling is None or {'resize', 'resize_small'} <= set(found)
+        or not all(isinstance(s, int) for s in sizes)
+        or ('resize' in found and not isinstance(found['resize'][0], int)
+            and 'central_crop' in found)):  # A non-square resize: to the input itself.
+      return None
+    if scaling[0] == 'value_range':
+      lo, hi = (tuple(scaling[1]) + (-1., 1.)[len(scaling[1]):])[:2]
+      mean, std = (-lo / (hi - lo),) * 3, (1 / (hi - lo),) * 3
+    else:
+      mean, std = (tuple(scaling[1]) + (IMAGENET_MEAN, IMAGENET_STD)[len(scaling[1]):])[:2]
+    resize = next((k for k in ('resize', 'resize_small') if k in found), None)
+    crop = found.get('central_crop')
+    method = found[resize][1] if resize and len(found[resize]) > 1 else 'bilinear'
+    if method not in METHODS or (crop and not resize):
+      return None
+    return cls(resize='shorter' if resize == 'resize_small' else 'exact',
+               crop_pct=crop[0] / found[resize][0] if crop else 1., method=method,
+               mean=tuple(float(m) for m in mean), std=tuple(float(s) for s in std),
+               crop_offset=crop[1] if crop and len(crop) > 1 else 'floor')
+
   @property
   def scaling(self) -> str:
     """The op that scales uint8 pixels by ``mean`` and ``std``."""

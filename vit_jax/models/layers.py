@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax.base import sharding
+from vit_jax.models import posemb
 from vit_jax.models.matmul import dot_general_for
 
 Array = jax.Array
@@ -65,6 +66,10 @@ class BlockOptions:
   activation: str = 'gelu_tanh'
   gated_mlp: bool = False
   layer_scale: float | None = None
+  key_bias: bool = True
+  mlp_norm: bool = False
+  attention_norm: bool = False
+  rope: str | None = None
 
   def norm_layer(self, name: str, **kw: Any) -> nn.Module:
     """The blocks' kind of norm, with their epsilon and dtypes."""
@@ -77,7 +82,8 @@ class MlpBlock(nn.Module):
 
   ``gated_mlp``: the first Dense gives 2 * mlp_dim units, and ``activation`` of the first half
   gates the second: Dense(D)(act(a) * b), SwiGLU with 'silu' (timm's ``SwiGLUPacked``: one
-  packed matmul, as DINOv2-g has it).
+  packed matmul, as DINOv2-g has it). ``mlp_norm``: a norm on the hidden units before the
+  second Dense, ``hidden_norm`` (NormFormer; EVA-02's ``scale_mlp``).
   """
 
   options: BlockOptions
@@ -97,6 +103,8 @@ class MlpBlock(nn.Module):
       x = activation(dense(o.mlp_dim)(x))
     x = sharding.constrain(x, 'hidden')
     x = nn.Dropout(o.dropout_rate)(x, deterministic=deterministic)
+    if o.mlp_norm:
+      x = o.norm_layer('hidden_norm')(x)
     x = dense(width)(x)
     return nn.Dropout(o.dropout_rate)(x, deterministic=deterministic)
 
@@ -110,28 +118,36 @@ class MultiHeadAttention(nn.Module):
   records the weights in the 'intermediates' collection), or ``jax.nn.dot_product_attention``
   with 'xla' or 'cudnn' (the fused flash kernel on NVIDIA GPUs); 'auto' (the default) is
   ``attention_for``'s choice for this machine. ``qk_norm`` normalises each head's queries
-  and keys (ViT-22B; flax's ``normalize_qk`` names).
+  and keys (ViT-22B; flax's ``normalize_qk`` names). ``key_bias=False``: no bias on the keys
+  (EVA's attention). ``rope`` with ``positions`` (the patches' rotary coordinates,
+  ``posemb.coordinates``; the patches are the last tokens): the patches' queries and keys are
+  rotated (``posemb.apply_rope``). ``attention_norm``: a norm on the heads' joined outputs
+  before ``out``, ``out_norm`` (EVA-02 CLIP's ``scale_attn_inner``).
   """
 
   options: BlockOptions
 
   @nn.compact
-  def __call__(self, inputs_q: Array, inputs_kv: Array, *, deterministic: bool) -> Array:
+  def __call__(self, inputs_q: Array, inputs_kv: Array, *, deterministic: bool,
+               positions: Array | None = None) -> Array:
     o = self.options
     width = inputs_q.shape[-1]
     if width % o.num_heads:
       raise ValueError(f'width {width} is not divisible by num_heads={o.num_heads}.')
     head_dim = width // o.num_heads
     dot_general = dot_general_for(o.matmul_dtype)
-    proj = lambda name: nn.DenseGeneral(
+    proj = lambda name, bias=o.qkv_bias: nn.DenseGeneral(
         (o.num_heads, head_dim), dtype=o.dtype, param_dtype=o.param_dtype,
-        dot_general=dot_general, kernel_init=dense_init, use_bias=o.qkv_bias, name=name)
+        dot_general=dot_general, kernel_init=dense_init, use_bias=bias, name=name)
     q = proj('query')(inputs_q)
-    k = proj('key')(inputs_kv)
+    k = proj('key', o.qkv_bias and o.key_bias)(inputs_kv)
     v = proj('value')(inputs_kv)
     q, k, v = (sharding.constrain(t, 'heads') for t in (q, k, v))
     if o.qk_norm:
       q, k = o.norm_layer('query_ln', use_bias=False)(q), o.norm_layer('key_ln', use_bias=False)(k)
+    if o.rope and positions is not None:
+      q, k = posemb.apply_rope(self, posemb.Rope.parse(o.rope), q, k, positions,
+                               prefix=k.shape[1] - positions.shape[-2])
 
     implementation = o.attention_impl
     dropout = o.attention_dropout_rate
@@ -148,6 +164,8 @@ class MultiHeadAttention(nn.Module):
       x = fused_attention(q, k, v, implementation)
 
     x = sharding.constrain(x, 'heads')
+    if o.attention_norm:
+      x = o.norm_layer('out_norm')(x.reshape(x.shape[:-2] + (-1,))).reshape(x.shape)
     return nn.DenseGeneral(width, axis=(-2, -1), dtype=o.dtype, param_dtype=o.param_dtype,
                            dot_general=dot_general, kernel_init=dense_init, name='out')(x)
 

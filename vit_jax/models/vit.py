@@ -27,7 +27,7 @@ import numpy as np
 
 from vit_jax.base import sharding
 from vit_jax.base.sizes import pair
-from vit_jax.models import resnet
+from vit_jax.models import posemb, resnet
 from vit_jax.models.layers import (
   ACTIVATIONS,
   LN_EPSILON,
@@ -36,13 +36,13 @@ from vit_jax.models.layers import (
   MultiHeadAttention,
   dense_init,
 )
+from vit_jax.models.posemb import POSEMBS, AddPositionEmbs, posemb_sincos_2d  # noqa: F401
 
 Array = jax.Array
 Dtype = Any
 
 NORMS = ('layernorm', 'rmsnorm')
 POOLS = ('token', 'gap', 'map')
-POSEMBS = ('learn', 'sincos2d')
 ATTENTION_IMPLS = ('auto', 'einsum', 'xla', 'cudnn')
 REMAT_POLICIES = {
     'none': None,
@@ -50,20 +50,6 @@ REMAT_POLICIES = {
     'dots': jax.checkpoint_policies.checkpoint_dots,
     'dots_no_batch': jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
 }
-
-
-def posemb_sincos_2d(grid: tuple[int, int], width: int,
-                     temperature: float = 10_000.) -> np.ndarray:
-  """Fixed 2-D sine-cosine position embeddings, shape (1, h * w, width)."""
-  if width % 4:
-    raise ValueError(f'sincos2d position embeddings need a width divisible by 4, got {width}.')
-  y, x = np.mgrid[:grid[0], :grid[1]]
-  omega = np.arange(width // 4) / max(width // 4 - 1, 1)
-  omega = 1. / temperature**omega
-  y = y.reshape(-1)[:, None] * omega[None]
-  x = x.reshape(-1)[:, None] * omega[None]
-  pe = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
-  return pe[None].astype(np.float32)
 
 
 def drop_path(x: Array, rate: float | Array, rng: Array) -> Array:
@@ -87,10 +73,11 @@ class EncoderBlock(nn.Module):
   stochastic_depth: bool = False  # Drop-path, at the rate the encoder passes each block.
 
   @nn.compact
-  def __call__(self, x: Array, drop_path_rate: float | Array, deterministic: bool,
-               query_tokens: int | None = None) -> tuple[Array, None]:
-    """``query_tokens``: compute only the first this many tokens' outputs (all tokens are
-    still keys and values); the rest are not computed and not returned."""
+  def __call__(self, x: Array, positions: Array | None, drop_path_rate: float | Array,
+               deterministic: bool, query_tokens: int | None = None) -> tuple[Array, None]:
+    """``positions``: the patches' rotary coordinates (``MultiHeadAttention``), None without
+    a rotary encoding. ``query_tokens``: compute only the first this many tokens' outputs (all
+    tokens are still keys and values); the rest are not computed and not returned."""
     o = self.options
     mlp = lambda: MlpBlock(o, name='MlpBlock_3')
 
@@ -110,7 +97,7 @@ class EncoderBlock(nn.Module):
     if query_tokens is not None:  # LayerNorm is per token: slicing after it is exact.
       x, queries = x[:, :query_tokens], y[:, :query_tokens]
     y = MultiHeadAttention(o, name='MultiHeadDotProductAttention_1')(
-        queries, y, deterministic=deterministic)
+        queries, y, deterministic=deterministic, positions=positions)
     y = scaled('ls1', nn.Dropout(o.dropout_rate)(y, deterministic=deterministic))
     if o.parallel_block:
       y = y + scaled('ls2', mlp()(queries, deterministic=deterministic))
@@ -124,9 +111,11 @@ class EncoderBlock(nn.Module):
 class Encoder(nn.Module):
   """Position embeddings, ``num_layers`` blocks (unrolled or scanned), final LayerNorm.
 
-  ``prefix_posemb``: the prefix tokens get learned position embeddings too (the release's
-  layout); else only the patches do. ``final_norm=False`` leaves out the final LayerNorm
-  (the model normalises after pooling instead: ``fc_norm``). ``pre_norm``: a LayerNorm on the
+  ``posemb``: the absolute encoding added to the tokens, and ``options.rope`` the rotary one
+  of every attention (``vit_jax.models.posemb``). ``prefix_posemb``: the prefix tokens get
+  learned position embeddings too (the release's layout); else only the patches do.
+  ``final_norm=False`` leaves out the final LayerNorm (the model normalises after pooling
+  instead: ``fc_norm``). ``pre_norm``: a LayerNorm on the
   embedded tokens before the first block, ``pre_norm`` (CLIP's ``ln_pre``).
   """
 
@@ -147,17 +136,12 @@ class Encoder(nn.Module):
     """``output_tokens``: the last block computes only the first this many tokens' outputs
     (None: all); unrolled blocks only."""
     o = self.options
-    width = x.shape[-1]
-    if self.posemb == 'learn' and self.prefix_posemb:
-      x = x + AddPositionEmbs(param_dtype=o.param_dtype, name='posembed_input')(x)
-    elif self.posemb == 'learn':  # The patches only; the prefix tokens get none.
-      p = self.num_prefix_tokens
-      pe = AddPositionEmbs(param_dtype=o.param_dtype, name='posembed_input')(x[:, p:])
-      x = jnp.concatenate([x[:, :p], x[:, p:] + pe], axis=1)
-    else:  # Fixed 2-D sin-cos for the patches; prefix tokens get none.
-      pe = posemb_sincos_2d(self.grid, width)
-      pe = np.pad(pe, ((0, 0), (self.num_prefix_tokens, 0), (0, 0)))
-      x = x + jnp.asarray(pe, o.dtype)
+    x = posemb.add_absolute(x, self.posemb, self.grid, self.num_prefix_tokens,
+                            self.prefix_posemb, o.param_dtype)
+    positions = None
+    if o.rope:
+      positions = posemb.coordinates(posemb.Rope.parse(o.rope),
+                                     *posemb.grid_positions(self.grid))
     x = nn.Dropout(o.dropout_rate)(x, deterministic=not train).astype(o.dtype)
     if self.pre_norm:
       x = o.norm_layer('pre_norm')(x)
@@ -167,7 +151,7 @@ class Encoder(nn.Module):
     if self.remat_policy != 'none':
       # Static: `deterministic`, and unrolled blocks' `query_tokens`.
       block = nn.remat(block, policy=REMAT_POLICIES[self.remat_policy],
-                       prevent_cse=not self.scan, static_argnums=(3,) if self.scan else (3, 4))
+                       prevent_cse=not self.scan, static_argnums=(4,) if self.scan else (4, 5))
     # Stochastic depth grows linearly with depth, from 0 to `stochastic_depth`.
     rates = np.linspace(0., self.stochastic_depth, self.num_layers)
     kw = dict(options=o, stochastic_depth=self.stochastic_depth > 0)
@@ -177,39 +161,34 @@ class Encoder(nn.Module):
       use_rates = self.stochastic_depth > 0
       scanned = nn.scan(block, variable_axes={'params': 0, 'intermediates': 0},
                         split_rngs={'params': True, 'dropout': True},
-                        in_axes=(0 if use_rates else nn.broadcast, nn.broadcast),
+                        in_axes=(nn.broadcast, 0 if use_rates else nn.broadcast,
+                                 nn.broadcast),
                         length=self.num_layers)
       x, _ = scanned(name='encoderblock', **kw)(
-          x, jnp.asarray(rates) if use_rates else 0., not train)
+          x, positions, jnp.asarray(rates) if use_rates else 0., not train)
     else:
       for i in range(self.num_layers):
         last = i == self.num_layers - 1
         x, _ = block(name=f'encoderblock_{i}', **kw)(
-            x, float(rates[i]), not train, output_tokens if last else None)
+            x, positions, float(rates[i]), not train, output_tokens if last else None)
     return o.norm_layer('encoder_norm')(x) if self.final_norm else x
 
 
-class AddPositionEmbs(nn.Module):
-  """Learned 1-D position embeddings, one per token, N(0, 0.02) initialised."""
-
-  param_dtype: Dtype = jnp.float32
-
-  @nn.compact
-  def __call__(self, x: Array) -> Array:
-    pe = self.param('pos_embedding', nn.initializers.normal(stddev=0.02),
-                    (1,) + x.shape[1:], self.param_dtype)
-    return pe.astype(x.dtype)
-
-
 class MAPHead(nn.Module):
-  """Multihead attention pooling: a learned probe attends over all tokens (no dropout)."""
+  """Multihead attention pooling: a learned probe attends over all tokens (no dropout).
+
+  ``num_heads``: the head's own (PE's attention pool: 8); None: the blocks'."""
 
   options: BlockOptions
+  num_heads: int | None = None
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    # The head's attention takes the blocks' kernel, but none of their dropout.
-    o = dataclasses.replace(self.options, dropout_rate=0., attention_dropout_rate=0.)
+    # The head's attention takes the blocks' kernel, but none of their dropout, and is a plain
+    # one: key biases, no rotation, no inner norms (timm's AttentionPoolLatent).
+    o = dataclasses.replace(self.options, dropout_rate=0., attention_dropout_rate=0.,
+                            num_heads=self.num_heads or self.options.num_heads, key_bias=True,
+                            attention_norm=False, mlp_norm=False, rope=None)
     probe = self.param('probe', dense_init, (1, 1, x.shape[-1]), o.param_dtype)
     probe = jnp.tile(probe, (x.shape[0], 1, 1)).astype(x.dtype)
     x = MultiHeadAttention(o, name='MultiHeadDotProductAttention_0')(
@@ -233,7 +212,11 @@ class VisionTransformer(nn.Module):
       pooling).
     representation_size: width of the Dense + tanh pre-logits layer; None: none.
     head_bias_init: initial classifier bias (-10 for sigmoid pre-training).
-    posemb: 'learn' (1-D learned) or 'sincos2d' (fixed).
+    posemb: the absolute position encoding: 'learn' (1-D learned), 'sincos2d' (fixed) or
+      'none' (a rotary one alone); ``vit_jax.models.posemb``.
+    rope: a rotary position encoding of every block's attention, a ``posemb.Rope`` spec
+      ('axial', 'dinov3', 'mixed', "axial(temperature=100.0, xy=True)", ...); None: none.
+      The patches' queries and keys turn with their (row, column); the prefix tokens never.
     dropout_rate, attention_dropout_rate: dropout in the blocks / on attention weights.
     stochastic_depth: drop-path rate of the last block (linear in depth from 0).
     attention_impl: 'auto' (cuDNN's fused kernel on NVIDIA GPUs where it applies, else the
@@ -247,6 +230,7 @@ class VisionTransformer(nn.Module):
     parallel_block: attention and MLP side by side on one LayerNorm (ViT-22B).
     qk_norm: normalise each head's queries and keys before their product (ViT-22B).
     qkv_bias: biases in the query/key/value projections (ViT-22B has none).
+    key_bias: with ``qkv_bias``, the keys' bias too (EVA's attention: queries and values only).
     norm: 'layernorm', or 'rmsnorm' (no centering, no bias: ViT-22B's), everywhere.
     norm_epsilon: every norm's epsilon (1e-6; transformers' ViT: 1e-12).
     activation: the MLP's, 'gelu_tanh' (the tanh-approximate GELU: the releases' and
@@ -256,6 +240,10 @@ class VisionTransformer(nn.Module):
       activation of the first half times the second half (DINOv2-g's SwiGLU with 'silu').
     pre_norm: a LayerNorm on the embedded tokens (position embeddings added) before the
       first block, ``Transformer/pre_norm`` (CLIP's ``ln_pre``).
+    mlp_norm: a norm on the MLP's hidden units before its output projection (EVA-02's
+      ``scale_mlp``, NormFormer).
+    attention_norm: a norm on the heads' joined outputs before the attention's output
+      projection (EVA-02 CLIP's ``scale_attn_inner``).
     layer_scale: a learned per-channel scale on each residual branch (CaiT, DeiT III),
       initialised to this value; None: none.
     class_token: a class token in front of the patches; None: where ``pool='token'``.
@@ -268,6 +256,7 @@ class VisionTransformer(nn.Module):
     prefix_posemb: the prefix tokens (class token, registers) get learned position
       embeddings as the patches do (the release's layout); False: the patches only (timm's
       ``no_embed_class``, big_vision's layout).
+    map_heads: the MAP head's attention heads (PE's attention pool: 8); None: num_heads.
     fc_norm: the final LayerNorm after pooling (``fc_norm``) instead of on every token
       before it (timm's avg-pooled ViTs, MAE).
     mpp_outputs: masked patch prediction (``vit_jax.models.mpp``): > 0 adds a learnable
@@ -290,6 +279,7 @@ class VisionTransformer(nn.Module):
   representation_size: int | None = None
   head_bias_init: float = 0.
   posemb: str = 'learn'
+  rope: str | None = None
   dropout_rate: float = 0.
   attention_dropout_rate: float = 0.
   stochastic_depth: float = 0.
@@ -302,16 +292,20 @@ class VisionTransformer(nn.Module):
   parallel_block: bool = False
   qk_norm: bool = False
   qkv_bias: bool = True
+  key_bias: bool = True
   norm: str = 'layernorm'
   norm_epsilon: float = LN_EPSILON
   activation: str = 'gelu_tanh'
   gated_mlp: bool = False
+  mlp_norm: bool = False
+  attention_norm: bool = False
   pre_norm: bool = False
   layer_scale: float | None = None
   class_token: bool | None = None
   distill_token: bool = False
   num_registers: int = 0
   prefix_posemb: bool = True
+  map_heads: int | None = None
   fc_norm: bool = False
   mpp_outputs: int = 0
   model_name: str | None = None
@@ -335,6 +329,13 @@ class VisionTransformer(nn.Module):
                        f"pool='token', not {self.pool!r}.")
     if self.num_registers < 0:
       raise ValueError(f'num_registers={self.num_registers} must be >= 0.')
+    if self.rope is not None:
+      rope = posemb.Rope.parse(self.rope)  # ValueError: a wrong spec.
+      posemb.frequencies(rope, self.hidden_size // self.num_heads)  # A head_dim it can turn.
+      object.__setattr__(self, 'rope', str(rope))  # One spelling of each rope.
+    if self.map_heads is not None and self.hidden_size % self.map_heads:
+      raise ValueError(f'hidden_size={self.hidden_size} is not divisible by '
+                       f'map_heads={self.map_heads}.')
     super().__post_init__()
 
   @property
@@ -487,7 +488,7 @@ class VisionTransformer(nn.Module):
     elif self.pool == 'gap':  # The patches' mean; prefix tokens are not pooled.
       x = jnp.mean(x[:, self.num_prefix_tokens:], axis=1)
     else:
-      x = MAPHead(self.block_options, name='MAPHead_0')(x)
+      x = MAPHead(self.block_options, self.map_heads, name='MAPHead_0')(x)
     if self.fc_norm:
       x = self.block_options.norm_layer('fc_norm')(x)
 

@@ -50,16 +50,19 @@ def export(workdir: str, out: str, step: int | None = None, *, ema: bool = False
   ``ema``: their moving average instead; ``allow_nonfinite``: a diverged checkpoint with a
   warning, not refused (``workdir.restore_params``).
   """
-  from vit_jax.checkpoints.formats import release  # These import jax: the command checks
+  from vit_jax.checkpoints import formats  # These import jax: the command checks
   from vit_jax.checkpoints.run import workdir as workdir_lib  # its paths first (main).
 
   params, step = workdir_lib.restore_params(workdir, step, ema=ema,
                                             allow_nonfinite=allow_nonfinite)
-  model = workdir_lib.run_model(workdir_lib.load_config(workdir), params)
-  if format == 'npz' and not release.npz_problem(model):
-    release.save_npz(out, params)  # Any run's layout, as the release files have it.
-  else:
-    checkpoints.export(model, params, out, format, workdir_lib.load_class_names(workdir))
+  config = workdir_lib.load_config(workdir)
+  model = workdir_lib.run_model(config, params)
+  if format == 'npz' and not formats.release.npz_problem(model):
+    formats.release.save_npz(out, params)  # Any run's layout, as the release files have it.
+  else:  # With the run's classes, its pp_eval and the timm architecture it started from.
+    checkpoints.export(model, params, out, format, workdir_lib.load_class_names(workdir),
+                       workdir_lib.run_preprocessing(config),
+                       formats.run_architecture(config) if format == 'timm' else None)
   return step
 
 
@@ -82,8 +85,7 @@ def main(argv: list[str]) -> None:
                              'weights.')
   if source:
     loaded = checkpoints.load(source, step=_STEP.value, allow_nonfinite=_ALLOW_NONFINITE.value)
-    checkpoints.export(loaded.model, loaded.params, _OUT.value, fmt, loaded.class_names,
-                       loaded.preprocessing)
+    checkpoints.export(loaded, _OUT.value, fmt)  # Its classes, preprocessing, architecture.
     print(f'Wrote {_OUT.value} ({fmt}): {loaded.model.model_name} from {loaded.source}.')
   else:
     step = export(workdir, _OUT.value, _STEP.value, ema=_EMA.value, format=fmt,

@@ -8,23 +8,29 @@ Two steps, in two environments (CI runs neither):
     # 2. vit_jax's venv: load each folder, compare the outputs, print the table.
     python tests/data/hub/check_coverage.py check OUT_DIR   # also writes OUT_DIR/coverage.json
 
-`write`: every architecture of timm's vision_transformer, deit, eva and
-vision_transformer_hybrid modules, built tiny (`img_size=32, patch_size=8, embed_dim=32,
-depth=2, num_heads=2, num_classes=5`; without the patch size, or at 64 px, where the
-architecture rejects those), saved with `save_for_hf`; and the transformers ViT-family classes
-(tiny configs as make_backbone_fixtures.py's) with `save_pretrained`. Each folder's output on
+`write`: every architecture of timm's vision_transformer, deit, eva,
+vision_transformer_hybrid, beit, vision_transformer_relpos and naflexvit modules, built tiny
+(`img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5`; without
+the patch size, or at 64 px, where the architecture rejects those), saved with `save_for_hf`;
+and the transformers ViT-family classes (tiny configs as make_backbone_fixtures.py's) with
+`save_pretrained`. Each folder's output on
 `backbone_logits.npz`'s images (timm: `model(x)`; transformers: `logits`, else
 `pooler_output`) goes beside it. `check`: `vit_jax.checkpoints.formats.load_folder`, then
 'exact' (the output within 1e-4 relative), 'refused' (a one-line vit_jax error), 'wrong'
-(loads, another output) or 'error' (anything else).
+(loads, another output) or 'error' (anything else); each timm folder that loads exactly is
+exported back to timm (``checkpoints.export`` of what ``load`` returned), and the count of
+exports that keep its architecture's name and its pretrained_cfg's preprocessing printed.
 """
 
 import json
 import os
+import pathlib
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODULES = ('vision_transformer', 'deit', 'eva', 'vision_transformer_hybrid')
+MODULES = ('vision_transformer', 'deit', 'eva', 'vision_transformer_hybrid', 'beit',
+           'vision_transformer_relpos', 'naflexvit')
 TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5)
 _HF = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
            image_size=32, patch_size=8)
@@ -120,13 +126,26 @@ def check(out):
   import jax
   import numpy as np
 
+  from vit_jax import checkpoints
   from vit_jax.base import errors
   from vit_jax.checkpoints import formats
 
   jax.config.update('jax_platforms', 'cpu')
   with open(os.path.join(out, 'manifest.json')) as f:
     manifest = json.load(f)
-  results, reasons = {}, {}
+  results, reasons, exports = {}, {}, {}
+
+  def exported(folder, loaded):
+    """Whether its timm export (``checkpoints.export`` of what ``load`` returned) keeps the
+    architecture's name and the pretrained_cfg's preprocessing."""
+    with tempfile.TemporaryDirectory() as out:
+      checkpoints.export(loaded, out, 'timm')
+      ours, theirs = (json.loads(pathlib.Path(d, 'config.json').read_text())
+                      for d in (out, folder))
+    keys = ('mean', 'std', 'interpolation', 'crop_pct', 'crop_mode')
+    return dict(name=ours['architecture'] == theirs['architecture'],
+                preprocessing=all(ours['pretrained_cfg'][k] == theirs['pretrained_cfg'][k]
+                                  for k in keys))
   for name, entry in manifest.items():
     if not entry['built']:
       continue
@@ -139,6 +158,8 @@ def check(out):
       want = io['y']
       ok = got.shape == want.shape and np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
       result = 'exact' if ok else 'wrong'
+      if ok and entry['family'] != 'transformers':
+        exports[name] = exported(folder, loaded)
     except errors.UserError as e:
       result = 'refused' if '\n' not in str(e) else 'error'
       reasons[name] = str(e).split(': ', 1)[-1]
@@ -155,10 +176,15 @@ def check(out):
   for family, row in table.items():
     print(f'| {family} | {sum(row.values())} | {row["exact"]} | {row["refused"]} | '
           f'{row["wrong"]} | {row["error"]} |')
+  kept = {k: sum(e[k] for e in exports.values()) for k in ('name', 'preprocessing')}
+  print(f'timm exports of the {len(exports)} timm folders that load exactly: the architecture\'s '
+        f'name kept in {kept["name"]}, the pretrained_cfg\'s preprocessing in '
+        f'{kept["preprocessing"]}')
   unbuilt = sorted(n for n, e in manifest.items() if not e['built'])
   print(f'not built tiny (left out): {len(unbuilt)}: {", ".join(unbuilt)}')
   with open(os.path.join(out, 'coverage.json'), 'w') as f:
-    json.dump(dict(results=results, reasons=reasons, table=table, unbuilt=unbuilt), f, indent=1)
+    json.dump(dict(results=results, reasons=reasons, table=table, unbuilt=unbuilt,
+                   exports=exports), f, indent=1)
   return 1 if any(r['wrong'] or r['error'] for r in table.values()) else 0
 
 

@@ -45,10 +45,16 @@ def write(out):
   bv = np.load(os.path.join(HERE, 'bv_logits.npz'))
   expected, manifest = {}, {}
 
-  def add(name, library, model, params, images, class_names=(), preprocessing=None):
+  def add(name, library, model, params, images, class_names=(), preprocessing=None,
+          loaded=None):
+    """Exports ``loaded`` (what checkpoints.load returned: its classes, preprocessing and
+    architecture's name) or ``model`` and ``params`` (with what is given)."""
     folder = os.path.join(out, name)
-    checkpoints.export(model, params, folder, format=library, class_names=class_names,
-                       preprocessing=preprocessing)
+    if loaded is not None:
+      checkpoints.export(loaded, folder, library)
+    else:
+      checkpoints.export(model, params, folder, format=library, class_names=class_names,
+                         preprocessing=preprocessing)
     run = model.clone(attention_impl='einsum')
     expected[f'{name}/images'] = np.asarray(images, np.float32)
     expected[f'{name}/logits'] = np.asarray(run.apply({'params': params}, images))
@@ -67,10 +73,10 @@ def write(out):
                'timm_gap_nofcnorm'):
     loaded = checkpoints.load(os.path.join(HERE, name))
     add(name, 'timm', loaded.model, loaded.params, ref[str(ref[f'{name}/input'])],
-        loaded.class_names)
+        loaded=loaded)
   for name in ('hf_vit_cls', 'hf_vit_cls_tanh', 'hf_vit_model'):
     loaded = checkpoints.load(os.path.join(HERE, name))
-    add(name, 'transformers', loaded.model, loaded.params, ref['images'], loaded.class_names)
+    add(name, 'transformers', loaded.model, loaded.params, ref['images'], loaded=loaded)
   loaded = checkpoints.load(os.path.join(HERE, 'timm_augreg'))
   add('timm_augreg_to_transformers', 'transformers', loaded.model, loaded.params,
       ref['images'], loaded.class_names)
@@ -102,7 +108,13 @@ def write(out):
                'hf_deit_distilled', 'timm_clip_quickgelu', 'timm_deit_distilled', 'timm_deit3'):
     loaded = checkpoints.load(os.path.join(HERE, name))
     add(f'{name}_to_transformers' if name.startswith('timm') else name, 'transformers',
-        loaded.model, loaded.params, bb['images'], loaded.class_names, loaded.preprocessing)
+        loaded.model, loaded.params, bb['images'], loaded=loaded)
+  # timm's backbone folders written back to timm (their architecture's name and
+  # pretrained_cfg kept: check compares them with the fixture's).
+  for name in ('timm_clip', 'timm_clip_quickgelu', 'timm_siglip_map', 'timm_dinov2',
+               'timm_dinov2_swiglu', 'timm_deit_distilled'):
+    loaded = checkpoints.load(os.path.join(HERE, name))
+    add(name, 'timm', loaded.model, loaded.params, bb['images'], loaded=loaded)
   model, params = made('ti16', 6, num_classes=5, gated_mlp=True, activation='silu',
                        layer_scale=1e-5, **{**small, 'mlp_dim': 88})
   add('vj_swiglu_transformers', 'transformers', model, params, images)  # Dinov2ForImage...
@@ -176,6 +188,15 @@ def check(out):
         model = timm.create_model(config['architecture'], pretrained=True,
                                   pretrained_cfg_overlay=overlay, **config['model_args'])
         report(name, 'create_model(ARCH, overlay file+num_classes, **args)', run(model, x), want)
+        fixture = os.path.join(HERE, name)
+        if os.path.isdir(fixture):  # A timm folder written back: its name and preprocessing.
+          theirs = timm.create_model('local-dir:' + fixture, pretrained=True)
+          ours = timm.create_model('local-dir:' + folder, pretrained=True)
+          same = (ours.pretrained_cfg['architecture'] == theirs.pretrained_cfg['architecture']
+                  and timm.data.resolve_data_config({}, model=ours)
+                  == timm.data.resolve_data_config({}, model=theirs))
+          report(name, "the fixture's architecture, resolve_data_config", np.array([float(same)]),
+                 np.array([1.]))
       else:
         cls = getattr(transformers, config['architectures'][0])
         features = 'ForImageClassification' not in cls.__name__

@@ -37,6 +37,9 @@ ARCHITECTURES = {
     'diff_attention': 'vit_dwee_patch16_reg1_gap_256',  # attn_layer='diff'.
     'no_final_norm': 'vit_base_patch16_radio_v3',  # final_norm=False.
     'map_registers': 'vit_so150m_patch16_reg4_map_256',  # The MAP pool without the registers.
+    'beit': 'beit_base_patch16_224',  # Beit: a relative position bias per block.
+    'relpos': 'vit_relpos_base_patch16_224',  # VisionTransformerRelPos.
+    'naflexvit': 'naflexvit_base_patch16_gap',  # NaFlexVit.
 }
 
 

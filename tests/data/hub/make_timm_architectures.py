@@ -9,9 +9,11 @@ fixtures' venv (make_fixtures.py: torch CPU, timm 1.0.31), from the repository r
 
     python tests/data/hub/make_timm_architectures.py
 
-Every architecture of timm.models.vision_transformer and timm.models.deit is listed, with the
-keyword arguments its entry point passes (`_create_vision_transformer` / `_create_deit` are
-replaced by a recorder); values that are classes or partials (norm and activation layers,
+Every architecture of timm.models.vision_transformer and timm.models.deit is listed under
+"architectures", and every one of timm.models.eva (the Eva class: EVA-02, DINOv3, PE, the
+rotary ViTs) under "eva_architectures", with the keyword arguments its entry point passes
+(`_create_vision_transformer` / `_create_deit` / `_create_eva` are replaced by a recorder);
+values that are classes or partials (norm and activation layers,
 block and MLP types) are written as strings naming them, which vit_jax refuses by name.
 """
 
@@ -25,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_fixtures  # noqa: E402,F401  (the torchvision shim, before timm)
 import timm  # noqa: E402
 import timm.models.deit as deit  # noqa: E402
+import timm.models.eva as eva  # noqa: E402
 import timm.models.vision_transformer as vision_transformer  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', '..', 'vit_jax',
@@ -48,32 +51,38 @@ def describe(value):
 
 
 def main():
-  recorded = {}
+  recorded, recorded_eva = {}, {}
 
-  def recorder(name, pretrained=False, **kwargs):
-    recorded[name] = kwargs
-    raise _Recorded
+  def recorder(table):
+    def record(name, pretrained=False, **kwargs):
+      table[name] = kwargs
+      raise _Recorded
+    return record
 
-  vision_transformer._create_vision_transformer = recorder
-  deit._create_deit = recorder
+  vision_transformer._create_vision_transformer = recorder(recorded)
+  deit._create_deit = recorder(recorded)
+  eva._create_eva = recorder(recorded_eva)
+  modules = ('timm.models.vision_transformer', 'timm.models.deit', 'timm.models.eva')
   for name in timm.list_models():
     entry = timm.models._registry._model_entrypoints[name]
-    if entry.__module__ not in ('timm.models.vision_transformer', 'timm.models.deit'):
+    if entry.__module__ not in modules:
       continue
     with contextlib.suppress(_Recorded):
       entry(pretrained=False)
-  names = sorted(recorded)
   lines = ['{', '"written_by": "tests/data/hub/make_timm_architectures.py, from timm\'s '
-           'registry: do not edit",', f'"timm_version": {json.dumps(timm.__version__)},',
-           '"architectures": {']
-  for i, name in enumerate(names):
-    arguments = {k: describe(v) for k, v in recorded[name].items()}
-    lines.append(f'{json.dumps(name)}: {json.dumps(arguments, sort_keys=True)}'
-                 + (',' if i < len(names) - 1 else ''))
-  lines += ['}', '}']
+           'registry: do not edit",', f'"timm_version": {json.dumps(timm.__version__)},']
+  for key, table in (('architectures', recorded), ('eva_architectures', recorded_eva)):
+    lines.append(f'"{key}": {{')
+    names = sorted(table)
+    for i, name in enumerate(names):
+      arguments = {k: describe(v) for k, v in table[name].items()}
+      lines.append(f'{json.dumps(name)}: {json.dumps(arguments, sort_keys=True)}'
+                   + (',' if i < len(names) - 1 else ''))
+    lines.append('}' + (',' if key == 'architectures' else ''))
+  lines.append('}')
   with open(OUT, 'w') as f:
     f.write('\n'.join(lines) + '\n')
-  print(f'{len(recorded)} architectures -> {os.path.normpath(OUT)}')
+  print(f'{len(recorded)} + {len(recorded_eva)} Eva architectures -> {os.path.normpath(OUT)}')
 
 
 if __name__ == '__main__':

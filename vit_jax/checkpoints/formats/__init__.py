@@ -30,6 +30,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from absl import logging
+
 from vit_jax.base import errors, paths
 from vit_jax.base.sizes import pair
 from vit_jax.checkpoints import hf_hub
@@ -144,7 +146,35 @@ def load_folder(folder: str | os.PathLike, origin: str | None = None) -> Loaded:
   model = get_model('b16', num_classes=num_classes, **kwargs)
   params = fitted(flat, model, origin, model.grid, source_model=model)
   names = tuple(class_names) if len(class_names) == (num_classes or 0) else ()
-  return Loaded(model, params, names, f'{origin} ({kind})', preprocessing=preprocessing(folder))
+  return Loaded(model, params, names, f'{origin} ({kind})', preprocessing=preprocessing(folder),
+                architecture=timm.source_architecture(config) if kind == TIMM else None)
+
+
+def run_architecture(config: Any) -> dict[str, Any] | None:
+  """The timm architecture a run started from (``Loaded.architecture``, which a workdir's
+  ``Loaded`` leaves to this, read when it is exported to timm): its ``config.init_from``'s, a
+  timm folder's (through runs that fine-tuned runs); None where it started from none, or
+  the source cannot be read now (one log line)."""
+  seen: list[str] = []
+  source = config.get('init_from') or ''
+  while source and source not in seen and len(seen) < 16:
+    seen.append(source)
+    try:
+      kind = origin(source)
+      if kind == WORKDIR:
+        source = record.load_config(source).get('init_from') or ''
+        continue
+      if kind not in (TIMM, HF_HUB):
+        return None
+      folder = local_folder(source)
+      if hub.folder_format(folder) != TIMM:
+        return None
+      return timm.source_architecture(hub.read_json(paths.path(folder) / hf_hub.CONFIG))
+    except (errors.UserError, OSError) as e:
+      logging.info('The run started from %s, which cannot be read now (%s): its timm '
+                   'architecture is not known.', source, e)
+      return None
+  return None
 
 
 def preprocessing(folder: str | os.PathLike) -> EvalSpec:
@@ -197,25 +227,59 @@ def check_patch_size(model: VisionTransformer, patch_size: int | tuple[int, int]
         f'divides it, or an image_size that is a multiple of it.')
 
 
-def export(model: VisionTransformer, params: Mapping[str, Any], out: str | os.PathLike,
-           format: str = NPZ, class_names: Sequence[str] = (),
-           preprocessing: EvalSpec | None = None) -> str:
-  """Writes ``model``'s ``params`` as ``format``: 'npz' (``out`` is the file), 'timm' or
-  'transformers' (``out`` is a folder of config.json and model.safetensors, which say
-  ``preprocessing``, ``Loaded.preprocessing``: timm's pretrained_cfg, transformers' image
-  processor). Returns ``out``.
+def export(model: VisionTransformer | Loaded, params: Mapping[str, Any] | str | os.PathLike |
+           None = None, out: str | os.PathLike | None = None, format: str | None = None,
+           class_names: Sequence[str] | None = None, preprocessing: EvalSpec | None = None,
+           architecture: Mapping[str, Any] | None = None) -> str:
+  """Writes a model's parameters as ``format``: 'npz' (the default; ``out`` is the file),
+  'timm' or 'transformers' (``out`` is a folder of config.json and model.safetensors, which say
+  ``preprocessing``: timm's pretrained_cfg, transformers' image processor). Returns ``out``.
+
+  ``export(loaded, OUT, format)``: what ``load`` returned, with its class names, its own
+  preprocessing and (timm) its architecture's name (``Loaded.architecture``, kept where the
+  model is that architecture; else the nearest of timm's registry, ``timm.architecture``).
+  ``export(model, params, OUT, format, class_names, preprocessing, architecture)``: a model
+  and its parameters, and what is known of them; a timm or transformers folder written
+  without a preprocessing says the releases' (a resize to the input, [-1, 1]), in one
+  warning line.
 
   A model the format cannot express (registers in a .npz file, a pre-logits layer in timm,
   a CLIP tower with a classifier in transformers, ...) is refused in one line that names the
   option and a format that can."""
+  if isinstance(model, Loaded):
+    if isinstance(params, Mapping):
+      raise errors.ConfigError('export(loaded, OUT, format): a Loaded holds its parameters; '
+                               'give the folder or file to write after it.')
+    if params is not None:  # export(loaded, OUT[, FORMAT]): the arguments after it shift.
+      if out is not None and format is not None:
+        raise errors.ConfigError(f'export(loaded, {params!r}, {out!r}, format={format!r}): '
+                                 'two formats given; write export(loaded, OUT, format=...).')
+      params, out, format = None, params, format if out is None else str(out)
+    loaded = model
+    model, params = loaded.model, loaded.params
+    class_names = loaded.class_names if class_names is None else class_names
+    preprocessing = preprocessing or loaded.preprocessing
+    architecture = architecture or loaded.architecture or (
+        run_architecture(loaded.config) if loaded.config is not None and format == TIMM
+        else None)
+  if params is None or out is None:
+    raise errors.ConfigError('export needs the parameters and where to write them: '
+                             'export(model, params, OUT, format) or export(loaded, OUT, format).')
+  format = format or NPZ
+  class_names = class_names or ()
   if format not in EXPORT_FORMATS:
     raise errors.ConfigError(f'format={format!r} is not one of {", ".join(EXPORT_FORMATS)}.')
   if format == NPZ:
     release.save_model_npz(out, model, params)
   elif format == TIMM:  # As timm's save_for_hf writes it.
-    hub.write_folder(out, *timm.write(model, params, class_names, preprocessing))
+    hub.write_folder(out, *timm.write(model, params, class_names, preprocessing, architecture))
   else:  # As save_pretrained writes it, with its image processor's preprocessor_config.json.
     processor = {hf_hub.PREPROCESSOR: transformers.preprocessor_config(model, preprocessing)}
     hub.write_folder(out, *transformers.write(model, params, class_names), processor,
                      metadata={'format': 'pt'})
+  if format != NPZ and preprocessing is None:
+    logging.warning(
+        '%s: no preprocessing known for this %s export: it says the releases\' (a resize to '
+        'the input, mean and std 0.5). Give preprocessing= (an EvalSpec), or export what '
+        'checkpoints.load returned, which carries its own.', out, format)
   return str(out)

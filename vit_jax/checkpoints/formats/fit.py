@@ -214,7 +214,8 @@ ARCHITECTURE = ('image_size', 'patch_size', 'hidden_size', 'num_layers', 'mlp_di
                 'resnet_layers', 'resnet_width', 'pool', 'representation_size', 'posemb',
                 'parallel_block', 'qk_norm', 'qkv_bias', 'norm', 'norm_epsilon', 'activation',
                 'layer_scale', 'class_token', 'num_registers', 'prefix_posemb', 'fc_norm',
-                'pre_norm', 'gated_mlp', 'distill_token')
+                'pre_norm', 'gated_mlp', 'distill_token', 'rope', 'key_bias', 'mlp_norm',
+                'attention_norm', 'map_heads')
 
 
 def model_options(model: VisionTransformer) -> dict[str, Any]:
@@ -367,7 +368,8 @@ def npz_architecture(flat: dict[str, Any]) -> dict[str, Any]:
   ``flat`` is ``flatten(load_npz(path))``. Width, depth, MLP width, heads, patch size, BiT
   stem, pooling, pre-logits, position embeddings, classes, and the options that have arrays
   of their own (a LayerNorm before the blocks, a gated MLP, a distillation token, layer
-  scale, registers, fc_norm, q/k norms, qkv biases) all follow from them; ``image_size`` is
+  scale, registers, fc_norm, q/k norms, qkv and key biases, the norms inside the attention and
+  the MLP, the MAP head's heads) all follow from them; ``image_size`` is
   the one the position embeddings were trained at (square grids; 224 when unknown).
   """
   ph, pw, _, width = np.shape(flat['embedding/kernel'])
@@ -391,7 +393,13 @@ def npz_architecture(flat: dict[str, Any]) -> dict[str, Any]:
       distill_token='dist' in flat, layer_scale=1. if block + 'ls1' in flat else None,
       num_registers=int(np.shape(flat['registers'])[1]) if 'registers' in flat else 0,
       fc_norm='fc_norm/scale' in flat, qk_norm=attention + 'query_ln/scale' in flat,
-      qkv_bias=attention + 'query/bias' in flat)
+      qkv_bias=attention + 'query/bias' in flat,
+      key_bias=attention + 'key/bias' in flat or attention + 'query/bias' not in flat,
+      mlp_norm=block + 'MlpBlock_3/hidden_norm/scale' in flat,
+      attention_norm=attention + 'out_norm/scale' in flat)
+  if 'MAPHead_0/probe' in flat:  # Its own heads, where they are not the blocks' (PE's pool).
+    pool_heads = int(np.shape(flat['MAPHead_0/MultiHeadDotProductAttention_0/query/kernel'])[1])
+    arch['map_heads'] = None if pool_heads == arch['num_heads'] else pool_heads
   stride = 1
   if 'conv_root/kernel' in flat:
     units = {}

@@ -311,15 +311,25 @@ def embed_prefix(model: VisionTransformer, flat: dict[str, np.ndarray]) -> None:
   flat[POSEMB_KEY] = np.pad(flat[POSEMB_KEY], ((0, 0), (rows, 0), (0, 0)))
 
 
-def check_export(model: VisionTransformer, library: str, more: Iterable[tuple] = ()) -> None:
+def check_export(model: VisionTransformer, library: str, more: Iterable[tuple] = (),
+                 eva: bool = False) -> None:
   """Refuses (``export_refusal``) what neither library's ViT computes, then the first of the
-  library's own ``more`` checks: (whether ``model`` has it, what it is[, the format that can])."""
+  library's own ``more`` checks: (whether ``model`` has it, what it is[, the format that can]).
+  ``eva``: written as a timm Eva, which may have no absolute position embedding."""
   checks = (
       (model.resnet_layers is not None, 'a hybrid (BiT stem)'),
-      (model.posemb != 'learn', f'posemb={model.posemb!r} (fixed position embeddings)'),
+      (model.posemb not in ('learn', *(('none',) if eva else ())),
+       f'posemb={model.posemb!r} (fixed position embeddings)'),
       (model.parallel_block, 'parallel_block=True'),
       (model.norm != 'layernorm', f'norm={model.norm!r}'),
       (bool(model.mpp_outputs), 'mpp_outputs (masked patch prediction)'),
+      *((bad, what, 'timm') for bad, what in (
+          (model.rope, f'rope={model.rope!r} (rotary position embeddings)'),
+          (model.qkv_bias and not model.key_bias, 'key_bias=False (no bias on the keys)'),
+          (model.mlp_norm, 'mlp_norm (a norm inside the MLP)'),
+          (model.attention_norm, 'attention_norm (a norm inside the attention)'),
+          (model.map_heads, f'map_heads={model.map_heads} (a MAP head of its own heads)'))
+        if not eva),
   )
   for bad, what, *other in (*checks, *more):
     if bad:

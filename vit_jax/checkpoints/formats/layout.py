@@ -111,8 +111,14 @@ class Loaded:
   source: str  # 'DIR (step N)' or the .npz path.
   config: Any = None  # The run's config (a ConfigDict), for a workdir.
   # The evaluation preprocessing the checkpoint says it was trained with (timm's pretrained_cfg,
-  # transformers' image processor); a .npz file says none: the releases' [-1, 1].
-  preprocessing: EvalSpec = EvalSpec()
+  # transformers' image processor, a run's pp_eval); a .npz file says none: the releases'
+  # [-1, 1]. None: a run's pp_eval that no EvalSpec says (its config has the pipeline).
+  preprocessing: EvalSpec | None = EvalSpec()
+  # The timm architecture the checkpoint is, as a timm config.json names it ({'architecture':
+  # NAME, 'model_args': {...}}): a timm folder's own (a run's: None here, its init_from's is
+  # read when it is exported, formats.run_architecture); a timm export keeps it where the
+  # model still is that architecture (timm.write).
+  architecture: Mapping[str, Any] | None = None
 
 
 def check_finite(flat: Mapping[str, Any], origin: Any) -> None:

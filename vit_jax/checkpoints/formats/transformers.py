@@ -1,7 +1,7 @@
 """transformers' ViT checkpoints (``ViTModel``, ``ViTForImageClassification``): a config.json,
 which holds every field (``ViTConfig``'s defaults where absent), and model.safetensors.
 ``TABLE`` names every tensor, for loading and for export. The backbones' (``BACKBONES``: CLIP's
-and SigLIP's vision towers, DINOv2, distilled DeiT) load by their own tables."""
+and SigLIP's vision towers, DINOv2, DINOv3, distilled DeiT) load by their own tables."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from vit_jax.checkpoints.formats.hub import CONV, SAME
 from vit_jax.checkpoints.formats.layout import POSEMB_KEY, flatten, to_host, to_release
 from vit_jax.data.preprocess import EvalSpec
 from vit_jax.models import VisionTransformer
+from vit_jax.models.posemb import Rope
 
 _B = 'Transformer/encoderblock_{i}/'
 _A = _B + 'MultiHeadDotProductAttention_1/'
@@ -88,6 +89,17 @@ TABLE: tuple[hub.Rule, ...] = (
 # The classifier of ViTForImageClassification, outside ``vit.``.
 CLASSIFIER: tuple[hub.Rule, ...] = hub.dense('head', 'classifier')
 _DINOV2_SCALES = ('layer_scale1.lambda1', 'layer_scale2.lambda1')
+# DINOv3ViTModel: registers, rotary positions (no position embeddings), layer scale, separate
+# query/key/value projections (``key_bias``), a plain or a gated MLP (``_canonical`` packs its
+# gate_proj and up_proj as ``gate_up_proj``, gate first).
+DINOV3 = (
+    *hub.dense('embedding', 'embeddings.patch_embeddings', CONV),
+    ('cls', 'embeddings.cls_token', SAME),
+    ('registers', 'embeddings.register_tokens', SAME),
+    *_block('layer.{i}.', 'norm1', [f'attention.{n}_proj' for n in ('q', 'k', 'v', 'o')],
+            'norm2', ('mlp.up_proj', 'mlp.down_proj'), _DINOV2_SCALES),
+    *hub.dense(_B + 'MlpBlock_3/Dense_0', 'layer.{i}.mlp.gate_up_proj'),
+    *hub.norm('Transformer/encoder_norm', 'norm'))
 # model_type -> (config defaults, the table, the tables of a classifier head, the prefix of the
 # rest in a classifier). Classifiers that pool otherwise are refused: DeiTForImageClassification
 # (the class token only, beside a distillation token: tensors these tables do not name) and
@@ -109,14 +121,19 @@ BACKBONES: dict[str, tuple[dict[str, Any], tuple[hub.Rule, ...], tuple[hub.Rule,
              (*hub.dense('head', 'cls_classifier'),
               *hub.dense('head_dist', 'distillation_classifier')),
              'deit.'),
+    'dinov3_vit': (dict(hidden_act='gelu', layer_norm_eps=1e-5, layerscale_value=1.,
+                        rope_theta=100., query_bias=True, key_bias=False, value_bias=True,
+                        proj_bias=True, mlp_bias=True, use_gated_mlp=False,
+                        num_register_tokens=0, image_size=224), DINOV3, (), ''),
 }
 
 
 def _canonical(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
   """The tensors that the release layout shapes otherwise, as the tables name them: CLIP's class
   embedding (D,) and position embeddings (N, D) with the release's leading axes, SigLIP head's
-  packed ``in_proj`` split into q, k, v; DINOv2's ``mask_token`` (masked image modelling only:
-  no output reads it) dropped."""
+  packed ``in_proj`` split into q, k, v; DINOv3's gated MLP's ``gate_proj`` and ``up_proj``
+  packed; DINOv2's and DINOv3's ``mask_token`` (masked image modelling only: no output reads
+  it) dropped."""
   out = {}
   for key, value in tensors.items():
     if key.endswith('embeddings.class_embedding'):
@@ -124,6 +141,13 @@ def _canonical(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     elif key.endswith('embeddings.position_embedding.weight'):
       value = value[None]
     elif key.endswith('embeddings.mask_token'):
+      continue
+    elif m := re.fullmatch(r'(layer\.\d+\.mlp\.)gate_proj\.(weight|bias)', key):
+      out[f'{m.group(1)}gate_up_proj.{m.group(2)}'] = np.concatenate(
+          [value, tensors[f'{m.group(1)}up_proj.{m.group(2)}']])
+      continue
+    elif (m := re.fullmatch(r'(layer\.\d+\.mlp\.)up_proj\.(weight|bias)', key)) and (
+        f'{m.group(1)}gate_proj.{m.group(2)}' in tensors):
       continue
     elif m := re.fullmatch(r'(.*head\.attention\.)in_proj_(weight|bias)', key):
       for name, part in zip('qkv', np.split(value, 3), strict=True):
@@ -146,7 +170,7 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
   c = {**DEFAULTS, **defaults, **config}
   if c['num_channels'] != 3:
     raise hub.refuse(origin, f'{c["num_channels"]} input channels', ' (RGB: 3)')
-  swiglu = bool(c.get('use_swiglu_ffn'))
+  swiglu = bool(c.get('use_swiglu_ffn') or c.get('use_gated_mlp'))
   if c['hidden_act'] not in _ACTIVATIONS and not swiglu:
     raise hub.refuse(origin, f'hidden_act={c["hidden_act"]!r}',
                      f" ({', '.join(repr(a) for a in _ACTIVATIONS)} load)")
@@ -154,7 +178,8 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
   t = hub.Tensors(tensors, origin, prefix if any(k.startswith(prefix) for k in tensors) else '')
   width, heads = int(c['hidden_size']), int(c['num_attention_heads'])
   ph, pw = t(next(k for _, k, layout in table if layout == CONV)).shape[2:]
-  depth = t.blocks('encoder.layers.' if table is CLIP else 'encoder.layer.')
+  depth = t.blocks({id(CLIP): 'encoder.layers.', id(DINOV3): 'layer.'}.get(id(table),
+                                                                           'encoder.layer.'))
   flat = hub.read_table(hub.expand(table, depth), t, heads)
   t.prefix = ''
   flat.update(hub.read_table(classifier, t, heads))
@@ -175,6 +200,8 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
     flat['head/kernel'] = flat['head/kernel'][:width]
   flat.setdefault('embedding/bias', np.zeros(width, np.float32))  # CLIP embeds without one.
   image_size = pair(c['image_size'])
+  if model_type == 'dinov3_vit':
+    return _dinov3(c, flat, image_size, origin), flat, []
   patches = (image_size[0] // ph) * (image_size[1] // pw)
   rows, prefix_tokens = flat[POSEMB_KEY].shape[1], ('cls' in flat) + ('dist' in flat)
   if rows != patches + prefix_tokens:
@@ -191,6 +218,32 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
   labels = config.get('id2label') or {}
   names = [labels[k] for k in sorted(labels, key=int)] if kwargs['num_classes'] else []
   return kwargs, flat, [str(n) for n in names]
+
+
+def _dinov3(c: Mapping[str, Any], flat: dict[str, np.ndarray], image_size: tuple[int, int],
+            origin: str) -> dict[str, Any]:
+  """The model kwargs of a DINOv3ViTModel's config and arrays (its biases that config.json
+  turns off: zeros, which compute the same)."""
+  if c['query_bias'] != c['value_bias']:
+    raise hub.refuse(origin, f'query_bias={c["query_bias"]} beside value_bias={c["value_bias"]}',
+                     ' (both, or neither)')
+  heads, width = int(c['num_attention_heads']), int(c['hidden_size'])
+  for i in range(int(c['num_hidden_layers'])):
+    for key, shape in ((_A + 'out/bias', (width,)), (_B + 'MlpBlock_3/Dense_0/bias', None),
+                       (_B + 'MlpBlock_3/Dense_1/bias', (width,))):
+      key = key.format(i=i)
+      if key not in flat:
+        kernel = flat[key.replace('/bias', '/kernel')]
+        flat[key] = np.zeros(shape or kernel.shape[-1:], np.float32)
+  gated = bool(c['use_gated_mlp'])
+  return dict(
+      npz_architecture(flat), num_classes=None, image_size=image_size, hidden_size=width,
+      num_heads=heads, gated_mlp=gated, pool='token', class_token=True, posemb='none',
+      rope=str(Rope('dinov3', temperature=float(c['rope_theta']), layout='half')),
+      key_bias=bool(c['key_bias']), norm_epsilon=float(c['layer_norm_eps']),
+      layer_scale=float(c['layerscale_value']), prefix_posemb=False,
+      activation='silu' if gated and c['hidden_act'] == 'silu' else _ACTIVATIONS.get(
+          c['hidden_act'], c['hidden_act']))
 
 
 # PIL's resampling filters by the number transformers' image processors store.
@@ -223,16 +276,18 @@ _CLASSES = {'vit': ('ViTForImageClassification', 'ViTModel', 'ViTImageProcessor'
             'deit': ('DeiTForImageClassificationWithTeacher', None, 'DeiTImageProcessor'),
             'siglip_vision_model': (None, 'SiglipVisionModel', 'SiglipImageProcessor'),
             'clip_vision_model': (None, 'CLIPVisionModel', 'CLIPImageProcessor'),
-            'dinov2': ('Dinov2ForImageClassification', 'Dinov2Model', 'BitImageProcessor')}
+            'dinov2': ('Dinov2ForImageClassification', 'Dinov2Model', 'BitImageProcessor'),
+            'dinov3_vit': (None, 'DINOv3ViTModel', 'DINOv3ViTImageProcessor')}
 _HIDDEN_ACT = {'gelu': 'gelu', 'gelu_tanh': 'gelu_pytorch_tanh', 'quick_gelu': 'quick_gelu',
                'silu': 'silu'}
 
 
 def model_type(model: VisionTransformer) -> str:
-  """The transformers model_type that computes ``model``: DeiT for a distillation token,
-  SigLIP's vision tower for a MAP head, CLIP's for a LayerNorm before the blocks, DINOv2 for
-  layer scale or a gated MLP, else ViT."""
-  for kind, option in (('deit', model.distill_token), ('siglip_vision_model', model.pool == 'map'),
+  """The transformers model_type that computes ``model``: DINOv3 for a rotary encoding, DeiT
+  for a distillation token, SigLIP's vision tower for a MAP head, CLIP's for a LayerNorm before
+  the blocks, DINOv2 for layer scale or a gated MLP, else ViT."""
+  for kind, option in (('dinov3_vit', model.rope), ('deit', model.distill_token),
+                       ('siglip_vision_model', model.pool == 'map'),
                        ('clip_vision_model', model.pre_norm),
                        ('dinov2', model.gated_mlp or model.layer_scale is not None)):
     if option:
@@ -247,9 +302,20 @@ def _refusals(model: VisionTransformer, kind: str) -> list[tuple[bool, str, str]
   size, patch = pair(model.image_size), pair(model.patch_size)
   others = {'pre_norm (a LayerNorm before the blocks)': model.pre_norm,
             'layer_scale': model.layer_scale is not None, 'gated_mlp': model.gated_mlp}
-  allowed = {'clip_vision_model': ('pre_norm',), 'dinov2': ('layer_scale', 'gated_mlp')}
+  allowed = {'clip_vision_model': ('pre_norm',), 'dinov2': ('layer_scale', 'gated_mlp'),
+             'dinov3_vit': ('layer_scale', 'gated_mlp')}
+  rope = Rope.parse(model.rope) if model.rope else None
+  dinov3 = Rope('dinov3', temperature=rope.resolved('temperature'), layout='half') if rope else None
   checks = (
-      (model.num_registers > 0, f'num_registers={model.num_registers}'),
+      (kind == 'dinov3_vit' and rope != dinov3, f'rope={model.rope!r} (DINOv3ViTModel\'s: '
+       "'dinov3' with the half layout)"),
+      (kind == 'dinov3_vit' and model.posemb != 'none', f'posemb={model.posemb!r} beside a '
+       'rotary encoding (DINOv3ViTModel has no position embeddings)'),
+      (kind == 'dinov3_vit' and (model.mlp_norm or model.attention_norm),
+       'a norm inside the attention or the MLP (DINOv3ViTModel has none)'),
+      (kind == 'dinov3_vit' and model.gated_mlp and model.activation != 'silu',
+       f'gated_mlp with activation={model.activation!r} (DINOv3\'s gated MLP: silu)'),
+      (kind != 'dinov3_vit' and model.num_registers > 0, f'num_registers={model.num_registers}'),
       (model.qk_norm, 'qk_norm'),
       (model.activation not in _HIDDEN_ACT, f'activation={model.activation!r}'),
       (kind != 'vit' and (size[0] != size[1] or patch[0] != patch[1]),
@@ -279,8 +345,11 @@ def _refusals(model: VisionTransformer, kind: str) -> list[tuple[bool, str, str]
 
 def _canonical_inverse(sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   """The inverse of ``_canonical``: CLIP's class and position embeddings without the leading
-  axes, SigLIP head's q, k, v packed into ``in_proj``."""
+  axes, SigLIP head's q, k, v packed into ``in_proj``, DINOv3's gate_proj and up_proj apart."""
   for key in list(sd):
+    if m := re.fullmatch(r'(.*\.mlp\.)gate_up_proj\.(weight|bias)', key):
+      sd[f'{m.group(1)}gate_proj.{m.group(2)}'], sd[f'{m.group(1)}up_proj.{m.group(2)}'] = (
+          np.split(sd.pop(key), 2))
     if key.endswith('embeddings.class_embedding'):
       sd[key] = sd[key].reshape(-1)
     elif key.endswith('embeddings.position_embedding.weight'):
@@ -301,6 +370,13 @@ def _config(kind: str, model: VisionTransformer) -> dict[str, Any]:
       image_size=size[0] if size[0] == size[1] else list(size),
       patch_size=patch[0] if patch[0] == patch[1] else list(patch), num_channels=3,
       dtype='float32')
+  if kind == 'dinov3_vit':
+    rope = Rope.parse(model.rope)
+    return {**config, 'rope_theta': rope.resolved('temperature'), 'query_bias': model.qkv_bias,
+            'key_bias': model.qkv_bias and model.key_bias, 'value_bias': model.qkv_bias,
+            'proj_bias': True, 'mlp_bias': True, 'layerscale_value': model.layer_scale or 1.0,
+            'use_gated_mlp': model.gated_mlp, 'num_register_tokens': model.num_registers,
+            'apply_layernorm': True, 'attention_dropout': 0.0, 'drop_path_rate': 0.0}
   if kind in ('clip_vision_model', 'siglip_vision_model'):
     return {**config, 'attention_dropout': 0.0,
             **({'vision_use_head': True} if kind == 'siglip_vision_model' else {})}
@@ -329,12 +405,13 @@ def write(model: VisionTransformer, params: Mapping[str, Any], class_names: Sequ
   DeiTForImageClassificationWithTeacher, SiglipVisionModel, CLIPVisionModel,
   Dinov2ForImageClassification (the patches' mean read with zero weights) or Dinov2Model."""
   kind = model_type(model)
-  hub.check_export(model, 'transformers', _refusals(model, kind))
+  hub.check_export(model, 'transformers', _refusals(model, kind), eva=kind == 'dinov3_vit')
   config = _config(kind, model)
   flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
   if kind == 'clip_vision_model':  # CLIP embeds the patches without a bias.
     hub.fold_patch_bias(model, flat)
-  hub.embed_prefix(model, flat)
+  if kind != 'dinov3_vit':  # DINOv3 has no position embeddings.
+    hub.embed_prefix(model, flat)
   if model.fc_norm:  # Norm then the class token, or the class token then norm: the same.
     for name in ('scale', 'bias'):
       flat[f'Transformer/encoder_norm/{name}'] = flat.pop(f'fc_norm/{name}')
@@ -343,12 +420,13 @@ def write(model: VisionTransformer, params: Mapping[str, Any], class_names: Sequ
   if kind != 'vit':
     bias = np.zeros((model.num_heads, model.hidden_size // model.num_heads), np.float32)
     for i in range(model.num_layers):  # Biases of zero, layer scales of one: the same.
-      for n in ('query', 'key', 'value'):
+      for n in ('query', 'key', 'value') if kind != 'dinov3_vit' else ():  # Its config says.
         flat.setdefault(_A.format(i=i) + n + '/bias', bias)
-      for n in ('ls1', 'ls2') if kind == 'dinov2' else ():
+      for n in ('ls1', 'ls2') if kind in ('dinov2', 'dinov3_vit') else ():
         flat.setdefault(_B.format(i=i) + n, np.ones(model.hidden_size, np.float32))
     table = [r for r in table if '.mlp.' not in r[1] or ('.mlp.weights_' in r[1]) == (
-        model.gated_mlp and kind == 'dinov2')]
+        model.gated_mlp and kind == 'dinov2') and (  # DINOv3's: gate_up_proj where gated.
+            kind != 'dinov3_vit' or 'Dense_1' in r[0] or ('gate_up' in r[1]) == model.gated_mlp)]
     if kind == 'dinov2' and classifier:  # Its classifier reads [class token; patches' mean].
       flat['head/kernel'] = np.pad(flat['head/kernel'], ((0, model.hidden_size), (0, 0)))
   sd = hub.write_table(hub.expand(table, model.num_layers, prefix if classifier else ''), flat)

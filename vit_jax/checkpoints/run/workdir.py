@@ -37,6 +37,7 @@ from vit_jax.checkpoints.run.record import (  # noqa: F401 (read here, and by it
   step_dir,
   steps,
 )
+from vit_jax.data.preprocess import EvalSpec
 from vit_jax.models import VisionTransformer, get_model, mpp
 
 
@@ -167,7 +168,14 @@ def load_run(workdir: str | os.PathLike, step: int | None = None, *, ema: bool =
   params, step = restore_params(workdir, step, ema=ema, allow_nonfinite=allow_nonfinite)
   model = run_model(config, params)
   source = f'{workdir} (step {step}{", EMA" if ema else ""})'
-  return layout.Loaded(model, params, load_class_names(workdir), source, config)
+  return layout.Loaded(model, params, load_class_names(workdir), source, config,
+                       preprocessing=run_preprocessing(config))
+
+
+def run_preprocessing(config: ml_collections.ConfigDict) -> EvalSpec | None:
+  """A run's evaluation preprocessing (its ``dataset.pp_eval``, as run) as an EvalSpec, which
+  its timm and transformers exports say; None where no EvalSpec says it."""
+  return EvalSpec.of_pipeline(config.dataset.pp_eval)
 
 
 def init_params_from(source: str, init_params: dict[str, Any], model: VisionTransformer, *,
