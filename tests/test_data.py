@@ -161,6 +161,35 @@ def test_shuffling_is_deterministic_per_seed_and_new_each_epoch():
   np.testing.assert_allclose(jax.device_get(resumed['image']), np.stack(expected), atol=1e-6)
 
 
+def test_naflex_patch_sequences_go_through_the_loader_and_resume_exactly():
+  """A naflex pipeline's dict of fixed shapes batches key by key; its patches are scaled on the
+  devices (padding left zero) as on the host; a batch is a function of the step alone."""
+  source = sources.digits('train')
+  spec = 'to_rgb|inception_crop(8, 0.3)|naflex(4, 6)|value_range(-1, 1)'
+  mesh = sharding.make_mesh(None)
+  make = lambda: loader.TrainLoader(source, preprocess.parse(spec), global_batch_size=16,
+                                    seed=0, sharding=sharding.batch_sharding(mesh),
+                                    num_classes=10)
+  a, b = make(), make()
+  local = a.local_batch(3)
+  assert sorted(local) == sorted([*preprocess.PATCH_KEYS, 'label'])
+  chex.assert_shape([local['image'], local['patch_coords'], local['patch_mask'],
+                     local['patch_grid'], local['label']],
+                    [(16, 6, 48), (16, 6, 2), (16, 6), (16, 2), (16, 10)])
+  assert local['image'].dtype == np.uint8 and local['patch_mask'].dtype == bool
+  _, resumed = next(b.iterate(start_step=3))
+  pipeline = preprocess.parse(spec)
+  expected = [pipeline(source[int(i)]['image'], np.random.default_rng([0, 3, j]))
+              for j, i in enumerate(a.indices(3))]
+  for key in preprocess.PATCH_KEYS:
+    np.testing.assert_allclose(jax.device_get(resumed[key]), np.stack([e[key] for e in expected]),
+                               atol=1e-6)
+  batches = list(loader.eval_batches(sources.digits('test'), pipeline, global_batch_size=64,
+                                     sharding=sharding.batch_sharding(mesh), num_classes=10))
+  assert len(batches) == 6 and batches[0]['image'].shape == (64, 6, 48)
+  assert sum(int(jax.device_get(b['mask']).sum()) for b in batches) == 359
+
+
 def test_repeated_augmentation_is_timms_repeat_aug_sampler():
   """Each index 3 times in a row in the epoch's stream, which keeps its length (1/3 of the
   images an epoch), each copy augmented apart; still a pure function of the step."""

@@ -71,6 +71,8 @@ CASES = [
       for name in ('train', 'tpu_step')],
     ('vit_jax.evaluate', [], '--workdir is required', True),
     ('vit_jax.evaluate', ['--workdir={dir}/nope'], 'does not exist', True),
+    ('vit_jax.evaluate', ['--workdir={run}', '--patch_sizes=16,0'],
+     '--patch_sizes=16,0: give positive integers', True),
     ('vit_jax.evaluate', ['--source={dir}/nope', f'--config={QUICKSTART}'], 'does not exist',
      True),
     # Which kind of checkpoint a --source folder is, is read by a module that imports jax.

@@ -201,3 +201,103 @@ def test_a_class_token_without_position_embedding_exports_as_a_zero_row(tmp_path
   chex.assert_trees_all_close(loaded.model.apply({'params': loaded.params}, images),
                               model.apply({'params': params}, images), rtol=1e-6, atol=1e-6)
   assert hub.folder_format(tmp_path) is None
+
+
+BIG_VISION = pathlib.Path(__file__).resolve().parent / 'data' / 'big_vision'
+KERNEL = 'embedding/kernel'
+
+
+def test_resample_patchemb_gives_big_visions_numbers():
+  """flexi_resample.npz: kernels resampled by big_vision's own resample_patchemb
+  (make_flexi_fixture.py): up and down, integer and not, non-square."""
+  cases = np.load(BIG_VISION / 'flexi_resample.npz')
+  for i in range(len([k for k in cases if k.startswith('in_')])):
+    ours = fit.resample_patchemb(cases[f'in_{i}'], tuple(cases[f'new_hw_{i}']))
+    assert ours.dtype == np.float32
+    chex.assert_trees_all_close(ours, cases[f'out_{i}'], atol=1e-5, rtol=0)
+
+
+def _patchwise_resize(images, patch, new_patch):
+  """Each patch resized on its own (bilinear: half-pixel centres, edges clamped, as
+  tf.image.resize), the patches laid out again: FlexiViT's resized patches."""
+  n, h, w, c = images.shape
+  gh, gw = h // patch, w // patch
+  patches = images.reshape(n * gh, patch, gw, patch, c).transpose(0, 2, 1, 3, 4)
+  resized = jax.image.resize(patches.reshape(-1, patch, patch, c),
+                             (n * gh * gw, new_patch, new_patch, c), 'bilinear', antialias=False)
+  return np.asarray(resized).reshape(n, gh, gw, new_patch, new_patch, c).transpose(
+      0, 1, 3, 2, 4, 5).reshape(n, gh * new_patch, gw * new_patch, c)
+
+
+def _tokens(loaded, images):
+  """The patch embedding's output in the model's own forward pass, and the logits."""
+  logits, state = loaded.model.apply(
+      {'params': loaded.params}, images,
+      capture_intermediates=lambda module, _: module.name == 'embedding')
+  return state['intermediates']['embedding']['__call__'][0], logits
+
+
+def test_a_load_at_another_patch_size_gives_the_same_tokens_for_resized_patches():
+  """FlexiViT's property: big_vision's 4x4-patch classifier (16x24 images, 4x6 grid) loaded
+  at 8x8 patches on 32x48 images embeds each patch resized 2x to the token the 4x4 patch had;
+  the grid is the same, so the position embeddings and the logits are too."""
+  source = str(BIG_VISION / 'tok_params.npz')
+  loaded = checkpoints.load(source, image_size=(16, 24), source_grid=(4, 6))
+  flexi = checkpoints.load(source, image_size=(32, 48), source_grid=(4, 6), patch_size=8)
+  assert flexi.model.patch_size == (8, 8) and flexi.model.grid == (4, 6)
+  before, after = layout.flatten(loaded.params), layout.flatten(flexi.params)
+  chex.assert_trees_all_equal(after.pop(KERNEL), fit.resample_patchemb(before.pop(KERNEL), 8))
+  chex.assert_trees_all_equal(after, before)  # Everything else as it was.
+  images = np.random.default_rng(0).uniform(-1, 1, (2, 16, 24, 3)).astype(np.float32)
+  tokens, logits = _tokens(loaded, images)
+  flexi_tokens, flexi_logits = _tokens(flexi, _patchwise_resize(images, 4, 8))
+  assert flexi_tokens.shape == tokens.shape == (2, 4, 6, 16)
+  chex.assert_trees_all_close(flexi_tokens, tokens, atol=1e-5, rtol=1e-5)
+  chex.assert_trees_all_close(flexi_logits, logits, atol=1e-5, rtol=1e-5)
+
+
+def test_a_load_at_another_patch_size_keeps_the_input_and_resizes_the_position_embeddings(
+    sources, tmp_path):
+  """At the same input size the grid follows the patch (FlexiViT's sequence lengths): every
+  kind of source, in one step (a single resize of the position embeddings)."""
+  timm = checkpoints.load(sources['timm'])
+  coarse = checkpoints.load(sources['timm'], patch_size=8)
+  assert coarse.model.image_size == (32, 32) and coarse.model.grid == (4, 4)
+  assert coarse.model.model_name != timm.model.model_name
+  posemb = lambda loaded: layout.flatten(loaded.params)[layout.POSEMB_KEY]
+  chex.assert_trees_all_close(posemb(coarse), fit.resize_posemb(posemb(timm), (4, 4), (8, 8), 0),
+                              atol=1e-6, rtol=0)
+  chex.assert_trees_all_close(layout.flatten(coarse.params)[KERNEL],
+                              fit.resample_patchemb(layout.flatten(timm.params)[KERNEL], 8),
+                              atol=1e-6, rtol=0)
+  assert checkpoints.load(sources['npz'], patch_size=16).model.grid == (2, 2)
+  assert checkpoints.load(sources['big_vision'], image_size=(16, 24), source_grid=(4, 6),
+                          patch_size=2).model.grid == (8, 12)
+  for source, kw in ((sources['timm'], {}), (sources['npz'], {}),
+                     (sources['big_vision'], dict(image_size=(16, 24), source_grid=(4, 6)))):
+    with pytest.raises(errors.ConfigError) as e:
+      checkpoints.load(source, patch_size=5, **kw)
+    assert 'patch_size=5 does not tile the' in str(e.value) and '\n' not in str(e.value)
+
+
+def test_a_fine_tune_at_another_patch_size_resamples_the_patch_embedding(caplog):
+  """fit.adapt (config.init_from's path) into a model of another patch size: resampled and
+  logged, not refused; another width is still refused."""
+  source_model = get_model('ti16', num_classes=3, hidden_size=32, mlp_dim=64, num_heads=2,
+                           num_layers=2, patch_size=8, image_size=32)
+  shapes = lambda m: jax.eval_shape(m.init, jax.random.key(0), np.zeros((1, 32, 32, 3)))['params']
+  rng = np.random.default_rng(0)
+  source = layout.flatten(jax.tree.map(lambda x: rng.normal(0, 1, x.shape).astype(np.float32),
+                                       shapes(source_model)))
+  model = source_model.clone(patch_size=(4, 4))
+  with caplog.at_level('INFO'):
+    tuned = layout.flatten(fit.adapt(source, shapes(model), model))
+  chex.assert_trees_all_equal(tuned[KERNEL], fit.resample_patchemb(source[KERNEL], 4))
+  chex.assert_trees_all_close(tuned[layout.POSEMB_KEY],
+                              fit.resize_posemb(source[layout.POSEMB_KEY], (8, 8), (4, 4)),
+                              atol=1e-6, rtol=0)
+  assert 'embedding/kernel resampled (8, 8, 3, 32) -> (4, 4, 3, 32)' in caplog.text
+  wider = source_model.clone(patch_size=(4, 4), hidden_size=64, num_heads=2, mlp_dim=64)
+  with pytest.raises(errors.CheckpointMismatchError, match=r'embedding/kernel: \(8, 8, 3, 32\) '
+                     r'vs \(4, 4, 3, 64\)'):
+    fit.adapt(source, shapes(wider), wider)

@@ -149,3 +149,89 @@ def test_an_evaluation_pipeline_is_read_back_as_the_eval_spec_it_does():
                    'decode|resize(32, "area")|value_range()',
                    'decode|resize((28, 36))|central_crop((24, 32))|value_range(-1, 1)'):
     assert preprocess.EvalSpec.of_pipeline(pipeline) is None, pipeline
+
+
+NAFLEX = np.load(PP / 'naflex.npz')  # transformers' SigLIP 2 processors (make_naflex_fixtures.py)
+
+
+def test_naflex_size_is_transformers_bisection():
+  """Extreme and random shapes, patch sizes and budgets: the same (height, width) as
+  transformers' get_image_size_for_max_num_patches."""
+  for h, w, p, n, want_h, want_w in NAFLEX['sizes']:
+    assert preprocess.naflex_size(int(h), int(w), int(p), int(n)) == (want_h, want_w), (h, w, p, n)
+
+
+@pytest.mark.parametrize('patch, budget', [tuple(map(int, s)) for s in NAFLEX['settings']])
+def test_naflex_is_siglip2s_image_processor(patch, budget):
+  """The PNGs (47-90 px, 3:4 to 2:1, one greyscale) resized up and down: pixel_values,
+  pixel_attention_mask and spatial_shapes of transformers' PIL processor to 1e-5; of its
+  default (torchvision) one within one intensity level (torchvision's antialiased resize
+  rounds a few pixels the other way)."""
+  pipeline = preprocess.parse(f'decode|naflex({patch}, {budget})|value_range(-1, 1)')
+  differing = []
+  for image in NAFLEX['images']:
+    out = pipeline((PP / 'images' / f'{image}.png').read_bytes(), None)
+    assert sorted(out) == sorted(preprocess.PATCH_KEYS)
+    chex.assert_shape([out['image'], out['patch_coords'], out['patch_mask'], out['patch_grid']],
+                      [(budget, patch * patch * 3), (budget, 2), (budget,), (2,)])
+    for tag in ('pil', 'tv'):
+      ref = {k: NAFLEX[f'{tag}/{patch}_{budget}/{image}/{k}']
+             for k in ('pixel_values', 'pixel_attention_mask', 'spatial_shapes')}
+      np.testing.assert_array_equal(out['patch_grid'], ref['spatial_shapes'])
+      np.testing.assert_array_equal(out['patch_mask'], ref['pixel_attention_mask'] == 1)
+      diff = np.abs(out['image'] - ref['pixel_values'])
+      if tag == 'pil':
+        chex.assert_trees_all_close(out['image'], ref['pixel_values'], atol=1e-5, rtol=0)
+      else:
+        assert diff.max() <= 2 / 255 + 1e-5, (image, diff.max() * 127.5)
+        differing.append((diff > 1e-5).mean())
+    n = int(out['patch_mask'].sum())
+    rows, cols = out['patch_grid']
+    assert n == rows * cols and out['patch_mask'][:n].all()
+    # Row-major coordinates; the grid is their extent (big_vision's coords.max() + 1).
+    np.testing.assert_array_equal(out['patch_coords'][:n],
+                                  np.stack(np.divmod(np.arange(n), cols), axis=-1))
+    np.testing.assert_array_equal(out['patch_coords'][:n].max(0) + 1, out['patch_grid'])
+    assert not out['patch_coords'][n:].any() and not out['image'][n:].any()
+  assert max(differing) < 0.2  # Of the torchvision processor's values, one level off.
+
+
+def test_naflex_patches_are_the_images_own_pixels_and_scale_on_the_device():
+  """A patch is the image's block in (row, column, channel) order, as an HWIO kernel reshaped
+  to (p * p * 3, width) reads it; a trailing normalize scales per channel on the devices as
+  on the host, padding left zero."""
+  image = numbered(8, 12)
+  # 8x12 at 4-px patches, 6 of them: 2x3, no resize (PIL's resize to the same size is exact).
+  out = preprocess.parse('naflex(4, 8)')(image, None)
+  np.testing.assert_array_equal(out['patch_grid'], [2, 3])
+  np.testing.assert_array_equal(out['image'][4], image[4:8, 4:8].reshape(-1))
+  spec = 'naflex(4, 8)|normalize([0.4, 0.5, 0.6], [0.2, 0.25, 0.3])'
+  pipeline = preprocess.parse(spec)
+  host, full = pipeline.host(image, None), pipeline(image, None)
+  assert host['image'].dtype == np.uint8 and full['image'].dtype == np.float32
+  expected = (image[4:8, 4:8] / 255 - np.array([0.4, 0.5, 0.6])) / np.array([0.2, 0.25, 0.3])
+  chex.assert_trees_all_close(full['image'][4], expected.reshape(-1).astype(np.float32),
+                              atol=1e-5)
+  assert not full['image'][6:].any()
+  on_device = pipeline.on_device(jnp.asarray(host['image'][None]),
+                                 jnp.asarray(host['patch_mask'][None]))
+  chex.assert_trees_all_close(np.asarray(on_device)[0], full['image'], atol=1e-6)
+
+
+@pytest.mark.parametrize('spec, message', [
+    ('naflex(16, 256)|flip_lr', 'flip_lr in .* comes after naflex, which cuts the image into'),
+    ('value_range(-1, 1)|naflex(16, 256)', 'naflex in .* comes after value_range or normalize'),
+    ('naflex(0, 256)', r'naflex: patch_size=0 must be a positive int'),
+    ('naflex(16, 2.5)', r'naflex: max_num_patches=2.5 must be a positive int'),
+])
+def test_naflex_in_the_wrong_place_is_one_line(spec, message):
+  with pytest.raises(ValueError, match=message) as e:
+    preprocess.parse(spec)
+  assert '\n' not in str(e.value)
+
+
+def test_a_model_that_takes_images_refuses_patch_sequences_in_one_line():
+  with pytest.raises(errors.ConfigError, match=r"config.dataset.pp_eval='naflex\(4, 8\)' makes "
+                     'NaFlex patch sequences .* end the pipeline with resize'):
+    preprocess.check_output(preprocess.parse('naflex(4, 8)'), numbered(8, 12), (8, 8),
+                            'config.dataset.pp_eval', 'the first example')

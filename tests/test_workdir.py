@@ -124,6 +124,35 @@ def test_init_from_errors_name_the_field(source_run, tmp_path):
     workdir.init_params_from(str(source_run), init_params, wider)
 
 
+def test_a_run_loads_and_fine_tunes_at_another_patch_size(source_run):
+  """checkpoints.load(WORKDIR, patch_size=P) and a fine-tune whose model has another patch
+  size: the patch embedding resampled (FlexiViT), the position embeddings resized to the
+  new grid, each from the run's recorded grid."""
+  from vit_jax import checkpoints
+  from vit_jax.checkpoints.formats import fit
+
+  loaded = workdir.load_run(source_run)
+  ph, _ = loaded.model.patch_size
+  coarse = checkpoints.load(str(source_run), patch_size=2 * ph)
+  assert coarse.model.image_size == loaded.model.image_size
+  assert coarse.model.grid == tuple(g // 2 for g in loaded.model.grid)
+  source, flexi = (layout.flatten(layout.to_release(p)) for p in (loaded.params, coarse.params))
+  chex.assert_trees_all_close(flexi['embedding/kernel'],
+                              fit.resample_patchemb(source['embedding/kernel'], 2 * ph),
+                              atol=1e-6, rtol=0)
+  chex.assert_trees_all_close(flexi[POSEMB], bilinear_reference(
+      source[POSEMB], loaded.model.grid, coarse.model.grid, 1), atol=1e-6, rtol=1e-6)
+  assert checkpoints.load(str(source_run), patch_size=ph).model == loaded.model
+  assert coarse.config.model.patch_size == 2 * ph
+  assert loaded.config.model.patch_size == ph  # The run's own, unchanged.
+  init = coarse.model.init(jax.random.key(0), np.zeros((1, *loaded.model.image_size, 3)))
+  tuned = workdir.init_params_from(str(source_run), init['params'], coarse.model)
+  tuned = layout.flatten(layout.to_release(tuned))
+  chex.assert_trees_all_close(tuned['embedding/kernel'], flexi['embedding/kernel'], atol=1e-6,
+                              rtol=0)
+  chex.assert_trees_all_close(tuned[POSEMB], flexi[POSEMB], atol=1e-6, rtol=0)
+
+
 def test_export_loads_back_with_identical_logits(source_run, tmp_path):
   out = tmp_path / 'exported.npz'
   assert export.export(str(source_run), str(out)) == 10

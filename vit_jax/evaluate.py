@@ -3,6 +3,11 @@ r"""Evaluate a finished run with any of its evaluators (``config.evals``), or an
     python -m vit_jax.evaluate --workdir=DIR [--step=N] [--ema] [--evals=eval,fewshot] \
         [--split=SPLIT]
     python -m vit_jax.evaluate --source=SOURCE --config=configs/FILE.py [--config.FIELD=...]
+    python -m vit_jax.evaluate --workdir=DIR --patch_sizes=8,16,32   # or with --source
+
+``--patch_sizes`` evaluates the checkpoint at each patch size (FlexiViT: its patch embedding
+resampled, its position embeddings resized to the grid; the same input size) and prints a
+table of the evaluators' headline metrics against the forward pass's GFLOPs per image.
 
 The run's own evaluators, built from its ``config.json`` as training builds them
 (``vit_jax.evals``), on a checkpoint's parameters (the latest, or ``--step``; ``--ema``: their
@@ -50,12 +55,16 @@ def _define_flags() -> dict[str, Any]:
       progress_every=f.DEFINE_float('progress_every', 10., 'Seconds between the progress '
                                     'lines.'),
       allow_nonfinite=f.DEFINE_bool('allow_nonfinite', False, 'Evaluate ' + NONFINITE_HELP),
+      patch_sizes=f.DEFINE_list('patch_sizes', None, 'Evaluate at each of these patch sizes '
+                                '(FlexiViT: the patch embedding resampled; e.g. 8,16,32), a '
+                                'table of the metrics against the GFLOPs per image.'),
   )
   return defined
 
 
 def main(argv: list[str], flags_: dict[str, Any]) -> None:
   directory, source = flags_['workdir'].value, flags_['source'].value
+  patch_sizes = _patch_sizes(flags_['patch_sizes'].value)
   if not directory and not source:
     raise errors.ConfigError('--workdir is required: a run\'s workdir (or --source=SOURCE '
                              'with --config=FILE: another checkpoint).')
@@ -72,7 +81,21 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
     config.dataset.eval_split = flags_['split'].value
   _check_names(flags_['evals'].value, config,
                'the config\'s evals' if source else 'the run\'s config.evals')
-  _evaluate(config, source or directory, flags_)
+  _evaluate(config, source or directory, flags_, patch_sizes)
+
+
+def _patch_sizes(values: list[str] | None) -> list[int] | None:
+  """``--patch_sizes``: positive integers, each once."""
+  if values is None:
+    return None
+  given = ','.join(values)
+  if not values or not all(v.strip().isdigit() and int(v) > 0 for v in values):
+    raise errors.ConfigError(f'--patch_sizes={given}: give positive integers, e.g. '
+                             '--patch_sizes=8,16,32.')
+  sizes = [int(v) for v in values]
+  if len(set(sizes)) != len(sizes):
+    raise errors.ConfigError(f'--patch_sizes={given} names a patch size twice: give each once.')
+  return sizes
 
 
 def _source_config(source: str, flags_: dict[str, Any]) -> Any:
@@ -93,12 +116,23 @@ def _check_names(names: list[str] | None, config: Any, what: str) -> None:
                              f'({", ".join(config.evals) or "none"}).')
 
 
-def _evaluate(config: Any, checkpoint: str, flags_: dict[str, Any]) -> None:
+def _evaluate(config: Any, checkpoint: str, flags_: dict[str, Any],
+              patch_sizes: list[int] | None = None) -> None:
   """Prints the metrics of the evaluators of ``config`` on ``checkpoint``: a run's workdir
-  (``--workdir``) or another checkpoint (``--source``)."""
+  (``--workdir``) or another checkpoint (``--source``); at each of ``patch_sizes``, a table."""
   if not flags.FLAGS['verbosity'].present:  # Orbax's INFO lines only with --verbosity.
     console.quiet_third_party()
   from vit_jax import evaluation  # The work: jax from here on (the command line is checked).
+
+  if patch_sizes:
+    rows = evaluation.at_patch_sizes(
+        config, checkpoint, flags_['step'].value, patch_sizes,
+        source=bool(flags_['source'].value), ema=flags_['ema'].value,
+        allow_nonfinite=flags_['allow_nonfinite'].value, names=flags_['evals'].value,
+        progress_every=flags_['progress_every'].value)
+    print(f'{checkpoint} at {len(rows)} patch sizes:')
+    print(evaluation.patch_size_table(rows), flush=True)
+    return
 
   params, name = evaluation.checkpoint_params(
       config, checkpoint, flags_['step'].value, source=bool(flags_['source'].value),

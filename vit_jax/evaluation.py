@@ -75,6 +75,61 @@ def checkpoint_params(config: ml_collections.ConfigDict, checkpoint: str, step: 
   return params, f'{checkpoint} step {step}{" (EMA)" if ema else ""}'
 
 
+def at_patch_sizes(config: ml_collections.ConfigDict, checkpoint: str, step: int | None,
+                   patch_sizes: list[int], *, source: bool, ema: bool = False,
+                   allow_nonfinite: bool = False, names: list[str] | None = None,
+                   progress_every: float | None = None) -> list[dict[str, Any]]:
+  """One checkpoint evaluated at each of ``patch_sizes`` (FlexiViT): per patch size, the model
+  of ``config`` at that patch size and the same input size, the checkpoint's patch embedding
+  resampled to it (``fit.resample_patchemb``) and its position embeddings resized to the
+  grid, as ``checkpoints.load(..., patch_size=P)`` does. Rows of ``patch_size``, ``grid``,
+  ``tokens``, ``flops`` (the model's ``forward_flops``, one image) and ``metrics``
+  ({evaluator: its metrics}); ``checkpoint`` as ``checkpoint_params`` takes it."""
+  if not source:
+    params, step = workdir_lib.restore_params(checkpoint, step, ema=ema,
+                                              allow_nonfinite=allow_nonfinite)
+    run_model = workdir_lib.run_model(config, params)
+    flat = layout.flatten(layout.to_release(params))
+  rows = []
+  for patch in patch_sizes:
+    at = ml_collections.ConfigDict(config.to_dict())
+    at.model.patch_size = patch
+    try:
+      model = plan_lib.validate(for_evaluation(at)).model
+    except errors.UserError as e:
+      raise type(e)(f'--patch_sizes={patch}: {e}') from None
+    if source:
+      params = source_params(at, checkpoint, step)
+    else:
+      init = jax.eval_shape(model.init, jax.random.key(0),
+                            jax.ShapeDtypeStruct((1, *model.image_size, 3), np.float32))
+      params = fit.adapt(flat, init['params'], model, keep_head=True,
+                         source_grid=run_model.grid, origin=checkpoint, source_model=run_model)
+    metrics = {evaluator.name: (evaluator, result) for evaluator, result in evaluate_params(
+        at, params, names, progress_every, f'{patch}x{patch} patches')}
+    rows.append(dict(patch_size=patch, grid=model.grid,
+                     tokens=model.grid[0] * model.grid[1] + model.num_prefix_tokens,
+                     flops=model.forward_flops(), metrics=metrics))
+  return rows
+
+
+def patch_size_table(rows: list[dict[str, Any]]) -> str:
+  """``at_patch_sizes``' rows as a table: the headline metric of each evaluator against the
+  forward pass's GFLOPs per image."""
+  evaluators = list(rows[0]['metrics'])
+  head = ['patch', 'grid', 'tokens', 'GFLOPs/image'] + [
+      f'{name}/{rows[0]["metrics"][name][0].metric}' for name in evaluators]
+  lines = [head]
+  for row in rows:
+    flops = row['flops']
+    lines.append([str(row['patch_size']), '{}x{}'.format(*row['grid']), str(row['tokens']),
+                  'n/a' if flops is None else f'{flops / 1e9:.4g}'] + [
+        f'{row["metrics"][n][1][row["metrics"][n][0].metric]:.4f}' for n in evaluators])
+  widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+  return '\n'.join('  '.join(c.rjust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+                   for line in lines)
+
+
 def load_features(directory: str | None, source: str | None, step: int | None = None,
                   allow_nonfinite: bool = False, model_name: str | None = None,
                   image_size: int | None = None) -> Loaded:

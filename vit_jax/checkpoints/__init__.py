@@ -18,13 +18,16 @@ if TYPE_CHECKING:
 def load(source: str, *, step: int | None = None, ema: bool = False,
          allow_nonfinite: bool = False, model_name: str | None = None,
          image_size: int | tuple[int, int] | None = None, pool: str | None = None,
-         source_grid: tuple[int, int] | None = None) -> Loaded:
+         source_grid: tuple[int, int] | None = None,
+         patch_size: int | tuple[int, int] | None = None) -> Loaded:
   """The model, parameters and class names a SOURCE names (``formats``).
 
   A run's workdir: its checkpoint (the latest unless ``step``; ``ema``: the weights' moving
   average; a non-finite checkpoint refused unless ``allow_nonfinite``). Any other source:
   ``formats.load`` (``model_name``, ``image_size``, ``pool``, ``source_grid`` and, for
-  big_vision, ``step``).
+  big_vision, ``step``). ``patch_size``, for any source: the model at another patch size,
+  its patch embedding resampled as FlexiViT does and its position embeddings resized to
+  the new grid (``formats.resized``).
   """
   from vit_jax.checkpoints import formats  # These import jax: this package's light modules
   from vit_jax.checkpoints.run import workdir  # (hf_hub, run.lock, run.record) do not.
@@ -35,12 +38,13 @@ def load(source: str, *, step: int | None = None, ema: bool = False,
     if given:
       raise errors.ConfigError(f'{", ".join(given)} given, but {source} is a workdir: its '
                                'config.json says its model; leave them unset.')
-    return workdir.load_run(source, step, ema=ema, allow_nonfinite=allow_nonfinite)
+    loaded = workdir.load_run(source, step, ema=ema, allow_nonfinite=allow_nonfinite)
+    return formats.resized(loaded, patch_size=patch_size)
   if ema:
     raise errors.ConfigError(f'ema=True, but {source} is not a workdir: it holds one set of '
                              'weights.')
   return formats.load(source, model_name=model_name, image_size=image_size, pool=pool,
-                      source_grid=source_grid, step=step)
+                      source_grid=source_grid, step=step, patch_size=patch_size)
 
 
 def export(model: Any, params: Mapping[str, Any] | str | os.PathLike | None = None,

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from vit_jax.base import sharding as sharding_lib
+from vit_jax.data import packing as packing_lib
 
 Batch = dict[str, Any]
 
@@ -89,16 +90,19 @@ def process_rows(sharding: jax.sharding.Sharding, global_batch_size: int,
 def _assemble(source: Any, preprocess: Callable, draws: list[tuple[int, np.random.Generator]],
               num_classes: int) -> Batch:
   """Example ``index`` of ``source`` preprocessed with ``rng``, for each (index, rng) of
-  ``draws``, written into one batch array as it is made (no list, no stack copy)."""
-  images, labels = None, []
+  ``draws``, written into one batch array as it is made (no list, no stack copy); a patch
+  sequence (``preprocess.naflex``: a dict of fixed shapes) into one array per key."""
+  arrays, labels = None, []
   for j, (index, rng) in enumerate(draws):
     example = source[int(index)]
-    image = preprocess(example['image'], rng)
-    if images is None:
-      images = np.empty((len(draws), *image.shape), image.dtype)
-    images[j] = image
+    out = preprocess(example['image'], rng)
+    out = out if isinstance(out, dict) else {'image': out}
+    if arrays is None:
+      arrays = {k: np.empty((len(draws), *v.shape), v.dtype) for k, v in out.items()}
+    for key, value in out.items():
+      arrays[key][j] = value
     labels.append(example['label'])
-  return {'image': images, 'label': _labels(np.stack(labels), num_classes)}
+  return {**arrays, 'label': _labels(np.stack(labels), num_classes)}
 
 
 def to_global(local: Batch, sharding: jax.sharding.Sharding, global_batch_size: int) -> Batch:
@@ -123,17 +127,28 @@ def _split(preprocess: Callable) -> tuple[Callable, Callable[[Batch], Batch]]:
 
 @functools.cache
 def _on_device(fn: Callable) -> Callable[[Batch], Batch]:
-  """``fn`` on the batch's images, jitted once per pipeline (evaluation makes many loaders)."""
-  return jax.jit(lambda batch: {**batch, 'image': fn(batch['image'])})
+  """``fn`` on the batch's images (a patch sequence's patches, with their mask), jitted once
+  per pipeline (evaluation makes many loaders)."""
+  def scaled(batch: Batch) -> Batch:
+    mask = batch.get('patch_mask')
+    return {**batch, 'image': fn(batch['image']) if mask is None else fn(batch['image'], mask)}
+  return jax.jit(scaled)
 
 
 class TrainLoader:
-  """Shuffled, augmented, endlessly repeating training batches."""
+  """Shuffled, augmented, endlessly repeating training batches.
+
+  ``packing`` (NaViT, ``vit_jax.data.packing``; a ``naflex`` pipeline): each global batch of
+  ``global_batch_size`` images is packed into ``global_batch_size / images_per_row`` rows
+  of ``seq_len`` tokens, the rows sharded over the batch axes; a process reads the images of
+  its rows only, so the batches stay a function of the step.
+  """
 
   def __init__(self, source: Any, preprocess: Callable, *, global_batch_size: int, seed: int,
                sharding: jax.sharding.Sharding, num_classes: int, num_workers: int = 4,
                prefetch: int | None = None, process_index: int | None = None,
-               process_count: int | None = None, repeats: int = 1):
+               process_count: int | None = None, repeats: int = 1,
+               packing: packing_lib.Packing | None = None):
     if not isinstance(repeats, int) or repeats < 1:
       raise ValueError(f'repeats={repeats!r}: each image is seen an integer >= 1 times in a row '
                        '(3: DeiT repeated augmentation; 1: off).')
@@ -152,7 +167,18 @@ class TrainLoader:
       ordered = sorted(sharding.device_set, key=lambda d: d.id)
       share = len(ordered) // process_count
       devices = ordered[process_index * share:(process_index + 1) * share]
-    self.rows = process_rows(sharding, global_batch_size, devices)
+    self.packing = packing
+    if packing is None:
+      self.rows = process_rows(sharding, global_batch_size, devices)
+      self.global_rows = global_batch_size
+    else:
+      k = packing.images_per_row
+      if global_batch_size % k:
+        raise ValueError(f'The batch size {global_batch_size} does not split into packed rows '
+                         f'of images_per_row={k}.')
+      self.global_rows = global_batch_size // k
+      packed = process_rows(sharding, self.global_rows, devices)
+      self.rows = (packed[:, None] * k + np.arange(k)).reshape(-1)  # The rows' images.
 
   def indices(self, step: int) -> np.ndarray:
     """The dataset indices of global batch ``step`` (last partial batch of an epoch dropped).
@@ -171,7 +197,8 @@ class TrainLoader:
     """This process's rows of batch ``step``, preprocessed, as numpy arrays."""
     indices = self.indices(step)
     draws = [(indices[j], np.random.default_rng([self.seed, step, j])) for j in self.rows]
-    return _assemble(self.source, self.preprocess, draws, self.num_classes)
+    batch = _assemble(self.source, self.preprocess, draws, self.num_classes)
+    return batch if self.packing is None else packing_lib.pack(batch, self.packing)
 
   def iterate_local(self, start_step: int = 0) -> Iterator[tuple[int, Batch]]:
     """(step, this process's numpy batch), assembled ahead in ``num_workers`` threads."""
@@ -184,7 +211,7 @@ class TrainLoader:
     batches = self.iterate_local(start_step)
     try:
       for step, local in batches:
-        yield step, self.on_device(to_global(local, self.sharding, self.batch_size))
+        yield step, self.on_device(to_global(local, self.sharding, self.global_rows))
     finally:
       batches.close()
 

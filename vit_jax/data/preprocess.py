@@ -106,6 +106,69 @@ def resize_small(size: int, method: str = 'bilinear') -> Op:
   return op
 
 
+def naflex_size(height: int, width: int, patch_size: int, max_num_patches: int,
+                eps: float = 1e-5) -> tuple[int, int]:
+  """The (height, width) NaFlex resizes an image to: its aspect ratio nearly kept, each side a
+  multiple of the patch (rounded up, one patch at least), as many patches as fit in
+  ``max_num_patches``. The scale is found by bisection on [eps / 10, 100], to ``eps``, as
+  transformers' ``get_image_size_for_max_num_patches`` (SigLIP 2) finds it."""
+  def scaled(scale: float, side: int) -> int:
+    return max(patch_size, math.ceil(side * scale / patch_size) * patch_size)
+
+  lo, hi = eps / 10, 100.
+  while hi - lo >= eps:
+    scale = (lo + hi) / 2
+    if scaled(scale, height) * scaled(scale, width) <= max_num_patches * patch_size**2:
+      lo = scale
+    else:
+      hi = scale
+  return scaled(lo, height), scaled(lo, width)
+
+
+# The keys of a patch sequence (``naflex``), each of a fixed shape for any image.
+PATCH_KEYS = ('image', 'patch_coords', 'patch_mask', 'patch_grid')
+
+
+def naflex(patch_size: int, max_num_patches: int, method: str = 'pil_bilinear') -> Op:
+  """An image as a NaFlex patch sequence (SigLIP 2): resized keeping its aspect ratio to the
+  most patches that fit in ``max_num_patches`` (``naflex_size``), cut into patches, padded.
+
+  Yields a dict of fixed shapes (``PATCH_KEYS``), whatever the image's: ``image`` the patches
+  (max_num_patches, patch_size**2 * 3), each patch's pixels in (row, column, channel) order
+  (an HWIO patch-embedding kernel reshaped to (patch_size**2 * 3, width) embeds them),
+  patches in row-major order of the grid, zeros after the last; ``patch_coords``
+  (max_num_patches, 2) int32, each patch's (row, column) in the grid (0 for padding);
+  ``patch_mask`` (max_num_patches,) bool, True for the image's patches; ``patch_grid`` (2,)
+  int32, the grid's (rows, columns). transformers' ``Siglip2ImageProcessor`` gives the same
+  as ``pixel_values``, ``pixel_attention_mask`` and ``spatial_shapes``. ``method``: the
+  resize, PIL's antialiased bilinear by default (transformers'). Only ``value_range`` or
+  ``normalize`` may follow: they scale the patches.
+  """
+  if not isinstance(patch_size, int) or patch_size < 1:
+    raise ValueError(f'naflex: patch_size={patch_size!r} must be a positive int.')
+  if not isinstance(max_num_patches, int) or max_num_patches < 1:
+    raise ValueError(f'naflex: max_num_patches={max_num_patches!r} must be a positive int.')
+  resize_to, p = _resizer(method), patch_size
+
+  def op(image: Any, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    image = _rgb(image)
+    if image.dtype != np.uint8:
+      raise ValueError('naflex resizes uint8 pixels: put value_range or normalize after it.')
+    h, w = naflex_size(*image.shape[:2], p, max_num_patches)
+    image = resize_to(image, h, w)
+    rows, cols = h // p, w // p
+    n = rows * cols
+    patches = np.zeros((max_num_patches, p * p * 3), image.dtype)
+    patches[:n] = image.reshape(rows, p, cols, p, 3).transpose(0, 2, 1, 3, 4).reshape(n, -1)
+    coords = np.zeros((max_num_patches, 2), np.int32)
+    coords[:n] = np.stack(np.divmod(np.arange(n), cols), axis=-1)
+    return {'image': patches, 'patch_coords': coords,
+            'patch_mask': np.arange(max_num_patches) < n,
+            'patch_grid': np.array([rows, cols], np.int32)}
+  op.patch_sequence = True
+  return op
+
+
 def central_crop(size: int | tuple[int, int], offset: str = 'floor') -> Op:
   """The central ``size`` x ``size`` (or (height, width)) crop. An odd margin puts the extra
   pixel after the crop (``'floor'``: big_vision's, transformers') or, ``'round'``, wherever
@@ -196,12 +259,27 @@ def _scaling(scale: Any, offset: Any) -> Op:
   """uint8 -> float32 x * scale + offset (per channel where they are arrays); the op keeps
   them (``scale_offset``: the pipeline's ``affine``, which ``on_device`` applies in jax)."""
   def op(image: Any, rng: np.random.Generator) -> np.ndarray:
-    array = as_array(image).astype(np.float32)
-    array *= scale
-    array += offset
-    return array
+    return scale_pixels(as_array(image), scale, offset)
   op.scale_offset = (scale, offset)
   return op
+
+
+def scale_pixels(pixels: Any, scale: Any, offset: Any, mask: Any = None) -> Any:
+  """float32 ``pixels * scale + offset``, ``scale`` and ``offset`` per channel where they are
+  arrays: channels last, alone (an image's) or innermost (a patch sequence's rows), in numpy
+  or jax. ``mask``: a patch sequence's ``patch_mask``; its padding patches stay zero (as
+  transformers pads after scaling)."""
+  if mask is not None:
+    return scale_pixels(pixels, scale, offset) * mask[..., None]
+  if (np.ndim(scale) == 0 and np.ndim(offset) == 0) or pixels.shape[-1] == 3:
+    if isinstance(pixels, np.ndarray):  # In place: one float32 copy of a host image.
+      out = pixels.astype(np.float32)
+      out *= scale
+      out += offset
+      return out
+    return pixels.astype(np.float32) * scale + offset
+  channels = pixels.reshape(*pixels.shape[:-1], -1, 3).astype(np.float32)
+  return (channels * scale + offset).reshape(pixels.shape).astype(np.float32)
 
 
 def value_range(lo: float = -1., hi: float = 1.) -> Op:
@@ -235,16 +313,20 @@ OPS: dict[str, Callable[..., Op]] = {
     'decode': decode, 'to_rgb': to_rgb, 'resize': resize, 'resize_small': resize_small,
     'central_crop': central_crop, 'inception_crop': inception_crop, 'pad_crop': pad_crop,
     'flip_lr': flip_lr, 'value_range': value_range, 'normalize': normalize, 'randaug': randaug,
-    'rand_augment': rand_augment, 'random_erase': random_erase,
+    'rand_augment': rand_augment, 'random_erase': random_erase, 'naflex': naflex,
 }
 _CALL = re.compile(r'^\s*(\w+)\s*(?:\((.*)\))?\s*$')
 _SCALINGS = ('value_range', 'normalize')  # uint8 -> float32
 
 
-def _run(ops: list[Op], image: Any, rng: np.random.Generator) -> np.ndarray:
+def _run(ops: list[Op], image: Any, rng: np.random.Generator) -> Any:
   for op in ops:
-    image = op(image, rng)
-  return as_array(image)
+    if isinstance(image, dict):  # A patch sequence (naflex): a scaling scales its patches.
+      image = {**image, 'image': scale_pixels(image['image'], *op.scale_offset,
+                                              image['patch_mask'])}
+    else:
+      image = op(image, rng)
+  return image if isinstance(image, dict) else as_array(image)
 
 
 class Pipeline:
@@ -257,29 +339,40 @@ class Pipeline:
   def __init__(self, spec: str, ops: list[Op], affine: tuple[float, float] | None):
     self.spec, self.ops, self.affine = spec, ops, affine
 
-  def __call__(self, image: Any, rng: np.random.Generator) -> np.ndarray:
+  def __call__(self, image: Any, rng: np.random.Generator) -> Any:
     return _run(self.ops, image, rng)
 
-  def host(self, image: Any, rng: np.random.Generator) -> np.ndarray:
+  def host(self, image: Any, rng: np.random.Generator) -> Any:
     """Every op but a trailing scaling: uint8 images where there is one."""
     return _run(self.ops[:-1] if self.affine else self.ops, image, rng)
 
-  def on_device(self, images: Any) -> Any:
-    """The trailing scaling of a batch of ``host`` outputs, as float32."""
-    import jax.numpy as jnp
+  def on_device(self, images: Any, mask: Any = None) -> Any:
+    """The trailing scaling of a batch of ``host`` outputs (images, or a patch sequence's
+    patches and its ``patch_mask``), as float32."""
+    return scale_pixels(images, *self.affine, mask)  # Only for pipelines ending in a scaling.
 
-    scale, offset = self.affine  # Only for pipelines that end with a scaling.
-    return images.astype(jnp.float32) * scale + offset
+  @property
+  def patches(self) -> bool:
+    """Whether it makes patch sequences (``naflex``: a dict of ``PATCH_KEYS``), not images."""
+    return any(getattr(op, 'patch_sequence', False) for op in self.ops)
 
 
 def parse(spec: str) -> Pipeline:
   """Builds the pipeline of a string; unknown ops get a clear error."""
-  ops, affine, scaled = [], None, False
+  ops, affine, scaled, patched = [], None, False, False
   for part in spec.split('|'):
     m = _CALL.match(part)
     if not m or m.group(1) not in OPS:
       raise ValueError(f'Unknown preprocessing op {part.strip()!r} in {spec!r}. '
                        f'Known ops: {sorted(OPS)}.')
+    if patched and m.group(1) not in _SCALINGS:
+      raise ValueError(f'{part.strip()} in {spec!r} comes after naflex, which cuts the image '
+                       'into patches: put it before naflex (only value_range or normalize may '
+                       'follow it).')
+    if m.group(1) == 'naflex' and scaled:
+      raise ValueError(f'naflex in {spec!r} comes after value_range or normalize: it resizes '
+                       'uint8 pixels, so put the scaling after it.')
+    patched = patched or m.group(1) == 'naflex'
     if m.group(1) == 'random_erase' and not scaled:
       raise ValueError(f'random_erase in {spec!r} comes before value_range: it fills N(0, 1) '
                        "in the model's units (timm's 'pixel' mode), so put it after "
@@ -296,6 +389,10 @@ def check_output(pipeline: Pipeline, image: Any, size: tuple[int, int], where: s
   """``pipeline`` makes the model's (height, width, 3) input from ``image`` (``what``: which
   example it is, for the message); a ConfigError naming the field ``where`` and the fix."""
   expected = (*size, 3)
+  if pipeline.patches:
+    raise errors.ConfigError(f'{where}={pipeline.spec!r} makes NaFlex patch sequences '
+                             '(naflex), which this model does not take: end the pipeline with '
+                             'resize or a crop to its image size.')
   try:
     shape = tuple(pipeline(image, np.random.default_rng(0)).shape)
   except Exception as e:  # Any failure of the user's pipeline on the user's data.

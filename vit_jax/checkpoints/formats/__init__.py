@@ -40,7 +40,7 @@ from vit_jax.checkpoints.formats.fit import fitted, model_of
 from vit_jax.checkpoints.formats.layout import Loaded, check_finite, flatten, to_release
 from vit_jax.checkpoints.run import record
 from vit_jax.data.preprocess import EvalSpec
-from vit_jax.models import VisionTransformer, get_model
+from vit_jax.models import VisionTransformer, get_model, registry
 
 NPZ = 'npz'
 TIMM = hub.TIMM
@@ -95,7 +95,7 @@ def local_folder(source: str) -> str:
 def load(source: str, *, model_name: str | None = None,
          image_size: int | tuple[int, int] | None = None, pool: str | None = None,
          source_grid: tuple[int, int] | None = None, step: int | None = None,
-         keep_head: bool = True) -> Loaded:
+         keep_head: bool = True, patch_size: int | tuple[int, int] | None = None) -> Loaded:
   """A SOURCE other than a workdir as a model with its parameters and class names.
 
   The architecture is the checkpoint's own (read from its config.json and arrays, or a .npz
@@ -103,7 +103,8 @@ def load(source: str, *, model_name: str | None = None,
   another input size (position embeddings resized). ``pool`` and ``source_grid`` are what a
   big_vision checkpoint does not record: its pool type where the arrays do not tell (a
   classifier's, ``keep_head``) and a non-square patch grid. ``step``: a big_vision
-  checkpoint's step (default: the last).
+  checkpoint's step (default: the last). ``patch_size``: another patch size (FlexiViT: the
+  patch embedding resampled, the position embeddings resized to the new grid).
   """
   kind = origin(source)
   if kind == WORKDIR:
@@ -118,15 +119,17 @@ def load(source: str, *, model_name: str | None = None,
       if value is not None:
         raise errors.ConfigError(f'{name}={value!r} is given, but {source}\'s config.json says '
                                  'its architecture: leave it unset.')
-    loaded = load_folder(local_folder(source), origin=source)
-    return loaded if image_size is None else resized(loaded, image_size)
+    return resized(load_folder(local_folder(source), origin=source), image_size, patch_size)
   if kind == NPZ:
-    return release.load_npz_model(source, model_name, image_size, pool=pool,
-                                  source_grid=source_grid)
-  flat = big_vision.read_params(source, step)
-  big_vision.check_source_pool(source, flat, pool, keep_head=keep_head, big_vision=True)
-  return model_of(flat, f'{source} (big_vision)', model_name, image_size,
-                          source_grid=source_grid)
+    loaded = release.load_npz_model(source, model_name, image_size, pool=pool,
+                                    source_grid=source_grid, patch_size=patch_size)
+  else:
+    flat = big_vision.read_params(source, step)
+    big_vision.check_source_pool(source, flat, pool, keep_head=keep_head, big_vision=True)
+    loaded = model_of(flat, f'{source} (big_vision)', model_name, image_size,
+                      source_grid=source_grid, patch_size=patch_size)
+  check_patch_size(loaded.model, patch_size)
+  return loaded
 
 
 def load_folder(folder: str | os.PathLike, origin: str | None = None) -> Loaded:
@@ -183,14 +186,45 @@ def preprocessing(folder: str | os.PathLike) -> EvalSpec:
   return transformers.preprocessing(hub.read_json(processor) if paths.is_file(processor) else None)
 
 
-def resized(loaded: Loaded, image_size: int | tuple[int, int]) -> Loaded:
-  """``loaded`` at another input size: its position embeddings resized to the new grid."""
+def resized(loaded: Loaded, image_size: int | tuple[int, int] | None = None,
+            patch_size: int | tuple[int, int] | None = None) -> Loaded:
+  """``loaded`` at another input size or patch size (None: its own): its position embeddings
+  resized to the new grid, its patch embedding resampled to the new patch size (FlexiViT's
+  ``fit.resample_patchemb``)."""
   model = loaded.model
-  if pair(image_size) == pair(model.image_size):
+  changes = {}
+  if image_size is not None and pair(image_size) != pair(model.image_size):
+    changes['image_size'] = pair(image_size)
+  if patch_size is not None and pair(patch_size) != pair(model.patch_size):
+    changes['patch_size'] = pair(patch_size)
+    options = {f.name: getattr(model, f.name) for f in dataclasses.fields(model)
+               if f.name not in ('parent', 'name')}
+    changes['model_name'] = registry.shape_name({**options, **changes})
+  new = model.clone(**changes)
+  check_patch_size(new, patch_size)
+  if not changes:
     return loaded
-  new = model.clone(image_size=pair(image_size))
   params = fitted(flatten(to_release(loaded.params)), new, loaded.source, model.grid, model)
-  return dataclasses.replace(loaded, model=new, params=params)
+  config = loaded.config
+  if config is not None:  # A run's config.json: its model as it now is.
+    fields = config.to_dict()
+    for key, value in changes.items():
+      if key != 'model_name':
+        fields['model'][key] = value[0] if value[0] == value[1] else value
+    config = type(config)(fields)
+  return dataclasses.replace(loaded, model=new, params=params, config=config)
+
+
+def check_patch_size(model: VisionTransformer, patch_size: int | tuple[int, int] | None) -> None:
+  """Refuses a ``patch_size`` asked for that does not tile ``model``'s input: its last pixels
+  would be dropped without a word."""
+  if patch_size is None:
+    return
+  (h, w), (ph, pw) = pair(model.image_size), pair(patch_size)
+  if h % ph or w % pw:
+    raise errors.ConfigError(
+        f'patch_size={patch_size} does not tile the {h}x{w} input: give a patch size that '
+        f'divides it, or an image_size that is a multiple of it.')
 
 
 def export(model: VisionTransformer | Loaded, params: Mapping[str, Any] | str | os.PathLike |

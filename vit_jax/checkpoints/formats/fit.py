@@ -21,6 +21,7 @@ from vit_jax.checkpoints.formats.layout import POSEMB_KEY, PRETRAINING_ONLY, Loa
 from vit_jax.models import VisionTransformer, get_model, registry
 
 _BLOCK = re.compile(r'^Transformer/encoderblock_(\d+)/')
+PATCHEMB_KEY = 'embedding/kernel'
 
 def _interpolation_matrix(n_in: int, n_out: int) -> np.ndarray:
   """(n_out, n_in) linear interpolation with aligned corners (scipy.ndimage.zoom order=1)."""
@@ -32,6 +33,38 @@ def _interpolation_matrix(n_in: int, n_out: int) -> np.ndarray:
   np.add.at(m, (np.arange(n_out), lo), 1. - frac)
   np.add.at(m, (np.arange(n_out), hi), frac)
   return m
+
+
+def _resize_matrix(n_in: int, n_out: int) -> np.ndarray:
+  """(n_out, n_in) bilinear resize as ``tf.image.resize(method='bilinear')`` does it: half-pixel
+  centres, edges clamped, no antialiasing (the resize of big_vision's input pipelines)."""
+  pos = np.maximum((np.arange(n_out) + .5) * (n_in / n_out) - .5, 0.)
+  lo = np.minimum(np.floor(pos).astype(int), n_in - 1)
+  hi = np.minimum(lo + 1, n_in - 1)
+  frac = pos - np.floor(pos)
+  m = np.zeros((n_out, n_in))
+  np.add.at(m, (np.arange(n_out), lo), 1. - frac)
+  np.add.at(m, (np.arange(n_out), hi), frac)
+  return m
+
+
+def resample_patchemb(kernel: np.ndarray, new_patch: int | tuple[int, int]) -> np.ndarray:
+  """A (h, w, in, out) patch-embedding kernel resampled to ``new_patch`` pixels (FlexiViT's
+  pseudo-inverse resize, Beyer et al. 2023; big_vision's ``resample_patchemb``).
+
+  With B the bilinear resize of an (h, w) patch to ``new_patch`` (``_resize_matrix``, as
+  tf.image.resize), the new kernel is pinv(B^T) k: the least-squares solution of
+  <B x, k'> = <x, k> for every patch x. A patch resized up, embedded with the new kernel,
+  gives the original token exactly; resized down, as nearly as least squares can.
+  """
+  kernel = np.asarray(kernel)
+  (h, w), (nh, nw) = kernel.shape[:2], pair(new_patch)
+  if (h, w) == (nh, nw):
+    return kernel
+  resize = np.kron(_resize_matrix(h, nh), _resize_matrix(w, nw))  # (nh*nw, h*w), row-major.
+  flat = kernel.reshape(h * w, -1).astype(np.float64)
+  return (np.linalg.pinv(resize.T) @ flat).reshape(nh, nw, *kernel.shape[2:]).astype(
+      kernel.dtype)
 
 
 def posemb_grid(n: int, grid: tuple[int, int] | None = None) -> tuple[int, int]:
@@ -103,6 +136,22 @@ def _fit_posemb(posemb: np.ndarray, model: VisionTransformer,
   log('%s resized %s -> %s (bilinear, from the %dx%d grid to the %dx%d grid)', POSEMB_KEY,
       posemb.shape, resized.shape, *grid, *model.grid)
   return resized
+
+
+def _fit_patchemb(kernel: np.ndarray, model: VisionTransformer, log: Any) -> np.ndarray:
+  """The patch embedding resampled to the model's patch size where only that differs
+  (FlexiViT's ``resample_patchemb``); a hybrid's, whose patches are on the ResNet's features,
+  and any other mismatch are left for ``adapt`` to name."""
+  patch = pair(model.patch_size)
+  if (model.resnet_layers is not None or np.ndim(kernel) != 4
+      or tuple(np.shape(kernel)[:2]) == patch
+      or tuple(np.shape(kernel)[2:]) != (3, model.hidden_size)):
+    return kernel
+  resampled = resample_patchemb(kernel, patch)
+  log('%s resampled %s -> %s (FlexiViT\'s pseudo-inverse of the bilinear patch resize, from '
+      '%dx%d to %dx%d patches)', PATCHEMB_KEY, np.shape(kernel), resampled.shape,
+      *np.shape(kernel)[:2], *patch)
+  return resampled
 
 
 def _as_model(model_config: Any) -> VisionTransformer:
@@ -254,7 +303,8 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
 
   Returns:
     Params in ``init_params``' layout: pre-logits kept or dropped as the model
-    has it, position embeddings resized to the model's grid, a fresh head. Prefix tokens'
+    has it, position embeddings resized to the model's grid, the patch embedding
+    resampled to the model's patch size (``resample_patchemb``), a fresh head. Prefix tokens'
     position embeddings are moved into the tokens where the model has none for them
     (``token + row``: the same function), or added as zero rows where it has them; a
     model with layer scale takes scales of one where the source has none.
@@ -287,6 +337,8 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
     if (key == POSEMB_KEY and value.shape[-1] == ref.shape[-1]
         and prefix_rows == model.posemb_prefix_rows):  # Else: another model, named below.
       value = _fit_posemb(value, model, source_grid, log)
+    if key == PATCHEMB_KEY:
+      value = _fit_patchemb(value, model, log)
     if value.shape != tuple(ref.shape):
       shapes.append((key, value.shape, tuple(ref.shape)))
       continue
@@ -376,15 +428,20 @@ def model_of(flat: dict[str, Any], origin: str, model_name: str | None = None,
              image_size: int | tuple[int, int] | None = None,
              class_names: tuple[str, ...] = (),
              source_grid: tuple[int, int] | None = None,
-             options: dict[str, Any] | None = None) -> Loaded:
+             options: dict[str, Any] | None = None,
+             patch_size: int | tuple[int, int] | None = None) -> Loaded:
   """Release-layout arrays as a model with its parameters (``load_npz_model``); ``options``:
-  the config.model options an exported file records beside them (its activation, ...)."""
+  the config.model options an exported file records beside them (its activation, ...);
+  ``patch_size``: another patch size (the patch embedding resampled, ``resample_patchemb``,
+  and the position embeddings resized to the new grid)."""
   arch = {**npz_architecture(flat), **{k: tuple(v) if isinstance(v, list) else v
                                        for k, v in (options or {}).items() if k != 'name'}}
   size = arch.pop('image_size') if image_size is None else image_size
   arch.pop('image_size', None)
   num_classes = int(np.shape(flat['head/kernel'])[-1]) if 'head/kernel' in flat else None
   file_options = {k: v for k, v in arch.items() if k not in (*_SHAPE, 'resnet_layers')}
+  if patch_size is not None:
+    file_options['patch_size'] = pair(patch_size)
   if model_name:
     model = get_model(model_name, num_classes=num_classes, image_size=size, **file_options)
   else:
@@ -395,11 +452,11 @@ def model_of(flat: dict[str, Any], origin: str, model_name: str | None = None,
     if matches:
       model = get_model(matches[0], num_classes=num_classes, image_size=size, **file_options)
     else:
-      p = pair(arch['patch_size'])
+      p = pair(file_options.get('patch_size', arch['patch_size']))
       description = (f'ViT (width {arch["hidden_size"]}, {arch["num_layers"]} layers, '
                      f'{p[0]}x{p[1]} patches{", hybrid" if "resnet_layers" in arch else ""})')
       model = get_model('b16', num_classes=num_classes, image_size=size,
-                        model_name=description, **arch)
+                        **{'model_name': description, **arch, **file_options})
   return Loaded(model, fitted(flat, model, origin, source_grid), tuple(class_names), origin)
 
 

@@ -171,7 +171,8 @@ def load_pretrained(path: str | os.PathLike, init_params: Mapping[str, Any], mod
 def load_npz_model(path: str | os.PathLike, model_name: str | None = None,
                    image_size: int | tuple[int, int] | None = None,
                    class_names: tuple[str, ...] = (), pool: str | None = None,
-                   source_grid: tuple[int, int] | None = None) -> Loaded:
+                   source_grid: tuple[int, int] | None = None,
+                   patch_size: int | tuple[int, int] | None = None) -> Loaded:
   """A release (or exported) .npz file as a model with its parameters.
 
   The architecture is read from the file's shapes (``npz_architecture``) and
@@ -181,9 +182,10 @@ def load_npz_model(path: str | os.PathLike, model_name: str | None = None,
   embeddings. ``pool``: the pool type of a big_vision file without a class token or
   MAP head ('gap', '0' or 'none': the same arrays; ``check_source_pool``), which is
   refused without it; ``source_grid`` the file's patch grid where it is not square
-  (``adapt``). Mismatches raise ``errors.CheckpointMismatchError``, which says what the
-  file holds.
+  (``adapt``); ``patch_size`` another patch size (FlexiViT's resample, ``model_of``).
+  Mismatches raise ``errors.CheckpointMismatchError``, which says what the file holds.
   """
   flat, options = read_npz(path)
   big_vision.check_source_pool(path, flat, pool, keep_head=True)
-  return model_of(flat, str(path), model_name, image_size, class_names, source_grid, options)
+  return model_of(flat, str(path), model_name, image_size, class_names, source_grid, options,
+                  patch_size)
