@@ -135,7 +135,9 @@ def load_folder(folder: str | os.PathLike, origin: str | None = None) -> Loaded:
     raise errors.CheckpointError(f'{origin} has no {hf_hub.CONFIG} of timm ("architecture") or '
                                  'transformers ("model_type"): not a Hub checkpoint folder.')
   config = hub.read_json(paths.path(folder) / hf_hub.CONFIG)
-  kwargs, flat, class_names = _READERS[kind](config, hub.read_weights(folder), origin)
+  tensors = hub.read_weights(folder)
+  hub.check_tensors(tensors, origin)
+  kwargs, flat, class_names = _READERS[kind](config, tensors, origin)
   check_finite(flat, origin)
   num_classes = kwargs.pop('num_classes')
   model = get_model('b16', num_classes=num_classes, **kwargs)

@@ -39,7 +39,12 @@ def _safetensors_dtypes() -> dict[str, Any]:
 
   return {'F64': np.float64, 'F32': np.float32, 'F16': np.float16, 'BF16': ml_dtypes.bfloat16,
           'I64': np.int64, 'I32': np.int32, 'I16': np.int16, 'I8': np.int8, 'U8': np.uint8,
-          'BOOL': np.bool_}  # Integers (a BatchNorm's count): refused by what holds them.
+          'BOOL': np.bool_}  # Integers (a BatchNorm's count): see ``check_tensors``.
+
+
+# The one integer tensor a torch vision model keeps (a BatchNorm's count of batches): no
+# floating-point array of a model is read from it.
+_COUNTS = 'num_batches_tracked'
 
 
 # ---------------------------------------------------------------------------
@@ -91,6 +96,23 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
                                    f'{", ".join(dtypes)}.')
     out[name] = np.frombuffer(t['data'], dtypes[t['dtype']]).reshape(t['shape'])
   return out
+
+
+def check_tensors(tensors: Mapping[str, np.ndarray], origin: str) -> None:
+  """Refuses, by the file's own tensor name, a tensor that cannot be the floating-point array
+  the model holds: an integer or boolean one (its values truncated: 0.96 read as 0), other than
+  a BatchNorm's count, or one that holds NaN or Inf."""
+  for name, value in tensors.items():
+    floating = value.dtype.kind == 'f' or value.dtype.name == 'bfloat16'
+    if not floating and name.rsplit('.', 1)[-1] != _COUNTS:
+      raise errors.CheckpointError(
+          f'{origin}: {name} is {value.dtype.name}, but the model holds it as floating point '
+          '(its values would be truncated): save the weights again as float32, float16 or '
+          'bfloat16.')
+    if floating and not np.isfinite(np.asarray(value, np.float32)).all():
+      raise errors.NonFiniteCheckpointError(
+          f'{origin}: {name} holds NaN or Inf: these are not weights a model can use. Take an '
+          'earlier checkpoint of the run it comes from.')
 
 
 def _check_size(path: epath.Path) -> None:
