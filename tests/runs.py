@@ -112,9 +112,8 @@ def constant_teacher(path, label=0, image_size=32, class_names=(), format='npz')
   import numpy as np
 
   from vit_jax import checkpoints
-  from vit_jax.models import get_model
-
   from vit_jax.base.sizes import pair
+  from vit_jax.models import get_model
 
   model = get_model(**{**TINY_MODEL, 'image_size': image_size, 'num_classes': 10})
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0),

@@ -43,10 +43,11 @@ def test_predict_on_a_non_square_timm_folder_keeps_the_aspect_ratio_as_timm_does
   timm_24x32, the same pretrained_cfg), not squashed to 26x35."""
   parser = argparse.ArgumentParser()
   predict.add_source_flags(parser)
-  source = predict.load_source(parser.parse_args([f'--source={DATA / "hub" / "timm_gap_nofcnorm"}']))
+  folder = DATA / 'hub' / 'timm_gap_nofcnorm'
+  source = predict.load_source(parser.parse_args([f'--source={folder}']))
   reference = np.load(DATA / 'preprocess' / 'reference.npz')
   settings = json.loads(str(reference['timm_24x32/settings']))
-  config = json.loads((DATA / 'hub' / 'timm_gap_nofcnorm' / 'config.json').read_text())
+  config = json.loads((folder / 'config.json').read_text())
   assert {k: config['pretrained_cfg'][k] for k in settings} == settings
   for image in ('tall', 'wide'):
     got = preprocess.parse(source.pp_spec)(

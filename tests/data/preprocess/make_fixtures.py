@@ -6,11 +6,12 @@ tests/data/hub/README.md (torch 2.13.0 CPU, timm 1.0.31, transformers 5.23.0):
     /work/fixture-venv/bin/python tests/data/preprocess/make_fixtures.py
 
 Writes, beside this file: ``images/*.png`` (deterministic, odd sizes, one greyscale) and
-``reference.npz``: for each case (32x32 inputs, and two at 24x32), its settings as JSON (``CASE/settings``) and the float32
-CHW tensor the library's eval transform makes of each image (``CASE/IMAGE``). timm's cases go
-through ``timm.data.resolve_data_config`` and ``create_transform`` with a model's
-``pretrained_cfg`` (as ``timm.create_model`` gives it), transformers' through the image
-processor classes built from a ``preprocessor_config.json``-style dict.
+``reference.npz``: for each case (32x32 inputs, and two at 24x32), its settings as JSON
+(``CASE/settings``) and the float32 CHW tensor the library's eval transform makes of each
+image (``CASE/IMAGE``). timm's cases go through ``timm.data.resolve_data_config`` and
+``create_transform`` with a model's ``pretrained_cfg`` (as ``timm.create_model`` gives it),
+transformers' through the image processor classes built from a ``preprocessor_config.json``
+-style dict.
 """
 
 import json
