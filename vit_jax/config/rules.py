@@ -69,8 +69,14 @@ def _rules(flat: dict[str, Any]) -> str:
   if flat['mesh.data'] == 0:
     return ('config.mesh.data=0 must be -1 (the devices that fsdp and tensor leave) or a '
             'positive number of devices.')
+  for field in ('base_lr', 'end_lr'):
+    lr = flat[f'schedule.{field}']
+    if lr < 0 or (field == 'base_lr' and lr == 0):
+      return (f'config.schedule.{field}={lr} must be '
+              f'{"positive" if field == "base_lr" else ">= 0"} (e.g. 1e-3): a negative rate '
+              'climbs the loss, a zero one trains nothing.')
   base, end = flat['schedule.base_lr'], flat['schedule.end_lr']
-  if 0 < base < end:  # base_lr <= 0 itself: vit_jax.training.plan.validate.
+  if 0 < base < end:
     return (f'config.schedule.end_lr={end} is above config.schedule.base_lr={base}: the decay '
             'would climb. Use an end_lr <= base_lr.')
   profile = flat['profile_steps']

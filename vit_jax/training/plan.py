@@ -101,12 +101,6 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
   with_data = num_train_examples is None
   if with_data:
     _check_files(config)
-  for field in ('base_lr', 'end_lr'):
-    lr = config.schedule[field]
-    if lr < 0 or (field == 'base_lr' and lr == 0):
-      raise errors.ConfigError(
-          f'config.schedule.{field}={lr} must be {"positive" if field == "base_lr" else ">= 0"}'
-          ' (e.g. 1e-3): a negative rate climbs the loss, a zero one trains nothing.')
   specs = _scaled_pipelines(config, with_data)
   config.dataset.pp_eval = specs['pp_eval']  # config.json's: what predict and evaluate take.
   pipelines = {}
