@@ -21,7 +21,7 @@ from absl import logging
 
 from vit_jax import checkpoints
 from vit_jax import config as config_lib
-from vit_jax.base import cpu, errors, paths, sharding
+from vit_jax.base import cpu, errors, paths, sharding, sizes
 from vit_jax.base.sizes import pair
 from vit_jax.checkpoints import formats
 from vit_jax.checkpoints.formats import big_vision, hub, release
@@ -257,23 +257,7 @@ def _scaled_pipelines(config: ml_collections.ConfigDict, with_data: bool) -> dic
 
 def _check_batches(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:
   """Both batches split evenly over the devices that split them, and into micro-batches."""
-  # The devices that split the batch; those along 'tensor' share their rows.
-  devices = math.prod(mesh.shape[a] for a in sharding.BATCH_AXES)
-  for field in ('batch_size', 'eval_batch_size'):
-    size = int(config[field])
-    if size < devices:
-      raise errors.ConfigError(
-          f'config.{field}={size} is smaller than the {devices} devices: each device needs at '
-          f'least one example. Use a multiple of {devices} (or fewer devices: --cpu_devices, '
-          'config.mesh).')
-    if size % devices:
-      raise errors.ConfigError(f'config.{field}={size} is not divisible by the {devices} '
-                               'devices that split it (config.mesh data x fsdp). Use a '
-                               f'multiple of {devices}.')
-  accum = int(config.grad_accum_steps)
-  if (config.batch_size // devices) % accum:
-    raise errors.ConfigError(f'config.grad_accum_steps={accum} does not divide the per-device '
-                             f'batch {config.batch_size // devices}.')
+  sizes.check_batches(config, math.prod(mesh.shape[a] for a in sharding.BATCH_AXES))
 
 
 def _check_image_size(model: nn.Module, configured: Any) -> None:

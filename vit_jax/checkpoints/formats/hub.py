@@ -22,9 +22,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from etils import epath
 
 from vit_jax.base import errors, paths
+from vit_jax.checkpoints import headers
 from vit_jax.checkpoints.formats.layout import POSEMB_KEY
 from vit_jax.checkpoints.hf_hub import CONFIG, WEIGHTS, WEIGHTS_INDEX
 from vit_jax.models import VisionTransformer
@@ -115,30 +115,13 @@ def check_tensors(tensors: Mapping[str, np.ndarray], origin: str) -> None:
           'earlier checkpoint of the run it comes from.')
 
 
-def _check_size(path: epath.Path) -> None:
-  """A .safetensors file's length is what its header says (8 bytes, the header, the tensors)."""
-  size, end = path.stat().length, None
-  with path.open('rb') as f:
-    length = int.from_bytes(f.read(8), 'little')
-    try:
-      header = json.loads(f.read(length)) if length < size else {}
-      end = 8 + length + max((t['data_offsets'][1] for k, t in header.items()
-                              if k != '__metadata__'), default=0)
-    except (ValueError, TypeError, AttributeError, KeyError, IndexError):
-      pass
-  if end != size:
-    raise errors.CheckpointError(f'{path} is not a safetensors file: its header does not '
-                                 'describe its bytes (a damaged or partial download, or '
-                                 'another kind of file). Download it again.')
-
-
 def read_weights(folder: str | os.PathLike,
                  arrays: bool = True) -> dict[str, np.ndarray] | None:
   """The tensors of a folder's model.safetensors (or its shards, by the index). ``arrays=False``:
   only each file's header and size are read, for a damaged or partial file's error before a run
   writes anything: None."""
   root = paths.path(folder)
-  read = read_safetensors if arrays else _check_size
+  read = read_safetensors if arrays else headers.check_safetensors
   if paths.is_file(root / WEIGHTS):
     return read(root / WEIGHTS)
   if paths.is_file(root / WEIGHTS_INDEX):
