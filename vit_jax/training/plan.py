@@ -27,7 +27,7 @@ from vit_jax.checkpoints import formats
 from vit_jax.checkpoints.formats import big_vision, hub, release
 from vit_jax.checkpoints.run import workdir as workdir_lib
 from vit_jax.data import preprocess, sources
-from vit_jax.models import canonical_name, get_model, mpp
+from vit_jax.models import get_model, mpp
 from vit_jax.training import optim
 from vit_jax.training import step as step_lib
 from vit_jax.training.step import StepOptions
@@ -92,11 +92,7 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
   """
   config = config_lib.complete(config)
   config_lib.check(config)  # Types, None, ranges: the declarations of vit_jax.config.
-  name, options = config_lib.model_options(config.model)
-  try:
-    canonical_name(name)
-  except ValueError as e:
-    raise errors.ConfigError(f'config.model.name: {e}') from None
+  name, options = config_lib.model_options(config.model)  # Its name: checked by check.
   self_supervised = mpp.is_on(config)  # Masked patch prediction: no label is read.
   with_data = num_train_examples is None
   if with_data:
