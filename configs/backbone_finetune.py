@@ -12,6 +12,12 @@ the new grid (EVA-02's position embeddings are resized too).
 
     python -m vit_jax.main --config=configs/backbone_finetune.py:clip,cifar100 --workdir=DIR
 
+The first run of a family downloads its weights from the Hub once (a ViT-B: about 350 MB,
+into the Hugging Face cache, ``HF_HOME``); later runs read the cache. Where the run's machines
+have no network, or to download ahead of time, fetch them once where there is one, e.g.
+``hf download timm/vit_base_patch16_clip_224.openai`` (each family's id: ``HUB_IDS``), and
+run with ``HF_HUB_OFFLINE=1``.
+
 What each follows (the recipes are ImageNet-1k's; other datasets take the same epochs, which
 no source publishes for them):
 

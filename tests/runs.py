@@ -104,18 +104,20 @@ def fill(disk: pathlib.Path, leave: int = 256 << 10) -> None:
 
 
 def constant_teacher(path, label=0, image_size=32, class_names=(), format='npz') -> str:
-  """A classifier of TINY_MODEL's shape and 10 classes at ``image_size``, written as
+  """A classifier of TINY_MODEL's shape and 10 classes at ``image_size`` (a side, or (height,
+  width)), written as
   ``format``, that answers ``label`` whatever the image (its head's kernel zero, as
   initialised; its bias one-hot): a teacher for distillation (config.distill.teacher)."""
   import jax
   import numpy as np
 
   from vit_jax import checkpoints
+  from vit_jax.base.sizes import pair
   from vit_jax.models import get_model
 
   model = get_model(**{**TINY_MODEL, 'image_size': image_size, 'num_classes': 10})
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0),
-                          np.zeros((1, image_size, image_size, 3)))['params']
+                          np.zeros((1, *pair(image_size), 3)))['params']
   rng = np.random.default_rng(0)  # Random weights (not initialised: that compiles).
   params = jax.tree.map(lambda x: rng.normal(0, 0.02, x.shape).astype(x.dtype), shapes)
   params['head'] = {'kernel': np.zeros_like(params['head']['kernel']),

@@ -17,7 +17,9 @@ def test_overrides_take_the_types_of_their_fields():
   config = load('model.image_size=(16, 24)', 'model.patch_size=[4, 8]', 'profile_steps=(3,5)',
                 'model.pool=None', 'model.scan', 'batch_size=256', 'schedule.base_lr=1',
                 'dataset.pp_train=to_rgb|resize((16, 24))|value_range(-1, 1)',
-                'model.name=s16', 'mesh={"data": 4, "fsdp": 2}', 'optimizer.mu_dtype=bfloat16')
+                'model.name=s16', 'model.hidden_size=None', 'model.mlp_dim=None',
+                'model.num_heads=None', 'model.num_layers=None', 'mesh={"data": 4, "fsdp": 2}',
+                'optimizer.mu_dtype=bfloat16')
   assert config.model.image_size == (16, 24) and config.model.patch_size == (4, 8)
   assert config.profile_steps == (3, 5) and config.model.pool is None and config.model.scan
   assert config.batch_size == 256 and config.schedule.base_lr == 1.0
@@ -112,3 +114,21 @@ def test_a_missing_config_file_is_named(tmp_path):
     config_cli.load(str(tmp_path))
   with pytest.raises(errors.ConfigError, match='--config is required'):
     config_cli.load(None)
+
+
+def test_a_model_name_the_recipes_sizes_contradict_is_refused_naming_both():
+  """--config.model.name=b17 (meant b16) on the quickstart, whose recipe sets a 4-layer
+  model's sizes: refused, naming the named model and the recipe's sizes, not trained as the
+  recipe's model under another name; the sizes given too, or dropped, it is taken."""
+  with pytest.raises(errors.ConfigError) as e:
+    load('model.name=b17')
+  message = str(e.value)
+  assert message.startswith("config.model.name='b17' names ViT-B_17 (hidden_size=768, ")
+  assert 'quickstart.py sets model.hidden_size=64, model.mlp_dim=128, model.num_heads=4, ' \
+      'model.num_layers=4, model.patch_size=4: ' in message and '\n' not in message
+  sizes = ('model.hidden_size=64', 'model.mlp_dim=128', 'model.num_heads=4',
+           'model.num_layers=4', 'model.patch_size=4')
+  assert load('model.name=s16', *sizes).model.num_layers == 4  # All given: meant.
+  dropped = load('model.name=b16', *(s.split('=')[0] + '=None' for s in sizes))
+  assert dropped.model.name == 'b16' and dropped.model.num_layers is None
+  assert load('model.num_layers=2').model.name == 'ti16'  # No name given: the recipe's.

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from vit_jax.base import cpu
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / 'configs' / 'quickstart.py')
 FINETUNE = str(ROOT / 'configs' / 'vit_b16_finetune.py')
@@ -129,14 +131,47 @@ CASES += [pytest.param(*case, marks=pytest.mark.slow) for case in [
 ]]
 
 
+# Mistakes that were answered only once jax had started (31-122 s on a busy 2-core machine),
+# now before it (under a second): those that need no data, and a checkpoint's header.
+_QUICK = [f'--config={QUICKSTART}', '--workdir={dir}/w']
+_ON_CPU = cpu.runs_on_cpu()  # The device count is known before jax on the CPU only.
+CASES += [pytest.param(*case, marks=pytest.mark.slow) for case in [
+    ('vit_jax.main', [*_QUICK, '--config.schedule.base_lr=-0.003'],
+     'config.schedule.base_lr=-0.003 must be positive (e.g. 1e-3)', True),
+    ('vit_jax.main', [*_QUICK, '--config.model.name=xyz'],
+     "config.model.name: Unknown model 'xyz'", True),
+    ('vit_jax.main', [*_QUICK, '--config.model.name=b17'],
+     "config.model.name='b17' names ViT-B_17 (hidden_size=768", True),
+    ('vit_jax.main', [*_QUICK, '--cpu_devices=2', '--config.mesh.fsdp=16'],
+     'config.mesh: data=0 x fsdp=16 x tensor=1 does not cover the 2 devices', _ON_CPU),
+    ('vit_jax.main', [*_QUICK, '--cpu_devices=3'],
+     'config.batch_size=128 is not divisible by the 3 devices', _ON_CPU),
+    ('vit_jax.main', [*_QUICK, "--config.evals.fewshot.datasets=('nosuch_dataset',)"],
+     "config.evals.fewshot: few-shot dataset 'nosuch_dataset': no dataset of that name is "
+     'prepared', True),
+    ('vit_jax.main', [*_QUICK, '--config.init_from={npz}'],
+     'config.init_from: {npz} is not a .npz checkpoint numpy can read', True),
+    ('vit_jax.main', [*_QUICK, '--config.init_from={partial}'],
+     'config.init_from: {partial}/model.safetensors is not a safetensors file', True),
+]]
+
+
 @pytest.fixture(scope='module')
 def places(tmp_path_factory) -> dict[str, str]:
-  """{dir}: an empty folder; {file}: a file; {run}: a folder laid out as a run's workdir."""
+  """{dir}: an empty folder; {file}: a file; {run}: a folder laid out as a run's workdir;
+  {npz}: a .npz file cut short; {partial}: a timm folder whose model.safetensors is."""
   root = tmp_path_factory.mktemp('mistakes')
   (root / 'file').write_text('')
   (root / 'run' / 'checkpoints').mkdir(parents=True)
+  (root / 'cut.npz').write_bytes(b'PK\x03\x04' + bytes(60))
+  timm = ROOT / 'tests' / 'data' / 'hub' / 'timm_augreg'
+  (root / 'partial').mkdir()
+  (root / 'partial' / 'config.json').write_bytes((timm / 'config.json').read_bytes())
+  weights = (timm / 'model.safetensors').read_bytes()
+  (root / 'partial' / 'model.safetensors').write_bytes(weights[:len(weights) // 2])
   return {'dir': str(root / 'empty'), 'file': str(root / 'file'), 'run': str(root / 'run'),
-          'home': os.path.expanduser('~')}
+          'home': os.path.expanduser('~'), 'npz': str(root / 'cut.npz'),
+          'partial': str(root / 'partial')}
 
 
 @pytest.mark.slow

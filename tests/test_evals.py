@@ -1,11 +1,15 @@
 """vit_jax.evals: every entry of config.evals built by its type, checked before anything
 compiles, and run by training for the weights and their moving average."""
 
+import pathlib
+
+import numpy as np
 import pytest
 
+from vit_jax import checkpoints, evals, main
 from vit_jax import config as config_lib
-from vit_jax import evals, main
 from vit_jax.base import errors
+from vit_jax.data import sources
 from vit_jax.evals import classification, fewshot
 from vit_jax.training import plan as plan_lib
 
@@ -45,6 +49,39 @@ def test_each_entry_is_built_by_its_type_under_its_name():
   with pytest.raises(errors.ConfigError, match=r"no evaluator valid in config.evals \(it has: "
                                                r'eval, fewshot, train\)'):
     evals.from_config(ctx, ['valid'])
+
+
+# A timm folder at 24x32 (height x width), 5 named classes (tests/data/hub/make_fixtures.py).
+NON_SQUARE = pathlib.Path(__file__).parent / 'data' / 'hub' / 'timm_gap_nofcnorm'
+
+
+@pytest.fixture(scope='module')
+def loaded_ctx():
+  """The evaluation context of a loaded non-square checkpoint, as fewshot and evaluate
+  --source build it."""
+  loaded = checkpoints.load(str(NON_SQUARE))
+  return evals.Context.from_loaded(loaded, config_lib.complete(tiny_config()))
+
+
+def test_a_loaded_non_square_checkpoints_context_makes_its_height_by_width_input(loaded_ctx):
+  """Its own preprocessing at (height, width): a tall and a wide image both become 24x32."""
+  for shape in ((90, 47, 3), (61, 83, 3)):
+    image = np.random.default_rng(0).integers(0, 256, shape, np.uint8)
+    assert loaded_ctx.pp_eval(image, None).shape == (24, 32, 3)
+  assert loaded_ctx.model.image_size == (24, 32)
+
+
+def test_another_splits_classes_must_be_the_runs_in_order_not_only_as_a_set(loaded_ctx):
+  """The same five class names in another order would score each prediction against another
+  class: refused, naming the first of each; in the run's order, taken."""
+  names = loaded_ctx.class_names
+  assert len(names) == 5
+  images, labels = np.zeros((2, 24, 32, 3), np.uint8), np.zeros(2, np.int64)
+  classification.check_classes('other', sources.ArraySource(images, labels, 5, names), loaded_ctx)
+  shuffled = sources.ArraySource(images, labels, 5, names[1:] + names[:1])
+  with pytest.raises(errors.ConfigError, match=r"^config.evals.other: the run's classes are not "
+                     r'in the order of its data'):
+    classification.check_classes('other', shuffled, loaded_ctx)
 
 
 def test_an_entry_that_cannot_evaluate_the_run_is_refused_before_anything_starts(tmp_path):

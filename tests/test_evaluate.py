@@ -73,6 +73,8 @@ def test_a_timm_export_of_the_run_evaluates_as_the_run(tiny_run, tmp_path):
   logged = [row for row in read_metrics(tiny_run) if 'eval/accuracy' in row][-1]
   assert re.fullmatch(rf'.*timm, eval: accuracy {logged["eval/accuracy"]:.4f}, '
                       r'loss [\d.]+ \(359 examples\)', line), line
+  assert not re.search(r'^[IWEF]\d{4} ', result.stderr, re.M), result.stderr  # absl's prefix.
+  assert result.stderr.count('arrays loaded') == 1, result.stderr  # Into the config's model.
 
 
 def test_one_checkpoint_at_several_patch_sizes(tiny_run):

@@ -128,6 +128,11 @@ def test_a_damaged_checkpoint_is_moved_aside_and_the_one_before_restored(
   assert workdir.steps(run) == [5] and (run / 'checkpoints' / 'bad' / '10').is_dir()
   assert f'The checkpoint at step 10 in {run / "checkpoints"} is damaged (' in caplog.text
   assert 'Resuming from step 5, the newest good checkpoint.' in caplog.text
+  if kind in ('_METADATA removed', 'item folder removed'):  # The file named, not Orbax's repr.
+    missing = 'file' if kind == '_METADATA removed' else 'folder'
+    name = 'default/_METADATA' if kind == '_METADATA removed' else 'default'
+    assert f'its {missing} {run / "checkpoints" / "10" / name} is missing' in caplog.text
+    assert 'Metadata file (named' not in caplog.text and 'KeyError' not in caplog.text
   if kind == 'bytes overwritten':  # TensorStore reads it without an error: the checksums tell.
     assert 'of its arrays differ from the checksums recorded when it was written' in caplog.text
 
@@ -153,14 +158,30 @@ def test_export_and_fine_tuning_verify_the_checkpoint(tiny_run, reference, tmp_p
   export.export(str(run), str(tmp_path / 'model.npz'), step=5)  # The good one.
 
 
+def test_an_unrecorded_checkpoint_is_said_to_be_unverified_once(tiny_run, tmp_path, caplog):
+  """An older vit_jax's checkpoint (no checksums) read twice by one command (export
+  --evaluate, evaluate): one warning."""
+  run = copy_run(tiny_run, tmp_path)
+  metadata = run / 'checkpoints' / '10' / manager_lib.STEP_METADATA
+  record = json.loads(metadata.read_text())
+  del record['custom_metadata'][manager_lib.ARRAYS]
+  metadata.write_text(json.dumps(record))
+  with caplog.at_level(logging.WARNING):
+    for _ in range(2):
+      workdir.restore_params(run)
+  assert caplog.text.count('has no checksums (written by an older vit_jax): restored '
+                           'unverified.') == 1
+
+
 def test_with_no_good_checkpoint_left_one_error_lists_each_step(tiny_run, reference, tmp_path):
   run = copy_run(tiny_run, tmp_path)
   damage(run / 'checkpoints' / '10', 'item folder removed')
   damage(run / 'checkpoints' / '5', 'bytes overwritten')
   manager = manager_lib.make_manager(str(run), every_steps=5, keep=5)
   with pytest.raises(errors.CheckpointError,
-                     match=r'No checkpoint in .*checkpoints can be restored: step 10: KeyError: .*'
-                           r'Item "default" was not found.*; step 5: 1 of its arrays differ .* '
+                     match=r'No checkpoint in .*checkpoints can be restored: step 10: its '
+                           r'folder .*checkpoints/10/default is missing; step 5: 1 of its arrays '
+                           r'differ .* '
                            r'They are in .*checkpoints/bad. Train from the start'):
     manager_lib.resume(manager, reference['abstract'])
   manager.close()

@@ -3,6 +3,7 @@ command line (its mistakes, any checkpoint as a source) and the quickstart's acc
 
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -109,3 +110,5 @@ def test_cli_takes_any_checkpoint_as_source(tmp_path):
                        capture_output=True, text=True, env=env(1), cwd=ROOT, timeout=300)
   assert run.returncode == 0, run.stderr[-3000:]
   assert run.stdout.startswith('# ViT (2 layers, width 32, MLP 128, 2 heads, patch 8): 32-d')
+  assert not re.search(r'^[IWEF]\d{4} ', run.stderr, re.M), run.stderr  # No absl prefixes.
+  assert 'arrays loaded' not in run.stderr  # Read into its own model: nothing to say.

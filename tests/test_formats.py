@@ -173,6 +173,25 @@ def test_a_hub_checkpoint_brings_its_own_preprocessing(tmp_path):
   assert checkpoints.load(str(tmp_path / 'm.npz')).preprocessing == preprocess.EvalSpec()
 
 
+def test_a_non_square_timm_folder_exports_the_preprocessing_timm_was_checked_on(tmp_path):
+  """A 24x32 folder's rule (aspect ratio kept, then the crop) travels as the pretrained_cfg of
+  tests/data/preprocess's timm_24x32 case, which timm itself made pixels of; transformers'
+  processors cannot do it, and say so in one line instead of cropping another part."""
+  loaded = checkpoints.load(str(HUB / 'timm_gap_nofcnorm'))
+  checkpoints.export(loaded.model, loaded.params, tmp_path / 'timm', 'timm', loaded.class_names,
+                     loaded.preprocessing)
+  settings = json.loads(str(np.load(HUB.parent / 'preprocess' / 'reference.npz')[
+      'timm_24x32/settings']))
+  cfg = json.loads((tmp_path / 'timm' / 'config.json').read_text())['pretrained_cfg']
+  assert {k: cfg[k] for k in settings} == settings
+  assert checkpoints.load(str(tmp_path / 'timm')).preprocessing == loaded.preprocessing
+  with pytest.raises(errors.CheckpointError, match=r"^transformers' image processors cannot "
+                     r'resize as .* at 24x32 \(keep the aspect ratio, cover 26x35'):
+    checkpoints.export(loaded.model, loaded.params, tmp_path / 'hf', 'transformers',
+                       loaded.class_names, loaded.preprocessing)
+  assert not (tmp_path / 'hf').exists()
+
+
 def test_export_formats_and_refusals(tmp_path):
   model = get_model('deit3_s16', num_classes=3, hidden_size=32, mlp_dim=64, num_heads=2,
                     num_layers=2, patch_size=8, image_size=32)

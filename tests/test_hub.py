@@ -148,7 +148,26 @@ def test_weights_holding_nan_are_refused_in_one_line(tmp_path, name):
                           tensors[key]).astype(np.float32)
   with pytest.raises(errors.NonFiniteCheckpointError) as e:
     formats.load_folder(rewritten(tmp_path, name, tensors=tensors))
-  assert 'hold NaN or Inf' in str(e.value) and '\n' not in str(e.value)
+  assert f': {key} holds NaN or Inf' in str(e.value) and '\n' not in str(e.value)  # Its name.
+
+
+@pytest.mark.parametrize('dtype', [np.int32, np.int64, np.uint8, np.bool_])
+def test_an_integer_tensor_the_model_holds_as_float_is_refused_by_name(tmp_path, dtype):
+  """A LayerNorm's scale stored as integers (0.96 read as 0) is refused, naming the file's
+  tensor; a BatchNorm's integer count is not a weight, and is read past."""
+  import safetensors.numpy
+
+  folder = tmp_path / 'ints'
+  folder.mkdir()
+  shutil.copy(HUB / 'timm_augreg' / 'config.json', folder)
+  tensors = hub.read_weights(HUB / 'timm_augreg')
+  tensors['blocks.0.norm1.weight'] = tensors['blocks.0.norm1.weight'].astype(dtype)
+  (folder / 'model.safetensors').write_bytes(safetensors.numpy.save(tensors))
+  with pytest.raises(errors.CheckpointError) as e:
+    formats.load_folder(folder)
+  assert f'{folder}: blocks.0.norm1.weight is {np.dtype(dtype).name}, but the model holds it ' \
+      'as floating point' in str(e.value) and '\n' not in str(e.value)
+  hub.check_tensors({'stem.norm.num_batches_tracked': np.array(7, np.int64)}, 'a hybrid')
 
 
 def test_transformers_refusals_and_torch_pickles(tmp_path):

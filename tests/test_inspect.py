@@ -2,6 +2,7 @@
 
 import base64
 import html
+import json
 import os
 import pathlib
 import re
@@ -218,6 +219,22 @@ def test_training_curves_read_a_metrics_file_cut_short_by_a_crash(tmp_path):
   assert sorted(curves) == ['eval/accuracy', 'train/loss']
   np.testing.assert_array_equal(curves['train/loss'][0], [1, 2])
   np.testing.assert_array_equal(curves['train/loss'][1], [2.0, 1.25])
+
+
+@pytest.mark.parametrize('headline, label', [('eval/accuracy', 'accuracy'),
+                                              ('eval/prec@1', 'precision@1'),
+                                              ('eval/color_accuracy', 'eval/color_accuracy'),
+                                              ('few/digits_1shot', 'few/digits_1shot')])
+def test_training_curves_plot_the_metric_the_runs_evaluator_names(tmp_path, headline, label):
+  """The curve shown is the run's headline metric (``vit_jax.evals.headline``: a sigmoid
+  classifier's precision@1, masked patch prediction's colour accuracy, a few-shot table's),
+  not eval/accuracy whatever the run logged."""
+  rows = [{'step': 1, 'train/loss': 2.0}, {'step': 2, 'train/loss': 1.5, headline: 0.5,
+                                            'other/accuracy': 0.9}]
+  (tmp_path / 'metrics.jsonl').write_text('\n'.join(json.dumps(r) for r in rows))
+  figure = inspect.training_curves_figure(inspect.read_metrics(str(tmp_path)), headline)
+  assert f'the held-out {label} at each evaluation' in figure.caption
+  assert 'No evaluation' not in figure.caption
 
 
 def test_inspect_a_npz_on_given_images(npz_file, photo_files, tmp_path, capsys):

@@ -125,6 +125,22 @@ def test_a_fine_tune_from_a_release_file_keeps_its_pipelines(caplog):
   assert 'Preprocessing' not in caplog.text
 
 
+def test_a_non_square_teacher_takes_a_run_of_its_aspect_ratio_not_of_its_transpose(tmp_path):
+  """A 24x32 teacher (height x width) teaches a 48x64 run (resized: the same proportions) and
+  is refused for a 32x24 one (its transpose), naming both sizes."""
+  teacher = constant_teacher(tmp_path / 'teacher', image_size=(24, 32), format='timm')
+  distilled = {'model.pool': 'token', 'model.distill_token': True, 'distill.teacher': teacher}
+
+  def pp(h, w):
+    spec = f'to_rgb|resize(({h}, {w}))|value_range(-1, 1)'
+    return {'model.image_size': (h, w), 'dataset.pp_train': spec, 'dataset.pp_eval': spec}
+  plan = plan_lib.validate(tiny_config(**distilled, **pp(48, 64)))
+  assert plan.teacher is not None
+  with pytest.raises(errors.ConfigError, match=r'teacher takes 24x32 images, value_range'
+                     r'\(-1, 1\); the run makes 32x24, '):
+    plan_lib.validate(tiny_config(**distilled, **pp(32, 24)))
+
+
 def test_a_teacher_that_cannot_teach_the_model_is_refused_naming_both(tmp_path):
   """config.distill.teacher: a model without a distillation head, other classes (by count,
   by name), another aspect ratio, a missing SOURCE; each one line naming the field."""

@@ -5,6 +5,7 @@ import json
 import pathlib
 import re
 
+import chex
 import numpy as np
 import pytest
 
@@ -37,6 +38,25 @@ def test_predict_on_a_folder_is_its_librarys_eval_pipeline(folder, capsys):
     percent, label = _TOP.match(lines[2 * i + 1]).groups()
     assert label == labels[reference[f'{folder}/top1'][i]], image
     assert abs(float(percent) - 100 * reference[f'{folder}/prob'][i]) < 0.5, image
+
+
+def test_predict_on_a_non_square_timm_folder_keeps_the_aspect_ratio_as_timm_does():
+  """A 24x32 timm folder (crop 0.9): the tall PNG resized keeping its proportions to cover
+  26x35, then cropped, as timm's own eval transform made it (preprocess/make_fixtures.py's
+  timm_24x32, the same pretrained_cfg), not squashed to 26x35."""
+  parser = argparse.ArgumentParser()
+  predict.add_source_flags(parser)
+  folder = DATA / 'hub' / 'timm_gap_nofcnorm'
+  source = predict.load_source(parser.parse_args([f'--source={folder}']))
+  reference = np.load(DATA / 'preprocess' / 'reference.npz')
+  settings = json.loads(str(reference['timm_24x32/settings']))
+  config = json.loads((folder / 'config.json').read_text())
+  assert {k: config['pretrained_cfg'][k] for k in settings} == settings
+  for image in ('tall', 'wide'):
+    got = preprocess.parse(source.pp_spec)(
+        (DATA / 'preprocess' / 'images' / f'{image}.png').read_bytes(), None)
+    chex.assert_trees_all_close(got.transpose(2, 0, 1), reference[f'timm_24x32/{image}'],
+                                atol=1e-5)
 
 
 def test_the_pixels_shown_of_a_normalising_checkpoint_are_its_inputs_before_scaling():

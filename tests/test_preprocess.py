@@ -90,8 +90,8 @@ def test_resize_small_keeps_the_aspect_ratio_and_resize_matches_opencv_bilinear(
 PP = pathlib.Path(__file__).resolve().parent / 'data' / 'preprocess'
 # Cases of tests/data/preprocess/reference.npz: what timm's and transformers' own eval
 # transforms make of the PNGs beside it (make_fixtures.py wrote them).
-PP_CASES = ('timm_imagenet', 'timm_clip', 'timm_augreg', 'timm_squash', 'hf_vit', 'hf_clip',
-            'hf_dinov2')
+PP_CASES = ('timm_imagenet', 'timm_clip', 'timm_augreg', 'timm_squash', 'timm_24x32',
+            'timm_squash_24x32', 'hf_vit', 'hf_clip', 'hf_dinov2')
 
 
 @pytest.mark.parametrize('case', PP_CASES)
@@ -104,7 +104,8 @@ def test_a_checkpoints_preprocessing_is_its_librarys_own(case):
   settings = json.loads(str(reference[f'{case}/settings']))
   spec = (timm.preprocessing({'pretrained_cfg': settings}) if case.startswith('timm')
           else transformers.preprocessing(settings))
-  pipeline = preprocess.parse(spec.spec((32, 32)))
+  size = tuple(settings.get('input_size', (3, 32, 32))[1:])  # A non-square one: timm's 24x32.
+  pipeline = preprocess.parse(spec.spec(size))
   for image in ('wide', 'tall', 'square', 'grey'):
     got = pipeline((PP / 'images' / f'{image}.png').read_bytes(), None).transpose(2, 0, 1)
     want = reference[f'{case}/{image}']
@@ -120,6 +121,9 @@ def test_a_checkpoints_preprocessing_is_its_librarys_own(case):
 def test_the_release_preprocessing_is_unchanged_and_unknown_settings_are_one_line():
   assert preprocess.EvalSpec().spec((224, 224)) == 'decode|resize(224)|value_range(-1, 1)'
   assert preprocess.EvalSpec().spec((24, 32)) == 'decode|resize((24, 32))|value_range(-1, 1)'
+  # timm's rule at a non-square size: the aspect ratio kept, 26x35 covered, then the crop.
+  assert preprocess.EvalSpec('shorter', 0.9, crop_offset='round').spec((24, 32)) == (
+      "decode|resize_small((26, 35))|central_crop((24, 32), 'round')|value_range(-1, 1)")
   for spec in (preprocess.EvalSpec(resize='border'), preprocess.EvalSpec(method='pil_random')):
     with pytest.raises(errors.ConfigError, match="checkpoint's preprocessing .* give the "):
       spec.spec((32, 32))

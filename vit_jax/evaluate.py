@@ -120,7 +120,8 @@ def _evaluate(config: Any, checkpoint: str, flags_: dict[str, Any],
               patch_sizes: list[int] | None = None) -> None:
   """Prints the metrics of the evaluators of ``config`` on ``checkpoint``: a run's workdir
   (``--workdir``) or another checkpoint (``--source``); at each of ``patch_sizes``, a table."""
-  if not flags.FLAGS['verbosity'].present:  # Orbax's INFO lines only with --verbosity.
+  if not flags.FLAGS['verbosity'].present:  # absl's prefixes, Orbax's INFO lines: --verbosity.
+    console.plain_console()
     console.quiet_third_party()
   from vit_jax import evaluation  # The work: jax from here on (the command line is checked).
 

@@ -84,7 +84,8 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
     paths.output_path(flags_['json'].value, 'json')
   entry = dict(type='fewshot', datasets=tuple(flags_['dataset'].value), shots=shots,
                seeds=flags_['seeds'].value, l2_reg=flags_['l2_reg'].value)
-  if not flags.FLAGS['verbosity'].present:  # Orbax's INFO lines only with --verbosity.
+  if not flags.FLAGS['verbosity'].present:  # absl's prefixes, Orbax's INFO lines: --verbosity.
+    console.plain_console()
     console.quiet_third_party()
   try:  # The one evaluator of a config: its errors name the flags (below).
     config = config_lib.complete({'eval_batch_size': flags_['batch_size'].value,

@@ -20,8 +20,8 @@ from typing import Any
 from absl import app, flags, logging
 
 from vit_jax import config as config_lib
-from vit_jax.base import console, errors, paths, peers
-from vit_jax.checkpoints import hf_hub
+from vit_jax.base import console, cpu, errors, paths, peers, sizes
+from vit_jax.checkpoints import headers, hf_hub
 from vit_jax.checkpoints.run import lock, record
 from vit_jax.config import cli as config_cli
 from vit_jax.data import sources
@@ -106,14 +106,20 @@ def main(argv: list[str], flags_: dict[str, Any]) -> None:
   if flags_['peer_timeout'].value <= 0:
     raise errors.ConfigError(f'--peer_timeout={flags_["peer_timeout"].value} must be a number '
                              'of seconds > 0.')
-  for source in checkpoint_sources.values():  # Fetched, or found in the cache, before jax.
-    if hf_hub.is_hub_id(source):
-      hf_hub.resolve(source)
-  sources.check_name(config.dataset)  # What needs no data, before jax: nothing written yet.
   coordinator, distributed = flags_['coordinator_address'].value, flags_['distributed'].value
   if distributed is None:  # The flags above given, or a Cloud TPU VM or SLURM job.
     distributed = coordinator is not None or any(os.environ.get(k) for k in (
         'SLURM_JOB_ID', 'TPU_WORKER_HOSTNAMES', 'CLOUD_TPU_TASK_ID'))
+  # One process on the CPU: its device count is known before jax, so are the mesh's and the
+  # batches' fit (the plan checks them again for any run, on the devices jax makes).
+  if not distributed and cpu.runs_on_cpu() and (devices := cpu.device_count(cpu_devices)):
+    data, fsdp, _ = sizes.mesh_shape(config.mesh, devices)
+    sizes.check_batches(config, data * fsdp)
+  for field, source in checkpoint_sources.items():  # Fetched, or found in the cache, before jax.
+    if source:  # A damaged or partial .npz or safetensors file: its header says, before jax.
+      headers.check_file(hf_hub.resolve(source) if hf_hub.is_hub_id(source) else source, field)
+  sources.check_name(config.dataset)  # What needs no data, before jax: nothing written yet.
+  sources.check_fewshot_names(config)
   if not distributed:  # A job's process 0 may hold the lock already: it is taken below.
     lock.check_free(workdir)
   record.check_resume(workdir, config)

@@ -20,7 +20,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from vit_jax.base import errors
+from vit_jax.base import sizes
 
 AXES = ('data', 'fsdp', 'tensor')
 BATCH_AXES = ('data', 'fsdp')
@@ -57,16 +57,7 @@ ACTIVATION_RULES: dict[str, P] = {
 def make_mesh(mesh_config: Any = None, devices: list[jax.Device] | None = None) -> Mesh:
   """A ('data', 'fsdp', 'tensor') mesh over all devices; ``data=-1`` takes what is left."""
   devices = devices if devices is not None else jax.devices()
-  mesh_config = mesh_config or {}
-  fsdp, tensor = int(mesh_config.get('fsdp', 1)), int(mesh_config.get('tensor', 1))
-  data = int(mesh_config.get('data', -1))
-  if data == -1:
-    data = len(devices) // (fsdp * tensor)
-  if min(data, fsdp, tensor) < 1 or data * fsdp * tensor != len(devices):
-    raise errors.ConfigError(
-        f'config.mesh: data={data} x fsdp={fsdp} x tensor={tensor} does not cover the '
-        f'{len(devices)} devices. Make their product {len(devices)} (data=-1 fills in the '
-        'rest).')
+  data, fsdp, tensor = sizes.mesh_shape(mesh_config, len(devices))
   # jax.make_mesh's placement on the device torus, but splitting a torus axis where a mesh
   # axis is not a product of whole ones (jax.make_mesh refuses (1, 64, 2) on a 4x4x8 v4).
   grid = mesh_utils.create_device_mesh((data, fsdp, tensor), devices,

@@ -24,7 +24,7 @@ import ml_collections
 from absl import flags
 
 from vit_jax.base import errors, paths
-from vit_jax.config import defaults, table
+from vit_jax.config import defaults, rules, table
 from vit_jax.config.field import Field, did_you_mean, is_kind, unknown_field
 
 # --NAME.a.b=VALUE, --NAME.a.b (True) or --noNAME.a.b (False).
@@ -111,7 +111,11 @@ def load(path: str | None, overrides: Sequence[tuple[str, str | None]] = (), *,
     raise errors.ConfigError(f'--{flag}={path}{colon}{argument}: {e}') from None
   # Completed first (each evaluator from its type's defaults), so that an override reaches
   # every field, a recipe's partial evaluators' too.
-  return apply_overrides(defaults.complete(config), overrides, flag=flag)
+  config = apply_overrides(defaults.complete(config), overrides, flag=flag)
+  given = {field.removeprefix('model.') for field, _ in overrides if field.startswith('model.')}
+  if problem := rules.name_contradiction(config.model, given, path):
+    raise errors.ConfigError(problem)
+  return config
 
 
 def apply_overrides(config: ml_collections.ConfigDict,

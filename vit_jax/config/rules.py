@@ -9,6 +9,7 @@ from typing import Any
 import ml_collections
 
 from vit_jax.base import errors
+from vit_jax.config import zoo
 from vit_jax.config.defaults import complete_eval
 from vit_jax.config.field import REQUIRED, unknown_field
 from vit_jax.config.table import DECLARED, PHASE_FIELDS, eval_fields, flatten
@@ -28,8 +29,39 @@ def check(config: ml_collections.ConfigDict) -> None:
     for key, field in eval_fields(entry['type']).items():
       if problem := field.problem(entry[key]):
         raise errors.ConfigError(f'config.evals.{name}.{key}={entry[key]!r} {problem}.')
+  try:
+    zoo.canonical_name(flat['model.name'])
+  except ValueError as e:
+    raise errors.ConfigError(f'config.model.name: {e}') from None
   if problem := _rules(flat):
     raise errors.ConfigError(problem)
+
+
+# The fields of config.model that a zoo name sets (its architecture).
+SHAPE_FIELDS = ('hidden_size', 'mlp_dim', 'num_heads', 'num_layers', 'patch_size')
+
+
+def name_contradiction(model: ml_collections.ConfigDict, given: set[str], recipe: str) -> str:
+  """Where a command line names another model (``model.name`` among ``given``, the fields it
+  sets) than the one the recipe's own sizes make: what the recipe sets that the name does not
+  ('' if nothing), so that a name is never silently overridden by a recipe's sizes."""
+  if 'name' not in given:
+    return ''
+  try:
+    named = zoo.model_kwargs(model.name)
+  except ValueError:
+    return ''  # Unknown: check's own message.
+  pairs = lambda v: tuple(v) if isinstance(v, (list, tuple)) else (v, v)
+  differ = [f'model.{k}={model[k]!r}' for k in SHAPE_FIELDS
+            if k not in given and model.get(k) is not None and k in named
+            and pairs(model[k]) != pairs(named[k])]
+  if not differ:
+    return ''
+  shape = ', '.join(f'{k}={named[k]}' for k in SHAPE_FIELDS if k in named)
+  fix = ' '.join(f'--config.{d.split("=")[0]}=None' for d in differ)
+  return (f'config.model.name={model.name!r} names {named["model_name"]} ({shape}), but '
+          f'{recipe} sets {", ".join(differ)}: the name alone would not change them. Drop '
+          f'them ({fix}) to train the named model, or give them on the command line too.')
 
 
 def _rules(flat: dict[str, Any]) -> str:
@@ -37,8 +69,14 @@ def _rules(flat: dict[str, Any]) -> str:
   if flat['mesh.data'] == 0:
     return ('config.mesh.data=0 must be -1 (the devices that fsdp and tensor leave) or a '
             'positive number of devices.')
+  for field in ('base_lr', 'end_lr'):
+    lr = flat[f'schedule.{field}']
+    if lr < 0 or (field == 'base_lr' and lr == 0):
+      return (f'config.schedule.{field}={lr} must be '
+              f'{"positive" if field == "base_lr" else ">= 0"} (e.g. 1e-3): a negative rate '
+              'climbs the loss, a zero one trains nothing.')
   base, end = flat['schedule.base_lr'], flat['schedule.end_lr']
-  if 0 < base < end:  # base_lr <= 0 itself: vit_jax.training.plan.validate.
+  if 0 < base < end:
     return (f'config.schedule.end_lr={end} is above config.schedule.base_lr={base}: the decay '
             'would climb. Use an end_lr <= base_lr.')
   profile = flat['profile_steps']

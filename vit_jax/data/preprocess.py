@@ -91,8 +91,11 @@ def resize(size: int | tuple[int, int], method: str = 'bilinear') -> Op:
   return lambda image, rng: resize_to(as_array(image), h, w)
 
 
-def resize_small(size: int, method: str = 'bilinear') -> Op:
-  """Resizes so that the shorter side is ``size``, keeping the aspect ratio."""
+def resize_small(size: int | tuple[int, int], method: str = 'bilinear') -> Op:
+  """Resizes so that the shorter side is ``size``, keeping the aspect ratio; with (height,
+  width), to the smallest size of the image's aspect ratio that covers both (timm's
+  ``ResizeKeepRatio``: each side divided by the smaller of the two ratios, rounded), so that a
+  central crop of a non-square size keeps the image's proportions."""
   resize_to = _resizer(method)
 
   # The longer side: rounded (big_vision's), or truncated as torchvision and transformers do.
@@ -101,6 +104,9 @@ def resize_small(size: int, method: str = 'bilinear') -> Op:
   def op(image: Any, rng: np.random.Generator) -> np.ndarray:
     image = as_array(image)
     h, w = image.shape[:2]
+    if not isinstance(size, int):
+      ratio = min(h / size[0], w / size[1])
+      return resize_to(image, round(h / ratio), round(w / ratio))
     scale = size / min(h, w)
     return resize_to(image, max(size, longer(h * scale)), max(size, longer(w * scale)))
   return op
@@ -412,7 +418,8 @@ def check_output(pipeline: Pipeline, image: Any, size: tuple[int, int], where: s
 class EvalSpec:
   """A checkpoint's own evaluation preprocessing, for any input size (timm's ``pretrained_cfg``,
   transformers' image processor): resize (``'exact'`` to the size / ``crop_pct``, ``'shorter'``
-  side to it, or ``'squash'`` both sides to it), take the central crop of the input size, scale
+  side to it (at a non-square size, timm's rule: the image's proportions kept, both sides
+  covered), or ``'squash'`` both sides to it), take the central crop of the input size, scale
   by ``mean`` and ``std``. The default is the releases': a resize to the input, [-1, 1]."""
 
   resize: str = 'exact'
@@ -431,12 +438,14 @@ class EvalSpec:
     h, w = size
     scaled = (math.floor(h / self.crop_pct), math.floor(w / self.crop_pct))
     method = '' if self.method == 'bilinear' else f', {self.method!r}'
-    shorter = self.resize == 'shorter' and h == w  # timm squashes to a non-square size.
+    # 'shorter' at a non-square size: the aspect ratio kept, the scaled size covered (timm's
+    # ResizeKeepRatio, then its CenterCrop).
+    shorter = self.resize == 'shorter'
     offset = '' if self.crop_offset == 'floor' else f', {self.crop_offset!r}'
     crop = (f'|central_crop({(h, w) if h != w else h}{offset})'
             if shorter or scaled != (h, w) else '')
     resize = 'resize_small' if shorter else 'resize'
-    side = scaled[0] if shorter or scaled[0] == scaled[1] else scaled
+    side = scaled[0] if scaled[0] == scaled[1] else scaled
     return f'decode|{resize}({side}{method}){crop}|{self.scaling}'
 
   @classmethod

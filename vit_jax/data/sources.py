@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from vit_jax.base import errors
+from vit_jax.base import errors, paths
 from vit_jax.data import local, tfrecord, vtab, vtab_prepare
 
 FASHION_MNIST_CLASSES = ('T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal',
@@ -219,11 +219,12 @@ def _sliced(split: str, read: Any) -> Any:
   return Subset(source, np.arange(len(source))[part])
 
 
-def check_name(dataset: Any) -> None:
+def check_name(dataset: Any, what: str = '') -> None:
   """Refuses a ``dataset.name`` that ``get_source`` would not find, reading no data: not a
   VTAB task, a bundled or local dataset, nor a TFDS dataset prepared in ``data_dir`` (one to
-  be prepared, or in a bucket, TFDS judges later). A command asks before it starts jax."""
-  name, data_dir = dataset.name, dataset.get('data_dir') or ''
+  be prepared, or in a bucket, TFDS judges later). A command asks before it starts jax.
+  ``what``: which dataset it is, for the message (default: ``config.dataset``'s)."""
+  name, data_dir = dataset['name'], dataset.get('data_dir') or ''
   if name.startswith('vtab/'):
     vtab.task_of(name)
     return
@@ -233,11 +234,44 @@ def check_name(dataset: Any) -> None:
     return
   where = data_dir or vtab_prepare.default_data_dir()
   if vtab_prepare.prepared_dir(where, name) is None:
+    fix = ('set config.dataset.data_dir to where it is prepared, or prepare it once with '
+           'config.dataset.prepare=True' if not what else 'give the folder it is prepared in '
+           '(NAME,TRAIN_SPLIT,TEST_SPLIT,DATA_DIR), or prepare it once with a run of '
+           'config.dataset.prepare=True')
     raise errors.ConfigError(
-        f'config.dataset.name={name!r}: no dataset of that name is prepared in {where} (nor is '
-        'it digits, vtab/TASK or a converted dataset\'s data_dir). A TFDS dataset: set '
-        'config.dataset.data_dir to where it is prepared, or prepare it once with '
-        'config.dataset.prepare=True (docs/data.md).')
+        f'{what or f"config.dataset.name={name!r}"}: no dataset of that name is prepared in '
+        f'{where} (nor is it digits, vtab/TASK or a converted dataset\'s data_dir). A TFDS '
+        f'dataset: {fix} (docs/data.md).')
+
+
+def parse_fewshot_spec(spec: str) -> tuple[str, str, str, str]:
+  """``'NAME[,TRAIN_SPLIT,TEST_SPLIT[,DATA_DIR]]'`` -> (name, train, test, data_dir)."""
+  parts = [p.strip() for p in str(spec).split(',')]
+  if len(parts) not in (1, 3, 4) or not all(parts):
+    raise errors.ConfigError(
+        f'few-shot dataset {spec!r}: write NAME, or NAME,TRAIN_SPLIT,TEST_SPLIT, or '
+        'NAME,TRAIN_SPLIT,TEST_SPLIT,DATA_DIR (e.g. "digits" or '
+        '"cifar100,train[:10000],test").')
+  if len(parts) == 1:
+    parts += ['train', 'test']
+  if len(parts) == 3:
+    parts.append('')
+  parts[3] = paths.expand(parts[3])  # A DATA_DIR with ~ or $VAR, as a path flag's.
+  return tuple(parts)
+
+
+def check_fewshot_names(config: Any) -> None:
+  """``check_name`` of each dataset of the few-shot evaluators of ``config.evals``, read from
+  where they would read it (its DATA_DIR, the run's data_dir for the run's dataset, else
+  TFDS's), before jax starts."""
+  for entry_name, entry in config.evals.items():
+    if entry.get('type') != 'fewshot':
+      continue
+    for spec in entry.datasets:
+      name, _, _, data_dir = parse_fewshot_spec(spec)
+      directory = data_dir or (config.dataset.data_dir if name == config.dataset.name else '')
+      check_name({'name': name, 'data_dir': directory, 'prepare': False},
+                 f'config.evals.{entry_name}: few-shot dataset {spec!r}')
 
 
 def get_source(dataset: Any, split: str) -> ArraySource | TFDSSource | local.LocalSource:

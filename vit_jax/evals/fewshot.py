@@ -24,8 +24,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from vit_jax.base import errors, paths, sharding
-from vit_jax.data import loader
+from vit_jax.base import errors, sharding
+from vit_jax.data import loader, sources
 from vit_jax.evals import base
 
 BIAS_CONSTANT = 100.  # big_vision's constant bias feature.
@@ -187,30 +187,14 @@ class Dataset:
   num_classes: int
 
 
-def parse_spec(spec: str) -> tuple[str, str, str, str]:
-  """``'NAME[,TRAIN_SPLIT,TEST_SPLIT[,DATA_DIR]]'`` -> (name, train, test, data_dir)."""
-  parts = [p.strip() for p in str(spec).split(',')]
-  if len(parts) not in (1, 3, 4) or not all(parts):
-    raise errors.ConfigError(
-        f'few-shot dataset {spec!r}: write NAME, or NAME,TRAIN_SPLIT,TEST_SPLIT, or '
-        'NAME,TRAIN_SPLIT,TEST_SPLIT,DATA_DIR (e.g. "digits" or '
-        '"cifar100,train[:10000],test").')
-  if len(parts) == 1:
-    parts += ['train', 'test']
-  if len(parts) == 3:
-    parts.append('')
-  parts[3] = paths.expand(parts[3])  # A DATA_DIR with ~ or $VAR, as a path flag's.
-  return tuple(parts)
-
-
 def metric_name(name: str) -> str:
   """A TFDS name without its version (``cars196:2.1.0`` -> ``cars196``)."""
   return name.split(':')[0]
 
 
 def open_dataset(spec: str, default_data_dir: str = '') -> Dataset:
-  """The sources of a spec (``parse_spec``); raises UserErrors naming the spec."""
-  name, train_split, test_split, data_dir = parse_spec(spec)
+  """The sources of a spec (``sources.parse_fewshot_spec``); raises UserErrors naming the spec."""
+  name, train_split, test_split, data_dir = sources.parse_fewshot_spec(spec)
   train, test = (base.open_source(f'few-shot dataset {spec!r}', name, split,
                                   data_dir or default_data_dir or None)
                  for split in (train_split, test_split))
@@ -281,14 +265,14 @@ class Evaluator(base.Evaluator):
 
   @classmethod
   def headline(cls, entry: ml_collections.ConfigDict, config: ml_collections.ConfigDict) -> str:
-    return f'{metric_name(parse_spec(entry.datasets[0])[0])}_{max(entry.shots)}shot'
+    return f'{metric_name(sources.parse_fewshot_spec(entry.datasets[0])[0])}_{max(entry.shots)}shot'
 
   @classmethod
   def from_config(cls, name: str, entry: ml_collections.ConfigDict, ctx: base.Context) -> Evaluator:
     config = ctx.config  # Its entry's types and ranges are checked: vit_jax.config.
     shots = tuple(entry.shots)
     datasets = [open_dataset(s, ctx.data_dir or (
-        config.dataset.data_dir if parse_spec(s)[0] == config.dataset.name else ''))
+        config.dataset.data_dir if sources.parse_fewshot_spec(s)[0] == config.dataset.name else ''))
                 for s in entry.datasets]
     names = [d.name for d in datasets]
     if len(set(names)) < len(names):

@@ -78,7 +78,8 @@ def main(argv: list[str]) -> None:
     paths.output_path(_OUT.value, 'out')
   else:
     paths.output_dir(_OUT.value, 'out')
-  if not flags.FLAGS['verbosity'].present:  # Orbax's INFO lines only with --verbosity.
+  if not flags.FLAGS['verbosity'].present:  # absl's prefixes, Orbax's INFO lines: --verbosity.
+    console.plain_console()
     console.quiet_third_party()
   if source and _EMA.value:
     raise errors.ConfigError('--ema is for --workdir: another checkpoint holds one set of '

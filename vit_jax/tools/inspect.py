@@ -262,9 +262,11 @@ def read_metrics(workdir: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   return {k: (np.array(sorted(v)), np.array([v[s] for s in sorted(v)])) for k, v in series.items()}
 
 
-def training_curves_figure(metrics: dict[str, tuple[np.ndarray, np.ndarray]],
+def training_curves_figure(metrics: dict[str, tuple[np.ndarray, np.ndarray]], headline: str,
                            last_step: int | None = None) -> Figure:
-  """Loss, learning rate and evaluation accuracy against the step, one panel each.
+  """Loss, learning rate and the run's headline metric (``headline``, 'NAME/METRIC' as
+  ``vit_jax.evals.headline`` names it: 'eval/accuracy', 'eval/prec@1', 'few/cars196_5shot')
+  against the step, one panel each.
 
   With ``last_step``, only the steps up to it: the run as far as the inspected
   checkpoint.
@@ -273,16 +275,18 @@ def training_curves_figure(metrics: dict[str, tuple[np.ndarray, np.ndarray]],
     metrics = {k: (steps[steps <= last_step], values[steps <= last_step])
                for k, (steps, values) in metrics.items()}
     metrics = {k: v for k, v in metrics.items() if len(v[0])}
-  accuracy = next((k for k in ('eval/accuracy', 'eval/prec@1') if k in metrics), None)
+  accuracy = headline if headline in metrics else None
+  label = {'accuracy': 'accuracy', 'prec@1': 'precision@1'}.get(
+      headline.rsplit('/', 1)[-1], headline)
   texts = {  # Each panel shown: what its caption says of it.
       'loss': ('train/loss' in metrics or 'eval/loss' in metrics) and (
           'the training loss (the mean over the logged step\'s batch)'
           + (' and the held-out loss' if 'eval/loss' in metrics else '')),
       'learning rate': 'train/learning_rate' in metrics and 'the learning-rate schedule',
-      'accuracy': accuracy and 'the held-out accuracy at each evaluation'}
+      'accuracy': accuracy and f'the held-out {label} at each evaluation'}
   panels = [panel for panel, text in texts.items() if text]
   if not panels:
-    raise ValueError('metrics.jsonl has no train/loss, train/learning_rate or eval accuracy.')
+    raise ValueError(f'metrics.jsonl has no train/loss, train/learning_rate or {headline}.')
   shown = [texts[panel] for panel in panels]
   listing = shown[0] if len(shown) == 1 else ', '.join(shown[:-1]) + '; and ' + shown[-1]
   caption = f'From the run\'s metrics.jsonl: {listing}.'
@@ -308,11 +312,10 @@ def training_curves_figure(metrics: dict[str, tuple[np.ndarray, np.ndarray]],
     else:
       steps, values = metrics[accuracy]
       ax.plot(steps, 100 * values, 'o-', markersize=4)
-      ax.set_ylabel(('precision@1' if accuracy == 'eval/prec@1' else 'accuracy') +
-                    ' (%, held out)')
+      ax.set_ylabel(f'{label} (%, held out)')
       ax.annotate(f'{100 * values[-1]:.1f}%', (steps[-1], 100 * values[-1]),
                   xytext=(-4, -12), textcoords='offset points', ha='right', fontsize=8)
-    ax.set_title(panel, fontsize=10)
+    ax.set_title(label if panel == 'accuracy' else panel, fontsize=10)
     ax.set_xlabel('training step')
     ax.grid(alpha=0.3)
   title = 'Training curves' + (f' up to step {last_step}' if last_step is not None else '')
@@ -475,7 +478,10 @@ def inspect(args: argparse.Namespace) -> list[epath.Path]:
     metrics = paths.path(args.workdir) / record.METRICS_FILE
     if metrics.is_file():
       step = record.resolve_step(args.workdir, args.step)
-      figures.append(training_curves_figure(read_metrics(args.workdir), step))
+      from vit_jax import evals  # The run's headline metric, as its evaluator names it.
+
+      headline = evals.headline(record.load_config(args.workdir))
+      figures.append(training_curves_figure(read_metrics(args.workdir), headline, step))
     else:
       notes.append(f'{metrics} does not exist: no training curves.')
 

@@ -21,13 +21,13 @@ from absl import logging
 
 from vit_jax import checkpoints
 from vit_jax import config as config_lib
-from vit_jax.base import cpu, errors, paths, sharding
+from vit_jax.base import cpu, errors, paths, sharding, sizes
 from vit_jax.base.sizes import pair
 from vit_jax.checkpoints import formats
 from vit_jax.checkpoints.formats import big_vision, hub, release
 from vit_jax.checkpoints.run import workdir as workdir_lib
 from vit_jax.data import preprocess, sources
-from vit_jax.models import canonical_name, get_model, mpp
+from vit_jax.models import get_model, mpp
 from vit_jax.training import optim
 from vit_jax.training import step as step_lib
 from vit_jax.training.step import StepOptions
@@ -92,21 +92,11 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
   """
   config = config_lib.complete(config)
   config_lib.check(config)  # Types, None, ranges: the declarations of vit_jax.config.
-  name, options = config_lib.model_options(config.model)
-  try:
-    canonical_name(name)
-  except ValueError as e:
-    raise errors.ConfigError(f'config.model.name: {e}') from None
+  name, options = config_lib.model_options(config.model)  # Its name: checked by check.
   self_supervised = mpp.is_on(config)  # Masked patch prediction: no label is read.
   with_data = num_train_examples is None
   if with_data:
     _check_files(config)
-  for field in ('base_lr', 'end_lr'):
-    lr = config.schedule[field]
-    if lr < 0 or (field == 'base_lr' and lr == 0):
-      raise errors.ConfigError(
-          f'config.schedule.{field}={lr} must be {"positive" if field == "base_lr" else ">= 0"}'
-          ' (e.g. 1e-3): a negative rate climbs the loss, a zero one trains nothing.')
   specs = _scaled_pipelines(config, with_data)
   config.dataset.pp_eval = specs['pp_eval']  # config.json's: what predict and evaluate take.
   pipelines = {}
@@ -263,23 +253,7 @@ def _scaled_pipelines(config: ml_collections.ConfigDict, with_data: bool) -> dic
 
 def _check_batches(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:
   """Both batches split evenly over the devices that split them, and into micro-batches."""
-  # The devices that split the batch; those along 'tensor' share their rows.
-  devices = math.prod(mesh.shape[a] for a in sharding.BATCH_AXES)
-  for field in ('batch_size', 'eval_batch_size'):
-    size = int(config[field])
-    if size < devices:
-      raise errors.ConfigError(
-          f'config.{field}={size} is smaller than the {devices} devices: each device needs at '
-          f'least one example. Use a multiple of {devices} (or fewer devices: --cpu_devices, '
-          'config.mesh).')
-    if size % devices:
-      raise errors.ConfigError(f'config.{field}={size} is not divisible by the {devices} '
-                               'devices that split it (config.mesh data x fsdp). Use a '
-                               f'multiple of {devices}.')
-  accum = int(config.grad_accum_steps)
-  if (config.batch_size // devices) % accum:
-    raise errors.ConfigError(f'config.grad_accum_steps={accum} does not divide the per-device '
-                             f'batch {config.batch_size // devices}.')
+  sizes.check_batches(config, math.prod(mesh.shape[a] for a in sharding.BATCH_AXES))
 
 
 def _check_image_size(model: nn.Module, configured: Any) -> None:

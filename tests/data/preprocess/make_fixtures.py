@@ -6,11 +6,12 @@ tests/data/hub/README.md (torch 2.13.0 CPU, timm 1.0.31, transformers 5.23.0):
     /work/fixture-venv/bin/python tests/data/preprocess/make_fixtures.py
 
 Writes, beside this file: ``images/*.png`` (deterministic, odd sizes, one greyscale) and
-``reference.npz``: for each case, its settings as JSON (``CASE/settings``) and the float32
-CHW tensor the library's eval transform makes of each image (``CASE/IMAGE``). timm's cases go
-through ``timm.data.resolve_data_config`` and ``create_transform`` with a model's
-``pretrained_cfg`` (as ``timm.create_model`` gives it), transformers' through the image
-processor classes built from a ``preprocessor_config.json``-style dict.
+``reference.npz``: for each case (32x32 inputs, and two at 24x32), its settings as JSON
+(``CASE/settings``) and the float32 CHW tensor the library's eval transform makes of each
+image (``CASE/IMAGE``). timm's cases go through ``timm.data.resolve_data_config`` and
+``create_transform`` with a model's ``pretrained_cfg`` (as ``timm.create_model`` gives it),
+transformers' through the image processor classes built from a ``preprocessor_config.json``
+-style dict.
 """
 
 import json
@@ -37,6 +38,12 @@ TIMM = [
     ('timm_clip', dict(crop_pct=1.0, interpolation='bicubic', crop_mode='center', **OPENAI)),
     ('timm_augreg', dict(crop_pct=0.9, interpolation='bilinear', crop_mode='center', **HALF)),
     ('timm_squash', dict(crop_pct=0.9, interpolation='bicubic', crop_mode='squash', **HALF)),
+    # A non-square input (the 24x32 of ../hub/timm_gap_nofcnorm): timm keeps the image's aspect
+    # ratio (ResizeKeepRatio to cover 26x35, then CenterCrop), or squashes where told to.
+    ('timm_24x32', dict(input_size=[3, 24, 32], crop_pct=0.9, interpolation='bicubic',
+                        crop_mode='center', **HALF)),
+    ('timm_squash_24x32', dict(input_size=[3, 24, 32], crop_pct=0.9, interpolation='bicubic',
+                               crop_mode='squash', **HALF)),
 ]
 # (name, processor class, preprocessor_config.json fields).
 HF = [
@@ -64,7 +71,7 @@ def main():
   out = {'versions': np.array(json.dumps(dict(timm=timm.__version__,
                                               transformers=transformers.__version__)))}
   for name, cfg in TIMM:
-    settings = dict(input_size=[3, SIZE, SIZE], **cfg)
+    settings = {'input_size': [3, SIZE, SIZE], **cfg}
     config = timm.data.resolve_data_config(pretrained_cfg=settings)
     transform = timm.data.create_transform(**config, is_training=False)
     out[f'{name}/settings'] = np.array(json.dumps(settings))

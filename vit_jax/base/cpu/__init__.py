@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,22 @@ def runs_on_cpu(environ: dict[str, str] | None = None) -> bool:
   tpu = (any(map(platforms_lib.installed, platforms_lib.TPU_MODULES))
          and any(glob.glob(p) for p in platforms_lib.TPU_FILES))
   return not tpu and platforms_lib.platforms_without_tpu() == 'cpu'  # Nor a GPU a plugin drives.
+
+
+def device_count(cpu_devices: int | None, environ: dict[str, str] | None = None) -> int | None:
+  """The CPU devices jax will make in this process, known before it starts: ``--cpu_devices``
+  where given (it wins over XLA_FLAGS), else XLA_FLAGS' host platform device count or
+  JAX_NUM_CPU_DEVICES, else 1; None where both of those are set (which wins is jax's)."""
+  environ = os.environ if environ is None else environ
+  if cpu_devices:
+    return cpu_devices
+  forced = re.search(r'--xla_force_host_platform_device_count=(\d+)', environ.get('XLA_FLAGS', ''))
+  number = environ.get('JAX_NUM_CPU_DEVICES', '').strip()
+  if forced and number:
+    return None
+  if forced:
+    return int(forced.group(1))
+  return int(number) if number.isdigit() and int(number) > 0 else 1
 
 
 def prepare(cpu_devices: int) -> str:

@@ -37,7 +37,7 @@ from vit_jax.base.sizes import pair
 from vit_jax.checkpoints import hf_hub
 from vit_jax.checkpoints.formats import big_vision, hub, release, timm, transformers
 from vit_jax.checkpoints.formats.fit import fitted, model_of
-from vit_jax.checkpoints.formats.layout import Loaded, check_finite, flatten, to_release
+from vit_jax.checkpoints.formats.layout import Loaded, flatten, to_release
 from vit_jax.checkpoints.run import record
 from vit_jax.data.preprocess import EvalSpec
 from vit_jax.models import VisionTransformer, get_model, registry
@@ -140,8 +140,9 @@ def load_folder(folder: str | os.PathLike, origin: str | None = None) -> Loaded:
     raise errors.CheckpointError(f'{origin} has no {hf_hub.CONFIG} of timm ("architecture") or '
                                  'transformers ("model_type"): not a Hub checkpoint folder.')
   config = hub.read_json(paths.path(folder) / hf_hub.CONFIG)
-  kwargs, flat, class_names = _READERS[kind](config, hub.read_weights(folder), origin)
-  check_finite(flat, origin)
+  tensors = hub.read_weights(folder)
+  hub.check_tensors(tensors, origin)  # Floating point and finite, by the file's names.
+  kwargs, flat, class_names = _READERS[kind](config, tensors, origin)
   num_classes = kwargs.pop('num_classes')
   model = get_model('b16', num_classes=num_classes, **kwargs)
   params = fitted(flat, model, origin, model.grid, source_model=model)

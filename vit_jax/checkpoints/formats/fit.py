@@ -281,7 +281,8 @@ def _describe(flat: Mapping[str, Any]) -> str:
 
 def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_config: Any, *,
           keep_head: bool = False, source_grid: tuple[int, int] | None = None,
-          origin: str = 'checkpoint', source_model: VisionTransformer | None = None) -> Params:
+          origin: str = 'checkpoint', source_model: VisionTransformer | None = None,
+          count: bool = True) -> Params:
   """Adapts pre-trained parameters (flat, release layout) to a model, for fine-tuning.
 
   Args:
@@ -300,6 +301,8 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
     source_model: the model the parameters are of, where known (a workdir's, a timm or
       transformers folder's): its position embeddings' prefix rows, and the options to
       name where the model does not fit. None: the release layout (a row per prefix token).
+    count: log how many arrays were loaded (not for a checkpoint read into its own model,
+      ``fitted``, which a fine-tune then adapts, and logs, again).
 
   Returns:
     Params in ``init_params``' layout: pre-logits kept or dropped as the model
@@ -358,7 +361,8 @@ def adapt(source: Mapping[str, Any], init_params: Mapping[str, Any], model_confi
   for head in HEADS if not keep_head else ():
     if f'{head}/kernel' in target:
       log('%s: new zero-initialised classifier %s', head, target[f'{head}/kernel'].shape)
-  log('%d arrays loaded', len(target))
+  if count:
+    log('%d arrays loaded', len(target))
   return layout.to_model_layout(layout.unflatten(loaded), scanned=layout.is_scanned(init))
 
 
@@ -467,4 +471,4 @@ def fitted(flat: Mapping[str, Any], model: VisionTransformer, origin: str,
   init = jax.eval_shape(model.init, jax.random.key(0),
                         jax.ShapeDtypeStruct((1, *pair(model.image_size), 3), np.float32))
   return adapt(flat, init['params'], model, keep_head=True, source_grid=source_grid,
-               origin=origin, source_model=source_model)
+               origin=origin, source_model=source_model, count=False)

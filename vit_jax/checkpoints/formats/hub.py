@@ -22,9 +22,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from etils import epath
 
 from vit_jax.base import errors, paths
+from vit_jax.checkpoints import headers
 from vit_jax.checkpoints.formats.layout import POSEMB_KEY
 from vit_jax.checkpoints.hf_hub import CONFIG, WEIGHTS, WEIGHTS_INDEX
 from vit_jax.models import VisionTransformer
@@ -39,7 +39,12 @@ def _safetensors_dtypes() -> dict[str, Any]:
 
   return {'F64': np.float64, 'F32': np.float32, 'F16': np.float16, 'BF16': ml_dtypes.bfloat16,
           'I64': np.int64, 'I32': np.int32, 'I16': np.int16, 'I8': np.int8, 'U8': np.uint8,
-          'BOOL': np.bool_}  # Integers (a BatchNorm's count): refused by what holds them.
+          'BOOL': np.bool_}  # Integers (a BatchNorm's count): see ``check_tensors``.
+
+
+# The one integer tensor a torch vision model keeps (a BatchNorm's count of batches): no
+# floating-point array of a model is read from it.
+_COUNTS = 'num_batches_tracked'
 
 
 # ---------------------------------------------------------------------------
@@ -93,21 +98,21 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
   return out
 
 
-def _check_size(path: epath.Path) -> None:
-  """A .safetensors file's length is what its header says (8 bytes, the header, the tensors)."""
-  size, end = path.stat().length, None
-  with path.open('rb') as f:
-    length = int.from_bytes(f.read(8), 'little')
-    try:
-      header = json.loads(f.read(length)) if length < size else {}
-      end = 8 + length + max((t['data_offsets'][1] for k, t in header.items()
-                              if k != '__metadata__'), default=0)
-    except (ValueError, TypeError, AttributeError, KeyError, IndexError):
-      pass
-  if end != size:
-    raise errors.CheckpointError(f'{path} is not a safetensors file: its header does not '
-                                 'describe its bytes (a damaged or partial download, or '
-                                 'another kind of file). Download it again.')
+def check_tensors(tensors: Mapping[str, np.ndarray], origin: str) -> None:
+  """Refuses, by the file's own tensor name, a tensor that cannot be the floating-point array
+  the model holds: an integer or boolean one (its values truncated: 0.96 read as 0), other than
+  a BatchNorm's count, or one that holds NaN or Inf."""
+  for name, value in tensors.items():
+    floating = value.dtype.kind == 'f' or value.dtype.name == 'bfloat16'
+    if not floating and name.rsplit('.', 1)[-1] != _COUNTS:
+      raise errors.CheckpointError(
+          f'{origin}: {name} is {value.dtype.name}, but the model holds it as floating point '
+          '(its values would be truncated): save the weights again as float32, float16 or '
+          'bfloat16.')
+    if floating and not np.isfinite(np.asarray(value, np.float32)).all():
+      raise errors.NonFiniteCheckpointError(
+          f'{origin}: {name} holds NaN or Inf: these are not weights a model can use. Take an '
+          'earlier checkpoint of the run it comes from.')
 
 
 def read_weights(folder: str | os.PathLike,
@@ -116,7 +121,7 @@ def read_weights(folder: str | os.PathLike,
   only each file's header and size are read, for a damaged or partial file's error before a run
   writes anything: None."""
   root = paths.path(folder)
-  read = read_safetensors if arrays else _check_size
+  read = read_safetensors if arrays else headers.check_safetensors
   if paths.is_file(root / WEIGHTS):
     return read(root / WEIGHTS)
   if paths.is_file(root / WEIGHTS_INDEX):

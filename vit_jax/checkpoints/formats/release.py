@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from vit_jax.base import errors, paths
+from vit_jax.checkpoints import headers
 from vit_jax.checkpoints.formats import big_vision, hub, layout
 from vit_jax.checkpoints.formats.fit import adapt, model_of, model_options
 from vit_jax.checkpoints.formats.layout import Loaded, Params, check_finite, flatten, to_host
@@ -27,7 +28,6 @@ from vit_jax.models import VisionTransformer
 from vit_jax.models.vit import LN_EPSILON
 
 _CHUNK = 64 << 20  # Bytes per write of a file built in memory (save_npz).
-_ZIP_MAGIC, _NPY_MAGIC = b'PK\x03\x04', b'\x93NUMPY'
 # An exported model's config.model options (``fit.model_options``), as a JSON string, where the
 # release's reader would not compute what it does from the arrays alone (``npz_problem``).
 OPTIONS_KEY = 'config.model'
@@ -51,33 +51,18 @@ def read_npz(path: str | os.PathLike,
   if not paths.is_file(path):
     raise errors.MissingFileError(f'No checkpoint file at {path}: name a release .npz file (the '
                                   'docs/checkpoints.md says where to get them).')
+  headers.check_npz(path)  # Its first bytes and zip directory: damaged, partial, a .npy file?
+  if not arrays:
+    return None
   try:
-    with paths.path(path).open('rb') as f:
-      magic = f.read(len(_NPY_MAGIC))
-      if magic.startswith(_NPY_MAGIC):
-        raise errors.CheckpointError(f'{path} is not a .npz checkpoint: it holds a single array '
-                                     '(a .npy file), not a named archive of arrays.')
-      if not magic.startswith(_ZIP_MAGIC):
-        raise errors.CheckpointError(
-            f'{path} is not a .npz checkpoint: it does not begin as a zip archive does (a '
-            'damaged or partial download, or another kind of file). Download it again.')
-      f.seek(0)
-      with np.load(f, allow_pickle=False) as archive:
-        flat = {k: archive[k] for k in archive.files} if arrays else None
-  except errors.UserError:
-    raise
+    with paths.path(path).open('rb') as f, np.load(f, allow_pickle=False) as archive:
+      flat = {k: archive[k] for k in archive.files}
   except (ValueError, zipfile.BadZipFile, EOFError, zlib.error) as e:
-    what = ('holds Python objects (pickled), which a checkpoint never has' if 'pickle' in str(e)
-            else f'is damaged ({type(e).__name__}: {e})')
-    raise errors.CheckpointError(f'{path} is not a .npz checkpoint numpy can read: it {what}. '
-                                 'Release checkpoints are .npz archives of float32 arrays; '
-                                 'download it again.') from None
+    raise headers.unreadable_npz(path, e) from None
   except Exception as e:
     if paths.filesystem_error(e):
       raise paths.unreachable(path, e) from None
     raise
-  if flat is None:
-    return None
   options = json.loads(str(flat.pop(OPTIONS_KEY))) if OPTIONS_KEY in flat else {}
   flat = big_vision.canonical(flat, path)
   check_finite(flat, path)

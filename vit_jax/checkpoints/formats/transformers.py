@@ -452,6 +452,12 @@ def preprocessor_config(model: VisionTransformer, spec: EvalSpec | None = None
   h, w = pair(model.image_size)
   scaled = [math.floor(s / spec.crop_pct + 1e-6) for s in (h, w)]
   shorter, crop = spec.resize == 'shorter', scaled != [h, w]
+  if shorter and h != w:  # Their shortest_edge resize would crop another part of the image.
+    raise errors.CheckpointError(
+        f"transformers' image processors cannot resize as this checkpoint's preprocessing does "
+        f'at {h}x{w} (keep the aspect ratio, cover {scaled[0]}x{scaled[1]}, then crop: '
+        "timm's rule): export it as format='timm' (--format=timm), or as format='npz' and give the "
+        'preprocessing (--pp) where it is used.')
   processor = _CLASSES[model_type(model)][2]
   if shorter and processor not in ('CLIPImageProcessor', 'BitImageProcessor'):
     processor = 'BitImageProcessor'

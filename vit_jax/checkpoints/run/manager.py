@@ -267,6 +267,9 @@ def recorded(step_dir: epath.Path) -> dict[str, dict[str, Any]] | None:
   return (metadata.get('custom_metadata') or {}).get(ARRAYS)
 
 
+_UNVERIFIED: set[str] = set()  # The checkpoints said to be restored unverified, in this process.
+
+
 def verify(tree: Any, arrays: dict[str, dict[str, Any]] | None,
            step_dir: epath.Path) -> tuple[str, list[str]]:
   """(The problem of the restored ``tree`` against the record ``arrays``, '' if none; the
@@ -274,8 +277,10 @@ def verify(tree: Any, arrays: dict[str, dict[str, Any]] | None,
   sums = checksum.summary(tree)
   nonfinite_paths = [path for path, (_, finite) in sums.items() if not finite]
   if arrays is None:
-    logging.warning('%s has no checksums (written by an older vit_jax): restored unverified.',
-                    step_dir)
+    if str(step_dir) not in _UNVERIFIED:  # Once: a command may read it twice (export --evaluate).
+      _UNVERIFIED.add(str(step_dir))
+      logging.warning('%s has no checksums (written by an older vit_jax): restored unverified.',
+                      step_dir)
     return '', nonfinite_paths
   bad = [path for path, (value, _) in sums.items()
          if arrays.get(path, {}).get('checksum') != value]
@@ -357,8 +362,12 @@ def read_problem(e: BaseException, step_dir: epath.Path) -> str:
   """What went wrong reading a checkpoint, in a line naming the damaged file where known.
 
   Orbax wraps TensorStore's error (which names the array chunk) in an exception whose
-  text is a dump of the TensorStore spec: the innermost error is the one that says.
+  text is a dump of the TensorStore spec: the innermost error is the one that says. A file
+  every restore needs that is not there is named as such (Orbax's own text quotes a repr).
   """
+  if missing := [name for name in _NEEDED if not (step_dir / name).exists()]:
+    what = 'folder' if missing[0] == 'default' else 'file'
+    return f'its {what} {step_dir / missing[0]} is missing'
   inner = causes(e)[-1]
   problem = errors.short(inner)
   match = re.search(r'Error reading "([^"]+)" in OCDBT database at local file "([^"]+)"',
