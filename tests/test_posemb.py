@@ -92,6 +92,23 @@ def test_attention_scores_depend_only_on_the_patches_offset():
   assert not np.allclose(turned_q[:, 1:], q[:, 1:])
 
 
+def test_a_rotary_only_model_takes_any_size_its_patches_tile():
+  """Built for 32x32, applied at 24x40: what the model built for 24x40 computes; a size the
+  patches do not tile, or a model with position embeddings at another size, is refused."""
+  kw = dict(num_classes=3, hidden_size=32, num_heads=2, mlp_dim=64, num_layers=2, patch_size=8,
+            rope='dinov3', posemb='none', pool='gap', class_token=False)
+  square, wide = (get_model('ti16', image_size=s, **kw) for s in (32, (24, 40)))
+  params = square.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))['params']
+  x = jax.random.uniform(jax.random.key(1), (2, 24, 40, 3), minval=-1, maxval=1)
+  chex.assert_trees_all_close(square.apply({'params': params}, x),
+                              wide.apply({'params': params}, x), atol=1e-6)
+  with pytest.raises(ValueError, match=r'expects NHWC images of shape \(batch, 32, 32, 3\)'):
+    square.apply({'params': params}, x[:, :20])
+  learned = get_model('ti16', image_size=32, **dict(kw, posemb='learn'))
+  with pytest.raises(ValueError, match=r'expects NHWC images of shape \(batch, 32, 32, 3\)'):
+    learned.apply(learned.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3))), x)
+
+
 def test_lowered_train_steps_are_unchanged_where_the_new_options_are_off():
   """The train step of each option mix in tests/data/lowered/steps.py lowers to the text it
   lowered to before the position encodings moved here (steps.json), hash for hash."""

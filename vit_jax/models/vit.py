@@ -205,7 +205,8 @@ class VisionTransformer(nn.Module):
     num_classes: classifier outputs; 0 or None returns the pooled features.
     patch_size: patch side in pixels (on the ResNet feature map for hybrids).
     hidden_size, num_layers, mlp_dim, num_heads: the encoder's shape.
-    image_size: input (height, width) the position embeddings are built for.
+    image_size: input (height, width) the position embeddings are built for; a model without
+      them (posemb='none': a rotary encoding alone) takes any size its patches tile.
     resnet_layers: units per BiT stage for hybrids (``()``: root only); None: no stem.
     resnet_width: BiT width factor.
     pool: 'token' (class token), 'gap' (mean of the patch tokens) or 'map' (attention
@@ -432,7 +433,13 @@ class VisionTransformer(nn.Module):
     ``mask``; before the position embeddings are added. None: no corruption.
     """
     expected = pair(self.image_size) + (3,)
-    if images.ndim != 4 or tuple(images.shape[1:]) != expected:
+    # Without position embeddings (a rotary encoding alone) any size whose sides the patches
+    # tile computes as it would: the encoding follows the grid.
+    sides, patch = images.shape[1:3], pair(self.patch_size)
+    any_size = (self.posemb == 'none' and self.resnet_layers is None and images.ndim == 4
+                and images.shape[-1] == 3 and sides[0] % patch[0] == 0
+                and sides[1] % patch[1] == 0)
+    if not any_size and (images.ndim != 4 or tuple(images.shape[1:]) != expected):
       raise ValueError(
           f'{self.model_name or "VisionTransformer"} expects NHWC images of shape '
           f'(batch, {expected[0]}, {expected[1]}, 3) in [-1, 1], got {tuple(images.shape)}. '
@@ -447,7 +454,7 @@ class VisionTransformer(nn.Module):
     x = nn.Conv(self.hidden_size, pair(self.patch_size), strides=pair(self.patch_size),
                 padding='VALID', name='embedding', **kw)(x)
     n, h, w, c = x.shape
-    assert (h, w) == self.grid, ((h, w), self.grid)
+    assert any_size or (h, w) == self.grid, ((h, w), self.grid)
     x = x.reshape(n, h * w, c)
     if self.mpp_outputs:
       mask_token = self.param('mask_token', nn.initializers.normal(stddev=0.02), (1, 1, c),
@@ -473,7 +480,7 @@ class VisionTransformer(nn.Module):
 
     output_tokens = None if self.is_mutable_collection('intermediates') else self.head_tokens
     x = Encoder(
-        num_layers=self.num_layers, grid=self.grid, options=self.block_options,
+        num_layers=self.num_layers, grid=(h, w), options=self.block_options,
         num_prefix_tokens=self.num_prefix_tokens, posemb=self.posemb,
         stochastic_depth=self.stochastic_depth, scan=self.scan, remat_policy=self.remat_policy,
         prefix_posemb=self.prefix_posemb, final_norm=not self.fc_norm, pre_norm=self.pre_norm,
