@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from vit_jax.models import get_model
-from vit_jax.models.vit import posemb_sincos_2d
+from vit_jax.models.posemb import posemb_sincos_2d
 from vit_jax.tools import analysis
 
 TINY = dict(image_size=(24, 40), patch_size=8, hidden_size=32, mlp_dim=64, num_heads=4,

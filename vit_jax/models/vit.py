@@ -36,7 +36,7 @@ from vit_jax.models.layers import (
   MultiHeadAttention,
   dense_init,
 )
-from vit_jax.models.posemb import POSEMBS, AddPositionEmbs, posemb_sincos_2d  # noqa: F401
+from vit_jax.models.posemb import POSEMBS
 
 Array = jax.Array
 Dtype = Any
@@ -115,8 +115,8 @@ class Encoder(nn.Module):
   of every attention (``vit_jax.models.posemb``). ``prefix_posemb``: the prefix tokens get
   learned position embeddings too (the release's layout); else only the patches do.
   ``final_norm=False`` leaves out the final LayerNorm (the model normalises after pooling
-  instead: ``fc_norm``). ``pre_norm``: a LayerNorm on the
-  embedded tokens before the first block, ``pre_norm`` (CLIP's ``ln_pre``).
+  instead: ``fc_norm``). ``pre_norm``: a LayerNorm on the embedded tokens before the first
+  block, ``pre_norm`` (CLIP's ``ln_pre``).
   """
 
   num_layers: int

@@ -21,7 +21,7 @@ import numpy as np
 from vit_jax.base.sizes import pair
 from vit_jax.checkpoints.formats import layout
 from vit_jax.models import VisionTransformer
-from vit_jax.models.vit import posemb_sincos_2d
+from vit_jax.models.posemb import posemb_sincos_2d
 
 Array = jax.Array
 POSEMB = ('Transformer', 'posembed_input', 'pos_embedding')
