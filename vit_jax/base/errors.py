@@ -5,10 +5,12 @@ names the problem and the fix, and the entry points (``run``) print it as ``erro
 with status 2 (``EXIT_STATUS``); any other exception is a bug and keeps its traceback (status 1).
 A job wrapper can also act on 65 (``DIVERGED_STATUS``: the training went non-finite; nothing
 non-finite was saved, and the same command would diverge again), 74 (``SAVE_FAILED_STATUS``: a
-checkpoint or the metrics could not be written; the earlier checkpoints are intact) and 75
-(``PREEMPTED_STATUS``: stopped by SIGTERM after saving; run the same command again to resume)
-and 69 (``PEER_LOST_STATUS``: another process of a multi-process run stopped answering; run
-the same command again to resume, as the launch scripts' ``--restarts=N`` do);
+checkpoint, the metrics or an export could not be written; the earlier checkpoints are
+intact), 75 (``PREEMPTED_STATUS``: stopped by SIGTERM or Ctrl-C after saving; run the same
+command again to resume), 130 (``INTERRUPTED_STATUS``: stopped at once by a second Ctrl-C,
+or by one before training started, saving nothing) and 69 (``PEER_LOST_STATUS``: another
+process of a multi-process run stopped answering; run the same command again to resume, as
+the launch scripts' ``--restarts=N`` do);
 docs/reliability.md. Each class is also the built-in exception callers expect (``ConfigError``
 is a ``ValueError``, ``MissingFileError`` a ``FileNotFoundError``).
 """
@@ -76,6 +78,13 @@ class Diverged(UserError, FloatingPointError):
 
 class CheckpointSaveError(UserError, OSError):
   """A checkpoint that could not be written (disk full, permission): exit status 74."""
+
+  exit_status = SAVE_FAILED_STATUS
+
+
+class WriteError(UserError, OSError):
+  """A file a command writes (an export) that could not be written (disk full, permission):
+  exit status 74, as a failed save; nothing was left behind (``paths.atomic_files``)."""
 
   exit_status = SAVE_FAILED_STATUS
 
@@ -174,27 +183,30 @@ def run(main: Callable[[list[str]], Any], arguments: bool = True, **kwargs: Any)
   app.run(one_line(checked), **kwargs)
 
 
-# (signs in the error's text, the cause in words, what to do): the common causes of a failed
-# save; anything else is named by its own message.
+# (signs in the error's text, the cause in words, what to do, what a run can also do): the
+# common causes of a failed save; anything else is named by its own message.
 SAVE_CAUSES = (
     (('No space left on device', "os_error_code='28'"), 'the disk is full',
-     'free space there (or lower config.keep_checkpoints)'),
+     'free space there', ' (or lower config.keep_checkpoints)'),
     (('Disk quota exceeded', "os_error_code='122'"), 'the disk quota is exceeded',
-     'free space there or raise the quota'),
+     'free space there or raise the quota', ''),
     (('Permission denied', "os_error_code='13'"), 'permission denied',
-     'make the workdir writable by this user'),
+     'make the {place} writable by this user', ''),
     (('Read-only file system', "os_error_code='30'"), 'the file system is read-only',
-     'use a writable workdir'),
+     'use a writable {place}', ''),
 )
 
 
-def write_failure(e: BaseException) -> tuple[str, str]:
+def write_failure(e: BaseException, run: bool = True) -> tuple[str, str]:
   """(the cause in words, what to do) of a failed write: one of ``SAVE_CAUSES`` with the OS's
-  words and the file, not TensorStore's or TensorFlow's long preamble; else its own message."""
+  words and the file, not TensorStore's or TensorFlow's long preamble; else its own message.
+  ``run``: the write of a training run (its workdir, its checkpoints), else of a command's
+  output (an export)."""
   text = str(e)
-  for signs, what, how in SAVE_CAUSES:
+  for signs, what, how, run_how in SAVE_CAUSES:
     if any(sign in text for sign in signs):
       written = re.findall(r'(?:Failed writing|Error writing local file):? "([^"]+)"', text)
+      how = how.format(place='workdir' if run else 'destination') + (run_how if run else '')
       return f'{what} ({signs[0]}{f", writing {written[-1]}" if written else ""})', how
   return short(e), 'fix the cause'
 
