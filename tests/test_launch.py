@@ -378,6 +378,23 @@ def test_readme_local_command_starts_two_processes(tmp_path):
   assert [flag(line, '--process_id') for line in lines[1:]] == ['0', '1']
 
 
+@pytest.mark.slow
+def test_readme_tpu_command_runs_as_written_with_its_export_line(tmp_path):
+  """The README's tpu_vm.sh up command, with only the settings of the export line beside it,
+  is one the launcher accepts (without them: 'PROJECT is not set')."""
+  text = (ROOT / 'README.md').read_text()
+  found = re.search(r'^export (.*)\n(launch/tpu_vm\.sh up (?:.*\\\n)*.*)$', text, re.M)
+  assert found, 'README.md has no launch/tpu_vm.sh up command with its export line above it'
+  settings = dict(word.split('=', 1) for word in shlex.split(found.group(1), comments=True))
+  assert settings.keys() == {'PROJECT', 'ZONE', 'TPU_NAME'}
+  argv = shlex.split(found.group(2).replace('\\\n', ' '))
+  lines = commands('tpu_vm.sh', *argv[1:], home=tmp_path, **settings)
+  create = lines[1]
+  assert create[:6] == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'create', settings['TPU_NAME']]
+  assert flag(create, '--project') == settings['PROJECT']
+  assert flag(create, '--zone') == settings['ZONE']
+
+
 def stand_in_python(tmp_path) -> pathlib.Path:
   """Stands in for python under local.sh: says which process it is, fails as process
   $FAIL, else runs until SIGTERM (which it ignores with $HANG set, like a hung run)."""
