@@ -47,8 +47,32 @@ def wait_for_checkpoint(process, workdir, step, timeout=300):
     time.sleep(0.05)
 
 
+# Runs a command with SIGINT's default action (a terminal's), though this process ignores it
+# (pytest-xdist's workers do): exec keeps an ignored signal ignored.
+AS_FROM_A_TERMINAL = [sys.executable, '-c', 'import os, signal, sys; signal.signal(signal.SIGINT, '
+                      'signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])']
+
+
+def ctrl_c(command, after, **kwargs):
+  """Starts ``command`` as from a terminal (SIGINT handled) and presses Ctrl-C (SIGINT to its
+  process group, as a terminal sends it) once a line of its output (stdout and stderr) matches
+  ``after``; returns its exit status and its lines from that one on."""
+  process = subprocess.Popen([*AS_FROM_A_TERMINAL, *command], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                             **kwargs)
+  lines, start = [], None
+  for line in process.stdout:
+    lines.append(line.rstrip('\n'))
+    if start is None and re.search(after, line):
+      start = len(lines) - 1
+      os.killpg(process.pid, signal.SIGINT)
+  process.wait(timeout=900)
+  assert start is not None, f'no line matched {after!r}: ' + '\n'.join(lines[-30:])
+  return process.returncode, lines[start:]
+
+
 @pytest.mark.slow
-def test_kill_9_and_sigterm_then_resume_equal_an_uninterrupted_run(tmp_path):
+def test_kill_9_sigterm_and_ctrl_c_then_resume_equal_an_uninterrupted_run(tmp_path):
   overrides = {'total_steps': 300, 'checkpoint_every_steps': 50, 'log_every_steps': 10}
   config = tiny_config(**overrides)
   main.train_and_evaluate(config, str(tmp_path / 'reference'))
@@ -73,11 +97,29 @@ def test_kill_9_and_sigterm_then_resume_equal_an_uninterrupted_run(tmp_path):
   preempted_at = max(checkpoint_steps(workdir))
   assert 150 <= preempted_at < 300
   assert 'checkpoint_manager.py' not in stderr  # No Orbax INFO lines by default ...
-  # 3. Restarted again: runs to the end.
+  # 3. Restarted, then Ctrl-C at its first training line: as SIGTERM, in two lines.
+  status, lines = ctrl_c(command, r'^step \d+/300 ', cwd=ROOT, env=env())
+  interrupted_at = max(checkpoint_steps(workdir))
+  assert status == errors.PREEMPTED_STATUS, '\n'.join(lines)
+  assert preempted_at < interrupted_at < 300
+  assert [line for line in lines[1:] if not re.match(r'step \d+/300 ', line)] == [
+      'warning: Ctrl-C: saving a checkpoint at the next step, then exiting (Ctrl-C again stops '
+      'at once, saving nothing).',
+      f'warning: Preempted: saved step {interrupted_at} in {workdir / "checkpoints"}; run the '
+      'same command again to resume.'], '\n'.join(lines)
+  # 4. Restarted, then Ctrl-C while it starts: it stops at once, in one line, saving nothing.
+  status, lines = ctrl_c(command, r'^Process 0 of 1', cwd=ROOT, env=env())
+  assert status == errors.INTERRUPTED_STATUS, '\n'.join(lines)
+  assert lines[-1] == (f'warning: Stopped by Ctrl-C: nothing saved past step {interrupted_at}, '
+                       'the newest checkpoint; run the same command again to resume from it.')
+  assert not [line for line in lines[1:-1] if line.startswith(('warning:', 'error:', 'Trace'))]
+  assert max(checkpoint_steps(workdir)) == interrupted_at
+  # 5. Restarted again: runs to the end.
   done = subprocess.run(command + ['--verbosity=0'], cwd=ROOT, env=env(), capture_output=True,
                         text=True)
   assert done.returncode == 0, done.stderr[-3000:]
-  assert f'Resumed from {workdir / "checkpoints"} at step {preempted_at}' in done.stderr
+  assert f'Resumed from {workdir / "checkpoints"} at step {interrupted_at}' in done.stderr
+  assert 'taking it over' not in done.stderr  # The stopped runs left the lock free.
   assert 'checkpoint_manager.py' in done.stderr  # ... and with --verbosity, they are back.
 
   chex.assert_trees_all_equal(restore_state(tmp_path / 'reference', config),
@@ -87,9 +129,10 @@ def test_kill_9_and_sigterm_then_resume_equal_an_uninterrupted_run(tmp_path):
   resumed = {m['step']: m['train/loss'] for m in read_metrics(workdir) if 'train/loss' in m}
   logged = [m['step'] for m in read_metrics(workdir) if 'train/loss' in m]
   assert logged == sorted(reference)  # Each step once, though some were logged twice.
-  # Each row is the mean loss since the last line: the first line after the restart at
-  # the preempted step means fewer steps, unless the preemption fell on a line.
-  partial = {s for s in resumed if preempted_at < s < preempted_at + 10}
+  # Each row is the mean loss since the last line: the first line after a restart at a
+  # preempted step means fewer steps, unless the preemption fell on a line.
+  partial = {s for s in resumed
+             if any(stop < s < stop + 10 for stop in (preempted_at, interrupted_at))}
   assert all(reference[s] == loss for s, loss in resumed.items() if s not in partial)
 
 

@@ -28,6 +28,7 @@ DIVERGED_STATUS = 65  # sysexits' EX_DATAERR: rerunning the same command fails t
 SAVE_FAILED_STATUS = 74
 PREEMPTED_STATUS = 75
 PEER_LOST_STATUS = 69  # sysexits' EX_UNAVAILABLE: a peer is gone; restart the run.
+INTERRUPTED_STATUS = 130  # A shell's 128 + SIGINT: stopped at once by Ctrl-C.
 
 
 class UserError(Exception):
@@ -103,6 +104,13 @@ class Preempted(Exception):  # noqa: N818 (not an error: the run saved and stopp
   exit_status = PREEMPTED_STATUS
 
 
+class Interrupted(Exception):  # noqa: N818 (not an error: the user stopped the run)
+  """Stopped at once by Ctrl-C (a second one while the run saves, or one before it trains):
+  exit status 130 after one ``warning:`` line saying what was saved; no traceback."""
+
+  exit_status = INTERRUPTED_STATUS
+
+
 class PeerLost(Exception):  # noqa: N818 (not the user's: a restart is the remedy)
   """Another process of a multi-process run stopped answering (``vit_jax.base.peers``): exit
   status 69 after one ``error:`` line naming it and the step the run resumes from."""
@@ -116,8 +124,8 @@ class UsageError(UserError):
 
 def one_line(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
   """``main`` with a ``UserError`` (or absl's ``app.UsageError``) printed as one line on
-  stderr (exit status 2, or the error's own ``exit_status``) and ``Preempted`` as exit
-  status 75."""
+  stderr (exit status 2, or the error's own ``exit_status``), ``Preempted`` as exit status 75
+  and Ctrl-C (``Interrupted``, ``KeyboardInterrupt``) as one line and exit status 130."""
   from absl import app
 
   def wrapped(argv: list[str]) -> Any:
@@ -125,6 +133,9 @@ def one_line(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
       return main(argv)
     except Preempted:
       sys.exit(PREEMPTED_STATUS)
+    except (Interrupted, KeyboardInterrupt) as e:
+      print(f'warning: {e or "Stopped by Ctrl-C."}', file=sys.stderr, flush=True)
+      sys.exit(INTERRUPTED_STATUS)
     except UserError as e:
       sys.exit(report(e))
     except app.UsageError as e:
