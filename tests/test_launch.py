@@ -308,6 +308,39 @@ def test_gpu_host_runs_one_process_on_the_gpus_it_is_given(tmp_path):
 
 
 @pytest.mark.slow
+def test_gpu_host_keeps_showing_and_logging_the_run_after_ctrl_c(tmp_path):
+  """A terminal's Ctrl-C reaches the run (which saves, then says so) and the launcher's tee:
+  the tee must outlive it, or the run's last lines are lost (and its writes fail)."""
+  bin_ = tmp_path / 'bin'
+  bin_.mkdir()
+  (bin_ / 'nvidia-smi').write_text('#!/bin/sh\necho "GPU 0: stand-in"\n')
+  (bin_ / 'python').write_text(  # As vit_jax.main: Ctrl-C saves (a moment), says so, exits 75.
+      '#!/bin/sh\ntrap \'sleep 0.5; echo "saved at Ctrl-C"; exit 75\' INT\necho started\n'
+      'while :; do sleep 0.05; done\n')
+  for stand_in in bin_.iterdir():
+    stand_in.chmod(0o755)
+  log = tmp_path / 'run.log'
+  launcher = subprocess.Popen(
+      [str(LAUNCH / 'gpu_host.sh'), '--workdir=/w', '--config=c.py', f'--log={log}',
+       f'--python={bin_ / "python"}'], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+      text=True, start_new_session=True,
+      env={'PATH': f'{bin_}:{os.environ["PATH"]}', 'HOME': str(tmp_path)},
+      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+  deadline = time.time() + 20
+  while not (log.exists() and 'started' in log.read_text()):
+    assert time.time() < deadline and launcher.poll() is None
+    time.sleep(0.05)
+  os.killpg(launcher.pid, signal.SIGINT)
+  stdout, _ = launcher.communicate(timeout=20)
+  assert launcher.returncode == 75
+  assert stdout.endswith('saved at Ctrl-C\n')
+  deadline = time.time() + 5  # The tee may end a moment after the run.
+  while not log.read_text().endswith('saved at Ctrl-C\n'):
+    assert time.time() < deadline, log.read_text()
+    time.sleep(0.05)
+
+
+@pytest.mark.slow
 def test_slurm_starts_one_process_per_gpu_with_srun(tmp_path):
   text = (LAUNCH / 'slurm.sbatch').read_text()
   sbatch = dict(re.findall(r'^#SBATCH --([a-z-]+)=(\S+)$', text, re.M))

@@ -232,6 +232,50 @@ def test_a_killed_process_is_restarted_and_the_run_ends_as_if_uninterrupted(two_
         k: reference[m['step']][k] for k in m if 'per_s' not in k and 'mfu' not in k}
 
 
+@pytest.mark.slow
+def test_ctrl_c_stops_the_launcher_in_two_lines_and_a_lost_coordinator_is_restarted(
+    two_processes, tmp_path):
+  """launch/local.sh as from a terminal: at Ctrl-C every process saves the same step, and all
+  that is printed after it is the launcher's line and the step saved (before: 46 lines of
+  jax's preemption notifier, Orbax's sync point per thread and the launcher's reprint of a
+  log). Then, run again with --restarts=1, process 0 (the coordinator) is killed: jax aborts
+  the other (status 134), one line says so, both start again, and the run ends bitwise where
+  the uninterrupted one did."""
+  workdir = tmp_path / 'stopped'
+  command = local_launch_command(workdir, **TWO_PROCESSES)
+  # As a user runs it: jax's C++ warnings on (the line of the SIGTERM its notifier caught).
+  as_a_user = {k: v for k, v in env().items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
+  status, lines = ctrl_c(command, r'^step 5/20 ', cwd=ROOT, env=as_a_user)
+  assert status == errors.PREEMPTED_STATUS, '\n'.join(lines)
+  saved = max(checkpoint_steps(workdir))
+  assert 5 < saved < 20
+  assert [line for line in lines[1:] if not re.match(r'step \d+/20 ', line)] == [
+      'stopping: every process saves a checkpoint, then exits (Ctrl-C again kills them)',
+      f'warning: Preempted: saved step {saved} in {workdir / "checkpoints"}; run the same '
+      'command again to resume.'], '\n'.join(lines)
+  assert 'preemption_notifier.cc' in (workdir / 'logs' / 'process_0.log').read_text()
+
+  split = command.index('--')
+  command = [*command[:split], '--restarts=1', '--', '--peer_timeout=5', *command[split + 1:]]
+  launcher = subprocess.Popen(command, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+  log = workdir / 'logs' / 'process_0.log'
+  start = time.time()
+  while f'Resumed from {workdir / "checkpoints"} at step {saved}' not in log.read_text():
+    assert launcher.poll() is None and time.time() - start < 300, log.read_text()[-3000:]
+    time.sleep(0.05)
+  os.kill(child_pid(launcher.pid, '--process_id=0'), signal.SIGKILL)
+  _, stderr = launcher.communicate(timeout=900)
+  assert launcher.returncode == 0, stderr[-3000:]
+  restarts = [line for line in stderr.splitlines() if line.startswith('local.sh: restart')]
+  assert restarts == ['local.sh: restart 1 of 1: process 0 (the coordinator) exited with status '
+                      "137 (process 1: 134, jax's abort on losing process 0, the coordinator); "
+                      'every process starts again from the newest good checkpoint'], stderr
+  config = tiny_config(**TWO_PROCESSES)
+  chex.assert_trees_all_equal(restore_state(two_processes, config),
+                              restore_state(workdir, config))
+
+
 ABSL_PREFIX = re.compile(r'^[DIWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w.]+:\d+\]')
 
 
