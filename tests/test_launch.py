@@ -553,20 +553,23 @@ def test_local_launcher_restarts_what_a_restart_can_mend(tmp_path, status, times
 
 
 @pytest.mark.slow
-def test_slurm_restarts_a_failed_srun_in_the_same_allocation(tmp_path):
-  """A stand-in srun killed at its first start: run again once, one line."""
+@pytest.mark.parametrize('status, words', [
+    (137, '137'),  # A process killed.
+    (134, "134, jax's abort on losing process 0, the coordinator")])  # Process 0 lost.
+def test_slurm_restarts_a_failed_srun_in_the_same_allocation(tmp_path, status, words):
+  """A stand-in srun failed at its first start: run again once, one line."""
   bin_dir = tmp_path / 'bin'
   bin_dir.mkdir()
   srun = bin_dir / 'srun'
   srun.write_text(f'#!/bin/sh\nn=$(cat {tmp_path}/n 2>/dev/null || echo 0)\n'
-                  f'echo $((n + 1)) > {tmp_path}/n\n[ "$n" -ge 1 ] || exit 137\n')
+                  f'echo $((n + 1)) > {tmp_path}/n\n[ "$n" -ge 1 ] || exit {status}\n')
   srun.chmod(0o755)
   done = script('slurm.sbatch', f'--workdir={tmp_path}', '--config=c.py', '--restarts=3',
                 home=tmp_path, SLURM_JOB_ID='42', PATH=f'{bin_dir}:{os.environ["PATH"]}')
   assert done.returncode == 0, done.stderr
   assert [line for line in done.stderr.splitlines() if line.startswith('slurm.sbatch: r')] == [
-      'slurm.sbatch: restart 1 of 3: srun exited with status 137; every process starts again '
-      'from the newest good checkpoint']
+      f'slurm.sbatch: restart 1 of 3: srun exited with status {words}; every process starts '
+      'again from the newest good checkpoint']
   assert (tmp_path / 'n').read_text() == '2\n'
 
 
