@@ -249,7 +249,9 @@ def test_ctrl_c_stops_the_launcher_in_two_lines_and_a_lost_coordinator_is_restar
   assert status == errors.PREEMPTED_STATUS, '\n'.join(lines)
   saved = max(checkpoint_steps(workdir))
   assert 5 < saved < 20
-  assert [line for line in lines[1:] if not re.match(r'step \d+/20 ', line)] == [
+  # (The training's own lines, where the stop comes late on a busy machine, are not the stop's.)
+  assert [line for line in lines[1:] if not re.match(r'(step \d+/20|eval at step \d+:) ', line)
+          ] == [
       'stopping: every process saves a checkpoint, then exits (Ctrl-C again kills them)',
       f'warning: Preempted: saved step {saved} in {workdir / "checkpoints"}; run the same '
       'command again to resume.'], '\n'.join(lines)
