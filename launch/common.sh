@@ -69,6 +69,17 @@ note() {
   fi
 }
 
+# status_words STATUS: the exit status, with what it means where a launcher knows it: 134 is
+# jaxlib's abort of the other processes when process 0, the coordinator (it holds jax's
+# coordination service), is gone: about 200 lines of thread dumps in their logs, no fault of theirs.
+status_words() {
+  if (($1 == 134)); then
+    printf "%s, jax's abort on losing process 0, the coordinator" "$1"
+  else
+    printf '%s' "$1"
+  fi
+}
+
 # restartable STATUS: whether a run that exited with STATUS is started again by --restarts:
 # not after 0, nor after what the same command meets again (vit_jax/base/errors.py: 1 a bug,
 # 2 a user error, 65 a divergence, 74 a failed save); after 69 (a process stopped answering),

@@ -56,6 +56,10 @@ fi
 mkdir -p "$(dirname "$LOG")"
 note "log: $LOG"
 printf '+ %s\n' "$(quote "${command[@]}")" >&2
-# The run replaces this shell, so that signals (SIGTERM: save and exit) reach it.
-exec > >(tee -a "$LOG") 2>&1
+# The run replaces this shell, so that signals (SIGTERM, Ctrl-C: save and exit) reach it. The
+# tee ignores Ctrl-C: the run must be able to write while it saves (and say which step).
+exec > >(
+  trap '' INT
+  exec tee -a "$LOG"
+) 2>&1
 exec "${command[@]}"

@@ -13,9 +13,11 @@
 # launcher exits with the failed process's status; with --restarts=N it starts
 # every process again instead (they resume from the newest good checkpoint), up
 # to N times, one line each, unless the failure would come again (a user error,
-# a divergence, a failed save: docs/scale.md). Ctrl-C (or SIGTERM) is passed
-# on as SIGTERM: the run saves a checkpoint and exits; run again to resume. A
-# second Ctrl-C kills the processes.
+# a divergence, a failed save: docs/scale.md); when process 0 (the coordinator)
+# dies, jax aborts the others (status 134): one line says so, and restarts them
+# as any other failure. Ctrl-C (or SIGTERM) is passed on as SIGTERM: the run
+# saves a checkpoint and exits (status 75), saying which step it saved; run the
+# same command again to resume. A second Ctrl-C kills the processes.
 #
 # Options (or the environment variable in capitals):
 #   --workdir=DIR          WORKDIR        required: checkpoints and logs
@@ -71,10 +73,11 @@ xla_flags+=("--xla_force_host_platform_device_count=$CPU_DEVICES")
 run mkdir -p "$LOGDIR"
 if [[ $DRY_RUN != 1 ]]; then
   # Process 0: shown here and kept in its log. The tee ignores Ctrl-C, which is for the
-  # launcher to pass on: process 0 must be able to write while it saves.
+  # launcher to pass on: process 0 must be able to write while it saves. jax's C++ line for
+  # the SIGTERM it was sent ('preemption_notifier.cc ... SIGTERM caught') is for the log only.
   exec {tee_fd}> >(
     trap '' INT
-    exec tee -a "$LOGDIR/process_0.log"
+    tee -a "$LOGDIR/process_0.log" | { grep --line-buffered -v 'preemption_notifier\.cc' || true; }
   )
   tee_pid=$!
 fi
@@ -97,7 +100,7 @@ stop() {
     done
   else
     stopping=1
-    note "stopping: SIGTERM to every process (each saves a checkpoint); again to kill them"
+    note "stopping: every process saves a checkpoint, then exits (Ctrl-C again kills them)"
     terminate
   fi
 }
@@ -146,9 +149,16 @@ start_all() {
       finished[$i]=$rc
       if ((rc != 0 && STATUS == 0)); then
         STATUS=$rc FAILED=$i
-        if ! restarting; then
-          printf '%s: process %d exited with status %d; the end of %s:\n' \
-            "$(basename "$0")" "$i" "$rc" "${logs[i]}" >&2
+        if ((stopping && rc == 75)); then
+          :  # Stopped as asked, and saved: process 0's line says which step.
+        elif restarting; then
+          :  # One line, below.
+        elif ((rc == 134)); then  # jax's abort, not this process's fault: its dumps stay in its log.
+          printf '%s: process %d exited with status %s; its log: %s\n' \
+            "$(basename "$0")" "$i" "$(status_words "$rc")" "${logs[i]}" >&2
+        else
+          printf '%s: %s exited with status %d; the end of %s:\n' \
+            "$(basename "$0")" "$(process_name "$i")" "$rc" "${logs[i]}" >&2
           tail -n 30 "${logs[i]}" >&2
         fi
         terminate
@@ -165,9 +175,18 @@ start_all() {
   done
   OTHERS=()
   for i in "${!pids[@]}"; do
-    [[ $i == "${FAILED:-}" ]] || OTHERS+=("process $i: ${finished[$i]}")
+    [[ $i == "${FAILED:-}" ]] || OTHERS+=("process $i: $(status_words "${finished[$i]}")")
   done
   return 0
+}
+
+# process_name I: 'process I', and for process 0 of several, what it is to the others.
+process_name() {
+  if (($1 == 0 && NUM_PROCESSES > 1)); then
+    printf 'process 0 (the coordinator)'
+  else
+    printf 'process %d' "$1"
+  fi
 }
 
 # Whether the failure in STATUS is restarted: restarts left, not stopped by the user, and
@@ -184,13 +203,14 @@ if [[ $DRY_RUN == 1 ]]; then
 fi
 while ((STATUS != 0)) && restarting; do
   restarts=$((restarts + 1))
-  others=$(IFS=,; echo "${OTHERS[*]}")
-  printf '%s: restart %d of %d: process %d exited with status %d (%s); every process starts again from the newest good checkpoint\n' \
-    "$(basename "$0")" "$restarts" "$RESTARTS" "$FAILED" "$STATUS" "${others//,/, }" >&2
+  others=$(IFS=';'; echo "${OTHERS[*]}")
+  printf '%s: restart %d of %d: %s exited with status %s (%s); every process starts again from the newest good checkpoint\n' \
+    "$(basename "$0")" "$restarts" "$RESTARTS" "$(process_name "$FAILED")" "$(status_words "$STATUS")" "${others//;/; }" >&2
   start_all
 done
 status=$STATUS
 exec {tee_fd}>&-
 wait "$tee_pid" || true
-note "logs: $LOGDIR/process_{0..$((NUM_PROCESSES - 1))}.log"
+# A stop asked for and done (every process saved): process 0's line said it all.
+((stopping && status == 75)) || note "logs: $LOGDIR/process_{0..$((NUM_PROCESSES - 1))}.log"
 exit "$status"

@@ -285,7 +285,7 @@ up_and_watch() {
         note "a worker's run exited with status $failure: not restarted (its log says why)"
         exit "$failure"
       fi
-      failure="a worker's run exited with status $failure"
+      failure="a worker's run exited with status $(status_words "$failure")"
     fi
     if ((restarts == RESTARTS)); then
       note "$failure; no restart left (--restarts=$RESTARTS)"

@@ -575,6 +575,36 @@ def test_a_failed_save_outside_the_loop_is_the_same_one_error(tiny_run, small_di
   assert workdir.steps(small_disk) == []
 
 
+@pytest.mark.parametrize('format, out', [('npz', 'model.npz'), ('timm', 'timm')])
+def test_an_export_to_a_full_disk_is_one_error_and_leaves_nothing(tiny_run, small_disk, format,
+                                                                   out):
+  """A real full disk (the tiny run's export takes ~80 KiB; 8 KiB are left): one error naming
+  the cause and the path, and nothing on the disk but what was there (before: a truncated
+  model.safetensors, or a hidden .model.npz.tmp-PID, and a traceback)."""
+  fill(small_disk, leave=8 << 10)
+  target = small_disk / out
+  with pytest.raises(errors.WriteError) as raised:
+    export.export(str(tiny_run), str(target), format=format)
+  assert str(raised.value) == (
+      f'Writing {target} failed: the disk is full (No space left on device). Nothing was '
+      'written there: free space there, then run the same command again.')
+  assert raised.value.exit_status == errors.SAVE_FAILED_STATUS
+  assert os.listdir(small_disk) == ['filler']
+
+
+@pytest.mark.slow
+def test_the_export_command_on_a_full_disk_says_one_line(tiny_run, small_disk):
+  fill(small_disk, leave=8 << 10)
+  done = subprocess.run([sys.executable, '-m', 'vit_jax.tools.export', f'--workdir={tiny_run}',
+                         '--format=timm', f'--out={small_disk / "timm"}'], cwd=ROOT, env=env(),
+                        capture_output=True, text=True, timeout=600)
+  assert done.returncode == errors.SAVE_FAILED_STATUS, done.stderr[-3000:]
+  assert done.stderr.splitlines() == [  # The one line, nothing else.
+      f'error: Writing {small_disk / "timm"} failed: the disk is full (No space left on '
+      'device). Nothing was written there: free space there, then run the same command again.']
+  assert os.listdir(small_disk) == ['filler']
+
+
 # ---------------------------------------------------------------------------
 # Divergence: a bad batch (its labels NaN, through the loader's test hook) at a known step.
 

@@ -308,6 +308,39 @@ def test_gpu_host_runs_one_process_on_the_gpus_it_is_given(tmp_path):
 
 
 @pytest.mark.slow
+def test_gpu_host_keeps_showing_and_logging_the_run_after_ctrl_c(tmp_path):
+  """A terminal's Ctrl-C reaches the run (which saves, then says so) and the launcher's tee:
+  the tee must outlive it, or the run's last lines are lost (and its writes fail)."""
+  bin_ = tmp_path / 'bin'
+  bin_.mkdir()
+  (bin_ / 'nvidia-smi').write_text('#!/bin/sh\necho "GPU 0: stand-in"\n')
+  (bin_ / 'python').write_text(  # As vit_jax.main: Ctrl-C saves (a moment), says so, exits 75.
+      '#!/bin/sh\ntrap \'sleep 0.5; echo "saved at Ctrl-C"; exit 75\' INT\necho started\n'
+      'while :; do sleep 0.05; done\n')
+  for stand_in in bin_.iterdir():
+    stand_in.chmod(0o755)
+  log = tmp_path / 'run.log'
+  launcher = subprocess.Popen(
+      [str(LAUNCH / 'gpu_host.sh'), '--workdir=/w', '--config=c.py', f'--log={log}',
+       f'--python={bin_ / "python"}'], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+      text=True, start_new_session=True,
+      env={'PATH': f'{bin_}:{os.environ["PATH"]}', 'HOME': str(tmp_path)},
+      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+  deadline = time.time() + 20
+  while not (log.exists() and 'started' in log.read_text()):
+    assert time.time() < deadline and launcher.poll() is None
+    time.sleep(0.05)
+  os.killpg(launcher.pid, signal.SIGINT)
+  stdout, _ = launcher.communicate(timeout=20)
+  assert launcher.returncode == 75
+  assert stdout.endswith('saved at Ctrl-C\n')
+  deadline = time.time() + 5  # The tee may end a moment after the run.
+  while not log.read_text().endswith('saved at Ctrl-C\n'):
+    assert time.time() < deadline, log.read_text()
+    time.sleep(0.05)
+
+
+@pytest.mark.slow
 def test_slurm_starts_one_process_per_gpu_with_srun(tmp_path):
   text = (LAUNCH / 'slurm.sbatch').read_text()
   sbatch = dict(re.findall(r'^#SBATCH --([a-z-]+)=(\S+)$', text, re.M))
@@ -376,6 +409,23 @@ def test_readme_local_command_starts_two_processes(tmp_path):
   assert argv[0] == 'launch/local.sh'
   lines = commands('local.sh', *argv[1:], home=tmp_path)
   assert [flag(line, '--process_id') for line in lines[1:]] == ['0', '1']
+
+
+@pytest.mark.slow
+def test_readme_tpu_command_runs_as_written_with_its_export_line(tmp_path):
+  """The README's tpu_vm.sh up command, with only the settings of the export line beside it,
+  is one the launcher accepts (without them: 'PROJECT is not set')."""
+  text = (ROOT / 'README.md').read_text()
+  found = re.search(r'^export (.*)\n(launch/tpu_vm\.sh up (?:.*\\\n)*.*)$', text, re.M)
+  assert found, 'README.md has no launch/tpu_vm.sh up command with its export line above it'
+  settings = dict(word.split('=', 1) for word in shlex.split(found.group(1), comments=True))
+  assert settings.keys() == {'PROJECT', 'ZONE', 'TPU_NAME'}
+  argv = shlex.split(found.group(2).replace('\\\n', ' '))
+  lines = commands('tpu_vm.sh', *argv[1:], home=tmp_path, **settings)
+  create = lines[1]
+  assert create[:6] == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'create', settings['TPU_NAME']]
+  assert flag(create, '--project') == settings['PROJECT']
+  assert flag(create, '--zone') == settings['ZONE']
 
 
 def stand_in_python(tmp_path) -> pathlib.Path:
@@ -503,20 +553,23 @@ def test_local_launcher_restarts_what_a_restart_can_mend(tmp_path, status, times
 
 
 @pytest.mark.slow
-def test_slurm_restarts_a_failed_srun_in_the_same_allocation(tmp_path):
-  """A stand-in srun killed at its first start: run again once, one line."""
+@pytest.mark.parametrize('status, words', [
+    (137, '137'),  # A process killed.
+    (134, "134, jax's abort on losing process 0, the coordinator")])  # Process 0 lost.
+def test_slurm_restarts_a_failed_srun_in_the_same_allocation(tmp_path, status, words):
+  """A stand-in srun failed at its first start: run again once, one line."""
   bin_dir = tmp_path / 'bin'
   bin_dir.mkdir()
   srun = bin_dir / 'srun'
   srun.write_text(f'#!/bin/sh\nn=$(cat {tmp_path}/n 2>/dev/null || echo 0)\n'
-                  f'echo $((n + 1)) > {tmp_path}/n\n[ "$n" -ge 1 ] || exit 137\n')
+                  f'echo $((n + 1)) > {tmp_path}/n\n[ "$n" -ge 1 ] || exit {status}\n')
   srun.chmod(0o755)
   done = script('slurm.sbatch', f'--workdir={tmp_path}', '--config=c.py', '--restarts=3',
                 home=tmp_path, SLURM_JOB_ID='42', PATH=f'{bin_dir}:{os.environ["PATH"]}')
   assert done.returncode == 0, done.stderr
   assert [line for line in done.stderr.splitlines() if line.startswith('slurm.sbatch: r')] == [
-      'slurm.sbatch: restart 1 of 3: srun exited with status 137; every process starts again '
-      'from the newest good checkpoint']
+      f'slurm.sbatch: restart 1 of 3: srun exited with status {words}; every process starts '
+      'again from the newest good checkpoint']
   assert (tmp_path / 'n').read_text() == '2\n'
 
 

@@ -4,7 +4,9 @@ folders (CLIP, SigLIP, distilled DeiT with a teacher)."""
 
 import json
 import logging
+import os
 import re
+import signal
 
 import chex
 import jax
@@ -17,7 +19,7 @@ from vit_jax.base import errors
 from vit_jax.base.cpu import host_cpu
 from vit_jax.checkpoints.run import manager as manager_lib
 from vit_jax.models import get_model
-from vit_jax.training import mfu
+from vit_jax.training import loop, mfu
 from vit_jax.training import plan as plan_lib
 
 from runs import TINY_MODEL, read_metrics, restore_state, tiny_config
@@ -274,3 +276,31 @@ def test_a_dinov3_folder_fine_tunes_at_another_grid_and_resumes_bit_for_bit(tmp_
   assert main.train_and_evaluate(config, str(tmp_path / 'resumed')) == result
   chex.assert_trees_all_equal(restore_state(tmp_path / 'resumed', config),
                               restore_state(tmp_path / 'run', config))
+
+
+def test_ctrl_c_asks_for_a_save_and_a_second_one_stops_at_once(caplog):
+  """Real SIGINTs to this process: the first asks the loop to save at its next step (as
+  SIGTERM does), the second raises KeyboardInterrupt at once (vit_jax.main's one line); a
+  Ctrl-C ignored (a launcher's background process) stays ignored. (The whole command:
+  tests/test_main.py.)"""
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # As from a terminal.
+  try:
+    preemption = loop._Preemption()
+    try:
+      os.kill(os.getpid(), signal.SIGINT)
+    except KeyboardInterrupt:
+      pytest.fail('the first Ctrl-C stopped the run at once, saving nothing')
+    assert preemption.requested
+    assert 'Ctrl-C: saving a checkpoint at the next step, then exiting' in caplog.text
+    with pytest.raises(KeyboardInterrupt):
+      os.kill(os.getpid(), signal.SIGINT)
+    preemption.close()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    preemption = loop._Preemption()
+    os.kill(os.getpid(), signal.SIGINT)
+    assert not preemption.requested
+    preemption.close()
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+  finally:
+    signal.signal(signal.SIGINT, previous)

@@ -9,6 +9,8 @@ SLURM, ``jax.distributed`` finds the other processes by itself; elsewhere pass
 ``--coordinator_address``, ``--num_processes`` and ``--process_id`` to every process. When
 one process of such a run stops answering, the others end with one line naming it and the step
 the run resumes from, exit status 69 (``vit_jax.base.peers``; the launch scripts' ``--restarts``).
+SIGTERM or Ctrl-C while it trains saves a checkpoint at the next step and exits with status 75; a
+second Ctrl-C, or one before it trains, stops at once, status 130 (``vit_jax.training.loop``).
 """
 
 from __future__ import annotations
@@ -85,6 +87,20 @@ def _define_flags() -> dict[str, Any]:
 
 
 def main(argv: list[str], flags_: dict[str, Any]) -> None:
+  """``run``, with Ctrl-C before the loop saves (start-up, a second Ctrl-C while it saves) as
+  one line saying what was saved, exit status 130 (``errors.Interrupted``)."""
+  try:
+    run(argv, flags_)
+  except KeyboardInterrupt:
+    steps = record.steps(flags_['workdir'].value)
+    raise errors.Interrupted(
+        f'Stopped by Ctrl-C: nothing saved past step {steps[-1]}, the newest checkpoint; run '
+        'the same command again to resume from it.' if steps else 'Stopped by Ctrl-C before '
+        'any checkpoint was saved.') from None
+
+
+def run(argv: list[str], flags_: dict[str, Any]) -> None:
+  """The command: its checks before jax, then the run."""
   config = flags_['config'].value  # Its errors first, before anything starts.
   config_lib.check(config_lib.complete(config))  # Types, None, ranges (the plan's).
   workdir = flags_['workdir'].value

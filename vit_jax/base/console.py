@@ -27,7 +27,7 @@ _OURS = os.path.dirname(os.path.abspath(vit_jax.__file__)) + os.sep
 
 
 def _ours_or_warning(record: logging.LogRecord) -> bool:
-  if _orbax_failure(record):
+  if _orbax_failure(record) or _orbax_preemption(record):
     return False
   return record.levelno >= logging.WARNING or os.path.abspath(record.pathname).startswith(_OURS)
 
@@ -40,6 +40,13 @@ def _orbax_failure(record: logging.LogRecord) -> bool:
   message = str(record.msg)
   return bool(record.exc_info) or any(
       sign in message for sign in ('raised an exception', 'Failed to run', 'failed'))
+
+
+def _orbax_preemption(record: logging.LogRecord) -> bool:
+  """Orbax's warning that a SIGTERM's sync point is reached, one per thread that asks: the
+  run says in one line which step it saved."""
+  return (f'{os.sep}orbax{os.sep}' in record.pathname
+          and 'Reached preemption sync point' in str(record.msg))
 
 
 # ``logging.info(..., extra=console.FILE_ONLY)``: a line for the log file, not the console.

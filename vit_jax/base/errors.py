@@ -5,10 +5,12 @@ names the problem and the fix, and the entry points (``run``) print it as ``erro
 with status 2 (``EXIT_STATUS``); any other exception is a bug and keeps its traceback (status 1).
 A job wrapper can also act on 65 (``DIVERGED_STATUS``: the training went non-finite; nothing
 non-finite was saved, and the same command would diverge again), 74 (``SAVE_FAILED_STATUS``: a
-checkpoint or the metrics could not be written; the earlier checkpoints are intact) and 75
-(``PREEMPTED_STATUS``: stopped by SIGTERM after saving; run the same command again to resume)
-and 69 (``PEER_LOST_STATUS``: another process of a multi-process run stopped answering; run
-the same command again to resume, as the launch scripts' ``--restarts=N`` do);
+checkpoint, the metrics or an export could not be written; the earlier checkpoints are
+intact), 75 (``PREEMPTED_STATUS``: stopped by SIGTERM or Ctrl-C after saving; run the same
+command again to resume), 130 (``INTERRUPTED_STATUS``: stopped at once by a second Ctrl-C,
+or by one before training started, saving nothing) and 69 (``PEER_LOST_STATUS``: another
+process of a multi-process run stopped answering; run the same command again to resume, as
+the launch scripts' ``--restarts=N`` do);
 docs/reliability.md. Each class is also the built-in exception callers expect (``ConfigError``
 is a ``ValueError``, ``MissingFileError`` a ``FileNotFoundError``).
 """
@@ -26,6 +28,7 @@ DIVERGED_STATUS = 65  # sysexits' EX_DATAERR: rerunning the same command fails t
 SAVE_FAILED_STATUS = 74
 PREEMPTED_STATUS = 75
 PEER_LOST_STATUS = 69  # sysexits' EX_UNAVAILABLE: a peer is gone; restart the run.
+INTERRUPTED_STATUS = 130  # A shell's 128 + SIGINT: stopped at once by Ctrl-C.
 
 
 class UserError(Exception):
@@ -80,6 +83,13 @@ class CheckpointSaveError(UserError, OSError):
   exit_status = SAVE_FAILED_STATUS
 
 
+class WriteError(UserError, OSError):
+  """A file a command writes (an export) that could not be written (disk full, permission):
+  exit status 74, as a failed save; nothing was left behind (``paths.atomic_files``)."""
+
+  exit_status = SAVE_FAILED_STATUS
+
+
 class MetricsWriteError(UserError, OSError):
   """The run's metrics (metrics.jsonl, TensorBoard's events) could not be written: exit status
   74, as a checkpoint's; the checkpoints written before are intact."""
@@ -92,6 +102,13 @@ class Preempted(Exception):  # noqa: N818 (not an error: the run saved and stopp
   (the log says which step was saved)."""
 
   exit_status = PREEMPTED_STATUS
+
+
+class Interrupted(Exception):  # noqa: N818 (not an error: the user stopped the run)
+  """Stopped at once by Ctrl-C (a second one while the run saves, or one before it trains):
+  exit status 130 after one ``warning:`` line saying what was saved; no traceback."""
+
+  exit_status = INTERRUPTED_STATUS
 
 
 class PeerLost(Exception):  # noqa: N818 (not the user's: a restart is the remedy)
@@ -107,8 +124,8 @@ class UsageError(UserError):
 
 def one_line(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
   """``main`` with a ``UserError`` (or absl's ``app.UsageError``) printed as one line on
-  stderr (exit status 2, or the error's own ``exit_status``) and ``Preempted`` as exit
-  status 75."""
+  stderr (exit status 2, or the error's own ``exit_status``), ``Preempted`` as exit status 75
+  and Ctrl-C (``Interrupted``, ``KeyboardInterrupt``) as one line and exit status 130."""
   from absl import app
 
   def wrapped(argv: list[str]) -> Any:
@@ -116,6 +133,9 @@ def one_line(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
       return main(argv)
     except Preempted:
       sys.exit(PREEMPTED_STATUS)
+    except (Interrupted, KeyboardInterrupt) as e:
+      print(f'warning: {e or "Stopped by Ctrl-C."}', file=sys.stderr, flush=True)
+      sys.exit(INTERRUPTED_STATUS)
     except UserError as e:
       sys.exit(report(e))
     except app.UsageError as e:
@@ -174,27 +194,30 @@ def run(main: Callable[[list[str]], Any], arguments: bool = True, **kwargs: Any)
   app.run(one_line(checked), **kwargs)
 
 
-# (signs in the error's text, the cause in words, what to do): the common causes of a failed
-# save; anything else is named by its own message.
+# (signs in the error's text, the cause in words, what to do, what a run can also do): the
+# common causes of a failed save; anything else is named by its own message.
 SAVE_CAUSES = (
     (('No space left on device', "os_error_code='28'"), 'the disk is full',
-     'free space there (or lower config.keep_checkpoints)'),
+     'free space there', ' (or lower config.keep_checkpoints)'),
     (('Disk quota exceeded', "os_error_code='122'"), 'the disk quota is exceeded',
-     'free space there or raise the quota'),
+     'free space there or raise the quota', ''),
     (('Permission denied', "os_error_code='13'"), 'permission denied',
-     'make the workdir writable by this user'),
+     'make the {place} writable by this user', ''),
     (('Read-only file system', "os_error_code='30'"), 'the file system is read-only',
-     'use a writable workdir'),
+     'use a writable {place}', ''),
 )
 
 
-def write_failure(e: BaseException) -> tuple[str, str]:
+def write_failure(e: BaseException, run: bool = True) -> tuple[str, str]:
   """(the cause in words, what to do) of a failed write: one of ``SAVE_CAUSES`` with the OS's
-  words and the file, not TensorStore's or TensorFlow's long preamble; else its own message."""
+  words and the file, not TensorStore's or TensorFlow's long preamble; else its own message.
+  ``run``: the write of a training run (its workdir, its checkpoints), else of a command's
+  output (an export)."""
   text = str(e)
-  for signs, what, how in SAVE_CAUSES:
+  for signs, what, how, run_how in SAVE_CAUSES:
     if any(sign in text for sign in signs):
       written = re.findall(r'(?:Failed writing|Error writing local file):? "([^"]+)"', text)
+      how = how.format(place='workdir' if run else 'destination') + (run_how if run else '')
       return f'{what} ({signs[0]}{f", writing {written[-1]}" if written else ""})', how
   return short(e), 'fix the cause'
 

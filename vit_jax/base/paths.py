@@ -13,10 +13,12 @@ start.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 from absl import flags
@@ -177,6 +179,37 @@ def read_bytes(p: str | os.PathLike, what: str = 'file') -> bytes:
   except Exception as e:
     if filesystem_error(e):
       raise unreachable(p, e) from None
+    raise
+
+
+@contextlib.contextmanager
+def atomic_files(*targets: str | os.PathLike) -> Iterator[list[epath.Path]]:
+  """A temporary beside each of ``targets`` (``.NAME.tmp-PID``) for the caller to write: once
+  all are written, each is renamed onto its target (a reader sees the old files or the new, never
+  a part); if any write fails, or the command is interrupted, every temporary is removed, and a
+  failure of the filesystem (a full disk, a permission) is one ``errors.WriteError`` naming the
+  cause, the file and the fix."""
+  targets_ = [path(t) for t in targets]
+  tmps = [t.parent / f'.{t.name}.tmp-{os.getpid()}' for t in targets_]
+  folder = targets_[0].parent
+  created = not folder.exists()
+  try:
+    folder.mkdir(parents=True, exist_ok=True)
+    yield tmps
+    for tmp, target in zip(tmps, targets_, strict=True):
+      tmp.replace(target)
+  except BaseException as e:
+    for tmp in tmps:
+      with contextlib.suppress(Exception):
+        tmp.unlink(missing_ok=True)
+    if created:  # The folder made for them, empty again.
+      with contextlib.suppress(Exception):
+        folder.rmdir()
+    if isinstance(e, Exception) and not isinstance(e, errors.UserError) and filesystem_error(e):
+      cause, fix = errors.write_failure(e, run=False)
+      name = targets_[0] if len(targets_) == 1 else targets_[0].parent
+      raise errors.WriteError(f'Writing {name} failed: {cause}. Nothing was written there: '
+                              f'{fix}, then run the same command again.') from None
     raise
 
 

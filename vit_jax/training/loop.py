@@ -2,7 +2,8 @@
 
 Resumes from the workdir's newest good checkpoint (else starts from ``config.init_from``,
 else from scratch), compiles the step before the first batch, then steps, logs, saves and
-evaluates; SIGTERM saves and stops (exit status 75: run again to resume); a non-finite
+evaluates; SIGTERM or Ctrl-C saves and stops (exit status 75: run again to resume; a
+second Ctrl-C stops at once, exit status 130: ``_Preemption``); a non-finite
 loss, gradient norm or state stops (exit status 65) or rewinds (``divergence``), and is
 never saved.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -40,7 +42,7 @@ def train_and_evaluate(plan: Plan, workdir: str, evaluators: Sequence[Any] = ()
                        ) -> dict[str, float]:
   """Trains ``plan`` in ``workdir`` (resuming from its checkpoints) and runs ``evaluators``
   (``vit_jax.evals``) when each is due, for the weights and for their moving average;
-  returns the last metrics. On SIGTERM it saves and raises ``errors.Preempted``; at a
+  returns the last metrics. On SIGTERM or Ctrl-C it saves and raises ``errors.Preempted``; at a
   non-finite loss, gradient norm or state, it stops (``errors.Diverged``) or rewinds, as
   ``config.on_divergence`` says (``vit_jax.training.divergence``)."""
   clock = _Clock()
@@ -116,9 +118,11 @@ def train_and_evaluate(plan: Plan, workdir: str, evaluators: Sequence[Any] = ()
           divergence.check(pending)
           guard.save(manager, step, state)
           manager.wait_until_finished()
-          logging.warning('Preempted: saved step %d; restart with the same workdir to '
-                          'resume.', step)
-          _summary(step, start_step, plan, clock, speed, evaluators, log, manager)
+          # A stop asked for: what was saved and how to resume, the summary in the log file.
+          _summary(step, start_step, plan, clock, speed, evaluators, log, manager,
+                   extra=console.FILE_ONLY)
+          logging.warning('Preempted: saved step %d in %s; run the same command again to '
+                          'resume.', step, manager.directory)
           raise errors.Preempted(step)  # Exit status 75: run again to resume.
         if step % config.checkpoint_every_steps == 0 or step == total_steps:
           divergence.check(pending)
@@ -198,20 +202,39 @@ def _evaluate(evaluators: Sequence[Any], state: TrainState, step: int, log: Metr
 
 
 class _Preemption:
-  """SIGTERM (a preempted TPU VM) asks the loop to save and stop at the next step."""
+  """SIGTERM (a preempted TPU VM) and Ctrl-C ask the loop to save and stop at the next step;
+  a second Ctrl-C stops at once (``KeyboardInterrupt``: ``vit_jax.main`` says what was saved,
+  in one line). Multi-process, SIGTERM is jax.distributed's (its notifier makes every process
+  save the same step), and a Ctrl-C is passed on to it as a SIGTERM. A Ctrl-C that the process
+  ignores (a launcher's background process: the launcher passes it on as SIGTERM) stays
+  ignored."""
 
   def __init__(self):
-    self.requested = False
+    self.requested = self.interrupted = False
+    self.previous = {}
     if jax.process_count() == 1:  # Multi-process: jax.distributed's own notifier.
-      self.previous = signal.signal(signal.SIGTERM, self._handle)
+      self.previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._terminate)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+      self.previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._interrupt)
 
-  def _handle(self, signum: int, frame: Any) -> None:
+  def _terminate(self, signum: int, frame: Any) -> None:
     logging.warning('SIGTERM: saving a checkpoint at the next step, then exiting.')
     self.requested = True
 
+  def _interrupt(self, signum: int, frame: Any) -> None:
+    if self.interrupted:
+      raise KeyboardInterrupt
+    self.interrupted = True
+    logging.warning('Ctrl-C: saving a checkpoint at the next step, then exiting (Ctrl-C again '
+                    'stops at once, saving nothing).')
+    if jax.process_count() > 1:
+      os.kill(os.getpid(), signal.SIGTERM)
+    else:
+      self.requested = True
+
   def close(self) -> None:
-    if jax.process_count() == 1:
-      signal.signal(signal.SIGTERM, self.previous)
+    for signum, previous in self.previous.items():
+      signal.signal(signum, previous)
 
   def reached(self, manager: Any, step: int) -> bool:
     return self.requested or (jax.process_count() > 1 and manager.reached_preemption(step))
@@ -290,8 +313,10 @@ def _log_interval(step: int, host: list[dict[str, float]], images_per_s: float, 
 
 
 def _summary(step: int, start_step: int, plan: Plan, clock: _Clock, speed: _Speed | None,
-             evaluators: Sequence[Any], log: MetricsLog, manager: Any) -> None:
-  """The closing lines: steps trained, time and speed, each evaluator's final and best."""
+             evaluators: Sequence[Any], log: MetricsLog, manager: Any,
+             extra: dict[str, Any] | None = None) -> None:
+  """The closing lines: steps trained, time and speed, each evaluator's final and best
+  (``extra``: the log records', ``console.FILE_ONLY`` for the log file only)."""
   trained = step - start_step
   line = f'Done: step {step}/{plan.total_steps}'
   if trained:
@@ -301,17 +326,17 @@ def _summary(step: int, start_step: int, plan: Plan, clock: _Clock, speed: _Spee
              f'{images_per_s:,.0f} img/s')
     if speed and (mfu_ := speed.mfu(images_per_s)) is not None:
       line += f', MFU {100 * mfu_:.1f}%'
-  logging.info('%s.', line)
+  logging.info('%s.', line, extra=extra)
   for evaluator in evaluators:
     for prefix in ('', 'ema/'):
       key = f'{evaluator.name}/{prefix}{evaluator.metric}'
       if values := log.history(key):
         best, final = max(values, key=values.get), max(values)
         logging.info('%s: final %.4f (step %d), best %.4f (step %d).', key, values[final],
-                     final, values[best], best)
+                     final, values[best], best, extra=extra)
   logging.info('Checkpoints: %s (steps %s). Logs: %s, TensorBoard events in %s.',
                manager.directory, ', '.join(map(str, manager.all_steps())) or 'none',
-               log.jsonl, log.workdir)
+               log.jsonl, log.workdir, extra=extra)
 
 
 def _parameter_overview(model: nn.Module, params: Any, workdir: str) -> None:

@@ -151,15 +151,20 @@ def write_folder(folder: str | os.PathLike, tensors: Mapping[str, np.ndarray],
                  config: Mapping[str, Any], extra: Mapping[str, Any] | None = None,
                  metadata: dict[str, str] | None = None) -> None:
   """Writes ``config.json`` and ``model.safetensors`` (with ``metadata``: transformers'
-  ``{'format': 'pt'}``) and ``extra`` JSON files into ``folder``."""
+  ``{'format': 'pt'}``) and ``extra`` JSON files into ``folder``, each renamed into place once
+  all are written (``paths.atomic_files``)."""
   import safetensors.numpy
 
   root = paths.path(folder)
-  root.mkdir(parents=True, exist_ok=True)
   arrays = {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
-  (root / WEIGHTS).write_bytes(safetensors.numpy.save(arrays, metadata))
-  for name, content in {CONFIG: config, **(extra or {})}.items():
-    (root / name).write_text(json.dumps(content, indent=2) + '\n')
+  texts = {name: json.dumps(content, indent=2) + '\n'
+           for name, content in {CONFIG: config, **(extra or {})}.items()}
+  # Every file written in full before any is renamed into place: nothing half-written is left
+  # (a full disk: one error, no temporaries).
+  with paths.atomic_files(root / WEIGHTS, *(root / name for name in texts)) as (weights, *tmps):
+    weights.write_bytes(safetensors.numpy.save(arrays, metadata))
+    for tmp, text in zip(tmps, texts.values(), strict=True):
+      tmp.write_text(text)
 
 
 # ---------------------------------------------------------------------------

@@ -74,28 +74,27 @@ def save_npz(path: str | os.PathLike, params: Mapping[str, Any],
   """Writes params (any layout, dtype or sharding) as a release-layout .npz file.
 
   ``path`` is local or remote (``gs://``: ``vit_jax.base.paths``). The file appears
-  atomically: it is written beside the target, then renamed. A remote file is built in
-  memory first, as numpy's zip writer needs a file it can ``tell`` in, which gfile's
-  writers are not.
+  atomically: it is written beside the target, then renamed; a write that fails (a full
+  disk) leaves nothing behind and is one ``errors.WriteError`` (``paths.atomic_files``). A
+  remote file is built in memory first, as numpy's zip writer needs a file it can ``tell``
+  in, which gfile's writers are not.
   """
   path = paths.path(path)
   flat: dict[str, Any] = {k: to_host(v) for k, v in flatten(layout.to_release(params)).items()}
   if options:
     flat[OPTIONS_KEY] = np.array(json.dumps(options))
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.parent / f'.{path.name}.tmp-{os.getpid()}'
-  if paths.is_remote(path):
-    buffer = io.BytesIO()
-    np.savez(buffer, **flat)
-    view = buffer.getbuffer()
-    with tmp.open('wb') as f:  # gfile takes bytes only: copied a chunk at a time.
-      for start in range(0, len(view), _CHUNK):
-        f.write(bytes(view[start:start + _CHUNK]))
-    del view
-  else:
-    with tmp.open('wb') as f:
-      np.savez(f, **flat)
-  tmp.replace(path)
+  with paths.atomic_files(path) as (tmp,):
+    if paths.is_remote(path):
+      buffer = io.BytesIO()
+      np.savez(buffer, **flat)
+      view = buffer.getbuffer()
+      with tmp.open('wb') as f:  # gfile takes bytes only: copied a chunk at a time.
+        for start in range(0, len(view), _CHUNK):
+          f.write(bytes(view[start:start + _CHUNK]))
+      del view
+    else:
+      with tmp.open('wb') as f:
+        np.savez(f, **flat)
 
 
 def npz_problem(model: VisionTransformer) -> str:
