@@ -121,15 +121,17 @@ class MultiHeadAttention(nn.Module):
   and keys (ViT-22B; flax's ``normalize_qk`` names). ``key_bias=False``: no bias on the keys
   (EVA's attention). ``rope`` with ``positions`` (the patches' rotary coordinates,
   ``posemb.coordinates``; the patches are the last tokens): the patches' queries and keys are
-  rotated (``posemb.apply_rope``). ``attention_norm``: a norm on the heads' joined outputs
-  before ``out``, ``out_norm`` (EVA-02 CLIP's ``scale_attn_inner``).
+  rotated (``posemb.apply_rope``). ``key_mask`` (batch, keys) bool: the keys that may be
+  attended to (a patch sequence's padding is not); 'xla' takes it as its mask, 'cudnn'
+  computes a masked attention with the einsum. ``attention_norm``: a norm on the heads'
+  joined outputs before ``out``, ``out_norm`` (EVA-02 CLIP's ``scale_attn_inner``).
   """
 
   options: BlockOptions
 
   @nn.compact
   def __call__(self, inputs_q: Array, inputs_kv: Array, *, deterministic: bool,
-               positions: Array | None = None) -> Array:
+               positions: Array | None = None, key_mask: Array | None = None) -> Array:
     o = self.options
     width = inputs_q.shape[-1]
     if width % o.num_heads:
@@ -155,13 +157,15 @@ class MultiHeadAttention(nn.Module):
       implementation = attention_for(
           q.dtype, head_dim, dropout=bool(dropout) and not deterministic,
           recording=self.is_mutable_collection('intermediates'))
+    if implementation == 'cudnn' and key_mask is not None:
+      implementation = 'einsum'  # A mask of any pattern, on every backend.
     if implementation == 'einsum':
       x = einsum_attention(self, q, k, v, dot_general, dropout=dropout,
-                           deterministic=deterministic, dtype=o.dtype)
+                           deterministic=deterministic, dtype=o.dtype, key_mask=key_mask)
     else:
       if dropout and not deterministic:
         raise ValueError('attention_dropout_rate > 0 needs attention_impl="einsum".')
-      x = fused_attention(q, k, v, implementation)
+      x = fused_attention(q, k, v, implementation, key_mask=key_mask)
 
     x = sharding.constrain(x, 'heads')
     if o.attention_norm:
@@ -171,10 +175,12 @@ class MultiHeadAttention(nn.Module):
 
 
 def einsum_attention(module: nn.Module, q: Array, k: Array, v: Array, dot_general: Callable,
-                     *, dropout: float, deterministic: bool, dtype: Dtype) -> Array:
+                     *, dropout: float, deterministic: bool, dtype: Dtype,
+                     key_mask: Array | None = None) -> Array:
   """Softmax attention of (batch, tokens, heads, head_dim) inputs, in ``module``: the only
   kernel with attention dropout, and the one that records the weights (``module``'s
-  'intermediates' collection, ``attention_weights``)."""
+  'intermediates' collection, ``attention_weights``). ``key_mask`` (batch, keys) bool: the
+  other keys get weight exactly 0 (and no gradient)."""
   # Heads next to the batch, (b, h, tokens, d): the batched matmuls' preferred layout
   # on XLA:CPU (the two products 1.3x and 2x faster than in (b, tokens, h, d)); the TPU
   # compiler lays them out itself (the same step time either way, cost model).
@@ -185,7 +191,10 @@ def einsum_attention(module: nn.Module, q: Array, k: Array, v: Array, dot_genera
   # In bfloat16, the (b, h, q, k) tensors that are stored and read several times are
   # thus half the bytes (the TPU step: 9% faster, 19% less HBM; results/RESULTS.md).
   logits = dot_general(q, k, (((3,), (3,)), ((0, 1), (0, 1))), preferred_element_type=dtype)
-  weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+  logits = logits.astype(jnp.float32)
+  if key_mask is not None:
+    logits = jnp.where(key_mask[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(logits, axis=-1)
   module.sow('intermediates', 'attention_weights', weights)
   weights = nn.Dropout(dropout, broadcast_dims=())(
       weights, deterministic=deterministic).astype(dtype)
@@ -221,8 +230,9 @@ def attention_for(dtype: Dtype, head_dim: int, *, dropout: bool, recording: bool
 
 
 def fused_attention(q: Array, k: Array, v: Array, implementation: str,
-                    even_lengths: bool | None = None) -> Array:
-  """``jax.nn.dot_product_attention`` of (batch, tokens, heads, head_dim) inputs.
+                    even_lengths: bool | None = None, key_mask: Array | None = None) -> Array:
+  """``jax.nn.dot_product_attention`` of (batch, tokens, heads, head_dim) inputs;
+  ``key_mask`` (batch, keys) bool: the keys that may be attended to ('xla' only).
 
   ``even_lengths`` (by default for 'cudnn'): odd token counts (ViT's: 196 patches + the
   class token; the last block's single query) are padded by one token, masked by their
@@ -230,6 +240,12 @@ def fused_attention(q: Array, k: Array, v: Array, implementation: str,
   lengths, even without a bias.
   """
   (b, t), s = q.shape[:2], k.shape[1]
+  if key_mask is not None:
+    if implementation != 'xla':
+      raise ValueError(f'a key mask needs attention_impl "xla" or "einsum", not '
+                       f'{implementation!r}.')
+    return jax.nn.dot_product_attention(q, k, v, mask=key_mask[:, None, None, :],
+                                        implementation=implementation)
   if even_lengths is None:
     even_lengths = implementation == 'cudnn'
   if not even_lengths or not (t % 2 or s % 2):

@@ -214,18 +214,27 @@ def apply_rope(module: nn.Module, rope: Rope, q: Array, k: Array, coords: Array,
   return turn(q), turn(k)
 
 
-def posemb_sincos_2d(grid: tuple[int, int], width: int,
-                     temperature: float = 10_000.) -> np.ndarray:
-  """Fixed 2-D sine-cosine position embeddings, shape (1, h * w, width)."""
+def sincos_2d_at(rows: Any, cols: Any, width: int, temperature: float = 10_000.,
+                 xp: Any = np) -> Any:
+  """Fixed 2-D sine-cosine position embeddings (..., width) of patches at ``rows``, ``cols``
+  (...): sin and cos of the column, then of the row, each at width / 4 frequencies. ``xp``:
+  numpy (a grid's constants) or jax.numpy (traced coordinates, in float32)."""
   if width % 4:
     raise ValueError(f'sincos2d position embeddings need a width divisible by 4, got {width}.')
-  y, x = np.mgrid[:grid[0], :grid[1]]
   omega = np.arange(width // 4) / max(width // 4 - 1, 1)
   omega = 1. / temperature**omega
-  y = y.reshape(-1)[:, None] * omega[None]
-  x = x.reshape(-1)[:, None] * omega[None]
-  pe = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
-  return pe[None].astype(np.float32)
+  if xp is not np:
+    rows, cols, omega = (xp.asarray(a, xp.float32) for a in (rows, cols, omega))
+  y = rows[..., None] * omega
+  x = cols[..., None] * omega
+  return xp.concatenate([xp.sin(x), xp.cos(x), xp.sin(y), xp.cos(y)], axis=-1)
+
+
+def posemb_sincos_2d(grid: tuple[int, int], width: int,
+                     temperature: float = 10_000.) -> np.ndarray:
+  """Fixed 2-D sine-cosine position embeddings of a grid's patches, shape (1, h * w, width)."""
+  rows, cols, _ = grid_positions(grid)
+  return sincos_2d_at(rows, cols, width, temperature)[None].astype(np.float32)
 
 
 class AddPositionEmbs(nn.Module):

@@ -27,7 +27,7 @@ import numpy as np
 
 from vit_jax.base import sharding
 from vit_jax.base.sizes import pair
-from vit_jax.models import posemb, resnet
+from vit_jax.models import naflex, posemb, resnet
 from vit_jax.models.layers import (
   ACTIVATIONS,
   LN_EPSILON,
@@ -74,10 +74,13 @@ class EncoderBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, positions: Array | None, drop_path_rate: float | Array,
-               deterministic: bool, query_tokens: int | None = None) -> tuple[Array, None]:
+               deterministic: bool, query_tokens: int | None = None,
+               key_mask: Array | None = None) -> tuple[Array, None]:
     """``positions``: the patches' rotary coordinates (``MultiHeadAttention``), None without
     a rotary encoding. ``query_tokens``: compute only the first this many tokens' outputs (all
-    tokens are still keys and values); the rest are not computed and not returned."""
+    tokens are still keys and values); the rest are not computed and not returned.
+    ``key_mask`` (batch, tokens) bool: the tokens attended to (a patch sequence's padding is
+    not); None: all."""
     o = self.options
     mlp = lambda: MlpBlock(o, name='MlpBlock_3')
 
@@ -97,7 +100,7 @@ class EncoderBlock(nn.Module):
     if query_tokens is not None:  # LayerNorm is per token: slicing after it is exact.
       x, queries = x[:, :query_tokens], y[:, :query_tokens]
     y = MultiHeadAttention(o, name='MultiHeadDotProductAttention_1')(
-        queries, y, deterministic=deterministic, positions=positions)
+        queries, y, deterministic=deterministic, positions=positions, key_mask=key_mask)
     y = scaled('ls1', nn.Dropout(o.dropout_rate)(y, deterministic=deterministic))
     if o.parallel_block:
       y = y + scaled('ls2', mlp()(queries, deterministic=deterministic))
@@ -132,14 +135,25 @@ class Encoder(nn.Module):
   pre_norm: bool = False
 
   @nn.compact
-  def __call__(self, x: Array, *, train: bool, output_tokens: int | None = None) -> Array:
+  def __call__(self, x: Array, *, train: bool, output_tokens: int | None = None,
+               sequence: naflex.PatchSequence | None = None) -> Array:
     """``output_tokens``: the last block computes only the first this many tokens' outputs
-    (None: all); unrolled blocks only."""
+    (None: all); unrolled blocks only. ``sequence``: the patches of ``x`` are this patch
+    sequence's (``naflex``): each at its own image's grid (``grid`` is then the table's, the
+    ``image_size`` one), the padding masked out of every attention."""
     o = self.options
-    x = posemb.add_absolute(x, self.posemb, self.grid, self.num_prefix_tokens,
-                            self.prefix_posemb, o.param_dtype)
+    key_mask = None
+    if sequence is None:
+      x = posemb.add_absolute(x, self.posemb, self.grid, self.num_prefix_tokens,
+                              self.prefix_posemb, o.param_dtype)
+    else:
+      x = naflex.add_absolute(x, sequence, self.posemb, self.grid, self.num_prefix_tokens,
+                              self.prefix_posemb, o.param_dtype)
+      key_mask = naflex.key_mask(sequence, self.num_prefix_tokens)
     positions = None
-    if o.rope:
+    if o.rope and sequence is not None:
+      positions = naflex.rope_positions(o.rope, sequence)
+    elif o.rope:
       positions = posemb.coordinates(posemb.Rope.parse(o.rope),
                                      *posemb.grid_positions(self.grid))
     x = nn.Dropout(o.dropout_rate)(x, deterministic=not train).astype(o.dtype)
@@ -152,6 +166,8 @@ class Encoder(nn.Module):
       # Static: `deterministic`, and unrolled blocks' `query_tokens`.
       block = nn.remat(block, policy=REMAT_POLICIES[self.remat_policy],
                        prevent_cse=not self.scan, static_argnums=(4,) if self.scan else (4, 5))
+    # The key mask only where there is one: the image path's program is unchanged.
+    masked = () if key_mask is None else (None, key_mask)
     # Stochastic depth grows linearly with depth, from 0 to `stochastic_depth`.
     rates = np.linspace(0., self.stochastic_depth, self.num_layers)
     kw = dict(options=o, stochastic_depth=self.stochastic_depth > 0)
@@ -162,15 +178,16 @@ class Encoder(nn.Module):
       scanned = nn.scan(block, variable_axes={'params': 0, 'intermediates': 0},
                         split_rngs={'params': True, 'dropout': True},
                         in_axes=(nn.broadcast, 0 if use_rates else nn.broadcast,
-                                 nn.broadcast),
+                                 nn.broadcast) + (nn.broadcast,) * len(masked),
                         length=self.num_layers)
       x, _ = scanned(name='encoderblock', **kw)(
-          x, positions, jnp.asarray(rates) if use_rates else 0., not train)
+          x, positions, jnp.asarray(rates) if use_rates else 0., not train, *masked)
     else:
       for i in range(self.num_layers):
         last = i == self.num_layers - 1
         x, _ = block(name=f'encoderblock_{i}', **kw)(
-            x, positions, float(rates[i]), not train, output_tokens if last else None)
+            x, positions, float(rates[i]), not train, output_tokens if last else None,
+            *masked[1:])
     return o.norm_layer('encoder_norm')(x) if self.final_norm else x
 
 
@@ -183,7 +200,9 @@ class MAPHead(nn.Module):
   num_heads: int | None = None
 
   @nn.compact
-  def __call__(self, x: Array) -> Array:
+  def __call__(self, x: Array, key_mask: Array | None = None) -> Array:
+    """The pooled (batch, width); ``key_mask`` (batch, tokens) bool: the tokens the probe
+    attends to (None: all)."""
     # The head's attention takes the blocks' kernel, but none of their dropout, and is a plain
     # one: key biases, no rotation, no inner norms (timm's AttentionPoolLatent).
     o = dataclasses.replace(self.options, dropout_rate=0., attention_dropout_rate=0.,
@@ -192,7 +211,7 @@ class MAPHead(nn.Module):
     probe = self.param('probe', dense_init, (1, 1, x.shape[-1]), o.param_dtype)
     probe = jnp.tile(probe, (x.shape[0], 1, 1)).astype(x.dtype)
     x = MultiHeadAttention(o, name='MultiHeadDotProductAttention_0')(
-        probe, x, deterministic=True)
+        probe, x, deterministic=True, key_mask=key_mask)
     y = o.norm_layer('LayerNorm_0')(x)
     x = x + MlpBlock(o, name='MlpBlock_0')(y, deterministic=True)
     return x[:, 0]
@@ -420,9 +439,14 @@ class VisionTransformer(nn.Module):
     return flops + 2 * width * (self.num_classes or 0) * heads
 
   @nn.compact
-  def __call__(self, images: Array, *, train: bool = False,
+  def __call__(self, inputs: Array | naflex.PatchSequence, *, train: bool = False,
                corruption: tuple[Array, Array] | None = None, both_heads: bool = False) -> Any:
     """Logits (batch, classes); with ``mpp_outputs``, per-patch predictions.
+
+    ``inputs``: NHWC images, or a ``naflex.PatchSequence`` (each image at its own grid, cut
+    into patches and padded): the same parameters, embedded patch by patch with the position
+    embeddings resized to each image's grid; the padding is masked out of every attention and
+    pool.
 
     ``both_heads``: with ``distill_token``, the class and distillation heads' logits as a pair
     instead of their mean (DeiT's training with a teacher, ``vit_jax.training.step``).
@@ -432,6 +456,10 @@ class VisionTransformer(nn.Module):
     the same image (itself where it is unchanged), then by the mask embedding where
     ``mask``; before the position embeddings are added. None: no corruption.
     """
+    if isinstance(inputs, naflex.PatchSequence):
+      return self.encode_and_pool(*self.embed_sequence(inputs), train=train,
+                                  both_heads=both_heads, corruption=corruption)
+    images = inputs
     expected = pair(self.image_size) + (3,)
     # Without position embeddings (a rotary encoding alone) any size whose sides the patches
     # tile computes as it would: the encoding follows the grid.
@@ -446,16 +474,47 @@ class VisionTransformer(nn.Module):
           'Resize the images, or build the model with image_size=(height, width) '
           '(vit_jax.checkpoints.formats.release.load_pretrained resizes the position '
           'embeddings).')
-    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     x = images.astype(self.dtype)
     if self.resnet_layers is not None:
-      x = resnet.bit_stem(x, self.resnet_layers, self.resnet_width, **kw)
+      x = resnet.bit_stem(x, self.resnet_layers, self.resnet_width, dtype=self.dtype,
+                          param_dtype=self.param_dtype)
 
-    x = nn.Conv(self.hidden_size, pair(self.patch_size), strides=pair(self.patch_size),
-                padding='VALID', name='embedding', **kw)(x)
+    x = self.patch_embedding(x)
     n, h, w, c = x.shape
     assert any_size or (h, w) == self.grid, ((h, w), self.grid)
-    x = x.reshape(n, h * w, c)
+    return self.encode_and_pool(x.reshape(n, h * w, c), (h, w), train=train,
+                                both_heads=both_heads, corruption=corruption)
+
+  def patch_embedding(self, x: Array) -> Array:
+    """The patch embedding, ``embedding``: a patch_size convolution of stride patch_size."""
+    return nn.Conv(self.hidden_size, pair(self.patch_size), strides=pair(self.patch_size),
+                   padding='VALID', name='embedding', dtype=self.dtype,
+                   param_dtype=self.param_dtype)(x)
+
+  def embed_sequence(self, seq: naflex.PatchSequence) -> tuple[Array, tuple[int, int],
+                                                               naflex.PatchSequence]:
+    """A patch sequence's tokens (batch, N, width), the ``image_size`` grid (the position
+    embeddings' table) and the sequence, for ``encode_and_pool``."""
+    name = self.model_name or 'VisionTransformer'
+    if self.resnet_layers is not None:
+      raise ValueError(f'{name} is a hybrid (a ResNet stem before the patches): it takes '
+                       'images, not patch sequences.')
+    if self.mpp_outputs:
+      raise ValueError(f'{name} predicts masked patches (mpp_outputs): it takes images, not '
+                       'patch sequences.')
+    seq.check(pair(self.patch_size), name)
+    x = naflex.embed(self.patch_embedding, seq.patches.astype(self.dtype), pair(self.patch_size))
+    return x, self.grid, seq
+
+  def encode_and_pool(self, x: Array, grid: tuple[int, int],
+                      sequence: naflex.PatchSequence | None = None, *, train: bool,
+                      both_heads: bool, corruption: tuple[Array, Array] | None) -> Any:
+    """Everything after the patch embedding, shared by images and patch sequences: the
+    prefix tokens, the encoder, the pool and the heads. ``x`` (batch, patches, width) the
+    embedded patches of a ``grid``; ``sequence``: they are this patch sequence's (its padding
+    masked out of attention and pooling)."""
+    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    n, _, c = x.shape
     if self.mpp_outputs:
       mask_token = self.param('mask_token', nn.initializers.normal(stddev=0.02), (1, 1, c),
                               self.param_dtype)
@@ -480,11 +539,12 @@ class VisionTransformer(nn.Module):
 
     output_tokens = None if self.is_mutable_collection('intermediates') else self.head_tokens
     x = Encoder(
-        num_layers=self.num_layers, grid=(h, w), options=self.block_options,
+        num_layers=self.num_layers, grid=grid, options=self.block_options,
         num_prefix_tokens=self.num_prefix_tokens, posemb=self.posemb,
         stochastic_depth=self.stochastic_depth, scan=self.scan, remat_policy=self.remat_policy,
         prefix_posemb=self.prefix_posemb, final_norm=not self.fc_norm, pre_norm=self.pre_norm,
-        name='Transformer')(x, train=train, output_tokens=output_tokens)
+        name='Transformer')(x, train=train, output_tokens=output_tokens, sequence=sequence)
+    key_mask = None if sequence is None else naflex.key_mask(sequence, self.num_prefix_tokens)
 
     if self.mpp_outputs:  # Each patch's final representation (prefix tokens dropped).
       return nn.Dense(self.mpp_outputs, kernel_init=nn.initializers.zeros,
@@ -492,10 +552,13 @@ class VisionTransformer(nn.Module):
                           x[:, self.num_prefix_tokens:].astype(jnp.float32))
     if self.pool == 'token':  # With a distillation token: both, (batch, 2, D).
       x = x[:, :2] if self.distill_token else x[:, 0]
+    elif self.pool == 'gap' and key_mask is not None:  # The mean of the image's own patches.
+      valid = key_mask[:, self.num_prefix_tokens:, None].astype(x.dtype)
+      x = (x[:, self.num_prefix_tokens:] * valid).sum(axis=1) / jnp.maximum(valid.sum(1), 1)
     elif self.pool == 'gap':  # The patches' mean; prefix tokens are not pooled.
       x = jnp.mean(x[:, self.num_prefix_tokens:], axis=1)
     else:
-      x = MAPHead(self.block_options, self.map_heads, name='MAPHead_0')(x)
+      x = MAPHead(self.block_options, self.map_heads, name='MAPHead_0')(x, key_mask)
     if self.fc_norm:
       x = self.block_options.norm_layer('fc_norm')(x)
 
