@@ -46,12 +46,13 @@ def sequence(images: list[np.ndarray], max_num_patches: int) -> naflex.PatchSequ
 
 
 def pad(seq: naflex.PatchSequence, n: int, seed: int = 1) -> naflex.PatchSequence:
-  """``seq`` padded to ``n`` patches of garbage: large pixels, coordinates anywhere."""
+  """``seq`` padded to ``n`` patches of garbage: large pixels, coordinates anywhere (outside
+  the grid and the sequence too)."""
   rng = np.random.default_rng(seed)
   b, m, d = seq.patches.shape
   return naflex.PatchSequence(
       np.concatenate([seq.patches, 50 * rng.standard_normal((b, n - m, d), np.float32)], 1),
-      np.concatenate([seq.coords, rng.integers(0, 9, (b, n - m, 2), np.int32)], 1),
+      np.concatenate([seq.coords, rng.integers(-5, 100, (b, n - m, 2), np.int32)], 1),
       np.concatenate([seq.mask, np.zeros((b, n - m), bool)], 1), seq.grid)
 
 

@@ -81,7 +81,10 @@ def resized_table(table: Array, coords: Array, grid: Array) -> Array:
   n = coords.shape[1]
   rows = jax.vmap(lambda g: resize_weights(h0, g, n))(grid[:, 0])  # (B, N, h0)
   cols = jax.vmap(lambda g: resize_weights(w0, g, n))(grid[:, 1])  # (B, N, w0)
-  take = lambda w, i: jnp.take_along_axis(w, i[..., None].astype(jnp.int32), axis=1)
+  # Clipped: a padding patch's coordinates may be anything, never a NaN (jax's gathers fill
+  # out-of-range indices with NaN).
+  take = lambda w, i: jnp.take_along_axis(w, i[..., None].astype(jnp.int32), axis=1,
+                                         mode='clip')
   wr, wc = take(rows, coords[..., 0]), take(cols, coords[..., 1])
   hp = jax.lax.Precision.HIGHEST
   x = jnp.einsum('bni,ijd->bnjd', wr, table.astype(jnp.float32), precision=hp)
