@@ -69,12 +69,16 @@ note() {
   fi
 }
 
-# status_words STATUS: the exit status, with what it means where a launcher knows it: 134 is
-# jaxlib's abort of the other processes when process 0, the coordinator (it holds jax's
-# coordination service), is gone: about 200 lines of thread dumps in their logs, no fault of theirs.
+# status_words STATUS [lost]: the exit status, with what it means where a launcher knows it: 134
+# is jaxlib's abort of the other processes when process 0, the coordinator (it holds jax's
+# coordination service), is gone: about 200 lines of thread dumps in their logs, no fault of
+# theirs. With 'lost' (process 0 is known to be gone), 139 is the same loss met as a crash
+# (seen as often as the abort on 2 CPU processes: jaxlib's end is not deterministic).
 status_words() {
   if (($1 == 134)); then
     printf "%s, jax's abort on losing process 0, the coordinator" "$1"
+  elif (($1 == 139)) && [[ ${2:-} == lost ]]; then
+    printf "%s, jax's crash (a segmentation fault) on losing process 0, the coordinator" "$1"
   else
     printf '%s' "$1"
   fi

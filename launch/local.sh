@@ -175,7 +175,8 @@ start_all() {
   done
   OTHERS=()
   for i in "${!pids[@]}"; do
-    [[ $i == "${FAILED:-}" ]] || OTHERS+=("process $i: $(status_words "${finished[$i]}")")
+    [[ $i == "${FAILED:-}" ]] || OTHERS+=("process $i: $(status_words "${finished[$i]}" \
+      "$([[ ${FAILED:-} == 0 ]] && echo lost)")")
   done
   return 0
 }
