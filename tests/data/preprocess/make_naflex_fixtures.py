@@ -64,11 +64,15 @@ def main():
         result = cls(patch_size=patch, max_num_patches=budget)(image, return_tensors='np')
         for key in ('pixel_values', 'pixel_attention_mask', 'spatial_shapes'):
           out[f'{tag}/{patch}_{budget}/{name}/{key}'] = np.asarray(result[key][0])
-  path = os.path.join(HERE, 'naflex.npz')
-  fd, tmp = tempfile.mkstemp(suffix='.npz', dir=HERE)
+  save_npz(os.path.join(HERE, 'naflex.npz'), out)
+
+
+def save_npz(path, arrays):
+  """``arrays`` as a compressed .npz at ``path``, written whole or not at all."""
+  fd, tmp = tempfile.mkstemp(suffix='.npz', dir=os.path.dirname(path))
   try:
     with os.fdopen(fd, 'wb') as f:
-      np.savez_compressed(f, **out)
+      np.savez_compressed(f, **arrays)
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
   except BaseException:

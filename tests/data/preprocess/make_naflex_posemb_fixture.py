@@ -16,7 +16,6 @@ rows past each image's patches left as transformers leaves them: copies of the f
 import json
 import os
 import sys
-import tempfile
 
 import numpy as np
 
@@ -26,6 +25,9 @@ import make_fixtures  # noqa: E402,F401  (its torchvision shim)
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers.models.siglip2.modeling_siglip2 import Siglip2VisionEmbeddings  # noqa: E402
+
+sys.path.insert(0, HERE)
+import make_naflex_fixtures  # noqa: E402  (save_npz)
 
 GRIDS = ((3, 5), (2, 9), (7, 3), (9, 11), (4, 6), (1, 13))
 
@@ -40,17 +42,7 @@ def main():
   out = {'table': table, 'grids': grids, 'resized': resized.numpy(),
          'versions': np.array(json.dumps(dict(torch=torch.__version__,
                                               transformers=transformers.__version__)))}
-  path = os.path.join(HERE, 'naflex_posemb.npz')
-  fd, tmp = tempfile.mkstemp(suffix='.npz', dir=HERE)
-  try:
-    with os.fdopen(fd, 'wb') as f:
-      np.savez_compressed(f, **out)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-  except BaseException:
-    os.unlink(tmp)
-    raise
-  print(f'wrote {path}')
+  make_naflex_fixtures.save_npz(os.path.join(HERE, 'naflex_posemb.npz'), out)
 
 
 if __name__ == '__main__':
