@@ -12,6 +12,7 @@ image path's, with the padding masked out of attention and pooling.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -30,12 +31,23 @@ class PatchSequence(NamedTuple):
   [-1, 1] as images are; ``coords`` (B, N, 2) int: each patch's (row, column) in its
   image's grid; ``mask`` (B, N) bool: True for an image's patches, False for padding;
   ``grid`` (B, 2) int: each image's (rows, columns) of patches.
+
+  Packed (NaViT, ``vit_jax.data.packing``): ``segments`` (B, N) int, k + 1 for the patches
+  of the row's k-th image and 0 for padding; ``grid`` is then (B, K, 2), each of the K
+  images' grid (0, 0 for an empty slot), and the model's outputs are per image, (B, K, ...).
   """
 
   patches: Array
   coords: Array
   mask: Array
   grid: Array
+  segments: Array | None = None
+
+  @classmethod
+  def from_batch(cls, batch: Mapping[str, Any]) -> PatchSequence:
+    """A loader batch of ``naflex``'s keys (``preprocess.PATCH_KEYS``), packed or not."""
+    return cls(batch['image'], batch['patch_coords'], batch['patch_mask'], batch['patch_grid'],
+               batch.get('segment_ids'))
 
   def check(self, patch_size: tuple[int, int], where: str) -> None:
     """ValueError naming what is wrong where the shapes do not fit a model of this patch."""
@@ -48,6 +60,12 @@ class PatchSequence(NamedTuple):
           f'{where} takes a PatchSequence of patches (batch, N, {ph * pw * 3}), coords '
           f'(batch, N, 2), mask (batch, N) and grid (batch, 2), got {shapes}: cut the images '
           f'with the naflex op at patch_size={ph}.')
+
+
+def inputs(batch: Mapping[str, Any]) -> Any:
+  """The model's input of a loader batch: a ``PatchSequence`` where the batch holds patch
+  sequences (a ``naflex`` pipeline, packed or not), else its images."""
+  return PatchSequence.from_batch(batch) if 'patch_mask' in batch else batch['image']
 
 
 def embed(conv: nn.Module, patches: Array, patch_size: tuple[int, int]) -> Array:
