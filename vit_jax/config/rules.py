@@ -79,6 +79,10 @@ def _rules(flat: dict[str, Any]) -> str:
   if 0 < base < end:
     return (f'config.schedule.end_lr={end} is above config.schedule.base_lr={base}: the decay '
             'would climb. Use an end_lr <= base_lr.')
+  rows = flat['packing.images_per_row']
+  if rows and flat['batch_size'] % rows:
+    return (f"config.batch_size={flat['batch_size']} does not split into packed rows of "
+            f'config.packing.images_per_row={rows}: use a multiple of {rows}.')
   profile = flat['profile_steps']
   if profile and (len(profile) != 2 or not all(isinstance(s, int) and s >= 1 for s in profile)
                   or profile[0] > profile[1]):

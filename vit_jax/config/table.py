@@ -116,6 +116,16 @@ FIELDS: dict[str, Field | Group] = {
                          'augmented apart; an epoch keeps its length, so it sees 1/repeats of '
                          'the images. 1: off.', why=' (3: DeiT repeated augmentation; 1: off)'),
         }),
+    'packing': Group(
+        "NaViT packing (docs/training.md): several images' patch sequences in one sequence, "
+        'for a dataset.pp_train ending naflex(P, N) and a scaling.', {
+            'images_per_row': F('int', 0, '>= 0', 'Consecutive images packed into each row '
+                                '(those that do not fit in seq_len are dropped); the batch '
+                                'is batch_size / images_per_row rows. 0: off, one image per '
+                                'sequence.'),
+            'seq_len': F('int', 0, '>= 0', "The tokens of a packed row; 0: naflex's "
+                         'max_num_patches N (the budget of one unpacked image).'),
+        }),
     'objective': F('str', 'classification', '', "What the step learns: 'classification' (the "
                    "labels) or 'mpp': masked patch prediction, self-supervised, no label read "
                    '(vit_jax/models/mpp.py; the values and the model: mpp.check).'),

@@ -172,6 +172,7 @@ def naflex(patch_size: int, max_num_patches: int, method: str = 'pil_bilinear') 
             'patch_mask': np.arange(max_num_patches) < n,
             'patch_grid': np.array([rows, cols], np.int32)}
   op.patch_sequence = True
+  op.patch_size, op.max_num_patches = p, max_num_patches  # For the checks of a run's config.
   return op
 
 
@@ -362,6 +363,11 @@ class Pipeline:
     """Whether it makes patch sequences (``naflex``: a dict of ``PATCH_KEYS``), not images."""
     return any(getattr(op, 'patch_sequence', False) for op in self.ops)
 
+  @property
+  def naflex(self) -> Op | None:
+    """Its ``naflex`` op (``patch_size``, ``max_num_patches``), or None."""
+    return next((op for op in self.ops if getattr(op, 'patch_sequence', False)), None)
+
 
 def parse(spec: str) -> Pipeline:
   """Builds the pipeline of a string; unknown ops get a clear error."""
@@ -391,19 +397,25 @@ def parse(spec: str) -> Pipeline:
 
 
 def check_output(pipeline: Pipeline, image: Any, size: tuple[int, int], where: str,
-                 what: str) -> None:
+                 what: str, patch_size: tuple[int, int] | None = None) -> None:
   """``pipeline`` makes the model's (height, width, 3) input from ``image`` (``what``: which
-  example it is, for the message); a ConfigError naming the field ``where`` and the fix."""
+  example it is, for the message), or, for a model that takes patch sequences (its
+  ``patch_size``; None: it takes images only), a ``naflex`` patch sequence of its patch size;
+  a ConfigError naming the field ``where`` and the fix."""
   expected = (*size, 3)
-  if pipeline.patches:
+  if pipeline.patches and patch_size is None:
     raise errors.ConfigError(f'{where}={pipeline.spec!r} makes NaFlex patch sequences '
                              '(naflex), which this model does not take: end the pipeline with '
                              'resize or a crop to its image size.')
   try:
-    shape = tuple(pipeline(image, np.random.default_rng(0)).shape)
+    out = pipeline(image, np.random.default_rng(0))
   except Exception as e:  # Any failure of the user's pipeline on the user's data.
     raise errors.ConfigError(f'{where}={pipeline.spec!r} fails on {what}: '
                              f'{type(e).__name__}: {e}') from None
+  if pipeline.patches:
+    _check_patches(pipeline, out, patch_size, where, what)
+    return
+  shape = tuple(out.shape)
   if shape != expected:
     got = 'x'.join(map(str, shape))
     resize = size[0] if size[0] == size[1] else tuple(size)
@@ -412,6 +424,29 @@ def check_output(pipeline: Pipeline, image: Any, size: tuple[int, int], where: s
         f'{size[0]}x{size[1]}x3 (config.model.image_size). End the pipeline with '
         f'resize({resize}) or a crop to it, or change the image size'
         f'{" (and add to_rgb)" if len(shape) != 3 or shape[-1] != 3 else ""}.')
+
+
+def _check_patches(pipeline: Pipeline, out: dict[str, np.ndarray], patch_size: tuple[int, int],
+                   where: str, what: str) -> None:
+  """A ``naflex`` output of the model's square ``patch_size``, of ``PATCH_KEYS``' shapes."""
+  op = pipeline.naflex
+  if patch_size[0] != patch_size[1]:
+    raise errors.ConfigError(
+        f'{where}={pipeline.spec!r} cuts square patches, but the model\'s are '
+        f'{patch_size[0]}x{patch_size[1]} (config.model.patch_size): give it a square one.')
+  if patch_size[0] != op.patch_size:
+    raise errors.ConfigError(
+        f'{where}={pipeline.spec!r} cuts {op.patch_size}x{op.patch_size} patches, but the '
+        f"model's are {patch_size[0]}x{patch_size[0]} (config.model.patch_size): use "
+        f'naflex({patch_size[0]}, {op.max_num_patches}).')
+  n, p = op.max_num_patches, op.patch_size
+  expected = {'image': (n, p * p * 3), 'patch_coords': (n, 2), 'patch_mask': (n,),
+              'patch_grid': (2,)}
+  got = {k: tuple(np.shape(out.get(k))) for k in expected}
+  if got != expected:
+    raise errors.ConfigError(f'{where}={pipeline.spec!r} makes patch sequences of shapes {got} '
+                             f'(on {what}), not naflex\'s {expected}: end it with naflex(...) '
+                             'and a value_range or normalize only.')
 
 
 @dataclasses.dataclass(frozen=True)

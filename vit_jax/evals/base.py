@@ -22,6 +22,7 @@ from etils import epath
 from vit_jax.base import console, errors, sharding
 from vit_jax.base.sizes import pair
 from vit_jax.data import loader, local, preprocess, sources
+from vit_jax.models import naflex
 
 if TYPE_CHECKING:
   from vit_jax.checkpoints.formats.layout import Loaded
@@ -110,7 +111,8 @@ def pipeline(name: str, entry: ml_collections.ConfigDict, ctx: Context, source: 
       pp = preprocess.parse(entry.pp)
     except ValueError as e:
       raise errors.ConfigError(f'{field}: {e}') from None
-  preprocess.check_output(pp, source[0]['image'], pair(ctx.model.image_size), field, what)
+  preprocess.check_output(pp, source[0]['image'], pair(ctx.model.image_size), field, what,
+                          naflex.patch_size_of(ctx.model))
   return pp
 
 

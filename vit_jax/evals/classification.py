@@ -16,6 +16,7 @@ import ml_collections
 
 from vit_jax.base import errors, sharding
 from vit_jax.evals import base
+from vit_jax.models import naflex
 from vit_jax.training import optim
 
 
@@ -29,7 +30,7 @@ def make_eval_step(model: nn.Module, loss_name: str, mesh: jax.sharding.Mesh) ->
 
   def eval_step(params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-      logits = model.apply({'params': params}, batch['image'], train=False)  # Constrained.
+      logits = model.apply({'params': params}, naflex.inputs(batch), train=False)  # Constrained.
     labels, mask = batch['label'], batch['mask']
     # Precision@1: is the top-scoring class among the labels? For one-hot labels this is
     # top-1 accuracy.

@@ -27,6 +27,7 @@ from absl import logging
 from vit_jax.base import errors, sharding
 from vit_jax.data import loader, sources
 from vit_jax.evals import base
+from vit_jax.models import naflex
 
 BIAS_CONSTANT = 100.  # big_vision's constant bias feature.
 STD_EPSILON = 1e-5  # Added to the few-shot set's standard deviation (big_vision's).
@@ -152,7 +153,8 @@ def make_feature_step(model: nn.Module, batch_sharding: jax.sharding.NamedShardi
 
   def step(params: Any, batch: dict[str, jax.Array]) -> tuple[jax.Array, ...]:
     with jax.sharding.use_abstract_mesh(batch_sharding.mesh.abstract_mesh):
-      features = features_of.apply({'params': params}, batch['image'], train=False)
+      features = features_of.apply({'params': params}, naflex.inputs(batch),
+                                  train=False)
     return features, jnp.argmax(batch['label'], -1), batch['mask']
 
   return jax.jit(step, out_shardings=replicated)

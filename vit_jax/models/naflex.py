@@ -19,6 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax.base.sizes import pair
 from vit_jax.models import posemb
 
 Array = jax.Array
@@ -60,6 +61,14 @@ class PatchSequence(NamedTuple):
           f'{where} takes a PatchSequence of patches (batch, N, {ph * pw * 3}), coords '
           f'(batch, N, 2), mask (batch, N) and grid (batch, 2), got {shapes}: cut the images '
           f'with the naflex op at patch_size={ph}.')
+
+
+def patch_size_of(model: Any) -> tuple[int, int] | None:
+  """The (height, width) patch of a model that takes patch sequences (a ViT without a ResNet
+  stem or a masked-patch head), else None: what a ``naflex`` pipeline is checked against."""
+  if getattr(model, 'resnet_layers', None) is not None or getattr(model, 'mpp_outputs', 0):
+    return None
+  return pair(model.patch_size)
 
 
 def inputs(batch: Mapping[str, Any]) -> Any:

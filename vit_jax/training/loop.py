@@ -81,7 +81,7 @@ def train_and_evaluate(plan: Plan, workdir: str, evaluators: Sequence[Any] = ()
       plan.train_source, plan.pp_train, global_batch_size=config.batch_size,
       seed=config.seed, sharding=sharding.batch_sharding(plan.mesh),
       num_classes=plan.num_classes, num_workers=config.input_workers,
-      repeats=config.dataset.repeats)
+      repeats=config.dataset.repeats, packing=plan.packing)
   stream = batches = guard.stream(train_loader, start_step)
   preemption = _Preemption()
   profile = tuple(config.profile_steps or ())

@@ -26,8 +26,9 @@ from vit_jax.base.sizes import pair
 from vit_jax.checkpoints import formats
 from vit_jax.checkpoints.formats import big_vision, hub, release
 from vit_jax.checkpoints.run import workdir as workdir_lib
+from vit_jax.data import packing as packing_lib
 from vit_jax.data import preprocess, sources
-from vit_jax.models import get_model, mpp
+from vit_jax.models import get_model, mpp, naflex
 from vit_jax.training import optim
 from vit_jax.training import step as step_lib
 from vit_jax.training.step import StepOptions
@@ -50,6 +51,7 @@ class Plan:
   schedule: optax.Schedule
   tx: optax.GradientTransformation
   teacher: step_lib.Teacher | None = None  # config.distill.teacher, loaded.
+  packing: packing_lib.Packing | None = None  # config.packing (NaViT), where on.
 
   @property
   def step_options(self) -> StepOptions:
@@ -142,18 +144,79 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
   if self_supervised:
     model = mpp.pretraining_model(config, model)  # Checks config.mpp against the model.
   _check_image_size(model, config.model.image_size)
+  packing = _patch_sequences(config, pipelines, model, mesh)
   if with_data:
     for field, split, source in (('pp_train', config.dataset.train_split, train_source),
                                  ('pp_eval', config.dataset.eval_split, eval_source)):
       preprocess.check_output(pipelines[field], source[0]['image'], pair(model.image_size),
-                              f'config.dataset.{field}', f'the first {split!r} example')
+                              f'config.dataset.{field}', f'the first {split!r} example',
+                              naflex.patch_size_of(model))
   total, warmup = optim.resolve_steps(config, num_train_examples)
   schedule, total = optim.with_phases(optim.make_schedule(config.schedule, total, warmup),
                                       total, config_lib.phases(config))
   tx = optim.make_optimizer(config.optimizer, schedule)
   teacher = _teacher(config, model, tuple(getattr(train_source, 'class_names', ())))
   return Plan(config, model, train_source, eval_source, num_classes, total, warmup, mesh,
-              pipelines['pp_train'], pipelines['pp_eval'], schedule, tx, teacher)
+              pipelines['pp_train'], pipelines['pp_eval'], schedule, tx, teacher, packing)
+
+
+def _patch_sequences(config: ml_collections.ConfigDict, pipelines: dict[str, preprocess.Pipeline],
+                     model: nn.Module, mesh: jax.sharding.Mesh) -> packing_lib.Packing | None:
+  """NaFlex pipelines (``naflex``) checked against the model and the run's other options, and
+  ``config.packing`` (NaViT) resolved: its ``Packing``, or None where it is off."""
+  rows, train = config.packing.images_per_row, pipelines['pp_train']
+  if rows and not train.patches:
+    raise errors.ConfigError(
+        f'config.packing.images_per_row={rows} packs patch sequences, but '
+        f'config.dataset.pp_train={train.spec!r} makes images: end it with naflex(P, N)|'
+        'value_range(-1, 1), or set config.packing.images_per_row=0.')
+  for field, pipeline in pipelines.items():
+    if not pipeline.patches:
+      continue
+    where = f'config.dataset.{field}={pipeline.spec!r} makes NaFlex patch sequences'
+    if model.resnet_layers is not None:
+      raise errors.ConfigError(f'{where}, but the model is a hybrid (a ResNet stem, '
+                               'config.model.resnet_layers), which takes images: resize or crop '
+                               'to config.model.image_size instead, or train a plain ViT.')
+    if mpp.is_on(config):
+      raise errors.ConfigError(f"{where}, but config.objective='mpp' predicts the masked "
+                               'patches of images: resize or crop to config.model.image_size '
+                               "instead, or set config.objective='classification'.")
+    ours, theirs = pair(model.patch_size), pipeline.naflex.patch_size
+    if ours != (theirs, theirs):
+      raise errors.ConfigError(
+          f'{where} of {theirs}x{theirs} patches, but the model\'s are {ours[0]}x{ours[1]} '
+          f'(config.model.patch_size): use naflex({ours[0]}, '
+          f'{pipeline.naflex.max_num_patches}) with a square patch_size.')
+  if not train.patches:
+    return None
+  where = f'config.dataset.pp_train={train.spec!r} makes NaFlex patch sequences'
+  if config.mixup_alpha or config.cutmix_alpha:
+    raise errors.ConfigError(f'{where}, which mixup and CutMix cannot mix (they blend or cut '
+                             'images of one size): set config.mixup_alpha=0 and '
+                             'config.cutmix_alpha=0.')
+  if config.distill.teacher:
+    raise errors.ConfigError(f'{where}, but a distillation teacher (config.distill.teacher) '
+                             'labels images: leave the teacher out, or train on images.')
+  if not rows:
+    return None
+  budget = train.naflex.max_num_patches
+  seq_len = config.packing.seq_len or budget
+  if seq_len < budget:
+    raise errors.ConfigError(
+        f'config.packing.seq_len={seq_len} is shorter than naflex\'s max_num_patches={budget} '
+        f'(config.dataset.pp_train): an image of {budget} patches would never fit. Use '
+        f'{budget} or more (0: {budget}).')
+  devices = math.prod(mesh.shape[a] for a in sharding.BATCH_AXES)
+  packed, accum = config.batch_size // rows, int(config.grad_accum_steps)
+  if packed % devices or (packed // devices) % accum:
+    unit = rows * devices * accum
+    raise errors.ConfigError(
+        f'config.batch_size={config.batch_size} packs into {packed} rows of '
+        f'config.packing.images_per_row={rows}, which do not split over the {devices} devices '
+        f'(config.mesh data x fsdp) and config.grad_accum_steps={accum}: use a multiple of '
+        f'{unit}.')
+  return packing_lib.Packing(rows, seq_len)
 
 
 def _teacher(config: ml_collections.ConfigDict, model: nn.Module,

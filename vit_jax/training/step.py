@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 from vit_jax.base import sharding
 from vit_jax.base.sizes import pair
 from vit_jax.checkpoints.run import manager as manager_lib
-from vit_jax.models import mpp
+from vit_jax.models import mpp, naflex
 from vit_jax.training import mixing, optim
 
 
@@ -126,31 +126,51 @@ def loss_and_grads(model: nn.Module, options: StepOptions, params: Any,
   the class head learns the labels and the distillation head the teacher's hard labels of
   the same images, half the loss each (DeiT's hard distillation); None: the heads' mean
   learns the labels (timm's training of a distilled model without a teacher).
+
+  The model's input is ``naflex.inputs(batch)``: the images, or the patch sequences of a
+  ``naflex`` pipeline. A packed batch (NaViT, ``vit_jax.data.packing``) has per-image labels
+  (rows, K, classes) and ``image_mask`` (rows, K), the slots that hold an image: the loss is
+  the mean over those images only (an empty slot's is out of the loss, so its gradient is
+  zero); under ``grad_accum_steps`` or the shard_map step, each micro-batch's or device's mean,
+  averaged.
   """
-  def mean_loss(p: Any, images: jax.Array, labels: jax.Array, key: jax.Array) -> jax.Array:
+  def mean_loss(p: Any, images: Any, labels: jax.Array, key: jax.Array,
+                *image_mask: jax.Array) -> jax.Array:
     if options.mpp:  # Self-supervised: the labels are not read.
       return mpp.loss(model, options.mpp, gather(p), images, key)
     logits = model.apply({'params': gather(p)}, images, train=True, rngs={'dropout': key},
                          both_heads=teacher is not None)
+    if image_mask:  # Packed: the images' mean, the empty slots left out.
+      (real,) = image_mask
+      per_image = optim.loss_fn(options.loss, logits, labels, options.label_smoothing)
+      return (jnp.where(real, per_image, 0.).sum()
+              / jnp.maximum(real.sum(), 1).astype(per_image.dtype))
     loss = lambda logits, y, smoothing=options.label_smoothing: optim.loss_fn(
         options.loss, logits, y, smoothing).mean()
     if teacher is None:
       return loss(logits, labels)
     return (loss(logits[0], labels) + loss(logits[1], teacher.labels(images), 0.)) / 2
 
+  def arguments(batch: dict[str, jax.Array]) -> tuple[Any, ...]:
+    """The model's input and the labels (and a packed batch's ``image_mask``)."""
+    mask = (batch['image_mask'],) if 'image_mask' in batch else ()
+    return (naflex.inputs(batch), batch['label'], *mask)
+
   grad_fn = jax.value_and_grad(mean_loss)
   if not mixed:
     batch = mixing.mix_global_batch(batch, rng, options.mix)
   k = options.grad_accum_steps
   if k == 1:
-    return grad_fn(params, batch['image'], batch['label'], rng)
+    inputs, labels, *mask = arguments(batch)
+    return grad_fn(params, inputs, labels, rng, *mask)
   # Micro-batch i takes rows i, i + k, ...: every device keeps its rows.
   micro = jax.tree.map(
       lambda x: constrain(x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)), batch)
 
   def accumulate(carry: Any, xs: Any) -> tuple[Any, None]:
     i, mb = xs
-    loss, grads = grad_fn(params, mb['image'], mb['label'], jax.random.fold_in(rng, i))
+    inputs, labels, *mask = arguments(mb)
+    loss, grads = grad_fn(params, inputs, labels, jax.random.fold_in(rng, i), *mask)
     return jax.tree.map(jnp.add, carry, (loss, grads)), None
 
   zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
