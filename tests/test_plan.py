@@ -9,9 +9,12 @@ import numpy as np
 import pytest
 
 from vit_jax.base import errors
+from vit_jax.data import packing
 from vit_jax.training import plan as plan_lib
 
 from runs import constant_teacher, tiny_config
+
+NAFLEX = 'to_rgb|naflex(4, 16)|value_range(-1, 1)'
 
 
 @pytest.mark.parametrize('overrides, message', [
@@ -56,6 +59,33 @@ from runs import constant_teacher, tiny_config
     ({'batch_size': None}, r'^config.batch_size=None cannot be None.$'),
     ({'checkpoint_every_steps': 0}, r'^config.checkpoint_every_steps=0 must be >= 1'),
     ({'schedule.end_lr': 0.5}, r'^config.schedule.end_lr=0.5 is above config.schedule.base_lr'),
+    # Patch sequences (naflex) and NaViT packing: what cannot take them.
+    ({'packing.images_per_row': 2}, r"^config.packing.images_per_row=2 packs patch sequences, "
+                                    r"but config.dataset.pp_train='to_rgb\|resize\(16\).*' "
+                                    r'makes images: end it with naflex'),
+    ({'packing.images_per_row': 3, 'dataset.pp_train': NAFLEX},
+     r'^config.batch_size=64 does not split into packed rows of '
+     r'config.packing.images_per_row=3: use a multiple of 3.$'),
+    ({'model.name': 'r50_b16', 'model.patch_size': 1, 'model.image_size': 16,
+      'dataset.pp_train': 'to_rgb|naflex(1, 64)|value_range(-1, 1)'},
+     r"^config.dataset.pp_train=.* makes NaFlex patch sequences, but the model is a hybrid"),
+    ({'objective': 'mpp', 'dataset.pp_eval': NAFLEX},
+     r"^config.dataset.pp_eval=.* makes NaFlex patch sequences, but config.objective='mpp'"),
+    ({'dataset.pp_train': 'to_rgb|naflex(8, 16)|value_range(-1, 1)'},
+     r"^config.dataset.pp_train=.* makes NaFlex patch sequences of 8x8 patches, but the "
+     r"model's are 4x4 \(config.model.patch_size\): use naflex\(4, 16\)"),
+    ({'dataset.pp_train': NAFLEX, 'cutmix_alpha': 1.0},
+     r'^config.dataset.pp_train=.* makes NaFlex patch sequences, which mixup and CutMix '
+     r'cannot mix .*: set config.mixup_alpha=0 and config.cutmix_alpha=0.$'),
+    ({'dataset.pp_train': NAFLEX, 'model.distill_token': True, 'model.pool': 'token',
+      'distill.teacher': '/teacher'},
+     r'^config.dataset.pp_train=.* makes NaFlex patch sequences, but a distillation teacher '),
+    ({'dataset.pp_train': NAFLEX, 'packing.images_per_row': 2, 'packing.seq_len': 12},
+     r"^config.packing.seq_len=12 is shorter than naflex's max_num_patches=16 "
+     r'\(config.dataset.pp_train\): an image of 16 patches would never fit. Use 16 or more'),
+    ({'dataset.pp_train': NAFLEX, 'packing.images_per_row': 16},
+     r'^config.batch_size=64 packs into 4 rows of config.packing.images_per_row=16, which do '
+     r'not split over the 8 devices .*: use a multiple of 128.$'),
 ])
 def test_bad_configs_fail_before_compiling(overrides, message):
   """Each a ConfigError, which vit_jax.main prints as one line (tests/test_faults.py)."""
@@ -69,6 +99,15 @@ def test_bad_configs_fail_before_compiling(overrides, message):
       node[leaf] = value
   with pytest.raises(errors.ConfigError, match=message):
     plan_lib.validate(config)
+
+
+def test_a_packed_naflex_run_plans_its_packing_and_takes_naflex_evaluation():
+  """config.packing resolved (seq_len 0: the naflex budget), a naflex pp_eval taken."""
+  plan = plan_lib.validate(tiny_config(**{'dataset.pp_train': NAFLEX, 'dataset.pp_eval': NAFLEX,
+                                          'packing.images_per_row': 4}))
+  assert plan.packing == packing.Packing(4, 16)
+  assert plan.pp_train.patches and plan.pp_eval.patches
+  assert plan_lib.validate(tiny_config(**{'dataset.pp_train': NAFLEX})).packing is None
 
 
 def test_missing_data_path_is_named(tmp_path):

@@ -8,15 +8,18 @@ import functools
 import chex
 import jax
 import numpy as np
+import optax
 import pytest
 
 from vit_jax.base import sharding
 from vit_jax.checkpoints.formats import layout
 from vit_jax.checkpoints.run import manager as manager_lib
+from vit_jax.data import preprocess
+from vit_jax.models import get_model
 from vit_jax.training import plan as plan_lib
 from vit_jax.training import step as step_lib
 
-from runs import constant_teacher, tiny_config
+from runs import TINY_MODEL, constant_teacher, tiny_config
 
 
 def setup_step(config, state=None):
@@ -274,3 +277,47 @@ def test_the_distillation_head_learns_the_teachers_labels_the_class_head_the_lab
     if step_impl == 'jit':
       jit_losses = losses
   np.testing.assert_allclose(losses, jit_losses, rtol=1e-5)
+
+
+
+NAFLEX = 'to_rgb|naflex(4, 16)|value_range(-1, 1)'
+# Images of mixed aspect ratios: NAFLEX cuts each into its own grid of at most 16 patches.
+MIXED = [(16, 16), (8, 32), (32, 8), (12, 20), (20, 12), (16, 8), (8, 16), (24, 24)]
+
+
+def naflex_examples(sizes, seed=0):
+  """Random images of the (height, width) ``sizes`` cut by ``NAFLEX``, stacked, with random
+  one-hot labels (numpy: a loader's unpacked batch)."""
+  rng = np.random.default_rng(seed)
+  pp = preprocess.parse(NAFLEX)
+  seqs = [pp(rng.integers(0, 256, (*size, 3), np.uint8), rng) for size in sizes]
+  batch = {k: np.stack([s[k] for s in seqs]) for k in preprocess.PATCH_KEYS}
+  batch['label'] = np.eye(10, dtype=np.float32)[rng.integers(0, 10, len(sizes))]
+  return batch
+
+
+@pytest.fixture(scope='module')
+def one_device_model():
+  """A one-layer ViT of width 16 on a one-device mesh (one small compile per test)."""
+  model = get_model(**{**TINY_MODEL, 'hidden_size': 16, 'mlp_dim': 32, 'num_layers': 1,
+                       'num_heads': 2}, num_classes=10)
+  return model, sharding.make_mesh(None, jax.devices()[:1])
+
+
+def test_a_naflex_step_learns_images_of_mixed_aspect_ratios(one_device_model):
+  """The train step takes a batch of patch sequences (``naflex``, one image each) and fits
+  its labels."""
+  model, mesh = one_device_model
+  tx = optax.adam(1e-2)
+  state, shardings = step_lib.create_train_state(model, tx, 0, mesh)
+  step = step_lib.make_train_step(model, tx, optax.constant_schedule(1e-2),
+                                  step_lib.StepOptions(), mesh, shardings)
+  batch = jax.device_put(naflex_examples(MIXED * 2), sharding.batch_sharding(mesh))
+  grids = {tuple(g) for g in np.asarray(batch['patch_grid'])}
+  assert len(grids) >= 5 and (2, 8) in grids and (8, 2) in grids
+  losses = []
+  for _ in range(10):
+    state, metrics = step(state, batch)
+    losses.append(float(metrics['loss']))
+  assert np.isfinite(losses).all()
+  assert losses[-1] < 0.6 * losses[0], losses
