@@ -1,7 +1,8 @@
 """vit_jax.models.naflex: the ViT on patch sequences (NaFlex). A square image's sequence gives
 what the image gives; padding changes nothing and gets no gradient; images of different
 aspect ratios in one batch give what they give alone; the per-image resize of the position
-embeddings is jax.image.resize's and transformers' (SigLIP 2's, written by torch)."""
+embeddings is jax.image.resize's and transformers' (SigLIP 2's, written by torch). Packed
+(NaViT), each image of a row gives what it gives alone, and nothing crosses between images."""
 
 import pathlib
 
@@ -11,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax.data import preprocess
+from vit_jax.data import packing, preprocess
 from vit_jax.models import naflex
 from vit_jax.models.vit import VisionTransformer
 
@@ -146,3 +147,58 @@ def test_a_sequence_of_the_wrong_patch_or_a_hybrid_is_refused():
     VisionTransformer(**dict(TINY, patch_size=4)).init(jax.random.key(0), seq)
   with pytest.raises(ValueError, match='hybrid'):
     VisionTransformer(**dict(TINY, resnet_layers=())).init(jax.random.key(0), seq)
+
+
+# The models a packed row takes (no prefix tokens): each pool per image, each encoding.
+PACKABLE = {
+    'learn_map_scan': dict(pool='map', prefix_posemb=False, scan=True),
+    'rope_axial_gap_xla': dict(pool='gap', posemb='none', rope='axial', attention_impl='xla'),
+}
+
+
+@pytest.fixture(scope='module', params=list(PACKABLE))
+def packed(request):
+  """(model, params, four images' sequences alone, a row packing the first three of them
+  (the packer's own: the fourth does not fit) and a row with its three slots empty)."""
+  model = VisionTransformer(**dict(TINY, **PACKABLE[request.param]))
+  images = [image(24, 56, seed=4), image(48, 20, seed=5), image(32, 32, seed=6),
+            image(40, 40, seed=7)]
+  alone = sequence(images, 20)
+  batch = {'image': alone.patches, 'patch_coords': alone.coords, 'patch_mask': alone.mask,
+           'patch_grid': alone.grid}
+  row = packing.pack_row(batch, np.eye(4, dtype=np.float32), seq_len=56)
+  # 18 + 18 + 16 patches; 16 more do not fit.
+  assert row['image_mask'].tolist() == [True, True, True, False]
+  empty = jax.tree.map(np.zeros_like, row)
+  rows = {k: np.stack([row[k], empty[k]]) for k in row}
+  params = jax.jit(model.init)(jax.random.key(0), alone)
+  return model, params, alone, naflex.PatchSequence.from_batch(rows)
+
+
+def test_each_image_of_a_packed_row_gives_what_it_gives_alone(packed):
+  model, params, alone, seq = packed
+  apply = jax.jit(model.apply)
+  got, want = apply(params, seq), apply(params, alone)
+  chex.assert_shape(got, (2, 4, 32))  # Per image slot: (rows, images per row, width).
+  chex.assert_trees_all_close(got[0, :3], want[:3], atol=1e-5, rtol=1e-5)
+  chex.assert_tree_all_finite(got)  # Empty slots too.
+
+
+def test_nothing_crosses_between_packed_images_and_padding_gets_no_gradient(packed):
+  """The gradient of image k's output reaches image k's patches only: none of another image's
+  and none of the padding's, however large the padding's pixels."""
+  model, params, _, seq = packed
+  seq = seq._replace(patches=jnp.where(seq.mask[..., None], seq.patches, 50.))
+
+  def output(patches, k):
+    return (model.apply(params, seq._replace(patches=patches))[0, k] ** 2).sum()
+  grads = jax.jit(jax.vmap(jax.grad(output), in_axes=(None, 0)))(seq.patches, jnp.arange(3))
+  touched = np.abs(np.asarray(grads[:, 0])).sum(-1) > 0  # (images, tokens) of the first row.
+  segments = np.asarray(seq.segments[0])
+  np.testing.assert_array_equal(touched, segments[None] == np.arange(1, 4)[:, None])
+
+
+def test_a_packed_row_is_refused_by_a_model_with_prefix_tokens(packed):
+  _, _, _, seq = packed
+  with pytest.raises(ValueError, match="prefix tokens.*pool='gap' or 'map'"):
+    VisionTransformer(**dict(TINY, pool='token')).init(jax.random.key(0), seq)

@@ -239,3 +239,16 @@ def test_a_model_that_takes_images_refuses_patch_sequences_in_one_line():
                      'NaFlex patch sequences .* end the pipeline with resize'):
     preprocess.check_output(preprocess.parse('naflex(4, 8)'), numbered(8, 12), (8, 8),
                             'config.dataset.pp_eval', 'the first example')
+
+
+def test_naflex_without_upscale_keeps_an_image_within_the_budget_at_its_own_size():
+  """NaViT's native resolution: a 40 x 70 image takes 3 x 5 patches of 16 (its sides rounded up
+  to the patch) where SigLIP 2 fills the budget (12 x 21); one over the budget is resized as
+  SigLIP 2 resizes it."""
+  assert preprocess.naflex_size(40, 70, 16, 256, upscale=False) == (48, 80)
+  assert preprocess.naflex_size(40, 70, 16, 256) == (192, 336)
+  assert (preprocess.naflex_size(300, 500, 16, 64, upscale=False)
+          == preprocess.naflex_size(300, 500, 16, 64))
+  op = preprocess.parse("naflex(16, 256, 'pil_bilinear', False)").ops[0]
+  out = op(np.zeros((40, 70, 3), np.uint8), np.random.default_rng(0))
+  assert out['patch_grid'].tolist() == [3, 5] and out['patch_mask'].sum() == 15

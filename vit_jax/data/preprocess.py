@@ -113,14 +113,18 @@ def resize_small(size: int | tuple[int, int], method: str = 'bilinear') -> Op:
 
 
 def naflex_size(height: int, width: int, patch_size: int, max_num_patches: int,
-                eps: float = 1e-5) -> tuple[int, int]:
+                eps: float = 1e-5, upscale: bool = True) -> tuple[int, int]:
   """The (height, width) NaFlex resizes an image to: its aspect ratio nearly kept, each side a
   multiple of the patch (rounded up, one patch at least), as many patches as fit in
   ``max_num_patches``. The scale is found by bisection on [eps / 10, 100], to ``eps``, as
-  transformers' ``get_image_size_for_max_num_patches`` (SigLIP 2) finds it."""
+  transformers' ``get_image_size_for_max_num_patches`` (SigLIP 2) finds it.
+  ``upscale=False``: no scale above 1, so an image within the budget keeps its own size
+  (each side rounded up to the patch): NaViT's native resolution."""
   def scaled(scale: float, side: int) -> int:
     return max(patch_size, math.ceil(side * scale / patch_size) * patch_size)
 
+  if not upscale and scaled(1., height) * scaled(1., width) <= max_num_patches * patch_size**2:
+    return scaled(1., height), scaled(1., width)
   lo, hi = eps / 10, 100.
   while hi - lo >= eps:
     scale = (lo + hi) / 2
@@ -135,7 +139,8 @@ def naflex_size(height: int, width: int, patch_size: int, max_num_patches: int,
 PATCH_KEYS = ('image', 'patch_coords', 'patch_mask', 'patch_grid')
 
 
-def naflex(patch_size: int, max_num_patches: int, method: str = 'pil_bilinear') -> Op:
+def naflex(patch_size: int, max_num_patches: int, method: str = 'pil_bilinear',
+           upscale: bool = True) -> Op:
   """An image as a NaFlex patch sequence (SigLIP 2): resized keeping its aspect ratio to the
   most patches that fit in ``max_num_patches`` (``naflex_size``), cut into patches, padded.
 
@@ -147,8 +152,10 @@ def naflex(patch_size: int, max_num_patches: int, method: str = 'pil_bilinear') 
   ``patch_mask`` (max_num_patches,) bool, True for the image's patches; ``patch_grid`` (2,)
   int32, the grid's (rows, columns). transformers' ``Siglip2ImageProcessor`` gives the same
   as ``pixel_values``, ``pixel_attention_mask`` and ``spatial_shapes``. ``method``: the
-  resize, PIL's antialiased bilinear by default (transformers'). Only ``value_range`` or
-  ``normalize`` may follow: they scale the patches.
+  resize, PIL's antialiased bilinear by default (transformers'). ``upscale=False``: an image
+  within the budget is not enlarged to fill it (``naflex_size``; NaViT's native resolution,
+  where packing saves the most). Only ``value_range`` or ``normalize`` may follow: they scale
+  the patches.
   """
   if not isinstance(patch_size, int) or patch_size < 1:
     raise ValueError(f'naflex: patch_size={patch_size!r} must be a positive int.')
@@ -160,7 +167,7 @@ def naflex(patch_size: int, max_num_patches: int, method: str = 'pil_bilinear') 
     image = _rgb(image)
     if image.dtype != np.uint8:
       raise ValueError('naflex resizes uint8 pixels: put value_range or normalize after it.')
-    h, w = naflex_size(*image.shape[:2], p, max_num_patches)
+    h, w = naflex_size(*image.shape[:2], p, max_num_patches, upscale=upscale)
     image = resize_to(image, h, w)
     rows, cols = h // p, w // p
     n = rows * cols

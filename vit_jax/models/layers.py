@@ -122,9 +122,10 @@ class MultiHeadAttention(nn.Module):
   (EVA's attention). ``rope`` with ``positions`` (the patches' rotary coordinates,
   ``posemb.coordinates``; the patches are the last tokens): the patches' queries and keys are
   rotated (``posemb.apply_rope``). ``key_mask`` (batch, keys) bool: the keys that may be
-  attended to (a patch sequence's padding is not); 'xla' takes it as its mask, 'cudnn'
-  computes a masked attention with the einsum. ``attention_norm``: a norm on the heads'
-  joined outputs before ``out``, ``out_norm`` (EVA-02 CLIP's ``scale_attn_inner``).
+  attended to (a patch sequence's padding is not), or (batch, queries, keys) per query;
+  'xla' takes it as its mask, 'cudnn' computes a masked attention with the einsum.
+  ``attention_norm``: a norm on the heads' joined outputs before ``out``, ``out_norm``
+  (EVA-02 CLIP's ``scale_attn_inner``).
   """
 
   options: BlockOptions
@@ -174,13 +175,18 @@ class MultiHeadAttention(nn.Module):
                            dot_general=dot_general, kernel_init=dense_init, name='out')(x)
 
 
+def head_mask(key_mask: Array) -> Array:
+  """A (batch, keys) or (batch, queries, keys) mask as (batch, heads, queries, keys) sees it."""
+  return key_mask[:, None, None, :] if key_mask.ndim == 2 else key_mask[:, None]
+
+
 def einsum_attention(module: nn.Module, q: Array, k: Array, v: Array, dot_general: Callable,
                      *, dropout: float, deterministic: bool, dtype: Dtype,
                      key_mask: Array | None = None) -> Array:
   """Softmax attention of (batch, tokens, heads, head_dim) inputs, in ``module``: the only
   kernel with attention dropout, and the one that records the weights (``module``'s
   'intermediates' collection, ``attention_weights``). ``key_mask`` (batch, keys) bool: the
-  other keys get weight exactly 0 (and no gradient)."""
+  other keys get weight exactly 0 (and no gradient); (batch, queries, keys): per query."""
   # Heads next to the batch, (b, h, tokens, d): the batched matmuls' preferred layout
   # on XLA:CPU (the two products 1.3x and 2x faster than in (b, tokens, h, d)); the TPU
   # compiler lays them out itself (the same step time either way, cost model).
@@ -193,7 +199,7 @@ def einsum_attention(module: nn.Module, q: Array, k: Array, v: Array, dot_genera
   logits = dot_general(q, k, (((3,), (3,)), ((0, 1), (0, 1))), preferred_element_type=dtype)
   logits = logits.astype(jnp.float32)
   if key_mask is not None:
-    logits = jnp.where(key_mask[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
+    logits = jnp.where(head_mask(key_mask), logits, jnp.finfo(jnp.float32).min)
   weights = jax.nn.softmax(logits, axis=-1)
   module.sow('intermediates', 'attention_weights', weights)
   weights = nn.Dropout(dropout, broadcast_dims=())(
@@ -244,7 +250,7 @@ def fused_attention(q: Array, k: Array, v: Array, implementation: str,
     if implementation != 'xla':
       raise ValueError(f'a key mask needs attention_impl "xla" or "einsum", not '
                        f'{implementation!r}.')
-    return jax.nn.dot_product_attention(q, k, v, mask=key_mask[:, None, None, :],
+    return jax.nn.dot_product_attention(q, k, v, mask=head_mask(key_mask),
                                         implementation=implementation)
   if even_lengths is None:
     even_lengths = implementation == 'cudnn'

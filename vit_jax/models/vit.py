@@ -80,7 +80,7 @@ class EncoderBlock(nn.Module):
     a rotary encoding. ``query_tokens``: compute only the first this many tokens' outputs (all
     tokens are still keys and values); the rest are not computed and not returned.
     ``key_mask`` (batch, tokens) bool: the tokens attended to (a patch sequence's padding is
-    not); None: all."""
+    not), or (batch, tokens, tokens) per query (a packed sequence's); None: all."""
     o = self.options
     mlp = lambda: MlpBlock(o, name='MlpBlock_3')
 
@@ -202,19 +202,21 @@ class MAPHead(nn.Module):
   @nn.compact
   def __call__(self, x: Array, key_mask: Array | None = None) -> Array:
     """The pooled (batch, width); ``key_mask`` (batch, tokens) bool: the tokens the probe
-    attends to (None: all)."""
+    attends to (None: all); (batch, K, tokens): K probes, one per packed image, each over its
+    own image's tokens, pooled (batch, K, width)."""
     # The head's attention takes the blocks' kernel, but none of their dropout, and is a plain
     # one: key biases, no rotation, no inner norms (timm's AttentionPoolLatent).
     o = dataclasses.replace(self.options, dropout_rate=0., attention_dropout_rate=0.,
                             num_heads=self.num_heads or self.options.num_heads, key_bias=True,
                             attention_norm=False, mlp_norm=False, rope=None)
+    queries = 1 if key_mask is None or key_mask.ndim == 2 else key_mask.shape[1]
     probe = self.param('probe', dense_init, (1, 1, x.shape[-1]), o.param_dtype)
-    probe = jnp.tile(probe, (x.shape[0], 1, 1)).astype(x.dtype)
+    probe = jnp.tile(probe, (x.shape[0], queries, 1)).astype(x.dtype)
     x = MultiHeadAttention(o, name='MultiHeadDotProductAttention_0')(
         probe, x, deterministic=True, key_mask=key_mask)
     y = o.norm_layer('LayerNorm_0')(x)
     x = x + MlpBlock(o, name='MlpBlock_0')(y, deterministic=True)
-    return x[:, 0]
+    return x[:, 0] if queries == 1 and (key_mask is None or key_mask.ndim == 2) else x
 
 
 class VisionTransformer(nn.Module):
@@ -503,6 +505,10 @@ class VisionTransformer(nn.Module):
       raise ValueError(f'{name} predicts masked patches (mpp_outputs): it takes images, not '
                        'patch sequences.')
     seq.check(pair(self.patch_size), name)
+    if seq.packed and self.num_prefix_tokens:
+      raise ValueError(f'{name} has prefix tokens (pool={self.pool!r}, class token, '
+                       'registers): a packed patch sequence takes a model that pools each '
+                       "image's own patches, pool='gap' or 'map'.")
     x = naflex.embed(self.patch_embedding, seq.patches.astype(self.dtype), pair(self.patch_size))
     return x, self.grid, seq
 
@@ -544,7 +550,8 @@ class VisionTransformer(nn.Module):
         stochastic_depth=self.stochastic_depth, scan=self.scan, remat_policy=self.remat_policy,
         prefix_posemb=self.prefix_posemb, final_norm=not self.fc_norm, pre_norm=self.pre_norm,
         name='Transformer')(x, train=train, output_tokens=output_tokens, sequence=sequence)
-    key_mask = None if sequence is None else naflex.key_mask(sequence, self.num_prefix_tokens)
+    # Unpacked: (batch, tokens); packed: (batch, K, tokens), each image's own, pooled apart.
+    mask = None if sequence is None else naflex.pool_mask(sequence, self.num_prefix_tokens)
 
     if self.mpp_outputs:  # Each patch's final representation (prefix tokens dropped).
       return nn.Dense(self.mpp_outputs, kernel_init=nn.initializers.zeros,
@@ -552,13 +559,12 @@ class VisionTransformer(nn.Module):
                           x[:, self.num_prefix_tokens:].astype(jnp.float32))
     if self.pool == 'token':  # With a distillation token: both, (batch, 2, D).
       x = x[:, :2] if self.distill_token else x[:, 0]
-    elif self.pool == 'gap' and key_mask is not None:  # The mean of the image's own patches.
-      valid = key_mask[:, self.num_prefix_tokens:, None].astype(x.dtype)
-      x = (x[:, self.num_prefix_tokens:] * valid).sum(axis=1) / jnp.maximum(valid.sum(1), 1)
+    elif self.pool == 'gap' and mask is not None:  # The mean of the image's own patches.
+      x = naflex.masked_mean(x[:, self.num_prefix_tokens:], mask[..., self.num_prefix_tokens:])
     elif self.pool == 'gap':  # The patches' mean; prefix tokens are not pooled.
       x = jnp.mean(x[:, self.num_prefix_tokens:], axis=1)
     else:
-      x = MAPHead(self.block_options, self.map_heads, name='MAPHead_0')(x, key_mask)
+      x = MAPHead(self.block_options, self.map_heads, name='MAPHead_0')(x, mask)
     if self.fc_norm:
       x = self.block_options.norm_layer('fc_norm')(x)
 
