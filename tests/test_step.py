@@ -14,8 +14,9 @@ import pytest
 from vit_jax.base import sharding
 from vit_jax.checkpoints.formats import layout
 from vit_jax.checkpoints.run import manager as manager_lib
-from vit_jax.data import preprocess
-from vit_jax.models import get_model
+from vit_jax.data import packing, preprocess
+from vit_jax.models import get_model, naflex
+from vit_jax.training import optim
 from vit_jax.training import plan as plan_lib
 from vit_jax.training import step as step_lib
 
@@ -298,18 +299,33 @@ def naflex_examples(sizes, seed=0):
 
 @pytest.fixture(scope='module')
 def one_device_model():
-  """A one-layer ViT of width 16 on a one-device mesh (one small compile per test)."""
+  """A one-layer ViT of width 16, random parameters (drawn in numpy: initialising compiles),
+  a one-device mesh: one small compile per test."""
   model = get_model(**{**TINY_MODEL, 'hidden_size': 16, 'mlp_dim': 32, 'num_layers': 1,
                        'num_heads': 2}, num_classes=10)
-  return model, sharding.make_mesh(None, jax.devices()[:1])
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0),
+                          np.zeros((1, 16, 16, 3), np.float32))['params']
+  rng = np.random.default_rng(0)
+
+  def draw(path, s):  # Norm scales near 1, biases 0, the rest N(0, 0.2).
+    name = sharding.path_name(path)
+    mean = 1. if name.endswith('scale') else 0.
+    std = 0. if name.endswith('bias') else 0.05 if name.endswith('scale') else 0.2
+    return (mean + std * rng.standard_normal(s.shape)).astype(s.dtype)
+
+  params = jax.tree_util.tree_map_with_path(draw, shapes)
+  return model, params, sharding.make_mesh(None, jax.devices()[:1])
 
 
 def test_a_naflex_step_learns_images_of_mixed_aspect_ratios(one_device_model):
   """The train step takes a batch of patch sequences (``naflex``, one image each) and fits
   its labels."""
-  model, mesh = one_device_model
+  model, params, mesh = one_device_model
   tx = optax.adam(1e-2)
-  state, shardings = step_lib.create_train_state(model, tx, 0, mesh)
+  state = step_lib.TrainState(np.zeros((), np.int32), params, tx.init(params),
+                              jax.random.PRNGKey(0))
+  shardings = sharding.shardings_for(state, mesh)
+  state = jax.device_put(state, shardings)
   step = step_lib.make_train_step(model, tx, optax.constant_schedule(1e-2),
                                   step_lib.StepOptions(), mesh, shardings)
   batch = jax.device_put(naflex_examples(MIXED * 2), sharding.batch_sharding(mesh))
@@ -321,3 +337,42 @@ def test_a_naflex_step_learns_images_of_mixed_aspect_ratios(one_device_model):
     losses.append(float(metrics['loss']))
   assert np.isfinite(losses).all()
   assert losses[-1] < 0.6 * losses[0], losses
+
+
+def test_the_packed_loss_is_the_mean_over_real_images_and_a_padding_image_gets_no_gradient(
+    one_device_model):
+  """Two packed rows of three images each (NaViT), the second slot of the first row marked a
+  padding image (``image_mask`` False) though its patches are there: the loss is the mean of
+  the five real images' losses, each as it is alone, and the gradient of the padding image's
+  patches, and of the padding tokens, is exactly zero; a real image's is not."""
+  model, params, _ = one_device_model
+  examples = naflex_examples(MIXED[:6], seed=1)
+  batch = packing.pack(examples, packing.Packing(3, 48))
+  assert batch['image_mask'].all()  # 48 tokens hold every image: none dropped.
+  batch['image_mask'][0, 1] = False
+  batch['image'] = preprocess.scale_pixels(batch['image'], 2 / 255, -1., batch['patch_mask'])
+  options = step_lib.StepOptions()
+
+  @jax.jit
+  def loss_and_patch_grads(patches):
+    def loss_of(p):
+      logits = model.apply({'params': params}, naflex.inputs({**batch, 'image': p}))
+      return step_lib.packed_loss(options, logits, batch['label'], batch['image_mask'])
+    return jax.value_and_grad(loss_of)(patches)
+
+  loss, grads = loss_and_patch_grads(batch['image'])
+  # The step's loss of the batch is the same.
+  step_loss = jax.jit(lambda b: step_lib.loss_and_grads(model, options, params, b,
+                                                        jax.random.PRNGKey(1))[0])
+  np.testing.assert_allclose(step_loss(batch), loss, rtol=1e-6)
+  grads = np.asarray(grads)
+  segments = batch['segment_ids']
+  assert (grads[0][segments[0] == 2] == 0).all()  # The padding image's patches.
+  assert (grads[segments == 0] == 0).all()  # The padding tokens.
+  for row, slot in ((0, 1), (0, 3), (1, 1), (1, 2), (1, 3)):
+    assert np.abs(grads[row][segments[row] == slot]).max() > 0
+  alone = model.apply({'params': params}, naflex.PatchSequence(
+      preprocess.scale_pixels(examples['image'], 2 / 255, -1., examples['patch_mask']),
+      examples['patch_coords'], examples['patch_mask'], examples['patch_grid']))
+  per_image = optim.loss_fn('softmax_xent', alone, examples['label'])
+  np.testing.assert_allclose(loss, np.delete(per_image, 1).mean(), rtol=1e-5)

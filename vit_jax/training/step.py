@@ -113,6 +113,16 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation, seed:
   return jax.jit(init, out_shardings=shardings)(rng), shardings
 
 
+def packed_loss(options: StepOptions, logits: jax.Array, labels: jax.Array,
+                image_mask: jax.Array) -> jax.Array:
+  """The mean loss of a packed batch's real images: ``logits`` and ``labels`` (rows, K,
+  classes), ``image_mask`` (rows, K) True where a slot holds an image; the empty slots are
+  out of the mean (and get no gradient)."""
+  per_image = optim.loss_fn(options.loss, logits, labels, options.label_smoothing)
+  return (jnp.where(image_mask, per_image, 0.).sum()
+          / jnp.maximum(image_mask.sum(), 1).astype(per_image.dtype))
+
+
 def loss_and_grads(model: nn.Module, options: StepOptions, params: Any,
                    batch: dict[str, jax.Array], rng: jax.Array,
                    constrain: Callable = lambda x: x,
@@ -140,11 +150,8 @@ def loss_and_grads(model: nn.Module, options: StepOptions, params: Any,
       return mpp.loss(model, options.mpp, gather(p), images, key)
     logits = model.apply({'params': gather(p)}, images, train=True, rngs={'dropout': key},
                          both_heads=teacher is not None)
-    if image_mask:  # Packed: the images' mean, the empty slots left out.
-      (real,) = image_mask
-      per_image = optim.loss_fn(options.loss, logits, labels, options.label_smoothing)
-      return (jnp.where(real, per_image, 0.).sum()
-              / jnp.maximum(real.sum(), 1).astype(per_image.dtype))
+    if image_mask:
+      return packed_loss(options, logits, labels, *image_mask)
     loss = lambda logits, y, smoothing=options.label_smoothing: optim.loss_fn(
         options.loss, logits, y, smoothing).mean()
     if teacher is None:
