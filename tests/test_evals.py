@@ -1,6 +1,7 @@
 """vit_jax.evals: every entry of config.evals built by its type, checked before anything
 compiles, and run by training for the weights and their moving average."""
 
+import dataclasses
 import pathlib
 
 import numpy as np
@@ -102,3 +103,25 @@ def test_every_evaluator_runs_for_the_weights_and_their_moving_average(tmp_path)
   for name, metric in (('eval', 'accuracy'), ('fewshot', 'digits_1shot')):
     assert {f'{name}/{metric}', f'{name}/ema/{metric}'} <= rows
     assert 0 <= result[f'{name}/ema/{metric}'] <= 1
+
+
+def test_an_evaluators_naflex_pipeline_is_checked_against_the_models_patch():
+  """A classification entry's ``pp`` may cut patch sequences (naflex) of the model's patch
+  size, not of another; a model that takes images only (masked patch prediction's) refuses
+  them."""
+  naflex = "to_rgb|naflex({}, 16)|value_range(-1, 1)"
+  config = tiny_config(**{'evals.eval': dict(type='classification', pp=naflex.format(8))})
+  plan = plan_lib.validate(config)
+  message = (r"^config.evals.eval.pp='to_rgb\|naflex\(8, 16\).*' cuts 8x8 patches, but the "
+             r"model's are 4x4 \(config.model.patch_size\): use naflex\(4, 16\).$")
+  with pytest.raises(errors.ConfigError, match=message):
+    evals.from_config(plan)
+  plan.config.evals.eval.pp = naflex.format(4)
+  (evaluator,) = evals.from_config(plan)
+  assert evaluator.pp.patches
+  ctx = evals.base.Context.from_plan(plan)
+  ctx = dataclasses.replace(ctx, model=ctx.model.clone(mpp_outputs=4))
+  with pytest.raises(errors.ConfigError, match=r'makes NaFlex patch sequences \(naflex\), which '
+                                               r'this model does not take'):
+    evals.base.pipeline('eval', plan.config.evals.eval, ctx, plan.eval_source,
+                        'its first example')
