@@ -147,7 +147,7 @@ FIELDS: dict[str, Field | Group] = {
                      "the labels (timm's training without a teacher)."),
     }),
     'flexi': Group("FlexiViT's training (Beyer et al., 2023): each step at a patch size drawn "
-                   'from a list, the parameters kept at model.patch_size (docs/training.md).', {
+                   'from a list, the parameters kept at model.patch_size (docs/evaluation.md).', {
         'patch_sizes': F('ints', (), '>= 1', "The patch sizes a step is drawn from (each must "
                          "tile model.image_size; the paper's: 8 to 48 at 240 px); (): off, "
                          'every step at model.patch_size.'),

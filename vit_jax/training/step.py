@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
+from absl import logging
 from jax.sharding import PartitionSpec as P
 
 from vit_jax.base import sharding
@@ -280,6 +281,8 @@ class PatchSizeSteps:
     """The jitted step of training step ``step``."""
     size = self.patch_size(step)
     if size not in self.steps:
+      logging.info('FlexiViT: step %d draws patch size %d, the %s of %s: its step compiles now.',
+                   step, size, _ordinal(len(self.steps) + 1), self.patch_sizes)
       self.steps[size] = self.make(size)
     return self.steps[size]
 
@@ -288,3 +291,7 @@ class PatchSizeSteps:
     (what a plan ahead of time, ``vit_jax.tools.aot``, must fit)."""
     size = min(self.patch_sizes)
     return self.steps.setdefault(size, self.make(size)).lower(state, batch)
+
+
+def _ordinal(n: int) -> str:
+  return f'{n}{"th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")}'
