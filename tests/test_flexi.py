@@ -69,11 +69,13 @@ def test_the_jax_resample_gives_big_visions_numbers():
   """flexi_resample.npz (written by big_vision's own resample_patchemb): the differentiable
   resample of the forward pass, as the checkpoint formats' numpy one (test_formats)."""
   cases = np.load(BIG_VISION / 'flexi_resample.npz')
-  for i in range(len([k for k in cases if k.startswith('in_')])):
-    new = tuple(int(s) for s in cases[f'new_hw_{i}'])
-    ours = flexi.resample_patchemb(jnp.asarray(cases[f'in_{i}']), new)
-    chex.assert_trees_all_close(ours, cases[f'out_{i}'], atol=1e-5, rtol=0)
-    chex.assert_trees_all_close(ours, fit.resample_patchemb(cases[f'in_{i}'], new), atol=1e-5,
+  n = len([k for k in cases if k.startswith('in_')])
+  sizes = [tuple(int(s) for s in cases[f'new_hw_{i}']) for i in range(n)]
+  ours = jax.jit(lambda kernels: [flexi.resample_patchemb(k, s) for k, s in zip(
+      kernels, sizes, strict=True)])([cases[f'in_{i}'] for i in range(n)])  # One compile.
+  for i, new in enumerate(sizes):
+    chex.assert_trees_all_close(ours[i], cases[f'out_{i}'], atol=1e-5, rtol=0)
+    chex.assert_trees_all_close(ours[i], fit.resample_patchemb(cases[f'in_{i}'], new), atol=1e-5,
                                 rtol=0)
 
 
@@ -84,10 +86,10 @@ def test_gradients_flow_back_to_the_base_parameters(base):
   model, params, _ = base
   patch, grid = 8, (2, 2)
   at = flexi.at_patch_size(model, patch)
-  at_p, back = jax.vjp(at.params, params)
   rng = np.random.default_rng(1)
-  cotangent = jax.tree.map(lambda x: rng.normal(0, 1, x.shape).astype(np.float32), at_p)
-  (grads,) = back(cotangent)
+  cotangent = jax.tree.map(lambda x: rng.normal(0, 1, x.shape).astype(np.float32),
+                           jax.eval_shape(at.params, params))
+  (grads,) = jax.jit(lambda p, c: jax.vjp(at.params, p)[1](c))(params, cotangent)
   g = np.asarray(cotangent['embedding']['kernel'], np.float64).reshape(patch * patch, -1)
   chex.assert_trees_all_close(
       np.asarray(grads['embedding']['kernel']).reshape(16, -1),
@@ -132,7 +134,37 @@ def test_a_patch_size_that_does_not_tile_the_images_is_refused_before_anything_c
   with pytest.raises(errors.ConfigError, match=(
       r'^config.flexi.patch_sizes=\(4, 3, 5\): 3, 5 do not tile the 16x16 images '
       r'\(config.model.image_size\): give divisors of its sides.$')):
-    plan_lib.validate(tiny_config(**{'flexi.patch_sizes': (4, 3, 5)}))
+    plan_lib.validate(tiny_config(**{'flexi.patch_sizes': (4, 3, 5)}), num_train_examples=64)
   hybrid = get_model('r26_s32', num_classes=2, image_size=64)
   assert 'FlexiViT needs a plain ViT' in flexi.check(hybrid, (32,))
   assert flexi.check(get_model(**MODEL), (2, 4, 8, 16)) == ''
+
+
+@pytest.fixture(scope='module')
+def flexi_plan():
+  plan = plan_lib.validate(tiny_config(**{'flexi.patch_sizes': (16, 8)}), num_train_examples=64)
+  state, shardings = plan.train_state(abstract=True)
+  return plan, state, shardings
+
+
+def test_a_run_has_one_step_per_patch_size_made_when_first_drawn(flexi_plan):
+  from vit_jax.training import step as step_lib
+
+  plan, _, shardings = flexi_plan
+  steps = plan.train_step(shardings)
+  assert isinstance(steps, step_lib.PatchSizeSteps)
+  made = {s: steps.at(s) for s in range(1, 11)}
+  assert sorted(steps.steps) == [8, 16]
+  assert all(made[s] is steps.steps[flexi.draw(0, s, (16, 8))] for s in made)
+
+
+@pytest.mark.slow  # Traces and lowers a train step.
+def test_a_flexivit_run_is_planned_at_its_smallest_patch_size(flexi_plan):
+  """Ahead of time (vit_jax.tools.aot): the most tokens, the most memory and time."""
+  from vit_jax.base import sharding
+
+  plan, state, shardings = flexi_plan
+  batch = {k: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding.batch_sharding(plan.mesh))
+           for k, shape in (('image', (64, 16, 16, 3)), ('label', (64, 10)))}
+  text = plan.train_step(shardings).lower(state, batch).as_text()
+  assert 'stride = [8, 8]' in text and 'stride = [16, 16]' not in text, text[:2000]
