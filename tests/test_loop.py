@@ -325,6 +325,9 @@ def test_flexivit_trains_at_a_patch_size_drawn_per_step_and_resumes_bit_for_bit(
   assert compiled == [(str(s), str(drawn[s - 1])) for s in firsts]  # Each once, when drawn.
   state = restore_state(tmp_path / 'a', config)
   assert state.params['embedding']['kernel'].shape == (4, 4, 3, 32)
+  model = plan_lib.validate(config).model  # MFU: the FLOPs' mean over the draw.
+  mean = np.mean([mfu.analytic_train_flops(model.clone(patch_size=p)) for p in (4, 8)])
+  assert f'MFU: {mean / 1e6:.4g} MFLOP a training image' in caplog.text
   losses = [m['train/loss'] for m in read_metrics(tmp_path / 'a') if 'train/loss' in m]
   assert losses[1] < losses[0] - 0.1, losses  # As a run at 4 alone: 2.29, then 2.14.
 

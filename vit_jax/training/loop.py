@@ -290,7 +290,9 @@ def _compile(train_step: Callable, inputs: Any, plan: Plan, clock: _Clock) -> _S
   clock.compile = time.perf_counter() - started
   model, config = plan.model, plan.config
   flops = mfu.train_flops_per_image(model, compiled, plan.mesh.size, config.batch_size,
-                                    plan.teacher and plan.teacher.model)
+                                    plan.teacher and plan.teacher.model,
+                                    tuple(config.flexi.patch_sizes),
+                                    tuple(config.flexi.probabilities))
   dtypes = (jnp.dtype(model.dtype).name, _matmul_dtype(model))
   peak, how = mfu.device_peak('bfloat16' if 'bfloat16' in dtypes else 'float32')
   logging.info('Training steps %d-%d, batch %d. MFU: %.4g MFLOP a training image (model '

@@ -290,7 +290,9 @@ class PatchSizeSteps:
     """The smallest patch size's step lowered: the most tokens, the most memory and time
     (what a plan ahead of time, ``vit_jax.tools.aot``, must fit)."""
     size = min(self.patch_sizes)
-    return self.steps.setdefault(size, self.make(size)).lower(state, batch)
+    if size not in self.steps:
+      self.steps[size] = self.make(size)
+    return self.steps[size].lower(state, batch)
 
 
 def _ordinal(n: int) -> str:
