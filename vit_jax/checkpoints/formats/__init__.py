@@ -184,7 +184,8 @@ def preprocessing(folder: str | os.PathLike) -> EvalSpec:
   if hub.folder_format(folder) == TIMM:
     return timm.preprocessing(hub.read_json(paths.path(folder) / hf_hub.CONFIG))
   processor = paths.path(folder) / hf_hub.PREPROCESSOR
-  return transformers.preprocessing(hub.read_json(processor) if paths.is_file(processor) else None)
+  return transformers.preprocessing(hub.read_json(processor) if paths.is_file(processor) else None,
+                                    hub.read_json(paths.path(folder) / hf_hub.CONFIG), str(folder))
 
 
 def resized(loaded: Loaded, image_size: int | tuple[int, int] | None = None,
