@@ -277,7 +277,8 @@ def export(model: VisionTransformer | Loaded, params: Mapping[str, Any] | str | 
     hub.write_folder(out, *timm.write(model, params, class_names, preprocessing, architecture))
   else:  # As save_pretrained writes it, with its image processor's preprocessor_config.json.
     processor = {hf_hub.PREPROCESSOR: transformers.preprocessor_config(model, preprocessing)}
-    hub.write_folder(out, *transformers.write(model, params, class_names), processor,
+    naflex = preprocessing is not None and preprocessing.naflex
+    hub.write_folder(out, *transformers.write(model, params, class_names, naflex), processor,
                      metadata={'format': 'pt'})
   if format != NPZ and preprocessing is None:
     logging.warning(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import json
+import math
 import pathlib
 import re
 from collections.abc import Mapping, Sequence
@@ -571,7 +572,10 @@ def write(model: VisionTransformer, params: Mapping[str, Any],
   the same logits; its pretrained_cfg says ``preprocessing`` (the checkpoint's own; default:
   the releases', [-1, 1]). ``source``: the timm architecture the checkpoint came from
   (``Loaded.architecture``), named with its model_args where timm builds ``model`` from them,
-  its classes and input size given."""
+  its classes and input size given. A ``naflex`` preprocessing: timm's NaFlexVit
+  (``_write_naflex``)."""
+  if preprocessing is not None and preprocessing.naflex:
+    return _write_naflex(model, params, class_names, preprocessing, source)
   eva = is_eva_model(model)
   width, hidden = model.hidden_size, model.mlp_dim * (1 + model.gated_mlp)  # fc1's outputs.
   if eva:  # Eva's SwiGLU is sized by its hidden units, SwiGLUPacked's by twice them.
@@ -624,6 +628,66 @@ def write(model: VisionTransformer, params: Mapping[str, Any],
       crop_mode='squash' if spec.resize == 'squash' else 'center', mean=list(spec.mean),
       std=list(spec.std), num_classes=num_classes, pool_size=None,
       first_conv='patch_embed.proj', classifier='head')
+  return sd, config
+
+
+def _write_naflex(model: VisionTransformer, params: Mapping[str, Any], class_names: Sequence[str],
+                  spec: EvalSpec, source: Mapping[str, Any] | None
+                  ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+  """``model`` as timm's NaFlexVit (its NaFlex preprocessing ``spec``): the source's NaFlexVit
+  architecture, or ``naflexvit_base_patch16_siglip``, with model_args that give every field
+  the model's function depends on; its pretrained_cfg's input size has ``spec``'s budget of
+  patches (``naflex_preprocessing`` reads it back)."""
+  patch, (gh, gw) = pair(model.patch_size), model.grid
+  hidden = model.mlp_dim
+  hub.check_export(model, 'timm', (
+      (model.distill_token, 'a distillation token (NaFlexVit has none)'),
+      (model.representation_size is not None, 'representation_size (a pre-logits layer)'),
+      (model.norm_epsilon != LN_EPSILON,
+       f'norm_epsilon={model.norm_epsilon:g} (timm\'s LayerNorms: 1e-6)', 'transformers'),
+      (model.pool == 'map' and model.num_prefix_tokens > 0, f"pool='map' beside "
+       f"{model.num_prefix_tokens} prefix tokens (timm's attention pool leaves them out)"),
+      (model.gated_mlp, "gated_mlp (NaFlexVit's MLP is a plain one)"),
+      (model.prefix_posemb and model.num_prefix_tokens > 0,
+       'position embeddings of the prefix tokens (NaFlexVit embeds the patches only)'),
+      (patch[0] != patch[1] or spec.patch_size != patch[0],
+       f'patches {patch[0]}x{patch[1]} under a naflex preprocessing of {spec.patch_size} px '
+       '(square, the same)'),
+      (int(model.hidden_size * (hidden / model.hidden_size)) != hidden,
+       f'mlp_dim={model.mlp_dim} (timm makes int(width * mlp_ratio))')))
+  flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
+  if model.pre_norm:  # NaFlexVit's pre_norm embeds without a bias, as timm's ViTs do.
+    hub.fold_patch_bias(model, flat)
+  sd = _join_qkv(hub.write_table(hub.expand(TABLE, model.num_layers), flat))
+  names = dict(NAFLEX_NAMES)
+  sd = {names.get(k, k): v for k, v in sd.items()}
+  sd['embeds.proj.weight'] = sd['embeds.proj.weight'].transpose(0, 2, 3, 1).reshape(
+      model.hidden_size, -1)  # The Conv2d's kernel as a Linear of (row, column, channel).
+  sd['embeds.pos_embed'] = sd['embeds.pos_embed'].reshape(1, gh, gw, model.hidden_size)
+  num_classes = model.num_classes or 0
+  global_pool = {'token': 'token', 'gap': 'avg', 'map': 'map'}[model.pool]
+  model_args = dict(
+      num_classes=num_classes, patch_size=patch[0], embed_dim=model.hidden_size,
+      depth=model.num_layers, num_heads=model.num_heads, mlp_ratio=hidden / model.hidden_size,
+      qkv_bias=model.qkv_bias, qk_norm=model.qk_norm, init_values=model.layer_scale,
+      class_token=model.has_class_token, reg_tokens=model.num_registers,
+      global_pool=global_pool, fc_norm=model.fc_norm, final_norm=True, pre_norm=model.pre_norm,
+      act_layer=model.activation, norm_layer=None, embed_proj_type='linear',
+      patchify_channels_last=True, pos_embed_grid_size=[gh, gw], **_NAFLEX_POSEMB)
+  name = (source or {}).get('architecture')
+  name = name if name in NAFLEX_ARCHITECTURES else 'naflexvit_base_patch16_siglip'
+  config: dict[str, Any] = dict(architecture=name, num_classes=num_classes,
+                                num_features=model.hidden_size, global_pool=global_pool)
+  if class_names:
+    config['label_names'] = list(class_names)
+  config['model_args'] = model_args
+  budget = spec.max_num_patches
+  rows = max(r for r in range(1, math.isqrt(budget) + 1) if budget % r == 0)
+  config['pretrained_cfg'] = dict(
+      input_size=[3, rows * patch[0], budget // rows * patch[1]], fixed_input_size=False,
+      interpolation=spec.method.removeprefix('pil_'), crop_pct=1.0, crop_mode='center',
+      mean=list(spec.mean), std=list(spec.std), num_classes=num_classes, pool_size=None,
+      first_conv='embeds.proj', classifier='head')
   return sd, config
 
 

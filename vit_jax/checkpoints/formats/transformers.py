@@ -480,12 +480,15 @@ def _config(kind: str, model: VisionTransformer) -> dict[str, Any]:
           'pooler_output_size': model.representation_size or model.hidden_size}
 
 
-def write(model: VisionTransformer, params: Mapping[str, Any], class_names: Sequence[str] = ()
-          ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def write(model: VisionTransformer, params: Mapping[str, Any], class_names: Sequence[str] = (),
+          naflex: bool = False) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
   """(state dict, config.json) of ``model`` as the transformers class that computes it
   (``model_type``): ViTForImageClassification or ViTModel (its pre-logits layer the pooler),
   DeiTForImageClassificationWithTeacher, SiglipVisionModel, CLIPVisionModel,
-  Dinov2ForImageClassification (the patches' mean read with zero weights) or Dinov2Model."""
+  Dinov2ForImageClassification (the patches' mean read with zero weights) or Dinov2Model.
+  ``naflex`` (its preprocessing makes patch sequences): SigLIP 2's ``_write_siglip2``."""
+  if naflex:
+    return _write_siglip2(model, params, class_names)
   kind = model_type(model)
   hub.check_export(model, 'transformers', _refusals(model, kind), eva=kind == 'dinov3_vit')
   config = _config(kind, model)
@@ -521,6 +524,51 @@ def write(model: VisionTransformer, params: Mapping[str, Any], class_names: Sequ
   return sd, config
 
 
+def _write_siglip2(model: VisionTransformer, params: Mapping[str, Any],
+                   class_names: Sequence[str]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+  """A NaFlex model as SigLIP 2's classes: Siglip2ForImageClassification (classes: the mean of
+  the image's own patches) or Siglip2VisionModel (features: its MAP head); what they cannot
+  hold refused, naming timm's NaFlexVit, which holds more."""
+  classifier = bool(model.num_classes)
+  (gh, gw), (ph, pw) = model.grid, pair(model.patch_size)
+  hub.check_export(model, 'transformers', [(bad, what, 'timm') for bad, what in (
+      (model.num_prefix_tokens > 0, f'{model.num_prefix_tokens} prefix tokens (class token, '
+       'registers): SigLIP 2 has none'),
+      (classifier and model.pool != 'gap', f"pool={model.pool!r} with a classifier "
+       "(Siglip2ForImageClassification pools the patches' mean)"),
+      (not classifier and model.pool != 'map', f"pool={model.pool!r} without a classifier "
+       '(Siglip2VisionModel pools with its MAP head)'),
+      (gh != gw or ph != pw, f'a non-square position table {gh}x{gw} or patch {ph}x{pw} '
+       "(SigLIP 2's are square)"),
+      (model.pre_norm, 'pre_norm (a LayerNorm before the blocks)'),
+      (model.layer_scale is not None, 'layer_scale'), (model.gated_mlp, 'gated_mlp'),
+      (model.fc_norm, 'fc_norm (the final LayerNorm after pooling)'),
+      (model.qk_norm, 'qk_norm'),
+      (model.representation_size is not None, 'representation_size (a pre-logits layer)'),
+      (model.activation not in _HIDDEN_ACT, f'activation={model.activation!r}'))])
+  flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
+  prefix = 'vision_model.' if classifier else ''
+  sd = hub.write_table(hub.expand(SIGLIP2, model.num_layers, prefix), flat)
+  if classifier:
+    sd.update(hub.write_table(BACKBONES['siglip2'][2], flat))
+  sd = _canonical_inverse(sd)
+  kernel = prefix + 'embeddings.patch_embedding.weight'  # The Conv2d's: a Linear of its pixels.
+  sd[kernel] = sd[kernel].transpose(0, 2, 3, 1).reshape(model.hidden_size, -1)
+  vision = dict(
+      model_type='siglip2_vision_model', hidden_size=model.hidden_size,
+      intermediate_size=model.mlp_dim, num_hidden_layers=model.num_layers,
+      num_attention_heads=model.num_heads, num_channels=3, patch_size=ph, num_patches=gh * gw,
+      hidden_act=_HIDDEN_ACT[model.activation], layer_norm_eps=model.norm_epsilon,
+      attention_dropout=0.0, vision_use_head=not classifier)
+  if not classifier:
+    return sd, dict(vision, architectures=['Siglip2VisionModel'], dtype='float32')
+  names = list(class_names) or [f'LABEL_{i}' for i in range(model.num_classes)]
+  return sd, dict(model_type='siglip2', architectures=['Siglip2ForImageClassification'],
+                  vision_config=vision, dtype='float32',
+                  id2label={str(i): n for i, n in enumerate(names)},
+                  label2id={n: i for i, n in enumerate(names)})
+
+
 _RESAMPLE_NUMBER = {method.removeprefix('pil_'): n for n, method in _RESAMPLE.items()}
 
 
@@ -531,6 +579,17 @@ def preprocessor_config(model: VisionTransformer, spec: EvalSpec | None = None
   processor, or one that has the resize and crop ``spec`` needs (CLIP's and Bit's resize the
   shorter side, those and DeiT's crop)."""
   spec = spec or EvalSpec()
+  if spec.naflex:  # Siglip2ImageProcessor: patch sequences, as the naflex op makes them.
+    if pair(spec.patch_size) != pair(model.patch_size):
+      raise errors.CheckpointError(
+          f"The preprocessing cuts {spec.patch_size} px patches, but the model's are "
+          f'{pair(model.patch_size)[0]} px: give a naflex preprocessing at its patch size.')
+    return dict(sorted(dict(
+        image_processor_type='Siglip2ImageProcessor', patch_size=spec.patch_size,
+        max_num_patches=spec.max_num_patches, do_resize=True, do_rescale=True,
+        rescale_factor=1 / 255, do_normalize=True, do_convert_rgb=True,
+        resample=_RESAMPLE_NUMBER.get(spec.method.removeprefix('pil_'), 2),
+        image_mean=list(spec.mean), image_std=list(spec.std)).items()))
   h, w = pair(model.image_size)
   scaled = [math.floor(s / spec.crop_pct + 1e-6) for s in (h, w)]
   shorter, crop = spec.resize == 'shorter', scaled != [h, w]
