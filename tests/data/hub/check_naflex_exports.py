@@ -58,7 +58,8 @@ def check(out):
     folder = os.path.join(out, f'{name}-{library}')
     with torch.no_grad():
       if library == 'transformers':
-        config = json.load(open(os.path.join(folder, 'config.json')))
+        with open(os.path.join(folder, 'config.json')) as f:
+          config = json.load(f)
         auto = (transformers.AutoModelForImageClassification if config.get('id2label')
                 else transformers.AutoModel)
         model = auto.from_pretrained(folder).eval()

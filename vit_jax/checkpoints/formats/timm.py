@@ -675,7 +675,17 @@ def _write_naflex(model: VisionTransformer, params: Mapping[str, Any], class_nam
       act_layer=model.activation, norm_layer=None, embed_proj_type='linear',
       patchify_channels_last=True, pos_embed_grid_size=[gh, gw], **_NAFLEX_POSEMB)
   name = (source or {}).get('architecture')
-  name = name if name in NAFLEX_ARCHITECTURES else 'naflexvit_base_patch16_siglip'
+  if name in NAFLEX_ARCHITECTURES:  # Its own model_args, where they build this model.
+    kept = dict(source.get('model_args') or {}, num_classes=num_classes)
+    try:
+      kwargs, _, _ = read(dict(architecture=name, model_args=kept), sd, name)
+      kwargs['num_classes'] = kwargs['num_classes'] or model.num_classes
+      same = _computed(VisionTransformer(**kwargs)) == _computed(model)
+    except (errors.UserError, ValueError):
+      same = False
+    model_args = kept if same else model_args
+  else:
+    name = 'naflexvit_base_patch16_siglip'
   config: dict[str, Any] = dict(architecture=name, num_classes=num_classes,
                                 num_features=model.hidden_size, global_pool=global_pool)
   if class_names:
