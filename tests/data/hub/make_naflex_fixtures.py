@@ -12,9 +12,9 @@ patches, a 4 x 4 table of position embeddings), random weights then every parame
 
 * ``hf_siglip2_cls``: transformers' ``Siglip2ForImageClassification`` (5 classes: the mean of
   the image's own patches after the final LayerNorm, then the classifier; its tower's unused
-  MAP head beside) and its ``Siglip2ImageProcessor`` (patch 8, max_num_patches 24);
+  MAP head beside) and its ``Siglip2ImageProcessor`` (patch 8, max_num_patches 20);
 * ``hf_siglip2_vision``: ``Siglip2VisionModel`` with its MAP head (``pooler_output``), the
-  processor at max_num_patches 20, ImageNet's mean and std;
+  processor at max_num_patches 24, ImageNet's mean and std;
 * ``timm_naflex_siglip``: timm's ``naflexvit_base_patch16_siglip`` (its linear patch
   embedding, bilinear antialiased position-embedding resize, MAP pool; 5 classes), its
   pretrained_cfg's input size 40 x 40 (25 patches: the NaFlex budget vit_jax reads from it).
@@ -24,8 +24,9 @@ make_predict_fixtures.py does): ``FOLDER/{patches,mask,grid,coords}`` (the libra
 preprocessing: transformers' processor, or timm's ``create_transform(naflex=True,
 patchify=True)`` and ``NaFlexCollator``, padded to the budget), ``FOLDER/logits`` (or the
 pooled features) of the model on them and ``FOLDER/probs`` (softmax); ``FOLDER/settings``
-the preprocessing's settings as JSON. The grids of the four images at these budgets (4 x 6,
-6 x 3, 5 x 5, ...) resize the 4 x 4 table up, and up on one side and down on the other.
+the preprocessing's settings as JSON. The grids of the four images at these budgets (4 x 5,
+6 x 3, 4 x 6, 5 x 5, ...) resize the 4 x 4 table up, and up on one side and down on the other
+(6 x 3: antialiasing matters).
 """
 
 import json
@@ -78,10 +79,10 @@ def write_hf(out, results):
       'hf_siglip2_cls': (
           lambda: Siglip2ForImageClassification(Siglip2Config(
               vision_config=VISION, text_config=TEXT, num_labels=len(LABELS), **labels)),
-          Siglip2ImageProcessor(patch_size=8, max_num_patches=24), 9700),
+          Siglip2ImageProcessor(patch_size=8, max_num_patches=20), 9700),
       'hf_siglip2_vision': (
           lambda: Siglip2VisionModel(Siglip2VisionConfig(**VISION)),
-          Siglip2ImageProcessor(patch_size=8, max_num_patches=20, **IMAGENET), 9701)}
+          Siglip2ImageProcessor(patch_size=8, max_num_patches=24, **IMAGENET), 9701)}
   for name, (build, processor, seed) in folders.items():
     torch.manual_seed(seed)
     model = build().eval()
