@@ -462,6 +462,10 @@ NAFLEX = {
                                               max_num_patches=24,
                                               mean=(0.485, 0.456, 0.406),
                                               std=(0.229, 0.224, 0.225))),
+    # Siglip2Model (image and text towers): its image tower, get_image_features.
+    'hf_siglip2_model': (dict(pool='map', has_class_token=False, num_classes=None),
+                         preprocess.EvalSpec('naflex', method='pil_bilinear', patch_size=8,
+                                             max_num_patches=20)),
     'timm_naflex_siglip': (dict(pool='map', has_class_token=False, num_classes=5,
                                 activation='gelu_tanh', prefix_posemb=False),
                            preprocess.EvalSpec('naflex', method='pil_bicubic', patch_size=8,
@@ -521,6 +525,7 @@ NAFLEX_EXPORTS = {
     ('timm_naflex_siglip', 'timm'): 'naflexvit_base_patch16_siglip',
     ('hf_siglip2_cls', 'timm'): 'naflexvit_base_patch16_siglip',
     ('hf_siglip2_vision', 'timm'): 'naflexvit_base_patch16_siglip',
+    ('hf_siglip2_model', 'transformers'): 'Siglip2VisionModel',  # Its image tower.
 }
 
 
@@ -538,6 +543,9 @@ def test_naflex_exports_are_what_their_library_wrote_and_load_back(name, library
       name, library]
   if library == name.split('_')[0].replace('hf', 'transformers'):
     theirs = load_file(HUB / name / 'model.safetensors')
+    if name == 'hf_siglip2_model':  # Its image tower, as Siglip2VisionModel names it.
+      theirs = {k.removeprefix('vision_model.'): v for k, v in theirs.items()
+                if k.startswith('vision_model.')}
     ours = load_file(out / 'model.safetensors')
     assert set(ours) == {k for k in theirs if not (name == 'hf_siglip2_cls' and '.head.' in k)}
     for key, value in ours.items():

@@ -15,6 +15,9 @@ patches, a 4 x 4 table of position embeddings), random weights then every parame
   MAP head beside) and its ``Siglip2ImageProcessor`` (patch 8, max_num_patches 20);
 * ``hf_siglip2_vision``: ``Siglip2VisionModel`` with its MAP head (``pooler_output``), the
   processor at max_num_patches 24, ImageNet's mean and std;
+* ``hf_siglip2_model``: ``Siglip2Model`` (image and text towers, as the Hub's
+  google/siglip2-*-naflex are), its image tower's ``get_image_features``; the processor at 20
+  patches;
 * ``timm_naflex_siglip``: timm's ``naflexvit_base_patch16_siglip`` (its linear patch
   embedding, bilinear antialiased position-embedding resize, MAP pool; 5 classes), its
   pretrained_cfg's input size 40 x 40 (25 patches: the NaFlex budget vit_jax reads from it).
@@ -52,6 +55,7 @@ from transformers import (  # noqa: E402
     Siglip2Config,
     Siglip2ForImageClassification,
     Siglip2ImageProcessor,
+    Siglip2Model,
     Siglip2VisionConfig,
     Siglip2VisionModel,
 )
@@ -82,7 +86,10 @@ def write_hf(out, results):
           Siglip2ImageProcessor(patch_size=8, max_num_patches=20), 9700),
       'hf_siglip2_vision': (
           lambda: Siglip2VisionModel(Siglip2VisionConfig(**VISION)),
-          Siglip2ImageProcessor(patch_size=8, max_num_patches=24, **IMAGENET), 9701)}
+          Siglip2ImageProcessor(patch_size=8, max_num_patches=24, **IMAGENET), 9701),
+      'hf_siglip2_model': (
+          lambda: Siglip2Model(Siglip2Config(vision_config=VISION, text_config=TEXT)),
+          Siglip2ImageProcessor(patch_size=8, max_num_patches=20), 9703)}
   for name, (build, processor, seed) in folders.items():
     torch.manual_seed(seed)
     model = build().eval()
@@ -96,7 +103,8 @@ def write_hf(out, results):
     processor = transformers.AutoImageProcessor.from_pretrained(folder)
     inputs = processor(images=images(), return_tensors='pt')
     with torch.no_grad():
-      output = model(**inputs)
+      output = (model.get_image_features(**inputs) if isinstance(model, Siglip2Model)
+                else model(**inputs))
     logits = output.logits if hasattr(output, 'logits') else output.pooler_output
     n = inputs['pixel_values'].shape[1]
     grid = inputs['spatial_shapes'].numpy()

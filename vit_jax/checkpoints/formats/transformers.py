@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from absl import logging
 
 from vit_jax.base import errors
 from vit_jax.base.sizes import pair
@@ -212,8 +213,8 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
     raise hub.refuse(origin, 'a DeiT without its distillation classifier (DeiTModel, '
                      'DeiTForImageClassification: the class token read beside a distillation '
                      'token)', ' (DeiTForImageClassificationWithTeacher loads)')
-  if model_type in ('siglip_vision_model', 'siglip2_vision_model') and (
-      'MAPHead_0/probe' not in flat):
+  if (model_type in ('siglip_vision_model', 'siglip2_vision_model') or (
+      model_type == 'siglip2' and 'head/kernel' not in flat)) and 'MAPHead_0/probe' not in flat:
     raise hub.refuse(origin, 'a SigLIP vision tower without its head (vision_use_head=False)')
   if model_type == 'dinov2' and 'head/kernel' in flat:  # Dinov2ForImageClassification's.
     if np.any(flat['head/kernel'][width:]):
@@ -247,10 +248,11 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
 def _siglip2(model_type: str, config: Mapping[str, Any], defaults: Mapping[str, Any],
              tensors: Mapping[str, np.ndarray], origin: str
              ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-  """A SigLIP 2 config's vision fields (Siglip2ForImageClassification's ``vision_config``,
-  its labels beside) with the input size its square table of ``num_patches`` position
-  embeddings stands for; the tensors without the classifier's unused MAP head (it pools the
-  patches' mean: the head's weights change no output)."""
+  """A SigLIP 2 config's vision fields (Siglip2ForImageClassification's or Siglip2Model's
+  ``vision_config``, the labels beside) with the input size its square table of
+  ``num_patches`` position embeddings stands for; the tensors without the classifier's unused
+  MAP head (it pools the patches' mean: the head's weights change no output), or Siglip2Model's
+  image tower alone (``get_image_features``: its text tower and logit scale left, one log line)."""
   vision = dict(config.get('vision_config') or {}) if model_type == 'siglip2' else dict(config)
   c = {**DEFAULTS, **defaults, **vision}
   patch, side = int(c['patch_size']), math.isqrt(int(c['num_patches']))
@@ -258,8 +260,12 @@ def _siglip2(model_type: str, config: Mapping[str, Any], defaults: Mapping[str, 
     raise errors.CheckpointError(f'{origin}: num_patches={c["num_patches"]} is not a square: '
                                  "SigLIP 2's position embeddings are a square table.")
   c['image_size'] = side * patch
-  if model_type == 'siglip2':
+  if model_type == 'siglip2' and 'classifier.weight' in tensors:
     tensors = {k: v for k, v in tensors.items() if not k.startswith('vision_model.head.')}
+  elif model_type == 'siglip2':
+    logging.info('%s: a Siglip2Model (image and text towers): its image tower loads, whose '
+                 'pooled output is get_image_features\'; the text tower is left.', origin)
+    tensors = {k: v for k, v in tensors.items() if k.startswith('vision_model.')}
   return c, dict(tensors)
 
 
