@@ -26,7 +26,7 @@ TOLERANCE = 1e-5
 # (fixture, format): written by `write`, read by `check`.
 EXPORTS = (('hf_siglip2_cls', 'transformers'), ('hf_siglip2_vision', 'transformers'),
            ('timm_naflex_siglip', 'timm'), ('hf_siglip2_cls', 'timm'),
-           ('hf_siglip2_vision', 'timm'))
+           ('hf_siglip2_vision', 'timm'), ('hf_siglip2_model', 'transformers'))
 
 
 def write(out):
