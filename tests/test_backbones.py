@@ -4,6 +4,7 @@ vit_jax.checkpoints.formats with the library's outputs."""
 
 import json
 import pathlib
+import re
 import shutil
 
 import chex
@@ -12,10 +13,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from vit_jax import checkpoints
 from vit_jax.base import errors
 from vit_jax.checkpoints import formats
 from vit_jax.checkpoints.formats import fit, hub, layout, release, timm
-from vit_jax.models import get_model
+from vit_jax.data import preprocess
+from vit_jax.models import get_model, naflex
 from vit_jax.models.posemb import Rope
 
 HUB = pathlib.Path(__file__).resolve().parent / 'data' / 'hub'
@@ -86,8 +89,7 @@ def rewritten(tmp_path, name, drop=(), config=None):
      r'a DeiT without its distillation classifier .* \(DeiTForImageClassificationWithTeacher '
      r'loads\)'),
     ('hf_siglip_vision', ('head.',), None, r'without its head \(vision_use_head=False\)'),
-    ('hf_clip_vision', (), {'model_type': 'siglip2_vision_model'},
-     "transformers model_type 'siglip2_vision_model'"),
+    ('hf_clip_vision', (), {'model_type': 'vit_mae'}, "transformers model_type 'vit_mae'"),
     ('timm_siglip_map', (), {'architecture': 'vit_giant_patch14_dinov2'},
      "SwiGLUPacked with global_pool='map'"),
 ])
@@ -314,10 +316,12 @@ REFUSED = {
             "block's attention, no absolute position embeddings)",
     'relpos': "timm's vit_relpos_base_patch16_224, a VisionTransformerRelPos model (a relative "
               'position bias in the attention, no absolute position embeddings)',
-    'naflexvit': "timm's naflexvit_base_patch16_gap, a NaFlexVit model (NaFlex: patches at each "
-                 "image's own aspect ratio and resolution, the position embeddings resized to "
-                 'each)',
+    'naflexvit': "timm's naflexvit_base_patch16_gap with pos_embed_interp_mode='bicubic'",
 }
+_NAFLEX_RESIZE = (" (vit_jax resizes the position embeddings to each image's grid bilinearly "
+                  "with antialias, as SigLIP 2 does: pos_embed_interp_mode='bilinear', "
+                  'pos_embed_antialias=True, no align_corners, aspect-ratio preserving or '
+                  'grid_sample)')
 
 
 @pytest.mark.parametrize('name', sorted(REFUSED))
@@ -328,6 +332,7 @@ def test_timm_architectures_without_an_option_are_refused_naming_the_architectur
   with pytest.raises(errors.CheckpointMismatchError) as e:
     formats.load_folder(folder)
   suffix = '' if name == 'map_registers' else ", which vit_jax's ViT has no model option for"
+  suffix += _NAFLEX_RESIZE if name == 'naflexvit' else ''
   assert str(e.value) == f'{folder}: {REFUSED[name]}{suffix}.'
 
 
@@ -443,3 +448,159 @@ def test_a_rotary_model_exported_as_npz_loads_back_rotary(options, tmp_path):
   images = np.random.RandomState(0).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
   chex.assert_trees_all_close(outputs(back.model, back.params, images),
                               outputs(model, params, images), atol=1e-6)
+
+
+# SigLIP 2's NaFlex checkpoints (make_naflex_fixtures.py: written by transformers and timm):
+# what each is read as, and its library's preprocessing as vit_jax's naflex op.
+NAFLEX = {
+    'hf_siglip2_cls': (dict(pool='gap', has_class_token=False, num_classes=5,
+                            activation='gelu_tanh', image_size=(32, 32)),
+                       preprocess.EvalSpec('naflex', method='pil_bilinear', patch_size=8,
+                                           max_num_patches=20)),
+    'hf_siglip2_vision': (dict(pool='map', has_class_token=False, num_classes=None),
+                          preprocess.EvalSpec('naflex', method='pil_bilinear', patch_size=8,
+                                              max_num_patches=24,
+                                              mean=(0.485, 0.456, 0.406),
+                                              std=(0.229, 0.224, 0.225))),
+    # Siglip2Model (image and text towers): its image tower, get_image_features.
+    'hf_siglip2_model': (dict(pool='map', has_class_token=False, num_classes=None),
+                         preprocess.EvalSpec('naflex', method='pil_bilinear', patch_size=8,
+                                             max_num_patches=20)),
+    'timm_naflex_siglip': (dict(pool='map', has_class_token=False, num_classes=5,
+                                activation='gelu_tanh', prefix_posemb=False),
+                           preprocess.EvalSpec('naflex', method='pil_bicubic', patch_size=8,
+                                               max_num_patches=25)),
+}
+
+
+@pytest.fixture(scope='module')
+def naflex_reference():
+  return np.load(HUB / 'naflex_logits.npz')
+
+
+def _sequence(reference, name):
+  return naflex.PatchSequence(*(reference[f'{name}/{k}'] for k in
+                                ('patches', 'coords', 'mask', 'grid')))
+
+
+@pytest.mark.parametrize('name', sorted(NAFLEX))
+def test_naflex_fixtures_load_with_their_librarys_preprocessing(name, naflex_reference):
+  """Each SigLIP 2 folder loads as the ViT it is, with its processor's settings as a naflex
+  preprocessing that cuts the library's own patches from the PNGs."""
+  options, spec = NAFLEX[name]
+  loaded = formats.load_folder(HUB / name)
+  for key, value in options.items():
+    assert getattr(loaded.model, key) == value, key
+  assert loaded.preprocessing == spec
+  pipeline = preprocess.parse(spec.spec(None))
+  images = [(HUB.parent / 'preprocess' / 'images' / f'{n}.png').read_bytes()
+            for n in naflex_reference['images']]
+  cut = [pipeline(image, None) for image in images]
+  for key, theirs in (('patch_mask', 'mask'), ('patch_grid', 'grid'), ('patch_coords', 'coords')):
+    np.testing.assert_array_equal(np.stack([c[key] for c in cut]),
+                                  naflex_reference[f'{name}/{theirs}'], err_msg=key)
+  # timm's resize is PIL's, as the naflex op's; transformers' default processor resizes with
+  # torchvision, a few pixels one intensity level off (test_preprocess.py).
+  level = 0 if name.startswith('timm') else 1 / (255 * min(spec.std))
+  diff = np.abs(np.stack([c['image'] for c in cut]) - naflex_reference[f'{name}/patches'])
+  assert diff.max() <= level + 1e-5 and (diff > 1e-5).mean() < 0.05, diff.max()
+
+
+@pytest.mark.slow  # One compile per folder (test_predict.py runs one in the fast tier).
+@pytest.mark.parametrize('name', sorted(NAFLEX))
+def test_naflex_fixtures_give_their_library_outputs_on_its_patches(name, naflex_reference):
+  """On the library's own patch sequences, the library's outputs to 1e-5 (the position
+  embeddings resized per image to grids of 4 x 6 to 6 x 3 from a 4 x 4 table, up and down,
+  the padding masked out of attention and the pools)."""
+  loaded = formats.load_folder(HUB / name)
+  want = naflex_reference[f'{name}/logits']
+  got = jax.jit(loaded.model.apply)({'params': loaded.params}, _sequence(naflex_reference, name))
+  assert np.abs(np.asarray(got) - want).max() / np.abs(want).max() < 1e-5
+
+
+# (folder, format) -> what the export is, by its library's names.
+NAFLEX_EXPORTS = {
+    ('hf_siglip2_cls', 'transformers'): 'Siglip2ForImageClassification',
+    ('hf_siglip2_vision', 'transformers'): 'Siglip2VisionModel',
+    ('timm_naflex_siglip', 'timm'): 'naflexvit_base_patch16_siglip',
+    ('hf_siglip2_cls', 'timm'): 'naflexvit_base_patch16_siglip',
+    ('hf_siglip2_vision', 'timm'): 'naflexvit_base_patch16_siglip',
+    ('hf_siglip2_model', 'transformers'): 'Siglip2VisionModel',  # Its image tower.
+}
+
+
+@pytest.mark.parametrize('name, library', sorted(NAFLEX_EXPORTS))
+def test_naflex_exports_are_what_their_library_wrote_and_load_back(name, library, tmp_path):
+  """An export of a loaded SigLIP 2 folder: to its own library, the tensors it wrote (less
+  Siglip2ForImageClassification's unused MAP head) and the processor settings; across, timm's
+  NaFlexVit; read back, the same preprocessing, class names and parameters. (timm and
+  transformers load these exports with the same outputs: check_naflex_exports.py, 0 to 1e-6.)"""
+  loaded = checkpoints.load(str(HUB / name))
+  out = tmp_path / 'export'
+  checkpoints.export(loaded, out, library)
+  config = json.loads((out / 'config.json').read_text())
+  assert (config.get('architecture') or config['architectures'][0]) == NAFLEX_EXPORTS[
+      name, library]
+  if library == name.split('_')[0].replace('hf', 'transformers'):
+    theirs = load_file(HUB / name / 'model.safetensors')
+    if name == 'hf_siglip2_model':  # Its image tower, as Siglip2VisionModel names it.
+      theirs = {k.removeprefix('vision_model.'): v for k, v in theirs.items()
+                if k.startswith('vision_model.')}
+    ours = load_file(out / 'model.safetensors')
+    assert set(ours) == {k for k in theirs if not (name == 'hf_siglip2_cls' and '.head.' in k)}
+    for key, value in ours.items():
+      np.testing.assert_allclose(value, theirs[key], rtol=1e-6, err_msg=key)
+  if library == 'transformers':
+    processor = json.loads((out / 'preprocessor_config.json').read_text())
+    original = json.loads((HUB / name / 'preprocessor_config.json').read_text())
+    assert {k: processor[k] for k in original} == original
+  back = checkpoints.load(str(out))
+  assert back.preprocessing == loaded.preprocessing
+  assert back.class_names == loaded.class_names
+  assert back.model.pool == loaded.model.pool and back.model.grid == loaded.model.grid
+  chex.assert_trees_all_close(back.params, loaded.params, rtol=1e-6)
+
+
+@pytest.mark.parametrize('model_args, what', [
+    (dict(pos_embed_antialias=False), 'pos_embed_antialias=False'),
+    (dict(pos_embed_use_grid_sample=True), 'pos_embed_use_grid_sample=True'),
+    (dict(pos_embed_interp_mode='bicubic'), "pos_embed_interp_mode='bicubic'"),
+    (dict(rope_type='axial'), "rope_type='axial' (NaFlex rotary positions)")])
+def test_a_naflexvit_that_computes_otherwise_is_refused_naming_it(model_args, what, tmp_path):
+  """A NaFlexVit whose position embeddings are resized otherwise than vit_jax's naflex path
+  resizes them, or that has no option here, is refused by the field, never loaded."""
+  folder = tmp_path / 'naflex'
+  shutil.copytree(HUB / 'timm_naflex_siglip', folder)
+  config = json.loads((folder / 'config.json').read_text())
+  config['model_args'].update(model_args)
+  (folder / 'config.json').write_text(json.dumps(config))
+  with pytest.raises(errors.CheckpointMismatchError,
+                     match=re.escape(f"timm's naflexvit_base_patch16_siglip with {what}")):
+    formats.load_folder(folder)
+
+
+def test_a_siglip2_processor_of_another_patch_size_is_refused(tmp_path):
+  folder = tmp_path / 'siglip2'
+  shutil.copytree(HUB / 'hf_siglip2_cls', folder)
+  processor = json.loads((folder / 'preprocessor_config.json').read_text())
+  (folder / 'preprocessor_config.json').write_text(json.dumps(dict(processor, patch_size=16)))
+  with pytest.raises(errors.CheckpointError, match=r"patch_size=16, but the model's patches "
+                     r'are 8 px'):
+    formats.load_folder(folder)
+
+
+@pytest.mark.parametrize('name, options, what', [
+    ('timm_naflex_siglip', {}, "pool='map' with a classifier \\(Siglip2ForImageClassification "
+     "pools the patches' mean\\)"),
+    ('hf_siglip2_cls', dict(class_token=True), '1 prefix tokens'),
+])
+def test_what_siglip2_cannot_hold_is_refused_naming_timm(name, options, what, tmp_path):
+  """A NaFlex model SigLIP 2's classes cannot hold: refused in one line that names timm's
+  NaFlexVit, which can; nothing written."""
+  loaded = checkpoints.load(str(HUB / name))
+  model = loaded.model.clone(**options)
+  with pytest.raises(errors.CheckpointError, match=f"^transformers cannot hold .*{what}.*"
+                     "format='timm'"):
+    formats.export(model, loaded.params, tmp_path / 'out', 'transformers',
+                   preprocessing=loaded.preprocessing)
+  assert not list(tmp_path.iterdir())

@@ -308,3 +308,17 @@ def test_inspect_a_rotary_checkpoint_without_position_embeddings(photo_files, tm
   assert inspect.main(['--source', str(source), '--out', str(out), '--images', *photo_files]) == 0
   page = _check_page(out, tuple(f for f in FIGURES if f != 'position_similarity'))
   assert html.escape("No position embeddings (a rotary encoding alone, rope='dinov3')") in page
+
+
+@pytest.mark.slow  # A compile of the attention-capturing model.
+def test_inspect_a_naflex_folder_on_images_at_its_tables_size(tmp_path, capsys):
+  """A SigLIP 2 NaFlex folder (one grid per image would make no figure) is inspected on the
+  images resized to its position table's input, with its own resize and scaling, saying so."""
+  data = pathlib.Path(__file__).resolve().parent / 'data'
+  out = tmp_path / 'naflex'
+  images = [str(data / 'preprocess' / 'images' / f'{n}.png') for n in ('wide', 'tall')]
+  assert inspect.main([f'--source={data / "hub" / "hf_siglip2_cls"}', '--out', str(out),
+                       '--images', *images]) == 0
+  page = _check_page(out, FIGURES)
+  assert 'A NaFlex checkpoint' in page and html.escape(
+      "decode|resize(32, 'pil_bilinear')|value_range(-1, 1)") in page

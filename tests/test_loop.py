@@ -309,6 +309,44 @@ def test_ctrl_c_asks_for_a_save_and_a_second_one_stops_at_once(caplog):
     signal.signal(signal.SIGINT, previous)
 
 
+@pytest.mark.slow  # Two runs (one resumed), each compiling a step per patch size; evaluations.
+def test_flexivit_trains_at_a_patch_size_drawn_per_step_and_resumes_bit_for_bit(tmp_path, caplog):
+  """config.flexi: each step at 4- or 8-pixel patches (one program each, compiled when first
+  drawn); the base parameters (4-pixel patches, the release layout) learn at both, evaluated
+  as any run's are (evaluate --patch_sizes); a resume draws the same sizes and ends with the
+  same state, bit for bit."""
+  from vit_jax import evaluation
+  from vit_jax.models import flexi
+
+  caplog.set_level(logging.INFO)
+  config = tiny_config(**{'flexi.patch_sizes': (4, 8), 'total_steps': 30, 'log_every_steps': 15,
+                          'schedule.base_lr': 1e-2, 'checkpoint_every_steps': 20})
+  main.train_and_evaluate(config, str(tmp_path / 'a'))
+  drawn = [flexi.draw(config.seed, s, (4, 8)) for s in range(1, 31)]
+  firsts = sorted({drawn.index(p) + 1 for p in (4, 8)})
+  compiled = re.findall(r'FlexiViT: step (\d+) draws patch size (\d+)', caplog.text)
+  assert compiled == [(str(s), str(drawn[s - 1])) for s in firsts]  # Each once, when drawn.
+  state = restore_state(tmp_path / 'a', config)
+  assert state.params['embedding']['kernel'].shape == (4, 4, 3, 32)
+  model = plan_lib.validate(config).model  # MFU: the FLOPs' mean over the draw.
+  mean = np.mean([mfu.analytic_train_flops(model.clone(patch_size=p)) for p in (4, 8)])
+  assert f'MFU: {mean / 1e6:.4g} MFLOP a training image' in caplog.text
+  losses = [m['train/loss'] for m in read_metrics(tmp_path / 'a') if 'train/loss' in m]
+  assert losses[1] < losses[0] - 0.1, losses  # As a run at 4 alone: 2.29, then 2.14.
+
+  import shutil
+  (tmp_path / 'b' / 'checkpoints').mkdir(parents=True)
+  shutil.copytree(tmp_path / 'a' / 'checkpoints' / '20', tmp_path / 'b' / 'checkpoints' / '20')
+  main.train_and_evaluate(config, str(tmp_path / 'b'))
+  chex.assert_trees_all_equal(state, restore_state(tmp_path / 'b', config))
+
+  rows = evaluation.at_patch_sizes(config, str(tmp_path / 'a'), None, [4, 8], source=False)
+  accuracy = {r['patch_size']: r['metrics']['eval'][1]['accuracy'] for r in rows}
+  logging.info('FlexiViT test: losses %s, accuracy at each patch size %s', losses, accuracy)
+  # Ten classes: chance is 0.1 (one standard deviation over 359 images: 0.016).
+  assert min(accuracy.values()) > 0.15, accuracy
+
+
 def mixed_aspect_dataset(root):
   """A local-format dataset of PNGs at mixed aspect ratios (sides 6 to 40 px): two classes,
   dark and light noise, 48 training and 16 test images."""

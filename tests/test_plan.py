@@ -80,6 +80,9 @@ NAFLEX = 'to_rgb|naflex(4, 16)|value_range(-1, 1)'
     ({'dataset.pp_train': NAFLEX, 'model.distill_token': True, 'model.pool': 'token',
       'distill.teacher': '/teacher'},
      r'^config.dataset.pp_train=.* makes NaFlex patch sequences, but a distillation teacher '),
+    ({'dataset.pp_train': NAFLEX, 'flexi.patch_sizes': (2, 4)},
+     r'^config.dataset.pp_train=.* makes NaFlex patch sequences of one patch size, but '
+     r'config.flexi.patch_sizes=\(2, 4\) draws one a step'),
     ({'dataset.pp_train': NAFLEX, 'packing.images_per_row': 2, 'packing.seq_len': 12},
      r"^config.packing.seq_len=12 is shorter than naflex's max_num_patches=16 "
      r'\(config.dataset.pp_train\): an image of 16 patches would never fit. Use 16 or more'),

@@ -13,6 +13,7 @@ from vit_jax.data import preprocess
 from vit_jax.tools import predict
 
 DATA = pathlib.Path(__file__).resolve().parent / 'data'
+LABELS = ('tench', 'goldfish', 'great white shark', 'tiger shark', 'hammerhead')
 _TOP = re.compile(r'^  1\.\s+([\d.]+)%  (.+)$')
 
 
@@ -70,3 +71,24 @@ def test_the_pixels_shown_of_a_normalising_checkpoint_are_its_inputs_before_scal
   shown = predict.preprocess_fn(source, display=True)(image)
   assert shown.dtype == np.uint8
   np.testing.assert_array_equal(shown, preprocess.parse(source.pp_spec).host(image, None))
+
+
+@pytest.mark.parametrize('folder', [
+    'hf_siglip2_cls', pytest.param('timm_naflex_siglip', marks=pytest.mark.slow)])
+def test_predict_on_a_naflex_folder_is_its_librarys_processor_and_model(folder, capsys):
+  """A SigLIP 2 NaFlex folder (tests/data/hub/make_naflex_fixtures.py): each PNG (2:1 to 3:4,
+  one greyscale) cut into patches at its own aspect ratio as the checkpoint's processor says
+  (transformers' Siglip2ImageProcessor; timm's NaFlex transform, bicubic, at its input size's
+  25 patches), every class's probability within 0.5 points of the library's own."""
+  reference = np.load(DATA / 'hub' / 'naflex_logits.npz')
+  images = [str(DATA / 'preprocess' / 'images' / f'{name}.png') for name in reference['images']]
+  assert predict.main([f'--source={DATA / "hub" / folder}', '--top=5', *images]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert 'patch sequences, each image at its own aspect ratio' in out[0]
+  labels = list(json.loads((DATA / 'hub' / folder / 'config.json').read_text()).get(
+      'label_names') or LABELS)
+  for i, image in enumerate(images):
+    assert out[1 + 6 * i] == image
+    for line in out[2 + 6 * i:7 + 6 * i]:
+      percent, label = re.match(r'^  \d\.\s+([\d.]+)%  (.+)$', line).groups()
+      assert abs(float(percent) - 100 * reference[f'{folder}/probs'][i, labels.index(label)]) < 0.5

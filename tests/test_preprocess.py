@@ -155,6 +155,26 @@ def test_an_evaluation_pipeline_is_read_back_as_the_eval_spec_it_does():
     assert preprocess.EvalSpec.of_pipeline(pipeline) is None, pipeline
 
 
+def test_a_naflex_eval_spec_is_the_naflex_pipeline_for_any_size_and_reads_back():
+  """A SigLIP 2 checkpoint's preprocessing: the naflex op with its patch, budget and resize,
+  then its scaling, whatever the model's input size; a run's such pp_eval reads back as it
+  (its exports say it); other ops beside naflex are not one EvalSpec."""
+  spec = preprocess.EvalSpec('naflex', method='pil_bicubic', patch_size=16,
+                             max_num_patches=256, mean=preprocess.IMAGENET_MEAN,
+                             std=preprocess.IMAGENET_STD)
+  pipeline = spec.spec((224, 224))
+  assert pipeline == spec.spec((384, 512)) == (
+      "decode|naflex(16, 256, 'pil_bicubic')|normalize([0.485, 0.456, 0.406], "
+      '[0.229, 0.224, 0.225])')
+  assert preprocess.parse(pipeline).patches
+  assert preprocess.EvalSpec.of_pipeline(pipeline) == spec
+  assert preprocess.EvalSpec.of_pipeline('to_rgb|naflex(8, 64)|value_range(-1, 1)') == (
+      preprocess.EvalSpec('naflex', method='pil_bilinear', patch_size=8, max_num_patches=64))
+  for other in ('decode|flip_lr|naflex(8, 64)|value_range(-1, 1)', 'decode|naflex(8, 64)',
+                "decode|naflex(8, 64, 'area')|value_range(-1, 1)"):
+    assert preprocess.EvalSpec.of_pipeline(other) is None, other
+
+
 NAFLEX = np.load(PP / 'naflex.npz')  # transformers' SigLIP 2 processors (make_naflex_fixtures.py)
 
 

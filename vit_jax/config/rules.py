@@ -91,7 +91,21 @@ def _rules(flat: dict[str, Any]) -> str:
   if flat['total_steps'] and not flat['schedule.warmup_epochs'] and (
       problem := warmup_problem(flat['schedule.warmup_steps'], flat['total_steps'])):
     return problem  # In epochs: checked where the data's size is known (training.optim).
-  return _phases_problem(flat['schedule.phases'], flat['total_steps'])
+  return _flexi_problem(flat) or _phases_problem(flat['schedule.phases'], flat['total_steps'])
+
+
+def _flexi_problem(flat: dict[str, Any]) -> str:
+  """What is wrong with ``config.flexi`` ('' if nothing): each patch size once, and where
+  probabilities are given, one each, >= 0, not all 0."""
+  sizes, probs = tuple(flat['flexi.patch_sizes']), tuple(flat['flexi.probabilities'])
+  if len(set(sizes)) != len(sizes):
+    return f'config.flexi.patch_sizes={sizes} names a patch size twice: give each once.'
+  if probs and (len(probs) != len(sizes) or not all(
+      isinstance(p, (int, float)) and not isinstance(p, bool) and p >= 0 for p in probs)
+                or not sum(probs) > 0):
+    return (f'config.flexi.probabilities={probs} must be () (uniform) or one number >= 0 for '
+            f'each of config.flexi.patch_sizes={sizes}, not all 0.')
+  return ''
 
 
 def warmup_problem(warmup: int, total: int) -> str:

@@ -156,6 +156,14 @@ FIELDS: dict[str, Field | Group] = {
                      "labels the class head, half the loss each; '': the heads' mean learns "
                      "the labels (timm's training without a teacher)."),
     }),
+    'flexi': Group("FlexiViT's training (Beyer et al., 2023): each step at a patch size drawn "
+                   'from a list, the parameters kept at model.patch_size (docs/evaluation.md).', {
+        'patch_sizes': F('ints', (), '>= 1', "The patch sizes a step is drawn from (each must "
+                         "tile model.image_size; the paper's: 8 to 48 at 240 px); (): off, "
+                         'every step at model.patch_size.'),
+        'probabilities': F('tuple', (), '', "Each patch size's probability, in order; (): "
+                           'uniform.'),
+    }),
     'batch_size': F('int', 4096, '>= 1', 'Global, over all devices and processes.'),
     'eval_batch_size': F('int?', None, '>= 1', 'None: batch_size.'),
     'grad_accum_steps': F('int', 1, '>= 1', 'Micro-batches per step (same result, less '

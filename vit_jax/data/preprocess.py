@@ -462,7 +462,10 @@ class EvalSpec:
   transformers' image processor): resize (``'exact'`` to the size / ``crop_pct``, ``'shorter'``
   side to it (at a non-square size, timm's rule: the image's proportions kept, both sides
   covered), or ``'squash'`` both sides to it), take the central crop of the input size, scale
-  by ``mean`` and ``std``. The default is the releases': a resize to the input, [-1, 1]."""
+  by ``mean`` and ``std``. The default is the releases': a resize to the input, [-1, 1].
+  ``'naflex'``: NaFlex patch sequences instead of images (SigLIP 2's processor, timm's
+  ``ResizeToSequence``): each image at its own aspect ratio, ``max_num_patches`` of
+  ``patch_size`` at most (the ``naflex`` op), whatever the input size."""
 
   resize: str = 'exact'
   crop_pct: float = 1.
@@ -470,13 +473,23 @@ class EvalSpec:
   mean: tuple[float, ...] = (0.5, 0.5, 0.5)
   std: tuple[float, ...] = (0.5, 0.5, 0.5)
   crop_offset: str = 'floor'  # 'round': torchvision's (timm's), see ``central_crop``.
+  patch_size: int | None = None  # resize='naflex': the patch side, and the patches at most.
+  max_num_patches: int | None = None
+
+  @property
+  def naflex(self) -> bool:
+    """Whether it makes NaFlex patch sequences (``resize='naflex'``)."""
+    return self.resize == 'naflex'
 
   def spec(self, size: tuple[int, int]) -> str:
-    """The pipeline string for (height, width) inputs."""
-    if self.resize not in ('exact', 'shorter', 'squash') or self.method not in METHODS:
+    """The pipeline string for (height, width) inputs (a NaFlex one's: for any size)."""
+    if self.resize not in ('exact', 'shorter', 'squash', 'naflex') or self.method not in METHODS:
       raise errors.ConfigError(
           f"The checkpoint's preprocessing (resize {self.resize!r}, {self.method!r}) is not one "
           "vit_jax's ops have: give the preprocessing (--pp, or config.dataset.pp_eval).")
+    if self.naflex:
+      return (f'decode|naflex({self.patch_size}, {self.max_num_patches}, {self.method!r})'
+              f'|{self.scaling}')
     h, w = size
     scaled = (math.floor(h / self.crop_pct), math.floor(w / self.crop_pct))
     method = '' if self.method == 'bilinear' else f', {self.method!r}'
@@ -497,6 +510,8 @@ class EvalSpec:
     ``normalize``, each optional but the scaling (none: a resize to the input); None where it
     is not one (other ops, a non-square crop)."""
     found: dict[str, tuple[Any, ...]] = {}
+    if naflex := cls._of_naflex_pipeline(spec):
+      return naflex
     for part in spec.split('|'):
       m = _CALL.match(part)
       if not m:
@@ -533,6 +548,24 @@ class EvalSpec:
                crop_pct=crop[0] / found[resize][0] if crop else 1., method=method,
                mean=tuple(float(m) for m in mean), std=tuple(float(s) for s in std),
                crop_offset=crop[1] if crop and len(crop) > 1 else 'floor')
+
+  @classmethod
+  def _of_naflex_pipeline(cls, spec: str) -> EvalSpec | None:
+    """The NaFlex EvalSpec of ``[decode|]naflex(P, N[, METHOD])|SCALING``; None otherwise."""
+    parts = [p.strip() for p in spec.split('|')]
+    parts = parts[1:] if parts and parts[0] in ('decode', 'decode()', 'to_rgb') else parts
+    if len(parts) != 2 or not parts[0].startswith('naflex('):
+      return None
+    try:
+      args = ast.literal_eval(f'({_CALL.match(parts[0]).group(2)},)')
+      scaling = cls.of_pipeline(f'resize(1)|{parts[1]}')
+    except (ValueError, SyntaxError, AttributeError):
+      return None
+    if scaling is None or len(args) not in (2, 3) or not all(isinstance(a, int) for a in args[:2]):
+      return None
+    method = args[2] if len(args) == 3 else 'pil_bilinear'
+    return cls(resize='naflex', method=method, mean=scaling.mean, std=scaling.std,
+               patch_size=args[0], max_num_patches=args[1]) if method in METHODS else None
 
   @property
   def scaling(self) -> str:

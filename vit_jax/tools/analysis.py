@@ -20,7 +20,7 @@ import numpy as np
 
 from vit_jax.base.sizes import pair
 from vit_jax.checkpoints.formats import layout
-from vit_jax.models import VisionTransformer
+from vit_jax.models import VisionTransformer, naflex
 from vit_jax.models.posemb import posemb_sincos_2d
 
 Array = jax.Array
@@ -210,6 +210,13 @@ def embedding_pca(kernel: np.ndarray, num_components: int = 28) -> tuple[np.ndar
   signs = np.sign(components[np.arange(n), np.abs(components).argmax(axis=1)])
   components = components * np.where(signs == 0, 1., signs)[:, None]
   return components.reshape(n, *shape), ratio[:n]
+
+
+def model_inputs(batch: Any) -> Any:
+  """The model's input of a batch of preprocessed examples: a ``naflex.PatchSequence`` where
+  they are patch sequences (a dict of ``preprocess.PATCH_KEYS``: ``naflex.inputs``), else the
+  images themselves."""
+  return naflex.inputs(batch) if isinstance(batch, Mapping) else batch
 
 
 def top_k(probabilities: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

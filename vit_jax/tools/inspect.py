@@ -28,7 +28,7 @@ from etils import epath
 from vit_jax.base import errors, paths
 from vit_jax.base.sizes import pair
 from vit_jax.checkpoints.run import record
-from vit_jax.data import sources
+from vit_jax.data import preprocess, sources
 from vit_jax.tools import predict
 
 if TYPE_CHECKING:  # jax and flax load after the command line is checked.
@@ -436,6 +436,14 @@ def inspect(args: argparse.Namespace) -> list[epath.Path]:
 
   model = source.model
   notes = list(source.notes)
+  if preprocess.parse(source.pp_spec).patches:  # Its figures need one grid for every image.
+    spec = dataclasses.replace(source.loaded.preprocessing or preprocess.EvalSpec(),
+                               resize='exact')
+    source = dataclasses.replace(source, pp_spec=spec.spec(pair(model.image_size)))
+    notes.append('A NaFlex checkpoint (patch sequences, each image at its own aspect ratio): '
+                 f'inspected on images resized to its position table\'s input, '
+                 f'"{source.pp_spec}", so that every image has one grid; its predictions '
+                 'here are of those, not of its own patch sequences (vit_jax.tools.predict).')
   images = (user_images(source, args.images) if args.images else
             eval_images(source, args.workdir, args.num_images))
 

@@ -11,7 +11,8 @@ shapes (or ``--model``), its images resized to ``--image_size`` and scaled to [-
 releases (or ``--pp``). ``--source`` takes any checkpoint (docs/checkpoints.md): a timm or
 transformers folder or ``hf-hub:ORG/NAME`` brings its architecture and class names in its
 config.json, and its preprocessing (timm's ``pretrained_cfg``, transformers'
-preprocessor_config.json: resize, crop, mean and std). Runs on the default JAX device,
+preprocessor_config.json: resize, crop, mean and std; a SigLIP 2 NaFlex checkpoint's: each
+image cut into patches at its own aspect ratio, ``naflex``). Runs on the default JAX device,
 ``--batch_size`` images at a time.
 """
 
@@ -259,13 +260,21 @@ def display_spec(pp_spec: str) -> str:
   return '|'.join(parts) or 'to_rgb'
 
 
-def preprocess_fn(source: Source, display: bool = False) -> Callable[[Any], np.ndarray]:
-  """image (array or bytes) -> the model's input (or, with ``display``, its uint8 pixels)."""
+def preprocess_fn(source: Source, display: bool = False) -> Callable[[Any], Any]:
+  """image (array or bytes) -> the model's input (or, with ``display``, its uint8 pixels): an
+  image, or a NaFlex pipeline's patch sequence (a dict of ``preprocess.PATCH_KEYS``)."""
   fn = preprocess.parse(display_spec(source.pp_spec) if display else source.pp_spec)
   expected = (*pair(source.model.image_size), 3)
+  ph, pw = pair(source.model.patch_size)
 
-  def apply(image: Any) -> np.ndarray:
+  def apply(image: Any) -> Any:
     out = fn(image, np.random.default_rng(0))
+    if isinstance(out, dict):  # Patches of the model's size, whatever the image's.
+      if out['image'].shape[-1] != ph * pw * 3:
+        raise PipelineError(f'The preprocessing "{source.pp_spec}" cuts patches of '
+                            f'{out["image"].shape[-1] // 3} pixels; {source.model.model_name} '
+                            f'embeds {ph}x{pw} patches. Pass --pp with naflex({ph}, N).')
+      return out
     if not display and tuple(out.shape) != expected:
       raise PipelineError(f'The preprocessing "{source.pp_spec}" makes {tuple(out.shape)} images; '
                        f'{source.model.model_name} expects {expected}. Pass --pp with a '
@@ -274,8 +283,8 @@ def preprocess_fn(source: Source, display: bool = False) -> Callable[[Any], np.n
   return apply
 
 
-def _logits(model: VisionTransformer, params: Any, images: jax.Array) -> jax.Array:
-  return model.apply({'params': params}, images, train=False)
+def _logits(model: VisionTransformer, params: Any, inputs: Any) -> jax.Array:
+  return model.apply({'params': params}, inputs, train=False)
 
 
 @functools.cache
@@ -286,9 +295,10 @@ def jitted(fn: Callable) -> Callable:
   return jax.jit(fn, static_argnums=0)
 
 
-def logits_of(model: VisionTransformer, params: Any, images: jax.Array) -> jax.Array:
-  """The model's logits (jitted; one compilation per model and batch shape)."""
-  return jitted(_logits)(model, params, images)
+def logits_of(model: VisionTransformer, params: Any, inputs: Any) -> jax.Array:
+  """The model's logits of images or a ``naflex.PatchSequence`` (jitted; one compilation per
+  model and batch shape)."""
+  return jitted(_logits)(model, params, inputs)
 
 
 def runnable(model: VisionTransformer) -> VisionTransformer:
@@ -305,8 +315,13 @@ def batches(items: Sequence, size: int) -> Iterator[Sequence]:
     yield items[start:start + size]
 
 
-def padded(images: list[np.ndarray], size: int) -> np.ndarray:
-  """Stacks images and pads with zeros to ``size`` rows (one compiled shape)."""
+def padded(images: list[Any], size: int) -> Any:
+  """Stacks images and pads with zeros to ``size`` rows (one compiled shape); patch sequences
+  key by key (a padding row: no patches), as the loader batches them."""
+  if isinstance(images[0], dict):
+    pad = lambda x: np.pad(x, [(0, size - len(x))] + [(0, 0)] * (x.ndim - 1))
+    return {k: pad(padded([x[k] for x in images], size) if k == 'image' else
+                   np.stack([x[k] for x in images])) for k in images[0]}
   stacked = np.stack(images).astype(np.float32)
   return np.pad(stacked, [(0, size - len(stacked))] + [(0, 0)] * (stacked.ndim - 1))
 
@@ -333,7 +348,8 @@ def predict_files(source: Source, paths: Sequence[str], batch_size: int,
       except ImageError as e:
         results[path] = e
     if images:
-      logits = np.asarray(logits_of(model, params, padded(images, size)))[:len(images)]
+      batch = padded(images, size)
+      logits = np.asarray(logits_of(model, params, analysis.model_inputs(batch)))[:len(images)]
       indices, values = analysis.top_k(analysis.probabilities(logits, source.activation), top)
       for path, idx, val in zip(ok, indices, values, strict=True):
         results[path] = [(source.label(int(i)), float(v)) for i, v in zip(idx, val, strict=True)]
@@ -345,7 +361,9 @@ def describe(source: Source) -> str:
   import jax
 
   h, w = pair(source.model.image_size)
-  return (f'{source.model.model_name} from {source.loaded.source}; {h}x{w} input '
+  inputs = (f'{h}x{w} input' if not preprocess.parse(source.pp_spec).patches else
+            "patch sequences, each image at its own aspect ratio")
+  return (f'{source.model.model_name} from {source.loaded.source}; {inputs} '
           f'("{source.pp_spec}"); {source.activation} probabilities; '
           f'{jax.devices()[0].platform}')
 

@@ -35,7 +35,7 @@ from vit_jax.data import loader
 from vit_jax.training import divergence, mfu
 from vit_jax.training.metrics import MetricsLog
 from vit_jax.training.plan import Plan
-from vit_jax.training.step import TrainState
+from vit_jax.training.step import PatchSizeSteps, TrainState
 
 
 def train_and_evaluate(plan: Plan, workdir: str, evaluators: Sequence[Any] = ()
@@ -90,7 +90,8 @@ def train_and_evaluate(plan: Plan, workdir: str, evaluators: Sequence[Any] = ()
     clock.loop = time.perf_counter()
     if start_step < total_steps:  # The step compiled for the first batch, before the loop.
       first = next(stream)
-      speed = _compile(train_step, sharding.inputs_ready((state, first[1])), plan, clock)
+      speed = _compile(_step_at(train_step, start_step + 1),
+                       sharding.inputs_ready((state, first[1])), plan, clock)
       batches = itertools.chain([first], stream)
 
     pending: list[tuple[int, Any]] = []  # The steps since the last log line, their metrics.
@@ -100,7 +101,7 @@ def train_and_evaluate(plan: Plan, workdir: str, evaluators: Sequence[Any] = ()
       if profile and step == profile[0]:
         jax.profiler.start_trace(str(epath.Path(workdir) / 'profile'))
       _, batch = next(batches)
-      state, metrics = train_step(*sharding.inputs_ready((state, batch)))
+      state, metrics = _step_at(train_step, step)(*sharding.inputs_ready((state, batch)))
       pending.append((step, metrics))
       manager_lib.check_saves(manager)  # A background save that failed stops the run now.
       if profile and step == profile[1]:
@@ -152,6 +153,12 @@ def train_and_evaluate(plan: Plan, workdir: str, evaluators: Sequence[Any] = ()
     manager.close()
     log.close()
   return result
+
+
+def _step_at(train_step: Any, step: int) -> Callable:
+  """The program of training step ``step``: the run's one, or (FlexiViT, ``config.flexi``)
+  the one of the patch size drawn for it, compiled when first drawn."""
+  return train_step.at(step) if isinstance(train_step, PatchSizeSteps) else train_step
 
 
 def _starting_state(state: TrainState, state_shardings: Any, manager: Any,
@@ -283,7 +290,9 @@ def _compile(train_step: Callable, inputs: Any, plan: Plan, clock: _Clock) -> _S
   clock.compile = time.perf_counter() - started
   model, config = plan.model, plan.config
   flops = mfu.train_flops_per_image(model, compiled, plan.mesh.size, config.batch_size,
-                                    plan.teacher and plan.teacher.model)
+                                    plan.teacher and plan.teacher.model,
+                                    tuple(config.flexi.patch_sizes),
+                                    tuple(config.flexi.probabilities))
   dtypes = (jnp.dtype(model.dtype).name, _matmul_dtype(model))
   peak, how = mfu.device_peak('bfloat16' if 'bfloat16' in dtypes else 'float32')
   logging.info('Training steps %d-%d, batch %d. MFU: %.4g MFLOP a training image (model '

@@ -45,9 +45,16 @@ def cost(compiled: Any) -> dict[str, float]:
 
 
 def train_flops_per_image(model: Any, compiled: Any, devices: int, batch_size: int,
-                          teacher: Any = None) -> float | None:
-  """Model FLOPs of one image's training step: analytic, or XLA's for hybrids."""
+                          teacher: Any = None, patch_sizes: tuple[int, ...] = (),
+                          probabilities: tuple[float, ...] = ()) -> float | None:
+  """Model FLOPs of one image's training step: analytic, or XLA's for hybrids. With
+  ``patch_sizes`` (FlexiViT: each step at one drawn with ``probabilities``, () uniform):
+  their mean over the draw."""
   analytic = analytic_train_flops(model, teacher=teacher)
+  if analytic and patch_sizes:
+    weights = probabilities or (1.,) * len(patch_sizes)
+    analytic = sum(w * analytic_train_flops(model.clone(patch_size=p), teacher=teacher)
+                   for w, p in zip(weights, patch_sizes, strict=True)) / sum(weights)
   if analytic:
     return float(analytic)
   flops = cost(compiled).get('flops')

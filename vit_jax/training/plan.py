@@ -28,7 +28,7 @@ from vit_jax.checkpoints.formats import big_vision, hub, release
 from vit_jax.checkpoints.run import workdir as workdir_lib
 from vit_jax.data import packing as packing_lib
 from vit_jax.data import preprocess, sources
-from vit_jax.models import get_model, mpp, naflex
+from vit_jax.models import flexi, get_model, mpp, naflex
 from vit_jax.training import optim
 from vit_jax.training import step as step_lib
 from vit_jax.training.step import StepOptions
@@ -76,10 +76,16 @@ class Plan:
     return step_lib.create_train_state(self.model, self.tx, self.config.seed, self.mesh,
                                        shard_state=self.shard_state, abstract=abstract)
 
-  def train_step(self, state_shardings: Any) -> Callable:
-    """The run's jitted step over its mesh, for a state in ``state_shardings``."""
-    return step_lib.make_train_step(self.model, self.tx, self.schedule, self.step_options,
-                                    self.mesh, state_shardings, self.teacher)
+  def train_step(self, state_shardings: Any) -> Callable | step_lib.PatchSizeSteps:
+    """The run's jitted step over its mesh, for a state in ``state_shardings``; with
+    ``config.flexi.patch_sizes``, one per patch size drawn per step (``PatchSizeSteps``)."""
+    make = lambda patch_size=None: step_lib.make_train_step(
+        self.model, self.tx, self.schedule, self.step_options, self.mesh, state_shardings,
+        self.teacher, patch_size)
+    if not self.config.flexi.patch_sizes:
+      return make()
+    return step_lib.PatchSizeSteps(make, self.config.seed, tuple(self.config.flexi.patch_sizes),
+                                   tuple(self.config.flexi.probabilities))
 
 
 def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | None = None,
@@ -144,6 +150,9 @@ def validate(config: ml_collections.ConfigDict, *, devices: list[jax.Device] | N
   if self_supervised:
     model = mpp.pretraining_model(config, model)  # Checks config.mpp against the model.
   _check_image_size(model, config.model.image_size)
+  if config.flexi.patch_sizes and (problem := flexi.check(model, config.flexi.patch_sizes)):
+    raise errors.ConfigError(f'config.flexi.patch_sizes={tuple(config.flexi.patch_sizes)}: '
+                             f'{problem}.')
   packing = _patch_sequences(config, pipelines, model, mesh)
   if with_data:
     for field, split, source in (('pp_train', config.dataset.train_split, train_source),
@@ -198,6 +207,10 @@ def _patch_sequences(config: ml_collections.ConfigDict, pipelines: dict[str, pre
   if config.distill.teacher:
     raise errors.ConfigError(f'{where}, but a distillation teacher (config.distill.teacher) '
                              'labels images: leave the teacher out, or train on images.')
+  if config.flexi.patch_sizes:
+    raise errors.ConfigError(f'{where} of one patch size, but config.flexi.patch_sizes='
+                             f'{tuple(config.flexi.patch_sizes)} draws one a step: set '
+                             'config.flexi.patch_sizes=(), or train FlexiViT on images.')
   if not rows:
     return None
   budget = train.naflex.max_num_patches

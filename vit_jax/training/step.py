@@ -3,6 +3,7 @@
 ``make_train_step`` compiles it over a device mesh, either as one ``jax.jit`` program laid
 out by XLA from the state's shardings, or with ``jax.shard_map`` explicit over the batch
 axes; the step needs only the few options of ``StepOptions``, not the whole config.
+``PatchSizeSteps``: FlexiViT's training, one such step per patch size, drawn per step.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
+from absl import logging
 from jax.sharding import PartitionSpec as P
 
 from vit_jax.base import sharding
 from vit_jax.base.sizes import pair
 from vit_jax.checkpoints.run import manager as manager_lib
-from vit_jax.models import mpp, naflex
+from vit_jax.models import flexi, mpp, naflex
 from vit_jax.training import mixing, optim
 
 
@@ -188,7 +190,7 @@ def loss_and_grads(model: nn.Module, options: StepOptions, params: Any,
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                     schedule: optax.Schedule, options: StepOptions,
                     mesh: jax.sharding.Mesh, state_shardings: Any,
-                    teacher: Teacher | None = None) -> Callable:
+                    teacher: Teacher | None = None, patch_size: int | None = None) -> Callable:
   """The jitted (state, batch) -> (state, metrics) step; the input state is donated.
 
   'jit': one program for the whole mesh, laid out by XLA (GSPMD) from the state's
@@ -200,7 +202,10 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
   The optimizer update then runs on the sharded state, outside the shard_map.
   ``teacher`` (``loss_and_grads``) is put on the mesh and passed to the step as its third
   argument; the step returned still takes (state, batch), and lowers so.
+  ``patch_size``: the model runs at this patch size on its own parameters, resampled inside
+  the differentiated function (FlexiViT, ``flexi.at_patch_size``); None: its own.
   """
+  model = flexi.at_patch_size(model, patch_size)
 
   def apply_grads(state: TrainState, loss: jax.Array, grads: Any) -> tuple[TrainState, Any]:
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -282,3 +287,40 @@ class _WithTeacher:
 
   def lower(self, state: Any, batch: Any) -> Any:
     return self.step.lower(state, batch, self.teacher)
+
+
+@dataclasses.dataclass
+class PatchSizeSteps:
+  """FlexiViT's training: step s (1-based) runs at the patch size ``flexi.draw`` picks from
+  (seed, s) alone, so a resumed run draws the same sizes; one jitted step per patch size,
+  ``make(patch_size)``, made when first drawn and kept (each compiles on its first call)."""
+
+  make: Callable[[int], Callable]
+  seed: int
+  patch_sizes: tuple[int, ...]
+  probabilities: tuple[float, ...] = ()
+  steps: dict[int, Callable] = dataclasses.field(default_factory=dict)
+
+  def patch_size(self, step: int) -> int:
+    return flexi.draw(self.seed, step, self.patch_sizes, self.probabilities)
+
+  def at(self, step: int) -> Callable:
+    """The jitted step of training step ``step``."""
+    size = self.patch_size(step)
+    if size not in self.steps:
+      logging.info('FlexiViT: step %d draws patch size %d, the %s of %s: its step compiles now.',
+                   step, size, _ordinal(len(self.steps) + 1), self.patch_sizes)
+      self.steps[size] = self.make(size)
+    return self.steps[size]
+
+  def lower(self, state: Any, batch: Any) -> Any:
+    """The smallest patch size's step lowered: the most tokens, the most memory and time
+    (what a plan ahead of time, ``vit_jax.tools.aot``, must fit)."""
+    size = min(self.patch_sizes)
+    if size not in self.steps:
+      self.steps[size] = self.make(size)
+    return self.steps[size].lower(state, batch)
+
+
+def _ordinal(n: int) -> str:
+  return f'{n}{"th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")}'

@@ -184,7 +184,8 @@ def preprocessing(folder: str | os.PathLike) -> EvalSpec:
   if hub.folder_format(folder) == TIMM:
     return timm.preprocessing(hub.read_json(paths.path(folder) / hf_hub.CONFIG))
   processor = paths.path(folder) / hf_hub.PREPROCESSOR
-  return transformers.preprocessing(hub.read_json(processor) if paths.is_file(processor) else None)
+  return transformers.preprocessing(hub.read_json(processor) if paths.is_file(processor) else None,
+                                    hub.read_json(paths.path(folder) / hf_hub.CONFIG), str(folder))
 
 
 def resized(loaded: Loaded, image_size: int | tuple[int, int] | None = None,
@@ -276,7 +277,8 @@ def export(model: VisionTransformer | Loaded, params: Mapping[str, Any] | str | 
     hub.write_folder(out, *timm.write(model, params, class_names, preprocessing, architecture))
   else:  # As save_pretrained writes it, with its image processor's preprocessor_config.json.
     processor = {hf_hub.PREPROCESSOR: transformers.preprocessor_config(model, preprocessing)}
-    hub.write_folder(out, *transformers.write(model, params, class_names), processor,
+    naflex = preprocessing is not None and preprocessing.naflex
+    hub.write_folder(out, *transformers.write(model, params, class_names, naflex), processor,
                      metadata={'format': 'pt'})
   if format != NPZ and preprocessing is None:
     logging.warning(

@@ -18,53 +18,29 @@ from vit_jax.base import errors
 from vit_jax.base.sizes import pair
 from vit_jax.checkpoints.formats import layout
 from vit_jax.checkpoints.formats.layout import POSEMB_KEY, PRETRAINING_ONLY, Loaded, Params, flatten
-from vit_jax.models import VisionTransformer, get_model, registry
+from vit_jax.models import VisionTransformer, flexi, get_model, registry
 
 _BLOCK = re.compile(r'^Transformer/encoderblock_(\d+)/')
 PATCHEMB_KEY = 'embedding/kernel'
-
-def _interpolation_matrix(n_in: int, n_out: int) -> np.ndarray:
-  """(n_out, n_in) linear interpolation with aligned corners (scipy.ndimage.zoom order=1)."""
-  pos = np.arange(n_out) * ((n_in - 1) / (n_out - 1) if n_out > 1 else 0.)
-  lo = np.clip(np.floor(pos).astype(int), 0, n_in - 1)
-  hi = np.minimum(lo + 1, n_in - 1)
-  frac = pos - lo
-  m = np.zeros((n_out, n_in))
-  np.add.at(m, (np.arange(n_out), lo), 1. - frac)
-  np.add.at(m, (np.arange(n_out), hi), frac)
-  return m
-
-
-def _resize_matrix(n_in: int, n_out: int) -> np.ndarray:
-  """(n_out, n_in) bilinear resize as ``tf.image.resize(method='bilinear')`` does it: half-pixel
-  centres, edges clamped, no antialiasing (the resize of big_vision's input pipelines)."""
-  pos = np.maximum((np.arange(n_out) + .5) * (n_in / n_out) - .5, 0.)
-  lo = np.minimum(np.floor(pos).astype(int), n_in - 1)
-  hi = np.minimum(lo + 1, n_in - 1)
-  frac = pos - np.floor(pos)
-  m = np.zeros((n_out, n_in))
-  np.add.at(m, (np.arange(n_out), lo), 1. - frac)
-  np.add.at(m, (np.arange(n_out), hi), frac)
-  return m
 
 
 def resample_patchemb(kernel: np.ndarray, new_patch: int | tuple[int, int]) -> np.ndarray:
   """A (h, w, in, out) patch-embedding kernel resampled to ``new_patch`` pixels (FlexiViT's
   pseudo-inverse resize, Beyer et al. 2023; big_vision's ``resample_patchemb``).
 
-  With B the bilinear resize of an (h, w) patch to ``new_patch`` (``_resize_matrix``, as
-  tf.image.resize), the new kernel is pinv(B^T) k: the least-squares solution of
-  <B x, k'> = <x, k> for every patch x. A patch resized up, embedded with the new kernel,
-  gives the original token exactly; resized down, as nearly as least squares can.
+  With B the bilinear resize of an (h, w) patch to ``new_patch`` (as tf.image.resize), the
+  new kernel is pinv(B^T) k: the least-squares solution of <B x, k'> = <x, k> for every patch
+  x. A patch resized up, embedded with the new kernel, gives the original token exactly;
+  resized down, as nearly as least squares can. The matrix is ``flexi.pinv_resize_matrix``,
+  the one a FlexiViT model's forward pass applies (``vit_jax.models.flexi``), here in float64.
   """
   kernel = np.asarray(kernel)
   (h, w), (nh, nw) = kernel.shape[:2], pair(new_patch)
   if (h, w) == (nh, nw):
     return kernel
-  resize = np.kron(_resize_matrix(h, nh), _resize_matrix(w, nw))  # (nh*nw, h*w), row-major.
   flat = kernel.reshape(h * w, -1).astype(np.float64)
-  return (np.linalg.pinv(resize.T) @ flat).reshape(nh, nw, *kernel.shape[2:]).astype(
-      kernel.dtype)
+  resampled = flexi.pinv_resize_matrix((h, w), (nh, nw)) @ flat
+  return resampled.reshape(nh, nw, *kernel.shape[2:]).astype(kernel.dtype)
 
 
 def posemb_grid(n: int, grid: tuple[int, int] | None = None) -> tuple[int, int]:
@@ -97,8 +73,8 @@ def resize_posemb(posemb: np.ndarray, new_grid: tuple[int, int],
   n, width = patches.shape
   old_grid = posemb_grid(n, old_grid)
   grid = patches.reshape(*old_grid, width).astype(np.float64)
-  rows = _interpolation_matrix(old_grid[0], new_grid[0])
-  cols = _interpolation_matrix(old_grid[1], new_grid[1])
+  rows = flexi.interpolation_matrix(old_grid[0], new_grid[0])  # FlexiViT's forward pass's.
+  cols = flexi.interpolation_matrix(old_grid[1], new_grid[1])
   grid = np.einsum('ih,jw,hwd->ijd', rows, cols, grid)
   resized = grid.reshape(1, new_grid[0] * new_grid[1], width).astype(posemb.dtype)
   return np.concatenate([prefix, resized], axis=1)

@@ -1,12 +1,16 @@
-"""timm's ViT checkpoints (``VisionTransformer``, DeiT, and ``Eva``: EVA-02, DINOv3, PE, the
-rotary ViTs): a config.json and model.safetensors.
+"""timm's ViT checkpoints (``VisionTransformer``, DeiT, ``Eva``: EVA-02, DINOv3, PE, the
+rotary ViTs, and ``NaFlexVit``: SigLIP 2's NaFlex towers): a config.json and model.safetensors.
 
 The architecture is read, never guessed: timm's config.json records only the arguments given
 to ``create_model`` (``model_args``), so the named architecture's own defaults come from
 ``timm_architectures.json`` (timm's registry, tabled), and the arrays say the rest (class token,
 registers, layer scale, position embeddings of the prefix tokens, fc_norm, qkv biases). What
 the model has no option for is refused in one line that names it. ``TABLE`` names every tensor,
-for loading and for export; ``EVA_NAMES`` the few an ``Eva`` names otherwise.
+for loading and for export; ``EVA_NAMES`` the few an ``Eva`` names otherwise, ``NAFLEX_NAMES``
+a ``NaFlexVit``'s. A NaFlexVit loads as the ViT it is, with a ``naflex`` preprocessing (patch
+sequences at each image's aspect ratio: timm's ``ResizeToSequence`` and ``Patchify``); its
+position embeddings, resized to each image's grid, must be resized as vit_jax's ``naflex`` path
+resizes them (bilinear, antialiased: SigLIP 2's), or it is refused naming the mode.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import json
+import math
 import pathlib
 import re
 from collections.abc import Mapping, Sequence
@@ -38,6 +43,8 @@ from vit_jax.models.vit import LN_EPSILON
 _REGISTRY = json.loads((pathlib.Path(__file__).parent / 'timm_architectures.json').read_text())
 ARCHITECTURES: dict[str, dict[str, Any]] = _REGISTRY['architectures']
 EVA_ARCHITECTURES: dict[str, dict[str, Any]] = _REGISTRY['eva_architectures']
+NAFLEX_ARCHITECTURES: dict[str, dict[str, Any]] = _REGISTRY['naflex_architectures']
+NAFLEX_DEFAULTS: dict[str, Any] = _REGISTRY['naflex_defaults']  # NaFlexVitCfg's.
 _B = 'Transformer/encoderblock_{i}/'
 _A = _B + 'MultiHeadDotProductAttention_1/'
 _M = 'MAPHead_0/'
@@ -149,8 +156,8 @@ _OTHER_CLASSES = (
      'attention, no absolute position embeddings)'),
     (('vit_relpos_*', 'vit_srelpos_*', 'test_vit_relpos'), 'a VisionTransformerRelPos model (a '
      'relative position bias in the attention, no absolute position embeddings)'),
-    (('naflexvit_*',), "a NaFlexVit model (NaFlex: patches at each image's own aspect ratio and "
-     'resolution, the position embeddings resized to each)'))
+    (('naflexvit_*',), "a NaFlexVit model vit_jax does not know (its NaFlexVitCfg: "
+     f'{", ".join(sorted(NAFLEX_ARCHITECTURES)[:2])}, ... load)'))
 _BLOCKS = {
     '<ParallelScalingBlock>': 'parallel blocks (ParallelScalingBlock: attention and MLP side by '
                               'side from one fused projection)',
@@ -161,6 +168,113 @@ _BLOCKS = {
     '<ResPostBlock>': 'ResPost blocks (ResPostBlock: each branch normalised after it, not '
                       'before)',
     'diff': 'differential attention (attn_layer=\'diff\': two softmax maps, one subtracted)'}
+
+
+# A NaFlexVit's names for the table's tensors (its embedding module ``embeds``).
+NAFLEX_NAMES = (('patch_embed.proj.weight', 'embeds.proj.weight'),
+                ('patch_embed.proj.bias', 'embeds.proj.bias'),
+                ('pos_embed', 'embeds.pos_embed'), ('cls_token', 'embeds.cls_token'),
+                ('reg_token', 'embeds.reg_token'))
+# NaFlexVitCfg fields that change nothing of a trained model's outputs on patch sequences
+# (dropout, init, the image path's padding, the patch-size interpolator, how padding queries
+# are masked), and constructor arguments beside the cfg.
+_NAFLEX_INERT = ('drop_rate', 'pos_drop_rate', 'patch_drop_rate', 'proj_drop_rate',
+                 'attn_drop_rate', 'drop_path_rate', 'weight_init', 'fix_init', 'dynamic_img_pad',
+                 'enable_patch_interpolator', 'use_key_only_attn_mask', 'rope_shift_coords',
+                 'rope_jitter_coords', 'rope_rescale_coords', 'rope_temperature',
+                 'rope_ref_feat_shape', 'rope_grid_offset', 'rope_grid_indexing',
+                 'rope_rotate_half', 'rope_mrope_section', 'qkv_fused', 'swiglu_align_to',
+                 'pos_embed_grid_size', 'num_classes', 'in_chans', 'img_size', 'device', 'dtype')
+# What vit_jax's naflex path computes: the position embeddings resized to each image's grid as
+# SigLIP 2 resizes them (F.interpolate bilinear, antialias, align_corners=False, to the grid).
+_NAFLEX_POSEMB = dict(pos_embed='learned', pos_embed_interp_mode='bilinear',
+                      pos_embed_antialias=True, pos_embed_align_corners=False,
+                      pos_embed_ar_preserving=False, pos_embed_use_grid_sample=False)
+
+
+def is_naflex(config: Mapping[str, Any]) -> bool:
+  """Whether a timm config.json names one of timm's ``NaFlexVit`` architectures."""
+  return config.get('architecture') in NAFLEX_ARCHITECTURES
+
+
+def _from_naflex(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: str
+                 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, np.ndarray]]:
+  """A NaFlexVit's arguments as the VisionTransformer arguments of the same model (checked as
+  theirs), its model options (the attention pool's heads) and its tensors under the table's
+  names (``NAFLEX_NAMES``: its Linear patch embedding as the Conv2d kernel it equals, its
+  (1, H, W, D) position table as (1, H * W, D)); refuses what computes otherwise."""
+  name = config['architecture']
+  n = {**NAFLEX_DEFAULTS, **NAFLEX_ARCHITECTURES[name], **(config.get('model_args') or {})}
+  unknown = sorted(set(n) - set(NAFLEX_DEFAULTS) - set(_NAFLEX_INERT))
+  if unknown:
+    raise hub.refuse(origin, f'timm argument {unknown[0]}={n[unknown[0]]!r}')
+  for key, want in _NAFLEX_POSEMB.items():
+    if n[key] != want:
+      raise hub.refuse(origin, f"timm's {name} with {key}={n[key]!r}", " (vit_jax resizes the "
+                       "position embeddings to each image's grid bilinearly with antialias, as "
+                       "SigLIP 2 does: pos_embed_interp_mode='bilinear', pos_embed_antialias="
+                       "True, no align_corners, aspect-ratio preserving or grid_sample)")
+  for bad, what in (
+      (n['rope_type'] not in ('', 'none'), f"rope_type={n['rope_type']!r} (NaFlex rotary "
+       'positions)'),
+      (n['attn_type'] != 'standard', f"attn_type={n['attn_type']!r}"),
+      (n['attn_gated'], 'attn_gated (a sigmoid gate on the attention output)'),
+      (n['num_kv_heads'] is not None, f"num_kv_heads={n['num_kv_heads']!r} (grouped-query "
+       'attention)'),
+      (n['swiglu_mlp'], 'swiglu_mlp'), (n['attn_only_layer_scale'], 'attn_only_layer_scale'),
+      (n['input_norm_layer'], f"input_norm_layer={n['input_norm_layer']!r}"),
+      (n['global_pool'] == 'map' and n['attn_pool_mlp_ratio'] not in (None, n['mlp_ratio']),
+       f"attn_pool_mlp_ratio={n['attn_pool_mlp_ratio']} beside mlp_ratio={n['mlp_ratio']}")):
+    if bad:
+      raise hub.refuse(origin, f"timm's {name} with {what}")
+  fc_norm = n['global_pool'] == 'avg' if n['fc_norm'] is None else bool(n['fc_norm'])
+  vit = dict(
+      DEFAULTS, patch_size=n['patch_size'], global_pool=n['global_pool'],
+      embed_dim=n['embed_dim'], depth=n['depth'], num_heads=n['num_heads'],
+      mlp_ratio=n['mlp_ratio'], qkv_bias=n['qkv_bias'], qk_norm=n['qk_norm'],
+      scale_attn_norm=n['scale_attn_inner_norm'], scale_mlp_norm=n['scale_mlp_norm'],
+      proj_bias=n['proj_bias'], init_values=n['init_values'], class_token=n['class_token'],
+      no_embed_class=True, reg_tokens=n['reg_tokens'], pre_norm=n['pre_norm'],
+      final_norm=n['final_norm'], fc_norm=fc_norm, pool_include_prefix=n['pool_include_prefix'],
+      act_layer=n['act_layer'], norm_layer=n['norm_layer'],
+      embed_norm_layer=n['embed_norm_layer'], block_fn=n['block_fn'],
+      mlp_layer=n['mlp_layer'], attn_layer=n['attn_layer'])
+  patch = pair(n['patch_size'])
+  renames = {theirs: ours for ours, theirs in NAFLEX_NAMES}
+  out = {renames.get(k, k): np.asarray(v) for k, v in tensors.items()}
+  kernel = out.get('patch_embed.proj.weight')
+  if kernel is not None and kernel.ndim == 2:  # A Linear of each flattened patch.
+    if n['patchify_channels_last']:  # (row, column, channel) pixels.
+      kernel = kernel.reshape(-1, *patch, 3).transpose(0, 3, 1, 2)
+    else:  # (channel, row, column).
+      kernel = kernel.reshape(-1, 3, *patch)
+    out['patch_embed.proj.weight'] = kernel
+  if 'pos_embed' in out:
+    table = out['pos_embed']
+    vit['img_size'] = [table.shape[1] * patch[0], table.shape[2] * patch[1]]
+    out['pos_embed'] = table.reshape(1, -1, table.shape[-1])
+  options = dict(model_name=name,
+                 map_heads=n['attn_pool_num_heads'] if n['global_pool'] == 'map' else None)
+  return vit, options, out
+
+
+def naflex_preprocessing(config: Mapping[str, Any]) -> EvalSpec:
+  """A NaFlexVit's NaFlex preprocessing (timm's ``create_transform(naflex=True)``): each image
+  resized keeping its aspect ratio (pretrained_cfg's interpolation; timm's bicubic default) to
+  at most ``max_seq_len`` patches, then normalised. timm's config.json does not record the
+  budget: it is its input size's patches (384 px / 16 = 576, timm's own default for NaFlex
+  evaluation), which vit_jax's exports write it as."""
+  cfg = config.get('pretrained_cfg') or {}
+  patch = pair({**NAFLEX_DEFAULTS, **NAFLEX_ARCHITECTURES.get(config['architecture'], {}),
+                **(config.get('model_args') or {})}['patch_size'])
+  if patch[0] != patch[1]:
+    raise errors.CheckpointError(f"{config['architecture']}: non-square patches {patch}: "
+                                 "vit_jax's naflex op cuts square ones.")
+  h, w = list(cfg.get('input_size') or (3, 384, 384))[-2:]
+  return EvalSpec(resize='naflex', method=f'pil_{cfg.get("interpolation") or "bicubic"}',
+                  mean=tuple(cfg.get('mean') or IMAGENET_MEAN),
+                  std=tuple(cfg.get('std') or IMAGENET_STD), patch_size=patch[0],
+                  max_num_patches=(h // patch[0]) * (w // patch[1]))
 
 
 def is_eva(config: Mapping[str, Any]) -> bool:
@@ -348,7 +462,10 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
          ) -> tuple[dict[str, Any], dict[str, np.ndarray], list[str]]:
   """(model kwargs, flat parameters, class names) of a timm ViT's (or Eva's) config.json and
   tensors."""
-  a, options = arguments(config, origin), {}
+  if is_naflex(config):
+    a, options, tensors = _from_naflex(config, tensors, origin)
+  else:
+    a, options = arguments(config, origin), {}
   if is_eva(config):
     a, options = _from_eva(dict(a, architecture=config['architecture']), origin)
     tensors = _eva_to_table(tensors)
@@ -420,6 +537,8 @@ def preprocessing(config: Mapping[str, Any]) -> EvalSpec:
   """The evaluation preprocessing of a timm config.json's ``pretrained_cfg``, with timm's
   defaults where it is silent (``transforms_imagenet_eval``: crop_pct 0.875, bicubic, ImageNet's
   mean and std)."""
+  if is_naflex(config):
+    return naflex_preprocessing(config)
   cfg = config.get('pretrained_cfg') or {}
   mode = cfg.get('crop_mode') or 'center'
   return EvalSpec(resize={'center': 'shorter'}.get(mode, mode),
@@ -453,7 +572,10 @@ def write(model: VisionTransformer, params: Mapping[str, Any],
   the same logits; its pretrained_cfg says ``preprocessing`` (the checkpoint's own; default:
   the releases', [-1, 1]). ``source``: the timm architecture the checkpoint came from
   (``Loaded.architecture``), named with its model_args where timm builds ``model`` from them,
-  its classes and input size given."""
+  its classes and input size given. A ``naflex`` preprocessing: timm's NaFlexVit
+  (``_write_naflex``)."""
+  if preprocessing is not None and preprocessing.naflex:
+    return _write_naflex(model, params, class_names, preprocessing, source)
   eva = is_eva_model(model)
   width, hidden = model.hidden_size, model.mlp_dim * (1 + model.gated_mlp)  # fc1's outputs.
   if eva:  # Eva's SwiGLU is sized by its hidden units, SwiGLUPacked's by twice them.
@@ -506,6 +628,76 @@ def write(model: VisionTransformer, params: Mapping[str, Any],
       crop_mode='squash' if spec.resize == 'squash' else 'center', mean=list(spec.mean),
       std=list(spec.std), num_classes=num_classes, pool_size=None,
       first_conv='patch_embed.proj', classifier='head')
+  return sd, config
+
+
+def _write_naflex(model: VisionTransformer, params: Mapping[str, Any], class_names: Sequence[str],
+                  spec: EvalSpec, source: Mapping[str, Any] | None
+                  ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+  """``model`` as timm's NaFlexVit (its NaFlex preprocessing ``spec``): the source's NaFlexVit
+  architecture, or ``naflexvit_base_patch16_siglip``, with model_args that give every field
+  the model's function depends on; its pretrained_cfg's input size has ``spec``'s budget of
+  patches (``naflex_preprocessing`` reads it back)."""
+  patch, (gh, gw) = pair(model.patch_size), model.grid
+  hidden = model.mlp_dim
+  hub.check_export(model, 'timm', (
+      (model.distill_token, 'a distillation token (NaFlexVit has none)'),
+      (model.representation_size is not None, 'representation_size (a pre-logits layer)'),
+      (model.norm_epsilon != LN_EPSILON,
+       f'norm_epsilon={model.norm_epsilon:g} (timm\'s LayerNorms: 1e-6)', 'transformers'),
+      (model.pool == 'map' and model.num_prefix_tokens > 0, f"pool='map' beside "
+       f"{model.num_prefix_tokens} prefix tokens (timm's attention pool leaves them out)"),
+      (model.gated_mlp, "gated_mlp (NaFlexVit's MLP is a plain one)"),
+      (model.prefix_posemb and model.num_prefix_tokens > 0,
+       'position embeddings of the prefix tokens (NaFlexVit embeds the patches only)'),
+      (patch[0] != patch[1] or spec.patch_size != patch[0],
+       f'patches {patch[0]}x{patch[1]} under a naflex preprocessing of {spec.patch_size} px '
+       '(square, the same)'),
+      (int(model.hidden_size * (hidden / model.hidden_size)) != hidden,
+       f'mlp_dim={model.mlp_dim} (timm makes int(width * mlp_ratio))')))
+  flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
+  if model.pre_norm:  # NaFlexVit's pre_norm embeds without a bias, as timm's ViTs do.
+    hub.fold_patch_bias(model, flat)
+  sd = _join_qkv(hub.write_table(hub.expand(TABLE, model.num_layers), flat))
+  names = dict(NAFLEX_NAMES)
+  sd = {names.get(k, k): v for k, v in sd.items()}
+  sd['embeds.proj.weight'] = sd['embeds.proj.weight'].transpose(0, 2, 3, 1).reshape(
+      model.hidden_size, -1)  # The Conv2d's kernel as a Linear of (row, column, channel).
+  sd['embeds.pos_embed'] = sd['embeds.pos_embed'].reshape(1, gh, gw, model.hidden_size)
+  num_classes = model.num_classes or 0
+  global_pool = {'token': 'token', 'gap': 'avg', 'map': 'map'}[model.pool]
+  model_args = dict(
+      num_classes=num_classes, patch_size=patch[0], embed_dim=model.hidden_size,
+      depth=model.num_layers, num_heads=model.num_heads, mlp_ratio=hidden / model.hidden_size,
+      qkv_bias=model.qkv_bias, qk_norm=model.qk_norm, init_values=model.layer_scale,
+      class_token=model.has_class_token, reg_tokens=model.num_registers,
+      global_pool=global_pool, fc_norm=model.fc_norm, final_norm=True, pre_norm=model.pre_norm,
+      act_layer=model.activation, norm_layer=None, embed_proj_type='linear',
+      patchify_channels_last=True, pos_embed_grid_size=[gh, gw], **_NAFLEX_POSEMB)
+  name = (source or {}).get('architecture')
+  if name in NAFLEX_ARCHITECTURES:  # Its own model_args, where they build this model.
+    kept = dict(source.get('model_args') or {}, num_classes=num_classes)
+    try:
+      kwargs, _, _ = read(dict(architecture=name, model_args=kept), sd, name)
+      kwargs['num_classes'] = kwargs['num_classes'] or model.num_classes
+      same = _computed(VisionTransformer(**kwargs)) == _computed(model)
+    except (errors.UserError, ValueError):
+      same = False
+    model_args = kept if same else model_args
+  else:
+    name = 'naflexvit_base_patch16_siglip'
+  config: dict[str, Any] = dict(architecture=name, num_classes=num_classes,
+                                num_features=model.hidden_size, global_pool=global_pool)
+  if class_names:
+    config['label_names'] = list(class_names)
+  config['model_args'] = model_args
+  budget = spec.max_num_patches
+  rows = max(r for r in range(1, math.isqrt(budget) + 1) if budget % r == 0)
+  config['pretrained_cfg'] = dict(
+      input_size=[3, rows * patch[0], budget // rows * patch[1]], fixed_input_size=False,
+      interpolation=spec.method.removeprefix('pil_'), crop_pct=1.0, crop_mode='center',
+      mean=list(spec.mean), std=list(spec.std), num_classes=num_classes, pool_size=None,
+      first_conv='embeds.proj', classifier='head')
   return sd, config
 
 

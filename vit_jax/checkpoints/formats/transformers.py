@@ -1,7 +1,10 @@
 """transformers' ViT checkpoints (``ViTModel``, ``ViTForImageClassification``): a config.json,
 which holds every field (``ViTConfig``'s defaults where absent), and model.safetensors.
 ``TABLE`` names every tensor, for loading and for export. The backbones' (``BACKBONES``: CLIP's
-and SigLIP's vision towers, DINOv2, DINOv3, distilled DeiT) load by their own tables."""
+and SigLIP's vision towers, DINOv2, DINOv3, distilled DeiT) load by their own tables; SigLIP 2's
+NaFlex ones (``Siglip2VisionModel``, ``Siglip2ForImageClassification``: ``SIGLIP2``) with their
+``Siglip2ImageProcessor`` as a ``naflex`` preprocessing (patch sequences, each image at its own
+aspect ratio)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from absl import logging
 
 from vit_jax.base import errors
 from vit_jax.base.sizes import pair
@@ -81,6 +85,13 @@ def _vit_like(mlp: Sequence[str], norms: Sequence[str] = ('layernorm_before', 'l
       *hub.norm('Transformer/encoder_norm', 'layernorm'))
 
 
+# Siglip2VisionModel: SigLIP's vision tower, its patch embedding a Linear of each patch's
+# (row, column, channel) pixels (``_canonical`` makes it the Conv2d kernel it equals), its
+# position embeddings a square table resized to each image's grid (the model's ``naflex`` path).
+SIGLIP2 = tuple(r for r in CLIP if not r[1].startswith(('embeddings.class', 'pre_layrnorm')))
+_SIGLIP2_TYPES = ('siglip2', 'siglip2_vision_model')
+
+
 # ViTModel's and ViTForImageClassification's names, the encoder's under ``vit.`` in a classifier
 # (ViT has no distillation token: a ViT folder holding one has it named as a stray tensor).
 TABLE: tuple[hub.Rule, ...] = (
@@ -111,6 +122,12 @@ BACKBONES: dict[str, tuple[dict[str, Any], tuple[hub.Rule, ...], tuple[hub.Rule,
                           'vision_model.'),
     'siglip_vision_model': (dict(hidden_act='gelu_pytorch_tanh', layer_norm_eps=1e-6), CLIP, (),
                             'vision_model.'),
+    # Siglip2VisionModel, and Siglip2ForImageClassification (the mean of the image's own
+    # patches, then ``classifier``; its tower's MAP head is not read: ``_siglip2``).
+    'siglip2_vision_model': (dict(hidden_act='gelu_pytorch_tanh', layer_norm_eps=1e-6,
+                                  num_patches=256), SIGLIP2, (), 'vision_model.'),
+    'siglip2': (dict(hidden_act='gelu_pytorch_tanh', layer_norm_eps=1e-6, num_patches=256),
+                SIGLIP2, hub.dense('head', 'classifier'), 'vision_model.'),
     'dinov2': (dict(hidden_act='gelu', layer_norm_eps=1e-6, layerscale_value=1.),
                _vit_like(('mlp.fc1', 'mlp.fc2'), ('norm1', 'norm2'), _DINOV2_SCALES)
                + hub.dense(_B + 'MlpBlock_3/Dense_0', _L + 'mlp.weights_in')  # use_swiglu_ffn's.
@@ -128,14 +145,17 @@ BACKBONES: dict[str, tuple[dict[str, Any], tuple[hub.Rule, ...], tuple[hub.Rule,
 }
 
 
-def _canonical(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _canonical(tensors: Mapping[str, np.ndarray], patch: int = 0) -> dict[str, np.ndarray]:
   """The tensors that the release layout shapes otherwise, as the tables name them: CLIP's class
   embedding (D,) and position embeddings (N, D) with the release's leading axes, SigLIP head's
   packed ``in_proj`` split into q, k, v; DINOv3's gated MLP's ``gate_proj`` and ``up_proj``
   packed; DINOv2's and DINOv3's ``mask_token`` (masked image modelling only: no output reads
-  it) dropped."""
+  it) dropped; SigLIP 2's Linear patch embedding (D, ``patch``**2 * 3), of (row, column,
+  channel) pixels, as the Conv2d kernel (D, 3, patch, patch) that computes the same."""
   out = {}
   for key, value in tensors.items():
+    if key.endswith('embeddings.patch_embedding.weight') and value.ndim == 2 and patch:
+      value = np.asarray(value).reshape(value.shape[0], patch, patch, -1).transpose(0, 3, 1, 2)
     if key.endswith('embeddings.class_embedding'):
       value = value.reshape(1, 1, -1)
     elif key.endswith('embeddings.position_embedding.weight'):
@@ -164,22 +184,25 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
   model_type = config.get('model_type', 'vit')
   if model_type not in BACKBONES:
     raise hub.refuse(origin, f'transformers model_type {model_type!r}',
-                     " (model_type 'vit', 'deit' (with teacher), 'dinov2', 'clip_vision_model' "
-                     "and 'siglip_vision_model' load)")
+                     " (model_type 'vit', 'deit' (with teacher), 'dinov2', 'dinov3_vit', "
+                     "'clip_vision_model', 'siglip_vision_model', 'siglip2_vision_model' and "
+                     "'siglip2' (Siglip2ForImageClassification) load)")
   defaults, table, classifier, prefix = BACKBONES[model_type]
   c = {**DEFAULTS, **defaults, **config}
+  if model_type in _SIGLIP2_TYPES:
+    c, tensors = _siglip2(model_type, config, defaults, tensors, origin)
   if c['num_channels'] != 3:
     raise hub.refuse(origin, f'{c["num_channels"]} input channels', ' (RGB: 3)')
   swiglu = bool(c.get('use_swiglu_ffn') or c.get('use_gated_mlp'))
   if c['hidden_act'] not in _ACTIVATIONS and not swiglu:
     raise hub.refuse(origin, f'hidden_act={c["hidden_act"]!r}',
                      f" ({', '.join(repr(a) for a in _ACTIVATIONS)} load)")
-  tensors = _canonical(tensors) if model_type != 'vit' else tensors
+  tensors = _canonical(tensors, int(c['patch_size'])) if model_type != 'vit' else tensors
   t = hub.Tensors(tensors, origin, prefix if any(k.startswith(prefix) for k in tensors) else '')
   width, heads = int(c['hidden_size']), int(c['num_attention_heads'])
   ph, pw = t(next(k for _, k, layout in table if layout == CONV)).shape[2:]
-  depth = t.blocks({id(CLIP): 'encoder.layers.', id(DINOV3): 'layer.'}.get(id(table),
-                                                                           'encoder.layer.'))
+  depth = t.blocks({id(CLIP): 'encoder.layers.', id(SIGLIP2): 'encoder.layers.',
+                    id(DINOV3): 'layer.'}.get(id(table), 'encoder.layer.'))
   flat = hub.read_table(hub.expand(table, depth), t, heads)
   t.prefix = ''
   flat.update(hub.read_table(classifier, t, heads))
@@ -190,7 +213,8 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
     raise hub.refuse(origin, 'a DeiT without its distillation classifier (DeiTModel, '
                      'DeiTForImageClassification: the class token read beside a distillation '
                      'token)', ' (DeiTForImageClassificationWithTeacher loads)')
-  if model_type == 'siglip_vision_model' and 'MAPHead_0/probe' not in flat:
+  if (model_type in ('siglip_vision_model', 'siglip2_vision_model') or (
+      model_type == 'siglip2' and 'head/kernel' not in flat)) and 'MAPHead_0/probe' not in flat:
     raise hub.refuse(origin, 'a SigLIP vision tower without its head (vision_use_head=False)')
   if model_type == 'dinov2' and 'head/kernel' in flat:  # Dinov2ForImageClassification's.
     if np.any(flat['head/kernel'][width:]):
@@ -212,12 +236,37 @@ def read(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], origin: s
       npz_architecture(flat),
       num_classes=int(flat['head/kernel'].shape[1]) if 'head/kernel' in flat else None,
       image_size=image_size, hidden_size=width, gated_mlp=swiglu, class_token='cls' in flat,
-      pool='map' if 'MAPHead_0/probe' in flat else 'token', norm_epsilon=float(c['layer_norm_eps']),
+      pool='map' if 'MAPHead_0/probe' in flat else 'gap' if model_type == 'siglip2' else 'token',
+      norm_epsilon=float(c['layer_norm_eps']),
       layer_scale=float(c['layerscale_value']) if _B.format(i=0) + 'ls1' in flat else None,
       activation='silu' if swiglu else _ACTIVATIONS[c['hidden_act']])
   labels = config.get('id2label') or {}
   names = [labels[k] for k in sorted(labels, key=int)] if kwargs['num_classes'] else []
   return kwargs, flat, [str(n) for n in names]
+
+
+def _siglip2(model_type: str, config: Mapping[str, Any], defaults: Mapping[str, Any],
+             tensors: Mapping[str, np.ndarray], origin: str
+             ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """A SigLIP 2 config's vision fields (Siglip2ForImageClassification's or Siglip2Model's
+  ``vision_config``, the labels beside) with the input size its square table of
+  ``num_patches`` position embeddings stands for; the tensors without the classifier's unused
+  MAP head (it pools the patches' mean: the head's weights change no output), or Siglip2Model's
+  image tower alone (``get_image_features``: its text tower and logit scale left, one log line)."""
+  vision = dict(config.get('vision_config') or {}) if model_type == 'siglip2' else dict(config)
+  c = {**DEFAULTS, **defaults, **vision}
+  patch, side = int(c['patch_size']), math.isqrt(int(c['num_patches']))
+  if side * side != int(c['num_patches']):
+    raise errors.CheckpointError(f'{origin}: num_patches={c["num_patches"]} is not a square: '
+                                 "SigLIP 2's position embeddings are a square table.")
+  c['image_size'] = side * patch
+  if model_type == 'siglip2' and 'classifier.weight' in tensors:
+    tensors = {k: v for k, v in tensors.items() if not k.startswith('vision_model.head.')}
+  elif model_type == 'siglip2':
+    logging.info('%s: a Siglip2Model (image and text towers): its image tower loads, whose '
+                 'pooled output is get_image_features\'; the text tower is left.', origin)
+    tensors = {k: v for k, v in tensors.items() if k.startswith('vision_model.')}
+  return c, dict(tensors)
 
 
 def _dinov3(c: Mapping[str, Any], flat: dict[str, np.ndarray], image_size: tuple[int, int],
@@ -251,9 +300,21 @@ _RESAMPLE = {0: 'pil_nearest', 1: 'pil_lanczos', 2: 'pil_bilinear', 3: 'pil_bicu
              4: 'pil_box', 5: 'pil_hamming'}
 
 
-def preprocessing(processor: Mapping[str, Any] | None) -> EvalSpec:
+# Siglip2ImageProcessor's defaults (transformers 5.23).
+_SIGLIP2_PROCESSOR = dict(patch_size=16, max_num_patches=256, resample=2, do_resize=True,
+                          do_rescale=True, rescale_factor=1 / 255, do_normalize=True)
+
+
+def preprocessing(processor: Mapping[str, Any] | None,
+                  config: Mapping[str, Any] | None = None, origin: str = '') -> EvalSpec:
   """The evaluation preprocessing of a preprocessor_config.json (ViTImageProcessor's defaults
-  without one: a bilinear resize to the input size, mean and std 0.5)."""
+  without one: a bilinear resize to the input size, mean and std 0.5), of the model of
+  ``config`` (a config.json). A SigLIP 2 model's (``Siglip2ImageProcessor``'s, the default
+  for one): NaFlex patch sequences at its patch size and ``max_num_patches``."""
+  model_type = (config or {}).get('model_type')
+  kind = (processor or {}).get('image_processor_type', '')
+  if model_type in _SIGLIP2_TYPES or kind.startswith('Siglip2'):
+    return _siglip2_preprocessing(processor, config or {}, origin)
   p = {'size': {'height': 224, 'width': 224}, 'resample': 2, **(processor or {})}
   size = p['size'] if isinstance(p['size'], Mapping) else {'shortest_edge': p['size']}
   crop = p.get('crop_size') if p.get('do_center_crop') else None
@@ -267,6 +328,33 @@ def preprocessing(processor: Mapping[str, Any] | None) -> EvalSpec:
                   method=_RESAMPLE.get(p['resample'], f'resample={p["resample"]}'),
                   mean=tuple(p.get('image_mean', (0.5,) * 3)) if normalize else (0.,) * 3,
                   std=tuple(p.get('image_std', (0.5,) * 3)) if normalize else (1.,) * 3)
+
+
+def _siglip2_preprocessing(processor: Mapping[str, Any] | None, config: Mapping[str, Any],
+                           origin: str) -> EvalSpec:
+  """The NaFlex preprocessing of a Siglip2ImageProcessor's settings; a ``CheckpointError``
+  where they are not what the model takes (another patch size, no resize or rescale)."""
+  p = {**_SIGLIP2_PROCESSOR, **(processor or {})}
+  where = f'{origin}/preprocessor_config.json' if origin else 'preprocessor_config.json'
+  vision = config.get('vision_config') if config.get('model_type') == 'siglip2' else config
+  patch = (vision or {}).get('patch_size')
+  if patch is not None and int(p['patch_size']) != int(patch):
+    raise errors.CheckpointError(
+        f'{where}: patch_size={p["patch_size"]}, but the model\'s patches are {patch} px: '
+        'the processor would cut patches the model cannot embed. Set its patch_size to the '
+        "model's.")
+  for flag in ('do_resize', 'do_rescale'):
+    if not p[flag]:
+      raise errors.CheckpointError(f'{where}: {flag}=false, which vit_jax\'s naflex op always '
+                                   'does: give the preprocessing (--pp) yourself.')
+  if abs(float(p['rescale_factor']) * 255 - 1) > 1e-6:
+    raise errors.CheckpointError(f'{where}: rescale_factor={p["rescale_factor"]} (not 1/255): '
+                                 'give the preprocessing (--pp) yourself.')
+  normalize = p['do_normalize']
+  return EvalSpec(resize='naflex', method=_RESAMPLE.get(p['resample'], f'resample={p["resample"]}'),
+                  mean=tuple(p.get('image_mean', (0.5,) * 3)) if normalize else (0.,) * 3,
+                  std=tuple(p.get('image_std', (0.5,) * 3)) if normalize else (1.,) * 3,
+                  patch_size=int(p['patch_size']), max_num_patches=int(p['max_num_patches']))
 
 
 # What vit_jax's options are written as: the class of each model_type (a classifier's, a
@@ -398,12 +486,15 @@ def _config(kind: str, model: VisionTransformer) -> dict[str, Any]:
           'pooler_output_size': model.representation_size or model.hidden_size}
 
 
-def write(model: VisionTransformer, params: Mapping[str, Any], class_names: Sequence[str] = ()
-          ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def write(model: VisionTransformer, params: Mapping[str, Any], class_names: Sequence[str] = (),
+          naflex: bool = False) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
   """(state dict, config.json) of ``model`` as the transformers class that computes it
   (``model_type``): ViTForImageClassification or ViTModel (its pre-logits layer the pooler),
   DeiTForImageClassificationWithTeacher, SiglipVisionModel, CLIPVisionModel,
-  Dinov2ForImageClassification (the patches' mean read with zero weights) or Dinov2Model."""
+  Dinov2ForImageClassification (the patches' mean read with zero weights) or Dinov2Model.
+  ``naflex`` (its preprocessing makes patch sequences): SigLIP 2's ``_write_siglip2``."""
+  if naflex:
+    return _write_siglip2(model, params, class_names)
   kind = model_type(model)
   hub.check_export(model, 'transformers', _refusals(model, kind), eva=kind == 'dinov3_vit')
   config = _config(kind, model)
@@ -439,6 +530,51 @@ def write(model: VisionTransformer, params: Mapping[str, Any], class_names: Sequ
   return sd, config
 
 
+def _write_siglip2(model: VisionTransformer, params: Mapping[str, Any],
+                   class_names: Sequence[str]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+  """A NaFlex model as SigLIP 2's classes: Siglip2ForImageClassification (classes: the mean of
+  the image's own patches) or Siglip2VisionModel (features: its MAP head); what they cannot
+  hold refused, naming timm's NaFlexVit, which holds more."""
+  classifier = bool(model.num_classes)
+  (gh, gw), (ph, pw) = model.grid, pair(model.patch_size)
+  hub.check_export(model, 'transformers', [(bad, what, 'timm') for bad, what in (
+      (model.num_prefix_tokens > 0, f'{model.num_prefix_tokens} prefix tokens (class token, '
+       'registers): SigLIP 2 has none'),
+      (classifier and model.pool != 'gap', f"pool={model.pool!r} with a classifier "
+       "(Siglip2ForImageClassification pools the patches' mean)"),
+      (not classifier and model.pool != 'map', f"pool={model.pool!r} without a classifier "
+       '(Siglip2VisionModel pools with its MAP head)'),
+      (gh != gw or ph != pw, f'a non-square position table {gh}x{gw} or patch {ph}x{pw} '
+       "(SigLIP 2's are square)"),
+      (model.pre_norm, 'pre_norm (a LayerNorm before the blocks)'),
+      (model.layer_scale is not None, 'layer_scale'), (model.gated_mlp, 'gated_mlp'),
+      (model.fc_norm, 'fc_norm (the final LayerNorm after pooling)'),
+      (model.qk_norm, 'qk_norm'),
+      (model.representation_size is not None, 'representation_size (a pre-logits layer)'),
+      (model.activation not in _HIDDEN_ACT, f'activation={model.activation!r}'))])
+  flat = {k: to_host(v) for k, v in flatten(to_release(params)).items()}
+  prefix = 'vision_model.' if classifier else ''
+  sd = hub.write_table(hub.expand(SIGLIP2, model.num_layers, prefix), flat)
+  if classifier:
+    sd.update(hub.write_table(BACKBONES['siglip2'][2], flat))
+  sd = _canonical_inverse(sd)
+  kernel = prefix + 'embeddings.patch_embedding.weight'  # The Conv2d's: a Linear of its pixels.
+  sd[kernel] = sd[kernel].transpose(0, 2, 3, 1).reshape(model.hidden_size, -1)
+  vision = dict(
+      model_type='siglip2_vision_model', hidden_size=model.hidden_size,
+      intermediate_size=model.mlp_dim, num_hidden_layers=model.num_layers,
+      num_attention_heads=model.num_heads, num_channels=3, patch_size=ph, num_patches=gh * gw,
+      hidden_act=_HIDDEN_ACT[model.activation], layer_norm_eps=model.norm_epsilon,
+      attention_dropout=0.0, vision_use_head=not classifier)
+  if not classifier:
+    return sd, dict(vision, architectures=['Siglip2VisionModel'], dtype='float32')
+  names = list(class_names) or [f'LABEL_{i}' for i in range(model.num_classes)]
+  return sd, dict(model_type='siglip2', architectures=['Siglip2ForImageClassification'],
+                  vision_config=vision, dtype='float32',
+                  id2label={str(i): n for i, n in enumerate(names)},
+                  label2id={n: i for i, n in enumerate(names)})
+
+
 _RESAMPLE_NUMBER = {method.removeprefix('pil_'): n for n, method in _RESAMPLE.items()}
 
 
@@ -449,6 +585,17 @@ def preprocessor_config(model: VisionTransformer, spec: EvalSpec | None = None
   processor, or one that has the resize and crop ``spec`` needs (CLIP's and Bit's resize the
   shorter side, those and DeiT's crop)."""
   spec = spec or EvalSpec()
+  if spec.naflex:  # Siglip2ImageProcessor: patch sequences, as the naflex op makes them.
+    if pair(spec.patch_size) != pair(model.patch_size):
+      raise errors.CheckpointError(
+          f"The preprocessing cuts {spec.patch_size} px patches, but the model's are "
+          f'{pair(model.patch_size)[0]} px: give a naflex preprocessing at its patch size.')
+    return dict(sorted(dict(
+        image_processor_type='Siglip2ImageProcessor', patch_size=spec.patch_size,
+        max_num_patches=spec.max_num_patches, do_resize=True, do_rescale=True,
+        rescale_factor=1 / 255, do_normalize=True, do_convert_rgb=True,
+        resample=_RESAMPLE_NUMBER.get(spec.method.removeprefix('pil_'), 2),
+        image_mean=list(spec.mean), image_std=list(spec.std)).items()))
   h, w = pair(model.image_size)
   scaled = [math.floor(s / spec.crop_pct + 1e-6) for s in (h, w)]
   shorter, crop = spec.resize == 'shorter', scaled != [h, w]
