@@ -463,3 +463,20 @@ def test_bad_input_rate_flags_are_refused_first(flag, message):
        flag], env=env(2), capture_output=True, text=True, timeout=120)
   assert run.returncode == 2 and 'Traceback' not in run.stderr, run.stderr[-2000:]
   assert run.stderr.strip().splitlines()[-1].startswith(f'error: {message}')
+
+
+def test_aot_lowers_a_packed_naflex_run_for_the_batches_its_loader_gives():
+  """A NaFlex run with NaViT packing is planned on the patch sequences its loader gives the
+  step (packed rows of seq_len tokens; each image's own sequence to evaluate), not images."""
+  pp = 'to_rgb|naflex(4, 4)|value_range(-1, 1)'
+  config = tiny_config(**{'dataset.pp_train': pp, 'dataset.pp_eval': pp, 'model.pool': 'gap',
+                          'packing.images_per_row': 2, 'packing.seq_len': 8})
+  _, lowered = planner.lower_steps(config, jax.devices(), 1000)
+  batch = lowered['train'].args_info[0][1]
+  rows = config.batch_size // 2
+  assert {k: v.shape for k, v in batch.items()} == {
+      'image': (rows, 8, 48), 'patch_coords': (rows, 8, 2), 'patch_mask': (rows, 8),
+      'segment_ids': (rows, 8), 'patch_grid': (rows, 2, 2), 'image_mask': (rows, 2),
+      'label': (rows, 2, 10)}
+  evaluated = lowered['eval'].args_info[0][1]
+  assert evaluated['image'].shape == (config.eval_batch_size, 4, 48)

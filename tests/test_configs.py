@@ -28,7 +28,7 @@ def load(path: pathlib.Path, arg: str | None = None) -> ml_collections.ConfigDic
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The configs that take an argument (``path.py:ARG``), each of their variants.
-VARIANTS = {'imagenette': ('pretrain', 'finetune_64', 'finetune_128'),
+VARIANTS = {'imagenette': ('pretrain', 'finetune_64', 'finetune_128', 'finetune_native'),
             'vit_b16_finetune': ('imagenet2012', 'cifar10', 'cifar100', 'oxford_iiit_pet',
                                  'oxford_flowers102', 'local'),
             'vit_jft_like': ('b16', 'l16', 'h14'), 'vit_b16_mpp': ('jft_like', 'i1k'),

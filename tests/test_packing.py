@@ -123,3 +123,21 @@ def test_packed_batches_are_a_function_of_the_step_for_any_number_of_processes()
   np.testing.assert_allclose(jax.device_get(resumed['image']), scaled, atol=1e-6)
   for key in ('segment_ids', 'image_mask', 'label', 'patch_grid'):
     np.testing.assert_array_equal(jax.device_get(resumed[key]), local[key])
+
+
+@pytest.mark.parametrize('spec, packed', [(SPEC, True), (SPEC, False),
+                                          ('to_rgb|value_range(-1, 1)', False)])
+def test_batch_shapes_are_the_loaders_batches(spec, packed):
+  """What the planner lowers the step for (``loader.batch_shapes``) is what the loader gives
+  the step: images, patch sequences, packed rows; the same keys, shapes and dtypes."""
+  mesh = sharding.make_mesh(None)
+  pack = packing.Packing(3, 24) if packed else None
+  train = loader.TrainLoader(sources.digits('train'), preprocess.parse(spec),
+                             global_batch_size=24, seed=0, sharding=sharding.batch_sharding(mesh),
+                             num_classes=10, packing=pack)
+  stream = train.iterate()
+  _, batch = next(stream)
+  stream.close()
+  want = {k: (v.shape, v.dtype) for k, v in batch.items()}
+  got = loader.batch_shapes(preprocess.parse(spec), 24, (8, 8), 10, pack)
+  assert {k: (v.shape, v.dtype) for k, v in got.items()} == want

@@ -135,6 +135,32 @@ def _on_device(fn: Callable) -> Callable[[Batch], Batch]:
   return jax.jit(scaled)
 
 
+def batch_shapes(pipeline: Any, size: int, image_size: tuple[int, int], num_classes: int,
+                 packing: packing_lib.Packing | None = None) -> dict[str, jax.ShapeDtypeStruct]:
+  """The arrays of a global batch of ``size`` examples as the step receives them (after the
+  pipeline's scaling): images (``image_size``), or a ``naflex`` pipeline's patch sequences
+  (``preprocess.PATCH_KEYS``), packed into ``size / images_per_row`` rows where ``packing``
+  (``packing.PACKED_KEYS``); labels of ``num_classes`` (one-hot or multi-hot). For planning a
+  run without its data (``vit_jax.tools.aot``, the benchmarks)."""
+  f32, i32 = np.float32, np.int32
+  op = pipeline.naflex
+  if op is None:
+    shapes = {'image': ((size, *image_size, 3), f32), 'label': ((size, num_classes), f32)}
+  elif packing is None:
+    n, d = op.max_num_patches, op.patch_size ** 2 * 3
+    shapes = {'image': ((size, n, d), f32), 'patch_coords': ((size, n, 2), i32),
+              'patch_mask': ((size, n), bool), 'patch_grid': ((size, 2), i32),
+              'label': ((size, num_classes), f32)}
+  else:
+    k, n, d = packing.images_per_row, packing.seq_len, op.patch_size ** 2 * 3
+    rows = size // k
+    shapes = {'image': ((rows, n, d), f32), 'patch_coords': ((rows, n, 2), i32),
+              'patch_mask': ((rows, n), bool), 'segment_ids': ((rows, n), i32),
+              'patch_grid': ((rows, k, 2), i32), 'image_mask': ((rows, k), bool),
+              'label': ((rows, k, num_classes), f32)}
+  return {key: jax.ShapeDtypeStruct(shape, dtype) for key, (shape, dtype) in shapes.items()}
+
+
 class TrainLoader:
   """Shuffled, augmented, endlessly repeating training batches.
 

@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax.base import accelerators, console, errors, sharding
+from vit_jax.base.sizes import pair
+from vit_jax.data import loader
 from vit_jax.evals import classification
 from vit_jax.evals import mpp as mpp_eval
 from vit_jax.training import mfu
@@ -66,11 +68,14 @@ def lower_steps(config: Any, devices: list, num_train_examples: int, model: Any 
   state, shardings = plan.train_state(abstract=True)
   batch_sharding = sharding.batch_sharding(mesh)
 
-  def batch(size: int, **extra: tuple[int, ...]) -> dict[str, jax.ShapeDtypeStruct]:
-    # No classes (masked patch prediction): the loader's (size, 1) placeholder labels.
-    shapes = {'image': (size, *model.image_size, 3), 'label': (size, plan.num_classes or 1),
-              **extra}
-    return {k: jax.ShapeDtypeStruct(v, jnp.float32, sharding=batch_sharding)
+  def batch(size: int, train: bool, **extra: tuple[int, ...]) -> dict[str, jax.ShapeDtypeStruct]:
+    # As the loader gives it: images or patch sequences (packed in training where the run
+    # packs); no classes (masked patch prediction): the loader's (size, 1) placeholder labels.
+    shapes = loader.batch_shapes(plan.pp_train if train else plan.pp_eval, size,
+                                 pair(model.image_size), plan.num_classes or 1,
+                                 plan.packing if train else None)
+    shapes |= {k: jax.ShapeDtypeStruct(v, jnp.float32) for k, v in extra.items()}
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding)
             for k, v in shapes.items()}
 
   options = plan.step_options
@@ -86,8 +91,8 @@ def lower_steps(config: Any, devices: list, num_train_examples: int, model: Any 
            'train_flops_per_image': mfu.analytic_train_flops(
                model, teacher=plan.teacher and plan.teacher.model),
            'scan': model.scan, 'grad_accum_steps': int(config.grad_accum_steps)}
-  eval_batch = batch(config.eval_batch_size, mask=(config.eval_batch_size,))
-  return facts, {'train': train_step.lower(state, batch(config.batch_size)),
+  eval_batch = batch(config.eval_batch_size, False, mask=(config.eval_batch_size,))
+  return facts, {'train': train_step.lower(state, batch(config.batch_size, True)),
                  'eval': eval_step.lower(state.params, eval_batch)}
 
 
