@@ -422,3 +422,33 @@ def test_tpu_attention_pads_for_the_kernels_and_shows_what_the_cost_model_counts
   assert 0.5 < einsum['flops_counted'] / einsum['product_flops'] < 1.5, einsum
   assert splash['flops_counted'] / splash['product_flops'] < 0.1, splash
   assert einsum['cost_model_seconds'] > 0 and splash['temp_bytes'] > 0
+
+
+@pytest.mark.slow
+def test_packing_benchmark_packs_more_images_a_step_than_padding(tmp_path):
+  """A real run on a mixed-size local dataset (small images against the budget): the packed
+  cells' steps hold more images than the padded cell's one a row, with less padding; the
+  JSON holds every cell."""
+  from PIL import Image
+
+  rng = np.random.default_rng(0)
+  for split, count in (('train', 24), ('val', 4)):
+    for i in range(count):
+      folder = tmp_path / 'images' / split / f'c{i % 2}'
+      folder.mkdir(parents=True, exist_ok=True)
+      h, w = rng.integers(8, 33, 2)
+      Image.fromarray(rng.integers(0, 256, (h, w, 3), np.uint8)).save(folder / f'{i}.png')
+  subprocess.run([sys.executable, '-m', 'vit_jax.data.convert',
+                  f'--source={tmp_path / "images"}', f'--out={tmp_path / "data"}'],
+                 check=True, capture_output=True, env=env(devices=1))
+  out = tmp_path / 'packing.json'
+  done = subprocess.run(
+      [sys.executable, '-m', 'benchmarks.packing', f'--data={tmp_path / "data"}',
+       '--patch_size=8', '--budget=16', '--images_per_row=3', '--rows=2', '--steps=1',
+       '--topology=none', f'--out={out}'],
+      capture_output=True, text=True, env=env(devices=1), cwd=ROOT, timeout=600, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  pad, pack = json.loads(out.read_text())['cpu_cells']
+  assert pad['images_per_step'] == 2 and pad['dropped_share'] == 0
+  assert pack['images_per_step'] > 2 and pack['padding_share'] < pad['padding_share']
+  assert 'pack 3' in done.stdout and 'this CPU' in done.stdout
