@@ -304,6 +304,18 @@ def export_refusal(model: VisionTransformer, library: str, what: str,
       f"format='{other}' (--format={other}), or fine-tune a model without it.")
 
 
+def conv_of_linear_patches(weight: np.ndarray, patch: tuple[int, int]) -> np.ndarray:
+  """A Linear patch embedding (D, ph * pw * 3) of each patch's (row, column, channel) pixels
+  (SigLIP 2's, timm's NaFlexVit's) as the Conv2d kernel (D, 3, ph, pw) that computes the same."""
+  return np.asarray(weight).reshape(weight.shape[0], *patch, -1).transpose(0, 3, 1, 2)
+
+
+def linear_of_conv_patches(kernel: np.ndarray) -> np.ndarray:
+  """A Conv2d patch-embedding kernel (D, 3, ph, pw) as the Linear of each patch's (row, column,
+  channel) pixels that computes the same: ``conv_of_linear_patches``' inverse."""
+  return kernel.transpose(0, 2, 3, 1).reshape(kernel.shape[0], -1)
+
+
 def fold_patch_bias(model: VisionTransformer, flat: dict[str, np.ndarray]) -> None:
   """For a library whose patch embedding has no bias (timm's pre_norm ViTs, CLIP's): the bias
   moves into the patches' position embeddings (both are added to every patch, before any

@@ -245,7 +245,7 @@ def _from_naflex(config: Mapping[str, Any], tensors: Mapping[str, np.ndarray], o
   kernel = out.get('patch_embed.proj.weight')
   if kernel is not None and kernel.ndim == 2:  # A Linear of each flattened patch.
     if n['patchify_channels_last']:  # (row, column, channel) pixels.
-      kernel = kernel.reshape(-1, *patch, 3).transpose(0, 3, 1, 2)
+      kernel = hub.conv_of_linear_patches(kernel, patch)
     else:  # (channel, row, column).
       kernel = kernel.reshape(-1, 3, *patch)
     out['patch_embed.proj.weight'] = kernel
@@ -661,8 +661,7 @@ def _write_naflex(model: VisionTransformer, params: Mapping[str, Any], class_nam
   sd = _join_qkv(hub.write_table(hub.expand(TABLE, model.num_layers), flat))
   names = dict(NAFLEX_NAMES)
   sd = {names.get(k, k): v for k, v in sd.items()}
-  sd['embeds.proj.weight'] = sd['embeds.proj.weight'].transpose(0, 2, 3, 1).reshape(
-      model.hidden_size, -1)  # The Conv2d's kernel as a Linear of (row, column, channel).
+  sd['embeds.proj.weight'] = hub.linear_of_conv_patches(sd['embeds.proj.weight'])
   sd['embeds.pos_embed'] = sd['embeds.pos_embed'].reshape(1, gh, gw, model.hidden_size)
   num_classes = model.num_classes or 0
   global_pool = {'token': 'token', 'gap': 'avg', 'map': 'map'}[model.pool]

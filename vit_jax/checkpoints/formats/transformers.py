@@ -155,7 +155,7 @@ def _canonical(tensors: Mapping[str, np.ndarray], patch: int = 0) -> dict[str, n
   out = {}
   for key, value in tensors.items():
     if key.endswith('embeddings.patch_embedding.weight') and value.ndim == 2 and patch:
-      value = np.asarray(value).reshape(value.shape[0], patch, patch, -1).transpose(0, 3, 1, 2)
+      value = hub.conv_of_linear_patches(value, (patch, patch))
     if key.endswith('embeddings.class_embedding'):
       value = value.reshape(1, 1, -1)
     elif key.endswith('embeddings.position_embedding.weight'):
@@ -559,7 +559,7 @@ def _write_siglip2(model: VisionTransformer, params: Mapping[str, Any],
     sd.update(hub.write_table(BACKBONES['siglip2'][2], flat))
   sd = _canonical_inverse(sd)
   kernel = prefix + 'embeddings.patch_embedding.weight'  # The Conv2d's: a Linear of its pixels.
-  sd[kernel] = sd[kernel].transpose(0, 2, 3, 1).reshape(model.hidden_size, -1)
+  sd[kernel] = hub.linear_of_conv_patches(sd[kernel])
   vision = dict(
       model_type='siglip2_vision_model', hidden_size=model.hidden_size,
       intermediate_size=model.mlp_dim, num_hidden_layers=model.num_layers,
